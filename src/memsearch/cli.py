@@ -1,0 +1,185 @@
+"""memsearch: data, retrieval and memory for budgeted multi-hop QA agents.
+
+Every command imports what it needs inside its body, so ``memsearch --help`` stays instant.
+Bad input ends with ``error: <file:line: field: problem>`` lines and a non-zero exit status,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(help=__doc__.split("\n\n")[0], no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+index_app = typer.Typer(help="Build and inspect retrieval indexes.", no_args_is_help=True)
+app.add_typer(index_app, name="index")
+
+
+def _friendly(fn):
+    """Turn ``InputError`` (and missing files) into ``error:`` lines and exit status 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from memsearch.errors import InputError
+
+        try:
+            return fn(*args, **kwargs)
+        except (InputError, FileNotFoundError, ValueError) as exc:
+            for line in str(exc).splitlines():
+                typer.echo(f"error: {line}", err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+Limit = Annotated[Optional[int], typer.Option(help="Take only the first N examples, in source order.")]
+
+
+def _prepare(convert, input: Path, out: Path, split: str, limit: int | None) -> None:
+    from memsearch.data.dataset import save_dataset
+
+    dataset = convert(input, split=split, limit=limit)
+    save_dataset(dataset, out)
+    typer.echo(f"wrote {out}: {len(dataset.tasks)} tasks, {len(dataset.documents)} documents ({dataset.manifest['kind']} {split})")
+
+
+@app.command("prepare-hotpot")
+@_friendly
+def prepare_hotpot(
+    input: Annotated[Path, typer.Option(help="HotpotQA file: JSON list, JSON lines, or the Hugging Face layout.")],
+    out: Annotated[Path, typer.Option(help="New output folder (must not exist).")],
+    split: Annotated[str, typer.Option(help="train or dev; recorded in the manifest.")] = "dev",
+    limit: Limit = None,
+) -> None:
+    """Convert HotpotQA into corpus.jsonl, tasks.jsonl, labels.jsonl and manifest.json."""
+    from memsearch.data.hotpot import convert_hotpot
+
+    _prepare(convert_hotpot, input, out, split, limit)
+
+
+@app.command("prepare-musique")
+@_friendly
+def prepare_musique(
+    input: Annotated[Path, typer.Option(help="MuSiQue-Ans file: JSON list or JSON lines.")],
+    out: Annotated[Path, typer.Option(help="New output folder (must not exist).")],
+    split: Annotated[str, typer.Option(help="train or dev; recorded in the manifest.")] = "dev",
+    limit: Limit = None,
+) -> None:
+    """Convert MuSiQue-Ans into the same three-file layout (paragraph-level evidence)."""
+    from memsearch.data.musique import convert_musique
+
+    _prepare(convert_musique, input, out, split, limit)
+
+
+@app.command("prepare-ruler")
+@_friendly
+def prepare_ruler(
+    input: Annotated[Path, typer.Option(help="A prepared dev folder (from prepare-hotpot --split dev).")],
+    docs: Annotated[str, typer.Option(help="Comma-separated numbers of documents per context.")],
+    out: Annotated[Path, typer.Option(help="New output folder; one docs{N} subfolder per N.")],
+    seed: Annotated[int, typer.Option(help="Seed for sampling and shuffling documents.")] = 42,
+    limit: Limit = None,
+    tokenizer: Annotated[str, typer.Option(help="Tokenizer for the context-length stats: embedded, lexical, none, or a folder.")] = "embedded",
+) -> None:
+    """RULER-HQA-style long contexts: each question's own paragraphs hidden among N-own others."""
+    from memsearch.data.ruler import prepare_ruler as build
+    from memsearch.tokenizer import load_tokenizer
+
+    try:
+        numbers = [int(x) for x in docs.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--docs {docs!r}: expected comma-separated integers, e.g. 50,200,800") from None
+    tok = None if tokenizer == "none" else load_tokenizer(tokenizer)
+    manifests = build(input, out, numbers, seed=seed, limit=limit, tokenizer=tok)
+    for n, m in manifests.items():
+        stats = m.get("context_tokens")
+        length = f", context tokens mean {stats['mean']} (min {stats['min']}, max {stats['max']}, {stats['tokenizer']})" if stats else ""
+        typer.echo(f"{out / f'docs{n}'}: {m['counts']['tasks']} tasks, {m['counts']['documents']} documents{length}")
+
+
+@app.command("validate-data")
+@_friendly
+def validate_data(
+    data: Annotated[Path, typer.Option(help="A prepared data folder.")],
+    against: Annotated[Optional[Path], typer.Option(help="Another prepared folder that must share no task id or question.")] = None,
+) -> None:
+    """Check schemas, ids, references, supporting facts, label leakage, hashes and split overlap."""
+    from memsearch.data.validate import validate_data as check
+
+    problems = check(data, against)
+    for problem in problems:
+        typer.echo(str(problem), err=True)
+    if problems:
+        typer.echo(f"{len(problems)} problem(s) in {data}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{data}: valid" + (f", no overlap with {against}" if against else ""))
+
+
+@index_app.command("build")
+@_friendly
+def index_build(
+    data: Annotated[Path, typer.Option(help="A prepared data folder (its corpus.jsonl is indexed).")],
+    out: Annotated[Path, typer.Option(help="New index folder (must not exist).")],
+) -> None:
+    """Build a BM25 (bm25s) index over a prepared corpus."""
+    import time
+
+    from memsearch.data.dataset import load_dataset
+    from memsearch.retrieval import BM25Retriever
+
+    start = time.perf_counter()
+    retriever = BM25Retriever.build(load_dataset(data).documents, show_progress=True)
+    retriever.save(out)
+    typer.echo(f"wrote {out}: {len(retriever)} documents in {time.perf_counter() - start:.1f}s")
+
+
+@app.command("search")
+@_friendly
+def search(
+    query: Annotated[str, typer.Argument(help="Query text.")],
+    index: Annotated[Path, typer.Option(help="An index folder from `memsearch index build`.")],
+    k: Annotated[int, typer.Option("-k", help="Number of passages.")] = 5,
+    data: Annotated[Optional[Path], typer.Option(help="With --task: the prepared folder holding the task.")] = None,
+    task: Annotated[Optional[str], typer.Option(help="Restrict to this task's candidate documents (scope 'candidates').")] = None,
+) -> None:
+    """Search an index and print passages with their evidence ids."""
+    from memsearch.retrieval import BM25Retriever
+
+    candidates = None
+    if task is not None:
+        if data is None:
+            raise ValueError("--task needs --data, the prepared folder that holds the task")
+        from memsearch.data.dataset import load_dataset
+
+        found = [t for t in load_dataset(data).tasks if t.id == task]
+        if not found:
+            raise ValueError(f"--task {task!r}: not in {data}/tasks.jsonl")
+        candidates = found[0].doc_ids
+    retriever = BM25Retriever.load(index)
+    for passage in retriever.search(query, k=k, candidates=candidates):
+        typer.echo(f"#{passage.rank + 1}  {passage.doc_id}  {passage.title}  (score {passage.score:.2f})")
+        for eid, sentence in passage.sentences:
+            typer.echo(f"    [{eid}] {sentence.strip()}")
+
+
+@app.command("demo")
+@_friendly
+def demo(
+    out: Annotated[Optional[Path], typer.Option(help="New output folder (default: a fresh runs/demo-* folder).")] = None,
+) -> None:
+    """The walk-through on the shipped samples: prepare, validate, index, search, long contexts."""
+    from memsearch.walkthrough import run_walkthrough
+
+    run_walkthrough(out, echo=typer.echo)
+
+
+def main() -> None:  # pragma: no cover - console entry for `python -m memsearch`
+    app(prog_name="memsearch")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

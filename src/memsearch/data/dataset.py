@@ -1,0 +1,144 @@
+"""A prepared data folder in memory, and how it is written to and read from disk.
+
+Layout (every converter writes the same three files plus a manifest, so nothing downstream
+depends on the source dataset)::
+
+    corpus.jsonl    Document per line
+    tasks.jsonl     Task per line (what an agent may see)
+    labels.jsonl    Label per line (what only the scorer may see)
+    manifest.json   kind, split, counts, options, SHA-256 of the source and of every file
+
+Files are written deterministically (same inputs give byte-identical outputs): no timestamps,
+no absolute paths, canonical JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from memsearch.data.records import Document, Label, Task
+from memsearch.errors import InputError, Problem
+from memsearch.io import atomic_output_dir, iter_jsonl, sha256_file, write_json, write_jsonl
+
+FORMAT = "memsearch-data/1"
+DATA_FILES = ("corpus.jsonl", "tasks.jsonl", "labels.jsonl")
+
+
+@dataclass
+class Dataset:
+    """Documents, tasks and labels of one split, plus the manifest fields that describe them."""
+
+    documents: list[Document]
+    tasks: list[Task]
+    labels: list[Label]
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    def documents_by_id(self) -> dict[str, Document]:
+        return {d.doc_id: d for d in self.documents}
+
+    def labels_by_id(self) -> dict[str, Label]:
+        return {lab.id: lab for lab in self.labels}
+
+
+class DocumentPool:
+    """Assigns stable ids to distinct paragraphs: ``d0, d1, …`` in order of first appearance.
+
+    Two paragraphs are the same document when title and sentences are identical. Ids are
+    short on purpose (they are shown to the model next to every sentence) and stable under
+    ``--limit`` because they follow source order.
+    """
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[str, tuple[str, ...]], str] = {}
+        self.documents: list[Document] = []
+
+    def add(self, title: str, sentences: list[str]) -> str:
+        key = (title, tuple(sentences))
+        doc_id = self._ids.get(key)
+        if doc_id is None:
+            doc_id = f"d{len(self.documents)}"
+            self._ids[key] = doc_id
+            self.documents.append(Document(doc_id=doc_id, title=title, sentences=list(sentences)))
+        return doc_id
+
+
+def save_dataset(dataset: Dataset, out: str | Path) -> Path:
+    """Write ``dataset`` to a new folder ``out`` (refused if it exists; nothing partial on error)."""
+    if not dataset.tasks:
+        raise InputError("no tasks to write: the input produced no examples (nothing was written)")
+    with atomic_output_dir(out) as tmp:
+        counts = {
+            "documents": write_jsonl(tmp / "corpus.jsonl", (d.model_dump(exclude_none=True) for d in dataset.documents)),
+            "tasks": write_jsonl(tmp / "tasks.jsonl", (t.model_dump() for t in dataset.tasks)),
+            "labels": write_jsonl(tmp / "labels.jsonl", (lab.model_dump(exclude_none=True) for lab in dataset.labels)),
+        }
+        manifest = {"format": FORMAT, **dataset.manifest, "counts": counts}
+        manifest["files"] = {name: sha256_file(tmp / name) for name in DATA_FILES}
+        write_json(tmp / "manifest.json", manifest)
+    return Path(out)
+
+
+def read_manifest(data_dir: str | Path) -> dict[str, Any]:
+    """The manifest of a prepared folder, or ``InputError`` naming what is missing."""
+    path = Path(data_dir) / "manifest.json"
+    if not path.is_file():
+        raise InputError(f"{path}: no such file; expected a folder written by `memsearch prepare-*`")
+    import json
+
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError([Problem(str(path), exc.lineno, "json", f"invalid JSON ({exc.msg}), expected the manifest object")]) from None
+    if not isinstance(manifest, dict):
+        raise InputError([Problem(str(path), 1, "manifest", "not a JSON object, expected the manifest object")])
+    return manifest
+
+
+def load_records(path: Path, model: type, problems: list[Problem]) -> list[tuple[int, Any]]:
+    """Parse each line of ``path`` into ``model``; schema problems go to ``problems``."""
+    records = []
+    for lineno, obj in iter_jsonl(path):
+        try:
+            records.append((lineno, model.model_validate(obj)))
+        except ValidationError as exc:
+            problems.extend(validation_problems(str(path), lineno, exc))
+    return records
+
+
+def validation_problems(file: str, line: int | None, exc: ValidationError) -> list[Problem]:
+    """One ``Problem`` per pydantic error, with the field path and what was expected."""
+    out = []
+    for err in exc.errors():
+        loc = ".".join(str(part) for part in err["loc"]) or "record"
+        if err["type"] == "extra_forbidden":
+            message = "unexpected field, not part of the schema"
+        elif err["type"] == "missing":
+            message = "missing, expected this field"
+        else:
+            message = f"{err['msg']} (got {_short(err.get('input'))})"
+        out.append(Problem(file, line, loc, message))
+    return out
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def load_dataset(data_dir: str | Path) -> Dataset:
+    """Read a prepared folder; any schema problem raises ``InputError`` listing all of them."""
+    data_dir = Path(data_dir)
+    manifest = read_manifest(data_dir)
+    problems: list[Problem] = []
+    docs = load_records(data_dir / "corpus.jsonl", Document, problems)
+    tasks = load_records(data_dir / "tasks.jsonl", Task, problems)
+    labels = load_records(data_dir / "labels.jsonl", Label, problems)
+    if problems:
+        raise InputError(problems)
+    return Dataset(
+        documents=[d for _, d in docs], tasks=[t for _, t in tasks], labels=[lab for _, lab in labels], manifest=manifest
+    )

@@ -1,0 +1,158 @@
+"""HotpotQA → memsearch data folder (``memsearch prepare-hotpot``).
+
+Accepts the original layout (a JSON list with ``_id``, ``context = [[title, [sentence, ...]],
+...]``, ``supporting_facts = [[title, sent_id], ...]``), the same records as JSON lines, and the
+Hugging Face layout (``id``; ``context = {title: [...], sentences: [[...]]}``;
+``supporting_facts = {title: [...], sent_id: [...]}``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memsearch.data.dataset import Dataset, DocumentPool
+from memsearch.data.records import Label, Task, evidence_id
+from memsearch.data.source import SourceRecord, check_unique_id, finish, iter_source
+from memsearch.errors import Problem
+from memsearch.io import sha256_file
+
+CONVERTER_VERSION = "hotpot-1"
+SPLITS = ("train", "dev")
+
+
+def _context(record: SourceRecord) -> list[tuple[str, list[str]]] | None:
+    raw = record.obj.get("context")
+    if isinstance(raw, dict):  # Hugging Face layout: parallel lists
+        titles = record.get("title", list, "a list of titles", raw, "context.title")
+        sents = record.get("sentences", list, "a list of sentence lists", raw, "context.sentences")
+        if titles is None or sents is None:
+            return None
+        if len(titles) != len(sents):
+            record.problem("context", f"{len(titles)} titles but {len(sents)} sentence lists, expected parallel lists")
+            return None
+        pairs = list(zip(titles, sents))
+    elif isinstance(raw, list):
+        pairs = []
+        for i, item in enumerate(raw):
+            if not (isinstance(item, list) and len(item) == 2):
+                record.problem(f"context[{i}]", f"got {item!r:.60}, expected [title, [sentence, ...]]")
+                return None
+            pairs.append((item[0], item[1]))
+    else:
+        record.problem("context", "missing or not a list, expected [[title, [sentence, ...]], ...]")
+        return None
+    out = []
+    for i, (title, sentences) in enumerate(pairs):
+        if not isinstance(title, str):
+            record.problem(f"context[{i}].title", f"got {title!r:.60}, expected a string")
+            return None
+        sentences = record.str_list(sentences, f"context[{i}].sentences", "a non-empty list of sentence strings")
+        if sentences is None:
+            return None
+        out.append((title, sentences))
+    if not out:
+        record.problem("context", "empty, expected at least one paragraph")
+        return None
+    return out
+
+
+def _supporting_facts(record: SourceRecord) -> list[tuple[str, int]] | None:
+    raw = record.obj.get("supporting_facts")
+    if isinstance(raw, dict):
+        titles = record.get("title", list, "a list of titles", raw, "supporting_facts.title")
+        ids = record.get("sent_id", list, "a list of sentence indices", raw, "supporting_facts.sent_id")
+        if titles is None or ids is None:
+            return None
+        if len(titles) != len(ids):
+            record.problem("supporting_facts", f"{len(titles)} titles but {len(ids)} sentence ids, expected parallel lists")
+            return None
+        pairs = list(zip(titles, ids))
+    elif isinstance(raw, list):
+        pairs = []
+        for i, item in enumerate(raw):
+            if not (isinstance(item, list) and len(item) == 2):
+                record.problem(f"supporting_facts[{i}]", f"got {item!r:.60}, expected [title, sentence_index]")
+                return None
+            pairs.append((item[0], item[1]))
+    else:
+        record.problem("supporting_facts", "missing or not a list, expected [[title, sentence_index], ...]")
+        return None
+    for i, (title, sent) in enumerate(pairs):
+        if not isinstance(title, str) or isinstance(sent, bool) or not isinstance(sent, int):
+            record.problem(f"supporting_facts[{i}]", f"got [{title!r:.40}, {sent!r}], expected [title string, integer sentence index]")
+            return None
+    return pairs
+
+
+def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, int]) -> tuple[Task, Label] | None:
+    id_key = "_id" if "_id" in record.obj else "id"
+    task_id = record.get(id_key, str, "the example id (string '_id' or 'id')")
+    question = record.get("question", str, "the question string")
+    answer = record.get("answer", str, "the answer string")
+    context = _context(record)
+    facts = _supporting_facts(record)
+    qtype, level = record.obj.get("type"), record.obj.get("level")
+    for key, value in (("type", qtype), ("level", level)):
+        if value is not None and not isinstance(value, str):
+            record.problem(key, f"got {value!r:.40}, expected a string")
+    if None in (task_id, question, answer, context, facts):
+        return None
+    if not check_unique_id(record, id_key, task_id, seen):
+        return None
+    if not question.strip():
+        record.problem("question", "empty, expected the question text")
+        return None
+
+    by_title: dict[str, int] = {}
+    for i, (title, _) in enumerate(context):
+        by_title.setdefault(title, i)
+    doc_ids = [pool.add(title, sentences) for title, sentences in context]
+    support, gold = [], []
+    ok = True
+    for i, (title, sent) in enumerate(facts):
+        if title not in by_title:
+            record.problem(f"supporting_facts[{i}]", f"title {title!r} is not in the example's context, expected one of its paragraph titles")
+            ok = False
+            continue
+        j = by_title[title]
+        if not 0 <= sent < len(context[j][1]):
+            record.problem(f"supporting_facts[{i}]", f"sentence {sent} of {title!r} does not exist, expected 0..{len(context[j][1]) - 1}")
+            ok = False
+            continue
+        eid = evidence_id(doc_ids[j], sent)
+        if eid not in support:
+            support.append(eid)
+        if doc_ids[j] not in gold:
+            gold.append(doc_ids[j])
+    if not ok:
+        return None
+    task = Task(id=task_id, question=question, doc_ids=doc_ids)
+    label = Label(id=task_id, answers=[answer], supporting_facts=support, gold_doc_ids=gold, type=qtype, level=level)
+    return task, label
+
+
+def convert_hotpot(path: str | Path, split: str = "dev", limit: int | None = None) -> Dataset:
+    """Convert a HotpotQA file; all problems are raised together as one ``InputError``."""
+    if split not in SPLITS:
+        from memsearch.errors import InputError
+
+        raise InputError(f"--split {split!r}: expected one of {', '.join(SPLITS)}")
+    problems: list[Problem] = []
+    pool, seen = DocumentPool(), {}
+    tasks, labels = [], []
+    for record in iter_source(path, limit, problems):
+        converted = _convert_record(record, pool, seen)
+        if converted:
+            tasks.append(converted[0])
+            labels.append(converted[1])
+    finish(problems, len(tasks), path)
+    manifest: dict[str, Any] = {
+        "kind": "hotpotqa",
+        "split": split,
+        "evidence_granularity": "sentence",
+        "converter": CONVERTER_VERSION,
+        "source": {"name": Path(path).name, "sha256": sha256_file(path)},
+        "options": {"limit": limit},
+    }
+    return Dataset(pool.documents, tasks, labels, manifest)

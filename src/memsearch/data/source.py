@@ -1,0 +1,88 @@
+"""Shared helpers for converters that read a source dataset file record by record.
+
+A converter walks the records of a JSON list or JSON-lines file, checks each field it uses,
+and collects every problem (``file:line: [record].field: what was wrong, what was expected``)
+before anything is written, so one run shows all that needs fixing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from memsearch.errors import InputError, Problem
+from memsearch.io import iter_json_records
+
+
+class SourceRecord:
+    """One record of a source file, with the location to report its problems at."""
+
+    def __init__(self, file: str, line: int, index: int, obj: Any, problems: list[Problem]) -> None:
+        self.file, self.line, self.index, self.obj = file, line, index, obj
+        self._problems = problems
+
+    def problem(self, field: str, message: str) -> None:
+        self._problems.append(Problem(self.file, self.line, f"[{self.index}].{field}" if field else f"[{self.index}]", message))
+
+    def get(self, key: str, kind: type | tuple[type, ...], expected: str, container: Any = None, path: str | None = None) -> Any:
+        """``container[key]`` if it exists and has type ``kind``; otherwise record a problem and
+        return ``None``."""
+        container = self.obj if container is None else container
+        path = path or key
+        if not isinstance(container, dict) or key not in container:
+            self.problem(path, f"missing, expected {expected}")
+            return None
+        value = container[key]
+        if isinstance(value, bool) and kind in (int, (int,)) or not isinstance(value, kind):
+            self.problem(path, f"got {type(value).__name__} {_short(value)}, expected {expected}")
+            return None
+        return value
+
+    def str_list(self, value: Any, path: str, expected: str, allow_empty: bool = False) -> list[str] | None:
+        if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+            self.problem(path, f"got {_short(value)}, expected {expected}")
+            return None
+        if not value and not allow_empty:
+            self.problem(path, f"empty list, expected {expected}")
+            return None
+        return value
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def iter_source(path: str | Path, limit: int | None, problems: list[Problem]) -> Iterator[SourceRecord]:
+    """Records of a source file in source order, at most ``limit`` of them."""
+    path = Path(path)
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit {limit}: expected a positive number of examples")
+    n = 0
+    for line, index, obj in iter_json_records(path):
+        if limit is not None and n >= limit:
+            return
+        record = SourceRecord(str(path), line, index, obj, problems)
+        if not isinstance(obj, dict):
+            record.problem("", f"got {type(obj).__name__}, expected a JSON object per example")
+            continue
+        n += 1
+        yield record
+
+
+def check_unique_id(record: SourceRecord, key: str, task_id: str, seen: dict[str, int]) -> bool:
+    """Record a problem if ``task_id`` was already used by an earlier record."""
+    if task_id in seen:
+        record.problem(key, f"duplicate id {task_id!r} (first used at line {seen[task_id]}), expected unique ids")
+        return False
+    seen[task_id] = record.line
+    return True
+
+
+def finish(problems: list[Problem], n_tasks: int, path: str | Path) -> None:
+    """Raise all collected problems, or complain about an input with no examples."""
+    if problems:
+        raise InputError(problems)
+    if n_tasks == 0:
+        raise InputError([Problem(str(path), None, "file", "no examples, expected at least one record")])

