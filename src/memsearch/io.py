@@ -62,10 +62,10 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
             if not line.strip():
                 continue
             try:
-                yield lineno, json.loads(line)
+                yield lineno, json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as exc:
                 raise InputError(
-                    [Problem(str(path), lineno, "json", f"invalid JSON ({exc.msg} at column {exc.colno}), expected one JSON object per line")]
+                    [Problem(str(path), lineno, "json", f"invalid JSON ({exc.msg}, column {exc.colno}), expected one JSON object per line")]
                 ) from None
 
 
@@ -117,9 +117,12 @@ def iter_json_records(path: str | Path) -> Iterator[tuple[int, int, Any]]:
         try:
             obj, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
-            kind = "truncated JSON" if exc.pos >= len(text) - 1 else "invalid JSON"
+            # The text ran out inside this record (an unterminated string reports where the
+            # string starts, so test whether the rest of the file holds any end of the record).
+            truncated = exc.pos >= len(text.rstrip()) - 1 or exc.msg.startswith("Unterminated string")
+            kind = "truncated JSON" if truncated else "invalid JSON"
             raise InputError(
-                [Problem(str(path), exc.lineno, "json", f"{kind} in record {index} ({exc.msg} at column {exc.colno}), expected a complete JSON record")]
+                [Problem(str(path), exc.lineno, "json", f"{kind} in record {index} ({exc.msg}, column {exc.colno}), expected a complete JSON record")]
             ) from None
         yield line_of(pos), index, obj
         pos, index = end, index + 1

@@ -93,12 +93,15 @@ def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, in
     context = _context(record)
     facts = _supporting_facts(record)
     qtype, level = record.obj.get("type"), record.obj.get("level")
+    bad_meta = False
     for key, value in (("type", qtype), ("level", level)):
         if value is not None and not isinstance(value, str):
             record.problem(key, f"got {value!r:.40}, expected a string")
-    if None in (task_id, question, answer, context, facts):
+            bad_meta = True
+    # Check the id first so a duplicate is reported even when other fields are broken too.
+    if task_id is not None and not check_unique_id(record, id_key, task_id, seen):
         return None
-    if not check_unique_id(record, id_key, task_id, seen):
+    if bad_meta or None in (task_id, question, answer, context, facts):
         return None
     if not question.strip():
         record.problem("question", "empty, expected the question text")

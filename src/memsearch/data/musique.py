@@ -66,9 +66,9 @@ def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, in
         aliases = None
     paragraphs = _paragraphs(record)
     decomposition = _decomposition(record)
-    if None in (task_id, question, answer, aliases, paragraphs):
+    if task_id is not None and not check_unique_id(record, "id", task_id, seen):
         return None
-    if not check_unique_id(record, "id", task_id, seen):
+    if None in (task_id, question, answer, aliases, paragraphs):
         return None
     if not question.strip():
         record.problem("question", "empty, expected the question text")

@@ -23,7 +23,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from memsearch.data.dataset import Dataset, load_dataset, save_dataset
+from memsearch.data.dataset import Dataset, load_dataset, read_manifest, save_dataset
 from memsearch.data.records import Document, Label, Task
 from memsearch.errors import InputError
 from memsearch.io import atomic_output_dir
@@ -38,11 +38,11 @@ def render_context(doc_ids: Iterable[str], documents: Mapping[str, Document]) ->
     )
 
 
-def _build_one(dev: Dataset, n_docs: int, seed: int, limit: int | None) -> Dataset:
+def _build_one(dev: Dataset, n_docs: int, seed: int, limit: int | None, show_progress: bool = False) -> Dataset:
     pool = [d.doc_id for d in dev.documents]
     labels = dev.labels_by_id()
     tasks, out_labels, used = [], [], set()
-    for task in dev.tasks[:limit]:
+    for task in tqdm(dev.tasks[:limit], desc=f"docs{n_docs}", unit="task", disable=not show_progress):
         own = list(dict.fromkeys(task.doc_ids))
         if n_docs < len(own):
             raise InputError(f"--docs {n_docs}: task {task.id} already has {len(own)} paragraphs; N must be at least that")
@@ -69,21 +69,23 @@ def context_token_lengths(dataset: Dataset, tokenizer, verify: int = 3) -> tuple
     """Token length of every rendered context, and how it was counted.
 
     Tokenizing 1000 contexts of 100K tokens takes minutes, but the rendering is made of blocks
-    (``Document {i}:\\n``, ``{title}\\n{text}``, ``\\n\\n``) that meet at white space, where
-    pre-tokenizers split, so a context's count is the sum of its blocks' counts. The sum is
+    (``Document {i}:\\n``, then ``{title}\\n{text}`` with the blank line after it) that meet
+    where pre-tokenizers split, so a context's count is the sum of its blocks' counts. The sum is
     checked against a full count of the first ``verify`` contexts; on any difference every
     context is counted in full instead.
     """
     docs = dataset.documents_by_id()
     ids = [d.doc_id for d in dataset.documents]
-    doc_tokens = dict(zip(ids, _count_many(tokenizer, [f"{docs[d].title}\n{docs[d].text}" for d in ids])))
+    body = [f"{docs[d].title}\n{docs[d].text}" for d in ids]
+    # A block followed by the blank line and the next header is counted together with that
+    # boundary ("...text\n\nDocument" minus "Document"): white space at the end of a paragraph
+    # can merge with the newlines into one token, which separate counts would miss.
+    inner = dict(zip(ids, (n - tokenizer.count("Document") for n in _count_many(tokenizer, [b + "\n\nDocument" for b in body]))))
+    last = dict(zip(ids, _count_many(tokenizer, body)))
     longest = max(len(t.doc_ids) for t in dataset.tasks)
     header = _count_many(tokenizer, [f"Document {i}:\n" for i in range(1, longest + 1)])
-    # The blank line between blocks, measured in place: before a word a pre-tokenizer may
-    # split "\n\n" differently than when it stands alone.
-    sep = tokenizer.count("\n\nDocument") - tokenizer.count("Document")
     summed = [
-        sum(header[i] + doc_tokens[d] for i, d in enumerate(t.doc_ids)) + sep * (len(t.doc_ids) - 1) for t in dataset.tasks
+        sum(header[: len(t.doc_ids)]) + sum(inner[d] for d in t.doc_ids[:-1]) + last[t.doc_ids[-1]] for t in dataset.tasks
     ]
     head = dataset.tasks[:verify]
     exact = _count_many(tokenizer, [render_context(t.doc_ids, docs) for t in head])
@@ -142,8 +144,8 @@ def prepare_ruler(
         )
     manifests = {}
     with atomic_output_dir(out) as tmp:
-        for n_docs in tqdm(docs, desc="prepare-ruler", unit="N", disable=not show_progress):
-            dataset = _build_one(dev, n_docs, seed, limit)
+        for n_docs in docs:
+            dataset = _build_one(dev, n_docs, seed, limit, show_progress)
             dataset.manifest = {
                 "kind": "ruler-hqa",
                 "split": "dev",
@@ -159,7 +161,5 @@ def prepare_ruler(
                 **context_stats(dataset, tokenizer),
             }
             save_dataset(dataset, tmp / f"docs{n_docs}")
-            import json
-
-            manifests[n_docs] = json.loads((tmp / f"docs{n_docs}" / "manifest.json").read_text())
+            manifests[n_docs] = read_manifest(tmp / f"docs{n_docs}")
     return manifests

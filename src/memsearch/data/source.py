@@ -61,14 +61,14 @@ def iter_source(path: str | Path, limit: int | None, problems: list[Problem]) ->
         raise InputError(f"--limit {limit}: expected a positive number of examples")
     n = 0
     for line, index, obj in iter_json_records(path):
-        if limit is not None and n >= limit:
-            return
         record = SourceRecord(str(path), line, index, obj, problems)
         if not isinstance(obj, dict):
             record.problem("", f"got {type(obj).__name__}, expected a JSON object per example")
             continue
         n += 1
         yield record
+        if limit is not None and n >= limit:
+            return  # stop before decoding record N+1: a --limit run never reads past its records
 
 
 def check_unique_id(record: SourceRecord, key: str, task_id: str, seen: dict[str, int]) -> bool:

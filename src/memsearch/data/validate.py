@@ -19,13 +19,16 @@ from memsearch.errors import InputError, Problem
 from memsearch.io import iter_jsonl, sha256_file
 
 
-def _read(path: Path, model: type, problems: list[Problem], forbidden: frozenset[str] = frozenset()) -> list[tuple[int, Any]]:
+def _read(path: Path, model: type, problems: list[Problem], forbidden: frozenset[str] = frozenset()) -> tuple[list[tuple[int, Any]], int]:
+    """Records that pass the schema, and the number of records in the file (valid or not)."""
     if not path.is_file():
         problems.append(Problem(str(path), None, "file", "missing, expected this file in a prepared data folder"))
-        return []
+        return [], 0
     out = []
+    n = 0
     try:
         for lineno, obj in iter_jsonl(path):
+            n += 1
             if not isinstance(obj, dict):
                 problems.append(Problem(str(path), lineno, "record", f"got {type(obj).__name__}, expected a JSON object"))
                 continue
@@ -40,7 +43,7 @@ def _read(path: Path, model: type, problems: list[Problem], forbidden: frozenset
         problems.extend(exc.problems or [Problem(str(path), None, "file", str(exc))])
     if not out and not any(p.file == str(path) for p in problems):
         problems.append(Problem(str(path), None, "file", "no records, expected at least one"))
-    return out
+    return out, n
 
 
 def _unique(path: Path, rows: list[tuple[int, Any]], key: str, problems: list[Problem]) -> dict[str, tuple[int, Any]]:
@@ -123,9 +126,9 @@ def validate_data(data_dir: str | Path, against: str | Path | None = None) -> li
         problems.extend(exc.problems or [Problem(str(data_dir / "manifest.json"), None, "file", str(exc).split(": ", 1)[-1])])
         manifest = None
     cpath, tpath, lpath = (data_dir / n for n in DATA_FILES)
-    doc_rows = _read(cpath, Document, problems)
-    task_rows = _read(tpath, Task, problems, forbidden=LABEL_KEYS)
-    label_rows = _read(lpath, Label, problems)
+    doc_rows, n_docs = _read(cpath, Document, problems)
+    task_rows, n_tasks = _read(tpath, Task, problems, forbidden=LABEL_KEYS)
+    label_rows, n_labels = _read(lpath, Label, problems)
     docs = _unique(cpath, doc_rows, "doc_id", problems)
     tasks = _unique(tpath, task_rows, "id", problems)
     _unique(lpath, label_rows, "id", problems)
@@ -147,7 +150,7 @@ def validate_data(data_dir: str | Path, against: str | Path | None = None) -> li
             problems.append(Problem(str(tpath), lineno, "doc_ids", "empty, expected at least one document"))
     _check_labels(lpath, label_rows, tasks, docs, problems)
     if manifest is not None:
-        _check_manifest(data_dir, manifest, {"documents": len(doc_rows), "tasks": len(task_rows), "labels": len(label_rows)}, problems)
+        _check_manifest(data_dir, manifest, {"documents": n_docs, "tasks": n_tasks, "labels": n_labels}, problems)
     if against is not None:
         problems.extend(check_overlap(data_dir, Path(against)))
     return problems
