@@ -166,10 +166,75 @@ def search(
             typer.echo(f"    [{eid}] {sentence.strip()}")
 
 
+Overrides = Annotated[Optional[list[str]], typer.Option("--set", help="Override a config field: key=value (repeatable).")]
+ConfigFile = Annotated[Path, typer.Option("--config", help="TOML run config, e.g. configs/rules.toml.")]
+DataDir = Annotated[Path, typer.Option("--data", help="A prepared data folder.")]
+
+
+def _run_config(path: Path, overrides: list[str] | None, limit: int | None):
+    """The resolved run config: file, then ``--set`` overrides, then ``--limit``."""
+    from memsearch.config import load_config
+
+    return load_config(path, list(overrides or []) + ([f"limit={limit}"] if limit else []))
+
+
+@app.command("eval")
+@_friendly
+def eval_cmd(
+    config: ConfigFile,
+    data: DataDir,
+    out: Annotated[Path, typer.Option(help="New run folder (or the one to --resume).")],
+    limit: Limit = None,
+    resume: Annotated[bool, typer.Option(help="Finish a crashed run in OUT: missing tasks only.")] = False,
+    set_: Overrides = None,
+) -> None:
+    """Run one agent over a data folder: trajectories, per-task metrics, summary."""
+    from memsearch.eval.runner import run_eval
+
+    summary = run_eval(_run_config(config, set_, limit), data, out, resume=resume)
+    m = summary["metrics"]
+    typer.echo(f"{out}: {summary['tasks']['scored']}/{summary['tasks']['expected']} tasks, F1 {m['f1']:.3f}, EM {m['em']:.3f}, "
+               f"invalid-action rate {m['invalid_action_rate'] or 0:.3f}, request errors {summary['request_errors']}")
+    if summary["note"]:
+        typer.echo(summary["note"], err=True)
+
+
+@app.command("matrix")
+@_friendly
+def matrix_cmd(
+    config: ConfigFile,
+    data: DataDir,
+    out: Annotated[Path, typer.Option(help="New folder: one subfolder per group plus matrix.json / matrix.md.")],
+    limit: Limit = None,
+    resume: Annotated[bool, typer.Option(help="Finish the groups of a crashed matrix in OUT.")] = False,
+    set_: Overrides = None,
+) -> None:
+    """Groups A-D (memory x controller) under identical budgets, with paired bootstrap CIs."""
+    from memsearch.eval.matrix import run_matrix
+
+    result = run_matrix(_run_config(config, set_, limit), data, out, resume=resume)
+    typer.echo(result["table"])
+    if not result["usable_for_comparison"]:
+        typer.echo("NOT USABLE FOR COMPARISON: some group has failed tasks or request errors (see its summary.json)", err=True)
+
+
 @app.command("demo")
 @_friendly
 def demo(
+    backend: Annotated[str, typer.Option(help="hf (the embedded model, CPU) or rules (seconds).")] = "hf",
+    limit: Annotated[int, typer.Option(help="Number of dev questions.")] = 8,
     out: Annotated[Optional[Path], typer.Option(help="New output folder (default: a fresh runs/demo-* folder).")] = None,
+) -> None:
+    """The four-group matrix (A-D) on real HotpotQA questions with the embedded model."""
+    from memsearch.demo import run_demo
+
+    run_demo(backend=backend, limit=limit, out=out, echo=typer.echo)
+
+
+@app.command("walkthrough")
+@_friendly
+def walkthrough(
+    out: Annotated[Optional[Path], typer.Option(help="New output folder (default: a fresh runs/walkthrough-* folder).")] = None,
 ) -> None:
     """The walk-through on the shipped samples: prepare, validate, index, search, long contexts."""
     from memsearch.walkthrough import run_walkthrough

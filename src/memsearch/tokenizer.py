@@ -43,6 +43,11 @@ class Tokenizer(Protocol):
         """The longest prefix of ``text`` made of at most ``max_tokens`` whole tokens."""
         ...
 
+    def chunks(self, text: str, size: int) -> list[str]:
+        """``text`` cut at token boundaries into pieces of ``size`` tokens (the last may be
+        shorter); ``"".join(chunks) == text``, so no token is lost or repeated."""
+        ...
+
 
 class LexicalTokenizer:
     """Words and single punctuation marks, each token keeping the white space before it.
@@ -86,6 +91,21 @@ class LexicalTokenizer:
                 return text[: end]
             end = match.end()
         return text
+
+
+    def chunks(self, text: str, size: int) -> list[str]:
+        starts = [m.start() for m in self._pattern.finditer(text)]
+        return _cut(text, starts, size)
+
+
+def _cut(text: str, starts: list[int], size: int) -> list[str]:
+    """Cut ``text`` before every ``size``-th token start; leftovers join the last piece."""
+    if size < 1:
+        raise ValueError(f"chunk size must be positive, got {size}")
+    if not text:
+        return []
+    bounds = [0] + [starts[i] for i in range(size, len(starts), size)] + [len(text)]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 class HFTokenizer:
@@ -132,6 +152,11 @@ class HFTokenizer:
         # one character over two tokens; both then share a start offset, and the cut falls
         # before that character, keeping the count within budget.
         return text[: offsets[max_tokens][0]]
+
+
+    def chunks(self, text: str, size: int) -> list[str]:
+        offsets = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        return _cut(text, [start for start, _ in offsets], size)
 
 
 def _embedded() -> HFTokenizer:

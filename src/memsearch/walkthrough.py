@@ -1,4 +1,4 @@
-"""The walk-through on the shipped samples (``memsearch demo``).
+"""The walk-through on the shipped samples (``memsearch walkthrough``).
 
 Runs the data path a researcher uses before any agent: convert real HotpotQA dev and train
 samples, validate them (including train/dev leakage), build a BM25 index, measure how often
@@ -13,16 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from memsearch.io import write_json
-
-
-def _fresh_run_dir(prefix: str) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = Path("runs") / f"{prefix}-{stamp}"
-    n = 1
-    while path.exists():
-        n += 1
-        path = Path("runs") / f"{prefix}-{stamp}-{n}"
-    return path
 
 
 def gold_doc_recall(retriever, tasks, labels, k: int, scope: str) -> float:
@@ -43,13 +33,14 @@ def run_walkthrough(out: Path | None, echo: Callable[[str], None] = print) -> Pa
     from memsearch.data.hotpot import convert_hotpot
     from memsearch.data.ruler import prepare_ruler
     from memsearch.data.validate import validate_data
+    from memsearch.demo import fresh_run_dir
     from memsearch.errors import InputError
     from memsearch.memory import Add, Memory
     from memsearch.retrieval import BM25Retriever
     from memsearch.samples import HOTPOT_DEV, HOTPOT_TRAIN, samples_dir
     from memsearch.tokenizer import load_tokenizer
 
-    out = Path(out) if out is not None else _fresh_run_dir("demo")
+    out = Path(out) if out is not None else fresh_run_dir("walkthrough")
     if out.exists():
         raise InputError(f"{out}: output folder already exists; choose a new folder (nothing was written)")
     started = time.perf_counter()

@@ -1,0 +1,38 @@
+"""Policy backends behind one protocol (``base.PolicyBackend``): ``rules``, ``hf``, ``openai``."""
+
+from __future__ import annotations
+
+from memsearch.backends.base import (
+    Constraint,
+    GenerationRequest,
+    GenerationResult,
+    PolicyBackend,
+    SamplingParams,
+    Usage,
+)
+
+BACKEND_KINDS = ("rules", "hf", "openai")
+
+
+def make_backend(cfg, tokenizer) -> PolicyBackend:
+    """Build the backend a ``BackendConfig`` describes (heavy imports only for the one used)."""
+    if cfg.kind == "rules":
+        from memsearch.backends.rules import RulesBackend
+
+        return RulesBackend(tokenizer)
+    if cfg.kind == "hf":
+        from memsearch.backends.hf import HFBackend
+
+        return HFBackend(model=cfg.model, adapter=cfg.adapter, max_batch_size=cfg.max_concurrency)
+    if cfg.kind == "openai":
+        from memsearch.backends.openai import OpenAIBackend
+
+        if not cfg.base_url:
+            raise ValueError("backend kind 'openai' needs base_url, e.g. http://127.0.0.1:8000/v1")
+        return OpenAIBackend(base_url=cfg.base_url, model=cfg.model, max_concurrency=cfg.max_concurrency,
+                             timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, tokenizer=tokenizer)
+    raise ValueError(f"unknown backend kind {cfg.kind!r}: expected one of {', '.join(BACKEND_KINDS)}")
+
+
+__all__ = ["BACKEND_KINDS", "Constraint", "GenerationRequest", "GenerationResult", "PolicyBackend",
+           "SamplingParams", "Usage", "make_backend"]

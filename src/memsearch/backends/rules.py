@@ -1,0 +1,133 @@
+"""Deterministic heuristics for every role: no model, a floor to compare against, and the
+fast path for tests. The rules read the structured observation the engine attaches to each
+request (never labels) and answer in the same text format a model must use, so their output
+goes through the same parsers.
+
+- memory (decision): ADD the new evidence sentences that share the most content words with the
+  question, best first, while the memory stays within budget; NOOP when none overlaps.
+- memory (summary / overwrite): the best sentences with their evidence ids, as notes.
+- controller: first the question; then a query built from memory words not in the question
+  (the bridge entity of a multi-hop question); FINISH when there is nothing new to ask.
+- reader: yes/no questions get "yes"; otherwise the capitalized or numeric span from the memory
+  fact that best matches the question, with that fact's sources as citations.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Sequence
+
+from memsearch.backends.base import GenerationRequest, GenerationResult, Usage
+from memsearch.tokenizer import Tokenizer
+
+_STOP = frozenset(
+    "a an the of in on at to for from by with and or is are was were be been which who whom what when where "
+    "how why that this these those did does do has have had as it its his her their they he she than then "
+    "same both either also not".split()
+)
+_WORD = re.compile(r"\w+")
+_SPAN = re.compile(r"(?:[A-Z][\w'\-]*(?:\s+(?:of|the|de|and|&)?\s*[A-Z][\w'\-]*)*|\d[\d,\.]*(?:\s+[A-Za-z]+)?)")
+_YES_NO = ("is ", "are ", "was ", "were ", "do ", "does ", "did ", "can ", "could ", "has ", "have ", "will ")
+
+
+def content_words(text: str) -> set[str]:
+    return {w for w in (m.group(0).lower() for m in _WORD.finditer(text)) if w not in _STOP and len(w) > 1}
+
+
+class RulesBackend:
+    """The ``rules`` backend (see module docstring)."""
+
+    name = "rules"
+
+    def __init__(self, tokenizer: Tokenizer, max_facts_per_step: int = 2) -> None:
+        self.tokenizer = tokenizer
+        self.max_facts_per_step = max_facts_per_step
+
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        out = []
+        for request in requests:
+            start = time.perf_counter()
+            obs = request.observation or {}
+            handler = {"memory": self._memory, "controller": self._controller, "reader": self._reader}.get(request.role)
+            if handler is None:
+                out.append(GenerationResult("", "error", error=f"rules backend has no rule for role {request.role!r}"))
+                continue
+            text = handler(obs)
+            out.append(GenerationResult(text, "stop", usage=Usage(source="none"), latency_s=time.perf_counter() - start))
+        return out
+
+    async def aclose(self) -> None:
+        return None
+
+    def _ranked(self, obs: dict) -> list[tuple[float, str, str]]:
+        target = content_words(obs.get("question", ""))
+        for item in obs.get("memory_items", []):
+            if item.get("kind") == "open":
+                target |= content_words(item["text"])
+        ranked = []
+        for i, (eid, sentence) in enumerate(obs.get("evidence", [])):
+            overlap = len(target & content_words(sentence))
+            if overlap:
+                ranked.append((overlap - i * 1e-3, eid, sentence.strip()))
+        return sorted(ranked, reverse=True)
+
+    def _memory(self, obs: dict) -> str:
+        ranked = self._ranked(obs)[: self.max_facts_per_step]
+        if obs.get("mode") != "decision":
+            notes = [obs.get("memory_text", "")] + [f"{s} [{eid}]" if eid else s for _, eid, s in ranked]
+            return "\n".join(n for n in notes if n)
+        left = obs.get("budget_left", 0)
+        ops = []
+        for _, eid, sentence in ranked:
+            # An item's rendered line is "[mN] (fact; eid) text" plus a newline.
+            cost = self.tokenizer.count(f"\n[m99] (fact; {eid}) {sentence}")
+            if cost <= left:
+                ops.append({"op": "ADD", "text": sentence, "sources": [eid], "kind": "fact"})
+                left -= cost
+        return json.dumps({"ops": ops or [{"op": "NOOP"}]})
+
+    def _memory_text(self, obs: dict) -> str:
+        if "memory_items" in obs:
+            return " ".join(item["text"] for item in obs["memory_items"])
+        return obs.get("memory_text", "")
+
+    def _controller(self, obs: dict) -> str:
+        question = obs.get("question", "")
+        past = obs.get("past_queries", [])
+        if not past:
+            return f"SEARCH: {question}"
+        for item in obs.get("memory_items", []):
+            if item.get("kind") == "open" and item["text"] not in past:
+                return f"SEARCH: {item['text']}"
+        asked = content_words(question)
+        for q in past:
+            asked |= content_words(q)
+        spans = [s for s in _SPAN.findall(self._memory_text(obs)) if content_words(s) - asked]
+        if spans:
+            return f"SEARCH: {spans[0]} {question}"
+        return "FINISH"
+
+    def _reader(self, obs: dict) -> str:
+        question = obs.get("question", "")
+        if question.lower().startswith(_YES_NO):
+            answer, sources = "yes", []
+        else:
+            q_words = content_words(question)
+            facts = [(item["text"], item.get("sources", [])) for item in obs.get("memory_items", [])]
+            if not facts and obs.get("memory_text"):
+                facts = [(line, re.findall(r"\[([^\]]+:\d+)\]", line)) for line in obs["memory_text"].splitlines()]
+            best, answer, sources = -1.0, None, []
+            for text, srcs in facts:
+                overlap = len(q_words & content_words(text))
+                for span in _SPAN.findall(text):
+                    novel = content_words(span) - q_words
+                    if novel and overlap > best:
+                        best, answer, sources = overlap, span.strip(), list(srcs)
+            if answer is None:
+                answer = "unknown"
+        if obs.get("mode") == "overwrite":  # MemAgent's reader answers in \boxed{}
+            return f"\\boxed{{{answer}}}"
+        cites = ", ".join(f"[{s}]" for s in sources)
+        return f"Answer: {answer}\nEvidence: {cites}"

@@ -1,0 +1,173 @@
+"""Typed run configuration, loaded from TOML, with ``--set key=value`` overrides.
+
+Every field is documented where it is declared. The resolved config (after overrides) is saved
+with every run, so a run folder says exactly what produced it.
+
+    cfg = load_config("configs/rules.toml", overrides=["budgets.max_searches=2"])
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from memsearch.errors import InputError, Problem
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Budgets(_Config):
+    """Limits the engine enforces (counted with the run's tokenizer), identical across groups."""
+
+    evidence_tokens: int = Field(256, ge=1, description="Tokens of new evidence shown per search step")
+    passages_per_search: int = Field(3, ge=1, description="Passages retrieved per search (before the token cut)")
+    max_searches: int = Field(3, ge=1, description="Searches per episode (search mode)")
+    memory_tokens: int = Field(256, ge=8, description="Size limit of the memory as rendered to the policy")
+    answer_tokens: int = Field(64, ge=1, description="Reader completion limit")
+    policy_tokens: int = Field(256, ge=1, description="Completion limit of memory and controller calls")
+    chunk_tokens: int = Field(2048, ge=16, description="Tokens per chunk (stream mode)")
+    max_chunks: int = Field(64, ge=1, description="Chunks read at most (stream mode); the rest is recorded as cut off")
+
+
+class Sampling(_Config):
+    """Decoding parameters of a backend."""
+
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass")
+    seed: int | None = Field(0, description="Sampling seed (per request it is combined with the task id)")
+
+
+class BackendConfig(_Config):
+    """Which backend answers one role's calls."""
+
+    kind: Literal["rules", "hf", "openai"] = Field("rules", description="rules | hf (local transformers) | openai (HTTP server)")
+    model: str = Field("embedded", description="hf: 'embedded' or a local model folder; openai: the served model name")
+    adapter: str | None = Field(None, description="hf: a LoRA adapter folder")
+    base_url: str | None = Field(None, description="openai: e.g. http://127.0.0.1:8000/v1 (key only from MEMSEARCH_API_KEY)")
+    max_concurrency: int = Field(16, ge=1, description="openai: requests in flight; hf: largest dynamic batch")
+    timeout_s: float = Field(120.0, gt=0, description="openai: per-request timeout")
+    max_retries: int = Field(4, ge=0, description="openai: retries on 429/5xx/connection errors")
+    sampling: Sampling = Field(default_factory=Sampling, description="Decoding parameters")
+
+
+class Agent(_Config):
+    """The three orthogonal choices of an episode (see DESIGN §3)."""
+
+    evidence: Literal["search", "stream"] = Field("search", description="search a retriever, or stream a long context in chunks")
+    memory: Literal["summary", "decision", "overwrite"] = Field("decision", description="how memory changes")
+    controller: Literal["fixed", "policy", "exhaust"] = Field("fixed", description="who decides the next search / when to stop")
+    retrieval_scope: Literal["candidates", "corpus"] = Field("candidates", description="search the task's candidates or the whole corpus")
+
+
+class Backends(_Config):
+    """One backend per role; roles may differ (a trained memory policy + a fixed reader)."""
+
+    memory: BackendConfig = Field(default_factory=BackendConfig, description="memory policy / summarizer")
+    controller: BackendConfig = Field(default_factory=BackendConfig, description="search controller")
+    reader: BackendConfig = Field(default_factory=BackendConfig, description="final answer")
+
+
+GROUP_DESIGNS = {
+    "A": ("summary", "fixed"),
+    "B": ("decision", "fixed"),
+    "C": ("summary", "policy"),
+    "D": ("decision", "policy"),
+}
+
+
+class Matrix(_Config):
+    """Groups of ``memsearch matrix``: memory x controller (DESIGN §3), same budgets for all."""
+
+    groups: list[Literal["A", "B", "C", "D"]] = Field(["A", "B", "C", "D"], description="A summary+fixed, B decision+fixed, C summary+policy, D decision+policy")
+    overrides: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Per-group dotted overrides, e.g. [matrix.overrides.B] 'backends.memory.adapter' = 'runs/stage1'. "
+        "Budgets and tokenizer must stay identical across groups (the matrix refuses otherwise).",
+    )
+    bootstrap_resamples: int = Field(10_000, ge=100, description="Paired bootstrap resamples for group differences")
+
+
+class RunConfig(_Config):
+    """Everything an eval run needs besides the data folder."""
+
+    tokenizer: str = Field("embedded", description="embedded | lexical | a local tokenizer folder; counts every budget")
+    agent: Agent = Field(default_factory=Agent, description="Episode design")
+    budgets: Budgets = Field(default_factory=Budgets, description="Budgets, identical for all groups of a matrix")
+    backends: Backends = Field(default_factory=Backends, description="Backend per role")
+    concurrency: int = Field(8, ge=1, description="Episodes run at once")
+    limit: int | None = Field(None, ge=1, description="Evaluate only the first N tasks")
+    matrix: Matrix = Field(default_factory=Matrix, description="Groups for `memsearch matrix`")
+
+    @model_validator(mode="after")
+    def _consistent_agent(self) -> RunConfig:
+        agent = self.agent
+        if agent.evidence == "stream" and (agent.controller != "exhaust" or agent.memory == "decision"):
+            raise ValueError("evidence 'stream' reads every chunk: use controller 'exhaust' and memory 'summary' or 'overwrite'")
+        if agent.evidence == "search" and agent.controller == "exhaust":
+            raise ValueError("controller 'exhaust' belongs to evidence 'stream'; use 'fixed' or 'policy' with 'search'")
+        return self
+
+
+def group_config(base: RunConfig, group: str) -> RunConfig:
+    """The config of one matrix group: the base with the group's memory and controller and
+    its overrides applied."""
+    memory, controller = GROUP_DESIGNS[group]
+    data = base.model_dump(mode="json")
+    data["agent"].update(memory=memory, controller=controller)
+    extra = [f"{k}={json.dumps(v)}" for k, v in base.matrix.overrides.get(group, {}).items()]
+    return RunConfig.model_validate(apply_overrides(data, extra))
+
+
+def _parse_value(raw: str) -> Any:
+    """``--set`` values are TOML literals when they parse as such, else plain strings."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides to a nested dict (copy)."""
+    data = json.loads(json.dumps(data))
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--set {item!r}: expected key=value, e.g. budgets.max_searches=2")
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise InputError(f"--set {item!r}: {part} is not a table")
+        node[parts[-1]] = _parse_value(raw.strip())
+    return data
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None, model: type[BaseModel] = RunConfig) -> Any:
+    """Read a TOML config, apply overrides, validate; problems name the file and field."""
+    data: dict[str, Any] = {}
+    where = str(path) if path else "<defaults>"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise InputError(f"{path}: no such config file")
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise InputError(f"{path}: invalid TOML ({exc})") from None
+    data = apply_overrides(data, overrides or [])
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"])
+            msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+            problems.append(Problem(where, None, field, msg))
+        raise InputError(problems) from None

@@ -1,0 +1,188 @@
+"""The episode engine: one code path for evaluation, SFT export, RL rollouts and the verl loop.
+
+An episode runs one agent on one task and returns its trajectory (a JSON-able dict holding
+every event). Three orthogonal choices make the agent (DESIGN §3): the evidence source
+(``search`` | ``stream``), the memory mode (``decision`` | ``summary`` | ``overwrite``) and the
+controller (``fixed`` | ``policy`` | ``exhaust``); then a reader answers from the question and
+the final memory only. Budgets are enforced here, never left to prompts. The engine never sees
+labels: scoring joins labels by task id after the episode (``memsearch.eval.score``).
+
+Fixed retrieval plan (identical for every group that uses it): ``max_searches`` searches, each
+with the question as the query, each showing the best-ranked passages not shown before
+(``passages_per_search`` of them, cut to ``evidence_tokens``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from memsearch.backends.base import GenerationRequest, GenerationResult, PolicyBackend, SamplingParams
+from memsearch.config import RunConfig
+from memsearch.data.records import Document, Task
+from memsearch.engine import prompts
+from memsearch.engine.evidence import chunk_context, render_evidence
+from memsearch.engine.memory_modes import make_memory
+from memsearch.engine.parsing import parse_controller, parse_reader
+from memsearch.retrieval import Retriever
+from memsearch.tokenizer import Tokenizer
+
+ENGINE_VERSION = "engine-1"
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+@dataclass
+class Environment:
+    """What all episodes of a run share."""
+
+    config: RunConfig
+    tokenizer: Tokenizer
+    documents: dict[str, Document]
+    backends: dict[str, PolicyBackend]
+    retriever: Retriever | None = None
+    group: str = ""
+
+
+@dataclass
+class _Episode:
+    env: Environment
+    task: Task
+    events: list[dict[str, Any]] = field(default_factory=list)
+    shown: dict[str, None] = field(default_factory=dict)  # ordered set of evidence ids
+    calls: int = 0
+    invalid: int = 0
+    request_errors: int = 0
+
+    def _seed(self, role: str, step: int) -> int | None:
+        base = self.env.config.backends.model_dump()[role]["sampling"]["seed"]
+        if base is None:
+            return None
+        digest = hashlib.sha256(f"{base}/{self.task.id}/{role}/{step}".encode()).digest()
+        return int.from_bytes(digest[:4], "little")
+
+    async def call(self, role: str, step: int, messages, observation: dict[str, Any], max_tokens: int) -> GenerationResult:
+        cfg = getattr(self.env.config.backends, role)
+        sampling = SamplingParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
+                                  max_tokens=max_tokens, seed=self._seed(role, step), logprobs=True)
+        request = GenerationRequest(role=role, messages=tuple(messages), sampling=sampling, observation=observation)
+        (result,) = await self.env.backends[role].generate([request])
+        self.calls += 1
+        if not result.ok:
+            self.request_errors += 1
+        tok = self.env.tokenizer
+        usage = {"source": result.usage.source}
+        if result.usage.source == "reported":
+            usage.update(prompt_tokens=result.usage.prompt_tokens, completion_tokens=result.usage.completion_tokens)
+        else:
+            usage.update(estimated_prompt_tokens=sum(tok.count(m["content"]) for m in messages),
+                         estimated_completion_tokens=tok.count(result.text))
+        self.events.append({
+            "type": "policy_call", "role": role, "step": step, "messages": list(messages), "text": result.text,
+            "completion_ids": list(result.completion_ids) if result.completion_ids is not None else None,
+            "logprobs": list(result.logprobs) if result.logprobs is not None else None,
+            "prompt_ids": list(result.prompt_ids) if result.prompt_ids is not None else None,
+            "finish_reason": result.finish_reason, "usage": usage, "latency_s": round(result.latency_s, 4),
+            "attempts": result.attempts, "error": result.error,
+        })
+        return result
+
+    def judge(self, valid: bool, action: dict[str, Any], reason: str | None) -> None:
+        """Attach the parsed action to the last policy call; count invalid actions."""
+        self.events[-1].update(action=action, valid=valid, invalid_reason=None if valid else reason)
+        if not valid:
+            self.invalid += 1
+
+
+async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
+    """Run one task to the end and return its trajectory."""
+    cfg, budgets, tok = env.config, env.config.budgets, env.tokenizer
+    ep = _Episode(env, task)
+    memory = make_memory(cfg.agent.memory, tok, budgets.memory_tokens)
+    started = time.perf_counter()
+    counts = {"searches": 0, "chunks": 0, "chunks_cut": 0, "evidence_cut_sentences": 0, "memory_truncations": 0}
+    ops: dict[str, int] = {}
+
+    async def remember(step: int, evidence_text: str, evidence_items) -> None:
+        obs = {"question": task.question, "evidence": evidence_items, "mode": memory.mode, **memory.observation()}
+        result = await ep.call("memory", step, memory.messages(task.question, evidence_text, budgets), obs, budgets.policy_tokens)
+        record = memory.update(result.text, set(ep.shown)) if result.ok else {
+            "valid": False, "reason": f"request failed: {result.error}", "executed": {}, "truncated": False}
+        ep.judge(record["valid"], {"memory": {k: record.get(k) for k in ("executed", "truncated")}}, record["reason"])
+        ep.events.append({"type": "memory", "step": step, **record})
+        counts["memory_truncations"] += int(record["truncated"])
+        for name, n in record["executed"].items():
+            ops[name] = ops.get(name, 0) + n
+
+    if cfg.agent.evidence == "search":
+        queries: list[str] = []
+        shown_docs: list[str] = []
+        for step in range(budgets.max_searches):
+            if cfg.agent.controller == "policy":
+                obs = {"question": task.question, "searches_left": budgets.max_searches - step, "past_queries": list(queries),
+                       **memory.observation()}
+                result = await ep.call("controller", step, prompts.controller(task.question, memory.render(),
+                                       budgets.max_searches - step, queries), obs, budgets.policy_tokens)
+                action = parse_controller(result.text) if result.ok else None
+                valid = action is not None and action.kind != "invalid"
+                reason = (action.error if action else f"request failed: {result.error}")
+                ep.judge(valid, action.to_dict() if action else {}, reason)
+                if not valid or action.kind == "finish":
+                    break  # an unreadable controller decision ends the search (recorded above)
+                query = action.query
+            else:
+                query = task.question
+            queries.append(query)
+            scope = task.doc_ids if cfg.agent.retrieval_scope == "candidates" else None
+            found = env.retriever.search(query, k=budgets.passages_per_search + len(shown_docs), candidates=scope)
+            fresh = [p for p in found if p.doc_id not in shown_docs][: budgets.passages_per_search]
+            evidence = render_evidence(fresh, tok, budgets.evidence_tokens)
+            counts["searches"] += 1
+            counts["evidence_cut_sentences"] += evidence.cut_sentences
+            shown_docs.extend(evidence.doc_ids)
+            ep.shown.update(dict.fromkeys(evidence.ids))
+            ep.events.append({"type": "search", "step": step, "query": query, "doc_ids": list(evidence.doc_ids),
+                              "shown": list(evidence.ids), "evidence_tokens": evidence.tokens,
+                              "cut_sentences": evidence.cut_sentences})
+            if not evidence.ids:
+                if cfg.agent.controller == "fixed":
+                    break  # the plan has nothing new to show
+                continue
+            await remember(step, evidence.text, evidence.items())
+    else:
+        _, chunked = chunk_context(task.doc_ids, env.documents, tok, budgets.chunk_tokens, budgets.max_chunks)
+        counts["chunks_cut"] = chunked.cut_off
+        for step, chunk in enumerate(chunked.chunks):
+            ep.shown.update(dict.fromkeys(chunked.shown_after[step]))
+            counts["chunks"] += 1
+            ep.events.append({"type": "chunk", "step": step, "tokens": tok.count(chunk)})
+            # Chunks carry no evidence ids; rule-based policies still get the sentences.
+            await remember(step, chunk, [(None, s) for s in _SENTENCE_END.split(chunk) if s.strip()])
+
+    boxed = cfg.agent.memory == "overwrite"
+    obs = {"question": task.question, "mode": memory.mode, **memory.observation()}
+    result = await ep.call("reader", 0, prompts.reader(task.question, memory.render(), boxed=boxed), obs, budgets.answer_tokens)
+    answer = parse_reader(result.text) if result.ok else None
+    shown = set(ep.shown)
+    citations = list(answer.citations) if answer else []
+    ep.judge(answer is not None and answer.answer is not None, answer.to_dict() if answer else {},
+             answer.error if answer else f"request failed: {result.error}")
+    return {
+        "task_id": task.id,
+        "group": env.group,
+        "question": task.question,
+        "prediction": answer.answer if answer else None,
+        "reader_text": result.text,
+        "citations": citations,
+        "invalid_citations": [c for c in citations if c not in shown],
+        "shown_evidence": list(ep.shown),
+        "memory_final": memory.render(),
+        "memory_sources": memory.cited(),
+        "counts": {**counts, "policy_calls": ep.calls, "invalid_actions": ep.invalid,
+                   "request_errors": ep.request_errors, "memory_ops": ops},
+        "latency_s": round(time.perf_counter() - started, 4),
+        "status": "error" if ep.request_errors else "ok",
+        "events": ep.events,
+    }

@@ -1,0 +1,86 @@
+"""The three memory modes of an episode, one small strategy object each.
+
+- ``decision``: the memory policy emits ADD / UPDATE / DELETE / NOOP as JSON; the store checks
+  and applies the batch atomically (``memsearch.memory``).
+- ``summary``: the model rewrites free-text notes; the engine cuts them to ``memory_tokens``.
+- ``overwrite`` (MemAgent): the model's output replaces the memory and is re-tokenized and hard
+  truncated to ``memory_tokens``.
+
+``update`` returns a JSON-able record of what happened (valid or not, why, what changed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memsearch.engine import prompts
+from memsearch.engine.parsing import evidence_ids_in
+from memsearch.memory import EMPTY_RENDER, Memory
+from memsearch.tokenizer import Tokenizer
+
+
+class DecisionMemory:
+    mode = "decision"
+
+    def __init__(self, tokenizer: Tokenizer, budget: int) -> None:
+        self.store = Memory(tokenizer, budget)
+
+    def render(self) -> str:
+        return self.store.render()
+
+    def observation(self) -> dict[str, Any]:
+        return {"memory_items": [item.to_dict() for item in self.store.items], "budget_left": self.store.remaining_tokens()}
+
+    def messages(self, question: str, evidence: str, budgets) -> tuple[dict[str, str], ...]:
+        return prompts.memory_decision(question, self.render(), evidence, self.store.remaining_tokens())
+
+    def update(self, text: str, shown: set[str]) -> dict[str, Any]:
+        before = self.render()
+        result = self.store.apply_text(text, shown)
+        return {"valid": result.valid, "reason": result.reason, "executed": result.executed,
+                "before": before, "after": self.render(), "truncated": False}
+
+    def cited(self) -> list[str]:
+        return list(dict.fromkeys(s for item in self.store.items for s in item.sources))
+
+
+class RewriteMemory:
+    """Summary and overwrite modes: the output replaces the memory, cut to the budget."""
+
+    def __init__(self, mode: str, tokenizer: Tokenizer, budget: int) -> None:
+        self.mode, self.tokenizer, self.budget = mode, tokenizer, budget
+        self.text = ""
+
+    def render(self) -> str:
+        return self.text or EMPTY_RENDER
+
+    def observation(self) -> dict[str, Any]:
+        return {"memory_text": self.text, "budget_left": self.budget - self.tokenizer.count(self.text)}
+
+    def messages(self, question: str, evidence: str, budgets) -> tuple[dict[str, str], ...]:
+        if self.mode == "overwrite":
+            return prompts.memory_overwrite(question, self.render(), evidence)
+        return prompts.memory_summary(question, self.render(), evidence, self.budget)
+
+    def update(self, text: str, shown: set[str]) -> dict[str, Any]:
+        before = self.render()
+        new = text.strip()
+        if not new:
+            return {"valid": False, "reason": "empty output; memory unchanged", "executed": {},
+                    "before": before, "after": before, "truncated": False}
+        cut = self.tokenizer.truncate(new, self.budget)
+        self.text = cut
+        return {"valid": True, "reason": None, "executed": {}, "before": before, "after": self.render(),
+                "truncated": cut != new}
+
+    def cited(self) -> list[str]:
+        return list(evidence_ids_in(self.text))
+
+
+def make_memory(mode: str, tokenizer: Tokenizer, budget: int):
+    """The memory strategy for ``mode`` (``decision``, ``summary`` or ``overwrite``)."""
+    if mode == "decision":
+        return DecisionMemory(tokenizer, budget)
+    if mode in ("summary", "overwrite"):
+        return RewriteMemory(mode, tokenizer, budget)
+    raise ValueError(f"unknown memory mode {mode!r}: expected decision, summary or overwrite")

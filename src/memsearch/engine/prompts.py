@@ -1,0 +1,79 @@
+"""Every prompt memsearch sends, in one place, per role. ``PROMPT_VERSION`` is recorded in runs:
+change it whenever any wording changes, so results from different prompts are never mixed.
+
+Prompts see only what an agent may see: the question, evidence shown so far (with evidence
+ids), the memory, and the remaining budget. Labels never reach this module.
+"""
+
+from __future__ import annotations
+
+PROMPT_VERSION = "p1"
+
+_SYSTEM = "You are a careful research assistant that answers multi-hop questions from evidence."
+
+
+def _chat(user: str) -> tuple[dict[str, str], ...]:
+    return ({"role": "system", "content": _SYSTEM}, {"role": "user", "content": user})
+
+
+def memory_decision(question: str, memory: str, evidence: str, budget_left: int) -> tuple[dict[str, str], ...]:
+    """Decision mode: emit ADD / UPDATE / DELETE / NOOP operations as one JSON object."""
+    return _chat(
+        f"Question: {question}\n\n"
+        f"Memory (id, kind, sources, text):\n{memory}\n\n"
+        f"New evidence (each sentence has an evidence id in brackets):\n{evidence}\n\n"
+        f"Memory budget left: {budget_left} tokens.\n"
+        "Update the memory so it keeps the facts needed to answer the question, each with the "
+        "evidence ids it comes from, and the sub-questions that are still open (kind \"open\").\n"
+        'Reply with one JSON object only, e.g. {"ops": [{"op": "ADD", "text": "...", '
+        '"sources": ["d3:0"], "kind": "fact"}]}. Ops: ADD (text, sources, kind), UPDATE (id, '
+        'text, sources), DELETE (id), or {"op": "NOOP"} alone when nothing is worth keeping.'
+    )
+
+
+def memory_summary(question: str, memory: str, evidence: str, memory_tokens: int) -> tuple[dict[str, str], ...]:
+    """Summary mode: rewrite a free-text summary (cut to ``memory_tokens``)."""
+    return _chat(
+        f"Question: {question}\n\n"
+        f"Current notes:\n{memory}\n\n"
+        f"New evidence (each sentence has an evidence id in brackets):\n{evidence}\n\n"
+        f"Rewrite the notes in at most {memory_tokens} tokens, keeping what helps answer the "
+        "question and the evidence ids in brackets after each fact. Reply with the notes only."
+    )
+
+
+def memory_overwrite(question: str, memory: str, chunk: str) -> tuple[dict[str, str], ...]:
+    """Overwrite mode (MemAgent): read one chunk of a long context and rewrite the memory."""
+    return _chat(
+        "You read a long document one section at a time and keep a memory of what matters.\n\n"
+        f"Question: {question}\n\n"
+        f"Memory so far:\n{memory}\n\n"
+        f"Next section:\n{chunk}\n\n"
+        "Write the updated memory: keep everything from the memory and this section that helps "
+        "answer the question. Reply with the memory only."
+    )
+
+
+def controller(question: str, memory: str, searches_left: int, past_queries: list[str]) -> tuple[dict[str, str], ...]:
+    """Policy controller: SEARCH a query or FINISH, driven by the memory's open sub-questions."""
+    past = "\n".join(f"- {q}" for q in past_queries) or "(none)"
+    return _chat(
+        f"Question: {question}\n\n"
+        f"Memory (facts and open sub-questions):\n{memory}\n\n"
+        f"Queries already made:\n{past}\n"
+        f"Searches left: {searches_left}.\n\n"
+        "If the memory is enough to answer, reply FINISH. Otherwise reply SEARCH: <query> with a "
+        "query for the missing evidence (an open sub-question is a good query). Reply with one line."
+    )
+
+
+def reader(question: str, memory: str, boxed: bool = False) -> tuple[dict[str, str], ...]:
+    """Final answer from the question and the memory only, with citations."""
+    if boxed:
+        form = "Think briefly, then give the final answer as \\boxed{answer}."
+    else:
+        form = (
+            "Reply in two lines:\nAnswer: <a short answer, a few words, or yes/no>\n"
+            "Evidence: <the evidence ids that support it, e.g. [d3:0], [d7:2]>"
+        )
+    return _chat(f"Question: {question}\n\nMemory:\n{memory}\n\n{form}")

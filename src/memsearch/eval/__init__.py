@@ -1,0 +1,1 @@
+"""Evaluation: per-task answer and provenance metrics, aggregation, paired bootstrap comparisons."""

@@ -1,0 +1,104 @@
+"""``memsearch matrix``: groups A-D (memory x controller) from one config, identical budgets.
+
+Each group is an ordinary eval run in ``OUT/<group>``; ``OUT/matrix.json`` and
+``OUT/matrix.md`` compare them: per group the headline metrics, per pair of groups the F1 and
+EM difference with a paired bootstrap 95 % CI over the same tasks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+from memsearch.config import RunConfig, group_config
+from memsearch.errors import InputError
+from memsearch.io import iter_jsonl, write_json
+
+TABLE_METRICS = ("f1", "em", "retrieval_support_recall", "memory_support_recall", "citation_precision",
+                 "searches", "invalid_action_rate", "request_errors")
+
+
+def check_comparable(configs: dict[str, RunConfig]) -> None:
+    """Refuse a matrix whose groups differ in budgets or tokenizer."""
+    first_group, first = next(iter(configs.items()))
+    for group, cfg in configs.items():
+        if cfg.budgets != first.budgets:
+            raise InputError(f"group {group}: budgets differ from group {first_group}; a matrix compares groups under identical budgets")
+        if cfg.tokenizer != first.tokenizer:
+            raise InputError(f"group {group}: tokenizer {cfg.tokenizer!r} differs from group {first_group}'s {first.tokenizer!r}")
+
+
+def _per_task(out: Path, group: str, key: str) -> dict[str, float]:
+    return {row["task_id"]: row[key] for _, row in iter_jsonl(out / group / "metrics.jsonl")}
+
+
+def compare(out: Path, groups: list[str], resamples: int) -> list[dict[str, Any]]:
+    from memsearch.eval.bootstrap import paired_bootstrap
+
+    pairs = []
+    for a, b in itertools.combinations(groups, 2):
+        entry: dict[str, Any] = {"a": a, "b": b}
+        for key in ("f1", "em"):
+            ra, rb = _per_task(out, a, key), _per_task(out, b, key)
+            common = [t for t in ra if t in rb]
+            result = paired_bootstrap([ra[t] for t in common], [rb[t] for t in common], n_resamples=resamples, seed=0)
+            entry[key] = {k: result[k] for k in ("diff", "ci_low", "ci_high", "p_value", "n")}
+        pairs.append(entry)
+    return pairs
+
+
+def render_table(summaries: dict[str, dict[str, Any]], pairs: list[dict[str, Any]]) -> str:
+    """A Markdown table a person can read: one row per group, then the pairwise differences."""
+    head = "| group | memory | controller | " + " | ".join(TABLE_METRICS) + " | complete |"
+    lines = [head, "|" + "---|" * (len(TABLE_METRICS) + 4)]
+    for group, s in summaries.items():
+        cells = []
+        for key in TABLE_METRICS:
+            value = s["metrics"].get(key)
+            cells.append("-" if value is None else f"{value:.3f}")
+        lines.append(f"| {group} | {s['agent']['memory']} | {s['agent']['controller']} | " + " | ".join(cells) + f" | {s['complete']} |")
+    lines += ["", "| pair | ΔF1 (a-b) | 95% CI | ΔEM (a-b) | 95% CI | n |", "|---|---|---|---|---|---|"]
+    for p in pairs:
+        f, e = p["f1"], p["em"]
+        lines.append(f"| {p['a']}-{p['b']} | {f['diff']:+.3f} | [{f['ci_low']:+.3f}, {f['ci_high']:+.3f}] | "
+                     f"{e['diff']:+.3f} | [{e['ci_low']:+.3f}, {e['ci_high']:+.3f}] | {f['n']} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_matrix(config: RunConfig, data_dir: str | Path, out_dir: str | Path, resume: bool = False,
+               show_progress: bool = True) -> dict[str, Any]:
+    """Run every group (or finish them, with ``resume``) and write the comparison."""
+    from memsearch.eval.runner import run_eval
+
+    out = Path(out_dir)
+    groups = list(config.matrix.groups)
+    configs = {g: group_config(config, g) for g in groups}
+    check_comparable(configs)
+    if out.exists() and not resume:
+        raise InputError(f"{out}: output folder already exists; pass --resume to continue that matrix, or choose a new folder")
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = {}
+    for group, cfg in configs.items():
+        summaries[group] = run_eval(cfg, data_dir, out / group, resume=resume and (out / group).exists(),
+                                    group=group, show_progress=show_progress)
+    pairs = compare(out, groups, config.matrix.bootstrap_resamples)
+    table = render_table(summaries, pairs)
+    result = {
+        "groups": {g: {"agent": s["agent"], "metrics": s["metrics"], "complete": s["complete"],
+                       "usable_for_comparison": s["usable_for_comparison"], "request_errors": s["request_errors"]}
+                   for g, s in summaries.items()},
+        "pairs": pairs,
+        "budgets": configs[groups[0]].budgets.model_dump(),
+        "tokenizer": summaries[groups[0]]["tokenizer"],
+        "usable_for_comparison": all(s["usable_for_comparison"] for s in summaries.values()),
+    }
+    write_json(out / "matrix.json", result)
+    (out / "matrix.md").write_text(table, encoding="utf-8")
+    result["table"] = table
+    return result
+
+
+def load_matrix(out: Path) -> dict[str, Any]:
+    return json.loads((out / "matrix.json").read_text())

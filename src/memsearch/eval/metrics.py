@@ -1,0 +1,271 @@
+"""Per-task metrics as small pure functions: answers, provenance, and their aggregation.
+
+    from memsearch.eval.metrics import exact_match, f1, sub_em, boxed_em, citation_scores
+
+    exact_match("The Eiffel Tower", ["Eiffel Tower"])            # 1.0
+    f1("no", ["yes"])                                             # 0.0 (yes/no rule)
+    sub_em("It was Paris, France.", ["Paris"])                   # 1.0 (RULER-HQA)
+    boxed_em(r"so \\boxed{\\text{Paris}}", ["Paris"])              # 1.0
+    citation_scores(["d1:0", "d9:3"], ["d1:0", "d2:1"])          # p 0.5, r 0.5, f1 0.5
+
+Answer metrics follow the official HotpotQA evaluation script (SQuAD normalization, max over
+gold answers). Every answer metric takes ``prediction=None`` (a failed request) and scores it 0,
+so failed requests stay in the denominator (DESIGN.md section 6). ``golds`` must be a non-empty
+sequence of strings; a bare string is refused because iterating it would score characters.
+
+Provenance metrics compare evidence ids (``"doc_id:sentence_index"``, see
+``memsearch.data.records``) as exact strings, as sets. They return ``None`` when the task has
+no gold supporting facts: such a task carries no provenance label, so it is left out of the
+provenance means instead of counting as 0 or 1.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+import string
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+_PUNCTUATION = frozenset(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+# HotpotQA: a yes/no/noanswer answer shares no partial credit with anything but itself.
+_SPECIAL_ANSWERS = frozenset({"yes", "no", "noanswer"})
+_BOXED = re.compile(r"\\boxed\s*\{")
+# LaTeX text wrappers a model puts inside a box; unwrapped before boxed_em compares.
+_LATEX_TEXT = re.compile(r"\\(?:text|textbf|textit|textrm|texttt|mathrm|mathbf|mbox|emph)\s*\{([^{}]*)\}")
+
+
+def normalize_answer(s: str) -> str:
+    """SQuAD / HotpotQA answer normalization.
+
+    Lower-case, remove ASCII punctuation (``string.punctuation``; as the official script, so
+    "U.S." becomes "us" and "a-b" becomes "ab"), replace the whole words a / an / the with a
+    space, then collapse runs of white space and strip. Order matters and is the official one.
+    """
+    text = s.lower()
+    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def _gold_list(golds: Sequence[str]) -> list[str]:
+    if isinstance(golds, str):
+        raise TypeError("golds must be a sequence of answer strings, not a single string; wrap it: [gold]")
+    gold_list = list(golds)
+    if not gold_list:
+        raise ValueError("golds is empty: a task needs at least one gold answer")
+    return gold_list
+
+
+def _em_one(pred_norm: str, gold_norm: str) -> float:
+    return float(pred_norm == gold_norm)
+
+
+def _f1_one(pred_norm: str, gold_norm: str) -> float:
+    if (pred_norm in _SPECIAL_ANSWERS or gold_norm in _SPECIAL_ANSWERS) and pred_norm != gold_norm:
+        return 0.0
+    pred_tokens = pred_norm.split()
+    gold_tokens = gold_norm.split()
+    num_same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if num_same == 0:
+        return 0.0
+    precision = num_same / len(pred_tokens)
+    recall = num_same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def _sub_em_one(pred_norm: str, gold_norm: str) -> float:
+    # The empty string is a substring of everything; it must never earn credit.
+    if not pred_norm or not gold_norm:
+        return 0.0
+    return float(gold_norm in pred_norm or pred_norm in gold_norm)
+
+
+def _max_over_golds(one: Callable[[str, str], float], prediction: str | None, golds: Sequence[str]) -> float:
+    gold_list = _gold_list(golds)
+    if prediction is None:
+        return 0.0
+    pred_norm = normalize_answer(prediction)
+    return max(one(pred_norm, normalize_answer(g)) for g in gold_list)
+
+
+def exact_match(prediction: str | None, golds: Sequence[str]) -> float:
+    """1.0 when the normalized prediction equals some normalized gold answer, else 0.0.
+
+    As the official script, two strings that both normalize to "" match; ``None`` scores 0.
+    """
+    return _max_over_golds(_em_one, prediction, golds)
+
+
+def f1(prediction: str | None, golds: Sequence[str]) -> float:
+    """Token-level F1 between normalized prediction and gold, max over gold answers.
+
+    HotpotQA rule: when either normalized side is "yes", "no" or "noanswer" and the two differ,
+    F1 is 0. No shared token (including two empty strings) gives 0; ``None`` scores 0.
+    """
+    return _max_over_golds(_f1_one, prediction, golds)
+
+
+def sub_em(prediction: str | None, golds: Sequence[str]) -> float:
+    """RULER-HQA substring match: normalized gold inside normalized prediction, or the reverse.
+
+    Containment is on characters, as in the reference implementation, so gold "no" is found
+    in "no idea" (and in "not sure"): a loose metric by design. A prediction or gold that
+    normalizes to "" never matches; ``None`` scores 0.
+    """
+    return _max_over_golds(_sub_em_one, prediction, golds)
+
+
+def boxed_answer(text: str | None) -> str | None:
+    r"""Content of the last ``\boxed{...}`` in ``text``, stripped; ``None`` when there is none.
+
+    Braces nest (``\boxed{\text{Paris}}`` gives ``\text{Paris}``); escaped braces ``\{`` ``\}``
+    do not count. When the last box never closes (e.g. the answer was truncated) the result is
+    ``None``: an earlier, complete box is not taken as the final answer.
+    """
+    if text is None:
+        return None
+    last = None
+    for last in _BOXED.finditer(text):
+        pass
+    if last is None:
+        return None
+    start = last.end()
+    depth = 1
+    i = start
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:i].strip()
+        i += 1
+    return None
+
+
+def unwrap_latex_text(s: str) -> str:
+    while True:
+        unwrapped = _LATEX_TEXT.sub(r"\1", s)
+        if unwrapped == s:
+            return s
+        s = unwrapped
+
+
+def boxed_em(text: str | None, golds: Sequence[str]) -> float:
+    r"""Exact match of the last boxed answer in ``text``; 0.0 when there is no complete box.
+
+    Text wrappers such as ``\text{...}`` / ``\textbf{...}`` / ``\mathrm{...}`` are unwrapped
+    before normalization, so ``\boxed{\text{Paris}}`` matches "Paris".
+    """
+    gold_list = _gold_list(golds)
+    answer = boxed_answer(text)
+    if answer is None:
+        return 0.0
+    return exact_match(unwrap_latex_text(answer), gold_list)
+
+
+# Answer metrics by name, for configs and reports.
+ANSWER_METRICS: dict[str, Callable[[str | None, Sequence[str]], float]] = {
+    "em": exact_match,
+    "f1": f1,
+    "sub_em": sub_em,
+    "boxed_em": boxed_em,
+}
+
+
+def answer_metric(name: str) -> Callable[[str | None, Sequence[str]], float]:
+    """The answer metric called ``name``; a ``KeyError`` listing the valid names on a typo."""
+    try:
+        return ANSWER_METRICS[name]
+    except KeyError:
+        raise KeyError(f"unknown answer metric {name!r}; valid names: {', '.join(ANSWER_METRICS)}") from None
+
+
+def _id_set(ids: Iterable[str] | None) -> set[str]:
+    if ids is None:
+        return set()
+    if isinstance(ids, str):
+        raise TypeError("evidence ids must be a collection of 'doc_id:sentence' strings, not a single string")
+    return set(ids)
+
+
+def support_recall(seen_ids: Iterable[str] | None, supporting_facts: Iterable[str]) -> float | None:
+    """Fraction of distinct gold supporting facts found among ``seen_ids``.
+
+    Retrieval support recall passes every evidence id ever shown to the agent; memory support
+    recall passes the ids cited by the final memory. ``None`` when there are no gold facts;
+    ``seen_ids=None`` counts as nothing seen.
+    """
+    gold = _id_set(supporting_facts)
+    if not gold:
+        return None
+    return len(gold & _id_set(seen_ids)) / len(gold)
+
+
+def citation_scores(
+    cited_ids: Iterable[str] | None, supporting_facts: Iterable[str]
+) -> dict[str, float | None]:
+    """Precision, recall and F1 of distinct cited evidence ids against gold supporting facts.
+
+    With no gold facts all three are ``None`` (nothing to judge against). With gold facts but
+    nothing cited, precision is 0.0, not ``None``: an agent that cites nothing must not drop out
+    of the precision mean and so look better than one that cites imperfectly. F1 is 0.0 when
+    precision and recall are both 0. Validity of an id is not entailment of the claim.
+    """
+    gold = _id_set(supporting_facts)
+    if not gold:
+        return {"precision": None, "recall": None, "f1": None}
+    cited = _id_set(cited_ids)
+    hits = len(cited & gold)
+    precision = hits / len(cited) if cited else 0.0
+    recall = hits / len(gold)
+    f1_score = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1_score}
+
+
+def _numeric_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, numbers.Real) and not isinstance(value, str))
+
+
+def aggregate(rows: Sequence[Mapping[str, Any]], keys: Sequence[str] | None = None) -> dict[str, Any]:
+    """Mean of each metric over rows, skipping ``None`` and missing values.
+
+    Returns ``{"n": len(rows), "mean": {key: float | None}, "count": {key: int}}`` where
+    ``count`` is how many rows entered the mean (``mean`` is ``None`` when that is 0). Booleans
+    count as 0 / 1. With ``keys=None`` every key whose values in all rows are numbers or ``None``
+    is aggregated, in first-seen order. A non-numeric value under a requested key, or a NaN,
+    raises ``ValueError``: it is a bug upstream, not a missing value.
+    """
+    if keys is None:
+        seen: dict[str, bool] = {}
+        for row in rows:
+            for key, value in row.items():
+                seen[key] = seen.get(key, True) and _numeric_or_none(value)
+        keys = [key for key, ok in seen.items() if ok]
+    elif isinstance(keys, str):
+        raise TypeError("keys must be a sequence of metric names, not a single string; wrap it: [key]")
+    means: dict[str, float | None] = {}
+    counts: dict[str, int] = {}
+    for key in keys:
+        values: list[float] = []
+        for i, row in enumerate(rows):
+            value = row.get(key)
+            if value is None:
+                continue
+            if not _numeric_or_none(value):
+                raise ValueError(f"row {i}: {key}: expected a number or None, got {value!r}")
+            value = float(value)
+            if math.isnan(value):
+                raise ValueError(f"row {i}: {key}: NaN; use None for a metric that does not apply")
+            values.append(value)
+        means[key] = math.fsum(values) / len(values) if values else None
+        counts[key] = len(values)
+    return {"n": len(rows), "mean": means, "count": counts}

@@ -1,0 +1,203 @@
+"""``memsearch eval``: run one agent over a prepared data folder and write a run folder.
+
+    run_eval(config, data_dir="data/hotpot-dev", out_dir="runs/eval-1")
+
+A run folder holds ``config.json`` (resolved), ``run.json`` (data fingerprint, versions),
+``trajectories.jsonl`` (one line per task, appended as episodes finish), ``metrics.jsonl``
+(per task, in task order) and ``summary.json``. The folder must not exist unless ``resume``:
+then the saved config must equal the new one, finished tasks are kept and only missing ones
+run, so a crashed run is completed without losing or repeating a task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from memsearch.config import RunConfig
+from memsearch.data.dataset import Dataset, load_dataset
+from memsearch.errors import InputError
+from memsearch.io import dumps_line, iter_jsonl, sha256_file, write_json, write_jsonl
+
+SUMMARY_KEYS = (
+    "em", "f1", "sub_em", "boxed_em", "retrieval_support_recall", "memory_support_recall",
+    "citation_precision", "citation_recall", "searches", "chunks", "chunks_cut", "memory_truncations",
+    "policy_calls", "invalid_actions", "invalid_action_rate", "request_errors", "latency_s",
+)
+
+
+def software_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for pkg in ("memsearch", "torch", "transformers", "bm25s", "tokenizers", "httpx"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def data_fingerprint(data_dir: Path, dataset: Dataset) -> dict[str, Any]:
+    return {"manifest_sha256": sha256_file(data_dir / "manifest.json"), "files": dataset.manifest.get("files"),
+            "kind": dataset.manifest.get("kind"), "split": dataset.manifest.get("split")}
+
+
+def read_finished(path: Path) -> dict[str, dict[str, Any]]:
+    """Trajectories already written, by task id. A torn last line (a crash mid-write) is cut
+    off the file so appending continues from a clean line."""
+    if not path.is_file():
+        return {}
+    raw = path.read_bytes()
+    keep = raw if raw.endswith(b"\n") or not raw else raw[: raw.rfind(b"\n") + 1]
+    if keep != raw:
+        path.write_bytes(keep)
+    done = {}
+    for _, traj in iter_jsonl(path):
+        done[traj["task_id"]] = traj
+    return done
+
+
+def _prepare_folder(config: RunConfig, out: Path, resume: bool, run_info: dict[str, Any]) -> None:
+    resolved = config.model_dump(mode="json")
+    if out.exists():
+        if not resume:
+            raise InputError(f"{out}: output folder already exists; pass --resume to continue that run, or choose a new folder")
+        saved = json.loads((out / "config.json").read_text()) if (out / "config.json").is_file() else None
+        if saved != resolved:
+            raise InputError(f"{out}: config differs from the run being resumed (config.json); resume with the same config")
+        saved_run = json.loads((out / "run.json").read_text())
+        if saved_run["data"] != run_info["data"]:
+            raise InputError(f"{out}: data fingerprint differs from the run being resumed; resume on the same data")
+        return
+    if resume:
+        raise InputError(f"{out}: nothing to resume (no such folder)")
+    out.mkdir(parents=True)
+    write_json(out / "config.json", resolved)
+    write_json(out / "run.json", run_info)
+
+
+def build_environment(config: RunConfig, dataset: Dataset, group: str = ""):
+    """Tokenizer, retriever and one backend per distinct backend config (roles that share a
+    config share one backend, so one local model serves them all)."""
+    from memsearch.backends import make_backend
+    from memsearch.engine.episode import Environment
+    from memsearch.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(config.tokenizer)
+    retriever = None
+    if config.agent.evidence == "search":
+        from memsearch.retrieval import BM25Retriever
+
+        retriever = BM25Retriever.build(dataset.documents)
+    shared: dict[str, Any] = {}
+    backends = {}
+    for role in ("memory", "controller", "reader"):
+        cfg = getattr(config.backends, role)
+        key = json.dumps(cfg.model_dump(mode="json", exclude={"sampling"}), sort_keys=True)
+        if key not in shared:
+            shared[key] = make_backend(cfg, tokenizer)
+        backends[role] = shared[key]
+    return Environment(config, tokenizer, dataset.documents_by_id(), backends, retriever, group)
+
+
+async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, desc: str) -> None:
+    from memsearch.engine.episode import run_episode
+    from memsearch.eval.metrics import f1
+
+    sem = asyncio.Semaphore(env.config.concurrency)
+    bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=not show_progress, mininterval=0.5)
+    f1_sum, n = 0.0, 0
+
+    async def one(task):
+        async with sem:
+            try:
+                return await run_episode(task, env)
+            except Exception as exc:  # a bug or backend crash: keep the task, mark it failed
+                return {"task_id": task.id, "group": env.group, "question": task.question, "prediction": None,
+                        "status": "error", "error": f"{type(exc).__name__}: {exc}", "counts": {}, "events": []}
+
+    with open(traj_path, "a", encoding="utf-8") as fh:
+        for next_done in asyncio.as_completed([one(t) for t in tasks]):
+            traj = await next_done
+            fh.write(dumps_line(traj) + "\n")
+            fh.flush()
+            n += 1
+            f1_sum += f1(traj.get("prediction"), labels[traj["task_id"]].answers)
+            bar.set_postfix(f1=f"{f1_sum / n:.3f}")
+            bar.update(1)
+    bar.close()
+    for backend in {id(b): b for b in env.backends.values()}.values():
+        await backend.aclose()
+
+
+def summarize(config: RunConfig, run_info: dict[str, Any], rows: list[dict[str, Any]], expected: int, env_info: dict[str, Any]) -> dict[str, Any]:
+    from memsearch.eval.metrics import aggregate
+
+    agg = aggregate(rows, [k for k in SUMMARY_KEYS])
+    failed = [r["task_id"] for r in rows if r["status"] != "ok"]
+    request_errors = sum(r["request_errors"] for r in rows)
+    complete = len(rows) == expected and not failed
+    ops = {k: sum(r.get(k, 0) for r in rows) for k in sorted({k for r in rows for k in r if k.startswith("ops_")})}
+    tokens = {k: sum(r.get(k, 0) for r in rows) for k in sorted({k for r in rows for k in r if k.endswith("_tokens")})}
+    return {
+        "complete": complete,
+        "usable_for_comparison": complete and request_errors == 0,
+        "note": None if complete else f"INCOMPLETE: {expected - len(rows)} task(s) missing, {len(failed)} failed; not a result",
+        "tasks": {"expected": expected, "scored": len(rows), "failed": len(failed), "failed_ids": failed[:50]},
+        "request_errors": request_errors,
+        "truncation": {"tasks_cut_by_chunk_limit": sum(1 for r in rows if r["truncated_by_chunk_limit"]),
+                       "memory_truncations": sum(r["memory_truncations"] for r in rows)},
+        "metrics": agg["mean"],
+        "metric_counts": agg["count"],
+        "memory_ops": ops,
+        "tokens": tokens,
+        "entailment_evaluated": False,
+        "config": config.model_dump(mode="json"),
+        **env_info,
+        "data": run_info["data"],
+        "software": run_info["software"],
+    }
+
+
+def run_eval(config: RunConfig, data_dir: str | Path, out_dir: str | Path, resume: bool = False,
+             group: str = "", show_progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) an evaluation; returns the summary (also written to ``summary.json``)."""
+    from memsearch.engine.episode import ENGINE_VERSION
+    from memsearch.engine.prompts import PROMPT_VERSION
+    from memsearch.eval.score import score_trajectory
+
+    data_dir, out = Path(data_dir), Path(out_dir)
+    dataset = load_dataset(data_dir)
+    tasks = dataset.tasks[: config.limit]
+    labels = dataset.labels_by_id()
+    run_info = {"data": data_fingerprint(data_dir, dataset), "software": software_versions(), "group": group}
+    _prepare_folder(config, out, resume, run_info)
+    traj_path = out / "trajectories.jsonl"
+    done = read_finished(traj_path)
+    todo = [t for t in tasks if t.id not in done]
+    started = time.perf_counter()
+    env = build_environment(config, dataset, group)
+    episodes_started = time.perf_counter()
+    if todo:
+        asyncio.run(_run_all(env, todo, traj_path, labels, show_progress, desc=f"eval {group}".strip()))
+    episodes_s = time.perf_counter() - episodes_started
+    finished = read_finished(traj_path)
+    rows = [score_trajectory(finished[t.id], labels[t.id]) for t in tasks if t.id in finished]
+    write_jsonl(out / "metrics.jsonl", rows)
+    env_info = {
+        "group": group, "tokenizer": env.tokenizer.name, "prompt_version": PROMPT_VERSION, "engine_version": ENGINE_VERSION,
+        "budgets": config.budgets.model_dump(), "agent": config.agent.model_dump(),
+        "sampling": {role: getattr(config.backends, role).sampling.model_dump() for role in ("memory", "controller", "reader")},
+        "backends": {role: env.backends[role].name for role in ("memory", "controller", "reader")},
+    }
+    summary = summarize(config, run_info, rows, len(tasks), env_info)
+    summary["timing"] = {"wall_s_this_invocation": round(time.perf_counter() - started, 2),
+                         "episodes_wall_s": round(episodes_s, 3), "episodes_run": len(todo), "resumed_tasks": len(done)}
+    write_json(out / "summary.json", summary)
+    return summary

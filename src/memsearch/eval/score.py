@@ -1,0 +1,62 @@
+"""Scoring, after the episode: join a trajectory with its label (by task id) and compute the
+per-task metrics row. This is the only place labels meet agent output."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memsearch.data.records import Label
+from memsearch.eval.metrics import boxed_em, citation_scores, exact_match, f1, sub_em, support_recall
+
+ROLES = ("memory", "controller", "reader")
+
+
+def token_costs(events: list[dict[str, Any]]) -> dict[str, int]:
+    """Tokens by role, service-reported and tokenizer-estimated kept apart (never summed)."""
+    out: dict[str, int] = {}
+    for event in events:
+        if event.get("type") != "policy_call":
+            continue
+        role = event["role"]
+        for key, value in event["usage"].items():
+            if key != "source" and value is not None:
+                name = f"{key.replace('estimated_', 'estimated_' + role + '_', 1)}" if key.startswith("estimated_") else f"{role}_{key}"
+                out[name] = out.get(name, 0) + int(value)
+    return out
+
+
+def score_trajectory(traj: dict[str, Any], label: Label) -> dict[str, Any]:
+    """One metrics row. A failed episode keeps its row (prediction ``None`` scores 0)."""
+    pred = traj.get("prediction")
+    counts = traj.get("counts", {})
+    cites = citation_scores(traj.get("citations", []), label.supporting_facts)
+    calls = counts.get("policy_calls", 0)
+    row: dict[str, Any] = {
+        "task_id": traj["task_id"],
+        "status": traj.get("status", "error"),
+        "prediction": pred,
+        "answers": label.answers,
+        "em": exact_match(pred, label.answers),
+        "f1": f1(pred, label.answers),
+        "sub_em": sub_em(pred, label.answers),
+        "boxed_em": boxed_em(traj.get("reader_text"), label.answers),
+        "retrieval_support_recall": support_recall(traj.get("shown_evidence", []), label.supporting_facts),
+        "memory_support_recall": support_recall(traj.get("memory_sources", []), label.supporting_facts),
+        "citation_precision": cites["precision"],
+        "citation_recall": cites["recall"],
+        "invalid_citations": len(traj.get("invalid_citations", [])),
+        "searches": counts.get("searches", 0),
+        "chunks": counts.get("chunks", 0),
+        "chunks_cut": counts.get("chunks_cut", 0),
+        "truncated_by_chunk_limit": counts.get("chunks_cut", 0) > 0,
+        "memory_truncations": counts.get("memory_truncations", 0),
+        "policy_calls": calls,
+        "invalid_actions": counts.get("invalid_actions", 0),
+        "invalid_action_rate": counts.get("invalid_actions", 0) / calls if calls else None,
+        "request_errors": counts.get("request_errors", 0),
+        "latency_s": traj.get("latency_s"),
+    }
+    for op, n in counts.get("memory_ops", {}).items():
+        row[f"ops_{op}"] = n
+    row.update(token_costs(traj.get("events", [])))
+    return row

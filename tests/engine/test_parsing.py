@@ -1,0 +1,39 @@
+"""Reading decisions out of real-looking model text never raises and says why it failed."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memsearch.engine.parsing import evidence_ids_in, parse_controller, parse_reader
+
+
+def test_controller_forms():
+    assert parse_controller("SEARCH: Ed Wood nationality").query == "Ed Wood nationality"
+    assert parse_controller('Thought: need more.\nsearch("Scott Derrickson")').query == "Scott Derrickson"
+    assert parse_controller("I have enough. FINISH").kind == "finish"
+    assert parse_controller("FINISH, no wait, SEARCH: x").kind == "finish"  # the first decision counts
+    bad = parse_controller("Let me think about it")
+    assert bad.kind == "invalid" and bad.error == "neither 'SEARCH: <query>' nor 'FINISH' found"
+    assert parse_controller("SEARCH:   ").kind == "invalid"
+
+
+def test_reader_forms():
+    a = parse_reader("Answer: Chief of Protocol\nEvidence: [d3:0], [d7:2]")
+    assert (a.answer, a.citations) == ("Chief of Protocol", ("d3:0", "d7:2"))
+    assert parse_reader("The answer is yes. See [d1:0].").answer == "yes"
+    assert parse_reader("Reasoning...\n\\boxed{\\text{Paris}}").answer == "Paris"
+    assert parse_reader("**American** [d1:0]").answer == "American"
+    empty = parse_reader("   ")
+    assert empty.answer is None and empty.error == "no answer found in the reader output"
+
+
+def test_evidence_ids_keep_first_mention_order():
+    assert evidence_ids_in("see d2:1, [d10:0] and d2:1 again; not 12:30 or http://x:80") == ("d2:1", "d10:0")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_parsers_never_raise(text):
+    parse_controller(text)
+    parse_reader(text)
