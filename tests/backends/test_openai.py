@@ -8,7 +8,9 @@ used up. It records every request and the most requests it ever had in flight.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import logging
 import threading
 import time
 from collections import deque
@@ -24,7 +26,7 @@ from memsearch.backends.base import (
     PolicyBackend,
     SamplingParams,
 )
-from memsearch.backends.openai import API_KEY_ENV, OpenAIBackend, constraint_body
+from memsearch.backends.openai import API_KEY_ENV, OpenAIBackend, _env_proxy, constraint_body
 from memsearch.tokenizer import LexicalTokenizer
 
 SECRET = "sk-test-SECRET-0123456789abcdef"
@@ -151,7 +153,8 @@ def server():
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
     monkeypatch.delenv(API_KEY_ENV, raising=False)
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy",
+                "no_proxy"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -315,6 +318,45 @@ def test_concurrency_is_bounded(server):
     assert server.max_in_flight == 4
 
 
+def test_redirect_is_not_followed_or_retried(server):
+    server.script(Action(status=307, body={}, headers={"Location": "/v1/elsewhere"}))
+    backend = make_backend(server, max_retries=3)
+    [r] = run(backend, [chat()])
+    assert r.finish_reason == "error" and r.attempts == 1 and "307" in r.error
+    assert [req["path"] for req in server.requests] == ["/v1/chat/completions"]
+    assert backend.stats()["errors"] == {"http_other": 1}
+
+
+def test_netrc_is_not_a_credential_source(server, monkeypatch, tmp_path):
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login user password netrc-SECRET\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".netrc").write_text(netrc.read_text())
+    (tmp_path / ".netrc").chmod(0o600)
+    [r] = run(make_backend(server), [chat()])
+    assert r.ok and "Authorization" not in server.requests[0]["headers"]
+
+
+def test_proxy_from_environment(server, monkeypatch):
+    assert _env_proxy("http://10.1.2.3:8000/v1") is None
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("ALL_PROXY", "http://all.example:3128")
+    monkeypatch.setenv("NO_PROXY", "skip.example,10.9.9.9")
+    assert _env_proxy("http://10.1.2.3:8000/v1") == "http://proxy.example:3128"
+    assert _env_proxy("https://api.example/v1") == "http://all.example:3128"
+    assert _env_proxy("http://skip.example/v1") is None
+    assert _env_proxy("http://10.9.9.9:8000/v1") is None
+    # A real request through a proxy: the scripted server plays the proxy for a host that
+    # does not exist, and sees the absolute target URL.
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{server.port}")
+    backend = OpenAIBackend("http://model.invalid:9/v1", model="m", timeout_s=2.0, max_retries=0)
+    [r] = run(backend, [chat("via proxy")])
+    assert r.ok and r.text == "echo: via proxy"
+    assert server.requests[0]["path"] == "http://model.invalid:9/v1/chat/completions"
+
+
 def test_api_key_sent_and_never_leaked(server, monkeypatch):
     monkeypatch.setenv(API_KEY_ENV, SECRET)
     server.script(
@@ -424,8 +466,14 @@ def test_empty_request_is_an_error_not_an_exception(server):
     assert backend.stats()["failed"] == 1
 
 
-def test_backend_survives_a_new_event_loop(server):
+def test_backend_survives_a_new_event_loop(server, caplog, recwarn):
     backend = make_backend(server)
-    assert asyncio.run(backend.generate([chat("one")]))[0].ok
-    assert asyncio.run(backend.generate([chat("two")]))[0].text == "echo: two"
-    asyncio.run(backend.aclose())
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        assert asyncio.run(backend.generate([chat("one")]))[0].ok
+        assert asyncio.run(backend.generate([chat("two")]))[0].text == "echo: two"
+        assert asyncio.run(backend.generate([chat("three")]))[0].ok
+        asyncio.run(backend.aclose())
+        gc.collect()
+    # The sessions of the earlier loops were dropped without "Unclosed ..." reports.
+    assert "Unclosed" not in caplog.text
+    assert not [w for w in recwarn if "Unclosed" in str(w.message)]

@@ -50,12 +50,12 @@ _TOKEN_ID_RE = re.compile(r"^token_id:(-?\d+)$")
 _SNIPPET_CHARS = 200
 
 
-def _httpx():
-    # Imported lazily so `memsearch --help` stays instant. httpx2 is declared in
-    # pyproject.toml (the fork huggingface_hub also uses; same API as httpx).
-    import httpx2
+def _aiohttp():
+    # Imported lazily so `memsearch --help` stays instant (and, via ``OpenAIBackend.__init__``,
+    # before the event loop starts, so no episode waits on the import).
+    import aiohttp
 
-    return httpx2
+    return aiohttp
 
 
 def constraint_body(constraint: Constraint | None, choice_style: ChoiceStyle = "guided") -> dict[str, Any]:
@@ -170,8 +170,11 @@ class OpenAIBackend:
         self.extra_body = dict(extra_body or {})
         self.choice_style = choice_style
         self._rng = random.Random(seed)
-        # The client and semaphore belong to one event loop; built on first use.
-        self._client = None
+        # The HTTP library costs hundreds of ms to import: pay that here, at setup, rather
+        # than inside the event loop on the first request while every episode waits.
+        _aiohttp()
+        # The session and semaphore belong to one event loop; built on first use.
+        self._session: Any = None
         self._semaphore: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._counts: Counter[str] = Counter()
@@ -197,12 +200,14 @@ class OpenAIBackend:
         return {**{k: self._counts[k] for k in keys}, "errors": dict(self._errors)}
 
     async def aclose(self) -> None:
-        client, loop = self._client, self._loop
-        self._client, self._semaphore, self._loop = None, None, None
-        # A client from an earlier (now closed) event loop cannot be closed from this one;
-        # its sockets were already torn down with that loop.
-        if client is not None and loop is asyncio.get_running_loop():
-            await client.aclose()
+        session, loop = self._session, self._loop
+        self._session, self._semaphore, self._loop = None, None, None
+        if session is None:
+            return
+        if loop is asyncio.get_running_loop():
+            await session.close()
+        else:
+            _abandon(session)
 
     # ------------------------------------------------------------------------- request body
 
@@ -232,19 +237,24 @@ class OpenAIBackend:
 
     # ------------------------------------------------------------------------------ internals
 
-    def _ensure_client(self):
+    def _ensure_session(self):
         loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            httpx = _httpx()
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.timeout_s),
-                limits=httpx.Limits(
-                    max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency
-                ),
+        if self._session is None or self._loop is not loop:
+            if self._session is not None:
+                _abandon(self._session)  # from an earlier event loop; unusable on this one
+            aiohttp = _aiohttp()
+            # One keep-alive pool as large as the concurrency bound. The whole attempt
+            # (connect + send + full body) is bounded by ``asyncio.timeout`` in _generate_one.
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.max_concurrency),
+                timeout=aiohttp.ClientTimeout(total=None),
+                # Not trust_env: it reads ~/.netrc (a second credential source) and looks the
+                # proxy up in a worker thread on every request; the proxy is resolved once here.
+                proxy=_env_proxy(self.base_url),
             )
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
             self._loop = loop
-        return self._client, self._semaphore
+        return self._session, self._semaphore
 
     def _backoff_s(self, retry: int, retry_after: float | None) -> float:
         if retry_after is not None:
@@ -261,14 +271,16 @@ class OpenAIBackend:
             )
         try:
             path, body = self.build_body(request)
-            client, semaphore = self._ensure_client()
+            # Compact UTF-8 JSON; NaN/inf are not JSON and fail here, before any attempt.
+            payload = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+            session, semaphore = self._ensure_session()
         except Exception as exc:  # noqa: BLE001 - generate never raises for a request
             self._counts["failed"] += 1
             self._errors["internal"] += 1
             return GenerationResult(
                 text="", finish_reason="error", error=_scrub(f"internal: {type(exc).__name__}: {exc}"), attempts=0
             )
-        httpx = _httpx()
+        aiohttp = _aiohttp()
         url = self.base_url + path
         attempts = 0
         last_status: int | None = None
@@ -286,17 +298,21 @@ class OpenAIBackend:
             try:
                 async with semaphore:
                     async with asyncio.timeout(self.timeout_s):
-                        response = await client.post(url, json=body, headers=self._headers())
-                last_status = response.status_code
-                if 200 <= response.status_code < 300:
-                    result = self._parse(request, response.content)
+                        async with session.post(
+                            url, data=payload, headers=self._headers(), allow_redirects=False
+                        ) as response:
+                            code = response.status
+                            raw = await response.read()
+                            retry_header = response.headers.get("Retry-After")
+                last_status = code
+                if 200 <= code < 300:
+                    result = self._parse(request, raw)
                     self._counts["succeeded"] += 1
                     return replace(result, latency_s=time.perf_counter() - start, attempts=attempts)
-                code = response.status_code
-                reason = f"HTTP {code}: {_snippet(response.content)}"
+                reason = f"HTTP {code}: {_snippet(raw)}"
                 if code == 429:
                     kind = "http_429"
-                    retry_after = _retry_after_s(response.headers.get("retry-after"))
+                    retry_after = _retry_after_s(retry_header)
                 elif code >= 500:
                     kind = "http_5xx"
                 else:
@@ -304,9 +320,9 @@ class OpenAIBackend:
                     return self._failure(reason + " (not retried)", attempts, start, last_status, request)
             except _Malformed as exc:
                 kind, reason = "malformed", f"malformed response: {exc}"
-            except (TimeoutError, httpx.TimeoutException):
+            except TimeoutError:
                 kind, reason = "timeout", f"timeout after {self.timeout_s:g}s"
-            except httpx.HTTPError as exc:
+            except (aiohttp.ClientError, OSError) as exc:
                 kind, reason = "connection", f"connection error: {type(exc).__name__}: {exc}"
             except Exception as exc:  # noqa: BLE001 - a bug must not crash a whole run
                 self._errors["internal"] += 1
@@ -316,8 +332,11 @@ class OpenAIBackend:
                 return self._failure(reason, attempts, start, last_status, request)
 
     def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
         key = os.environ.get(API_KEY_ENV)
-        return {"Authorization": f"Bearer {key}"} if key else {}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
 
     def _failure(
         self, reason: str, attempts: int, start: float, last_status: int | None, request: GenerationRequest
@@ -396,6 +415,32 @@ class OpenAIBackend:
             prompt_tokens = sum(self.tokenizer.count(m.get("content") or "") for m in request.messages)
         completion_tokens = len(ids) if ids is not None else self.tokenizer.count(text)
         return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, source="estimated")
+
+
+def _env_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTP(S)_PROXY``, ``ALL_PROXY``, honouring
+    ``NO_PROXY``), as httpx and requests pick it."""
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    if not parts.hostname or urllib.request.proxy_bypass_environment(parts.hostname, proxies):
+        return None
+    return proxies.get(parts.scheme) or proxies.get("all")
+
+
+def _abandon(session: Any) -> None:
+    """Drop a session whose event loop is gone without awaiting it (that loop cannot run the
+    close). Its sockets went with that loop; detaching marks it closed so it is not reported
+    as leaked."""
+    connector = session.connector
+    session.detach()
+    if connector is not None and not connector.closed:
+        try:
+            connector._close()  # the synchronous part of close(): forget pooled connections
+        except Exception:  # noqa: BLE001 - best effort; at worst aiohttp warns of a leak
+            pass
 
 
 def _logprobs(block: Any, chat: bool) -> tuple[list[str] | None, tuple[float, ...] | None]:

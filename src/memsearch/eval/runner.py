@@ -35,7 +35,7 @@ SUMMARY_KEYS = (
 
 def software_versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version()}
-    for pkg in ("memsearch", "torch", "transformers", "bm25s", "tokenizers", "httpx"):
+    for pkg in ("memsearch", "torch", "transformers", "bm25s", "tokenizers", "aiohttp"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

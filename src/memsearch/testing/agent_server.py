@@ -51,6 +51,13 @@ def answer_for(prompt: str) -> str:
     return "Answer: yes" + (f"\nEvidence: [{ids[0]}]" if ids else "")
 
 
+class _Server(ThreadingHTTPServer):
+    # The default listen backlog (5) drops bursts of new connections, and a dropped SYN is
+    # retried only after a second: far from a fast server.
+    request_queue_size = 256
+    daemon_threads = True
+
+
 class AgentServer:
     """The server, on 127.0.0.1; ``start()`` serves from a background thread."""
 
@@ -65,6 +72,9 @@ class AgentServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out in two writes; with Nagle's algorithm on, the body waits
+            # for the client's delayed ACK (~40 ms per call), which would swamp the delay.
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -92,7 +102,7 @@ class AgentServer:
                     with server._lock:
                         server.in_flight -= 1
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.httpd = _Server(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
