@@ -222,7 +222,7 @@ def matrix_cmd(
 @_friendly
 def demo(
     backend: Annotated[str, typer.Option(help="hf (the embedded model, CPU) or rules (seconds).")] = "hf",
-    limit: Annotated[int, typer.Option(help="Number of dev questions.")] = 8,
+    limit: Annotated[int, typer.Option(help="Number of dev questions (about 45 s each on a 2-core CPU).")] = 4,
     out: Annotated[Optional[Path], typer.Option(help="New output folder (default: a fresh runs/demo-* folder).")] = None,
 ) -> None:
     """The four-group matrix (A-D) on real HotpotQA questions with the embedded model."""

@@ -26,7 +26,7 @@ def fresh_run_dir(prefix: str) -> Path:
     return path
 
 
-def run_demo(backend: str = "hf", limit: int = 8, out: Path | None = None, echo: Callable[[str], None] = print,
+def run_demo(backend: str = "hf", limit: int = 4, out: Path | None = None, echo: Callable[[str], None] = print,
              show_progress: bool = True) -> dict:
     from memsearch.config import load_config
     from memsearch.data.dataset import save_dataset

@@ -86,3 +86,26 @@ def tokenizer_dir() -> Path:
         tok.save_pretrained(str(tmp))
 
     return _publish(build, _cache_dir("tokenizer"))
+
+
+def model_dir() -> Path:
+    """A plain Hugging Face model folder for the embedded model, converted once and cached.
+
+    The GGUF weights are dequantized to float32 and saved as safetensors next to the config,
+    generation config and tokenizer files, so ``AutoModelForCausalLM.from_pretrained`` and
+    ``AutoTokenizer.from_pretrained`` load the folder in about a second. The first call
+    pays for the GGUF load (~25 s on a 2-core CPU).
+    """
+
+    def build(tmp: Path) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from memsearch.backends.hf_model import load_gguf_model
+
+        model = load_gguf_model(gguf_path())
+        model.save_pretrained(str(tmp))
+        model.generation_config.save_pretrained(str(tmp))
+        for item in tokenizer_dir().iterdir():
+            if item.is_file():
+                shutil.copy2(item, tmp / item.name)
+
+    return _publish(build, _cache_dir("model"))

@@ -24,7 +24,7 @@ from typing import Any
 from tqdm import tqdm
 
 from memsearch.data.dataset import Dataset, load_dataset, read_manifest, save_dataset
-from memsearch.data.records import Document, Label, Task
+from memsearch.data.records import Document, Task
 from memsearch.errors import InputError
 from memsearch.io import atomic_output_dir
 
