@@ -107,7 +107,7 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
 
     async def remember(step: int, evidence_text: str, evidence_items) -> None:
         obs = {"question": task.question, "evidence": evidence_items, "mode": memory.mode, **memory.observation()}
-        result = await ep.call("memory", step, memory.messages(task.question, evidence_text, budgets), obs, budgets.policy_tokens)
+        result = await ep.call("memory", step, memory.messages(task.question, evidence_text), obs, budgets.policy_tokens)
         record = memory.update(result.text, set(ep.shown)) if result.ok else {
             "valid": False, "reason": f"request failed: {result.error}", "executed": {}, "truncated": False}
         ep.judge(record["valid"], {"memory": {k: record.get(k) for k in ("executed", "truncated")}}, record["reason"])

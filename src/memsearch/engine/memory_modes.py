@@ -31,7 +31,7 @@ class DecisionMemory:
     def observation(self) -> dict[str, Any]:
         return {"memory_items": [item.to_dict() for item in self.store.items], "budget_left": self.store.remaining_tokens()}
 
-    def messages(self, question: str, evidence: str, budgets) -> tuple[dict[str, str], ...]:
+    def messages(self, question: str, evidence: str) -> tuple[dict[str, str], ...]:
         return prompts.memory_decision(question, self.render(), evidence, self.store.remaining_tokens())
 
     def update(self, text: str, shown: set[str]) -> dict[str, Any]:
@@ -57,7 +57,7 @@ class RewriteMemory:
     def observation(self) -> dict[str, Any]:
         return {"memory_text": self.text, "budget_left": self.budget - self.tokenizer.count(self.text)}
 
-    def messages(self, question: str, evidence: str, budgets) -> tuple[dict[str, str], ...]:
+    def messages(self, question: str, evidence: str) -> tuple[dict[str, str], ...]:
         if self.mode == "overwrite":
             return prompts.memory_overwrite(question, self.render(), evidence)
         return prompts.memory_summary(question, self.render(), evidence, self.budget)

@@ -8,7 +8,6 @@ EM difference with a paired bootstrap 95 % CI over the same tasks.
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +97,3 @@ def run_matrix(config: RunConfig, data_dir: str | Path, out_dir: str | Path, res
     (out / "matrix.md").write_text(table, encoding="utf-8")
     result["table"] = table
     return result
-
-
-def load_matrix(out: Path) -> dict[str, Any]:
-    return json.loads((out / "matrix.json").read_text())
