@@ -50,13 +50,6 @@ def saved(converted, tmp_path_factory) -> Path:
     return save_dataset(converted, tmp_path_factory.mktemp("saved") / "out")
 
 
-def pretty(path: Path, records: list) -> list[int]:
-    """Write ``records`` as a JSON list indented by 2; returns the line each record starts on."""
-    text = json.dumps(records, indent=2)
-    path.write_text(text, encoding="utf-8")
-    return [n for n, line in enumerate(text.split("\n"), start=1) if line == "  {"]
-
-
 def problems_of(path: Path, **kwargs) -> list[str]:
     with pytest.raises(InputError) as info:
         convert_hotpot(path, **kwargs)
@@ -269,14 +262,14 @@ def test_truncated_json(head, tmp_path):
     ]
 
 
-def test_missing_question(head, tmp_path):
+def test_missing_question(pretty, head, tmp_path):
     records = [dict(ex) for ex in head[:3]]
     del records[1]["question"]
     starts = pretty(tmp_path / "q.json", records)
     assert problems_of(tmp_path / "q.json") == [f"{tmp_path / 'q.json'}:{starts[1]}: [1].question: missing, expected the question string"]
 
 
-def test_supporting_facts_as_string(head, tmp_path):
+def test_supporting_facts_as_string(pretty, head, tmp_path):
     records = [dict(ex) for ex in head[:3]]
     records[2]["supporting_facts"] = "Scott Derrickson"
     path = tmp_path / "sf.json"
@@ -286,7 +279,7 @@ def test_supporting_facts_as_string(head, tmp_path):
     ]
 
 
-def test_wrong_types(head, tmp_path):
+def test_wrong_types(pretty, head, tmp_path):
     records = [dict(ex) for ex in head[:4]]
     records[0]["answer"] = 7
     records[1]["supporting_facts"] = [["Kiss and Tell (1945 film)", "0"]]
@@ -302,7 +295,7 @@ def test_wrong_types(head, tmp_path):
     ]
 
 
-def test_non_string_type_is_an_input_error(head, tmp_path):
+def test_non_string_type_is_an_input_error(pretty, head, tmp_path):
     records = [dict(ex) for ex in head[:2]]
     records[1]["type"] = 5
     path = tmp_path / "type.json"
@@ -310,7 +303,7 @@ def test_non_string_type_is_an_input_error(head, tmp_path):
     assert problems_of(path) == [f"{path}:{s[1]}: [1].type: got 5, expected a string"]
 
 
-def test_duplicate_id(head, tmp_path):
+def test_duplicate_id(pretty, head, tmp_path):
     records = [dict(ex) for ex in head[:3]]
     records[2]["_id"] = records[0]["_id"]
     path = tmp_path / "dup.json"
@@ -330,7 +323,7 @@ def test_duplicate_id_in_json_lines_names_lines(head, tmp_path):
     ]
 
 
-def test_supporting_fact_title_not_in_context(head, tmp_path):
+def test_supporting_fact_title_not_in_context(pretty, head, tmp_path):
     records = [dict(ex) for ex in head[:2]]
     records[0]["supporting_facts"] = [["Scott Derrickson", 0], ["Ed Wood (director)", 0]]
     path = tmp_path / "title.json"
@@ -341,7 +334,7 @@ def test_supporting_fact_title_not_in_context(head, tmp_path):
     ]
 
 
-def test_supporting_fact_sentence_out_of_range(head, tmp_path):
+def test_supporting_fact_sentence_out_of_range(pretty, head, tmp_path):
     records = [dict(ex) for ex in head[:2]]
     n = len(dict(records[1]["context"])["Shirley Temple"])
     records[1]["supporting_facts"] = [["Shirley Temple", n], ["Shirley Temple", -1]]
@@ -353,7 +346,7 @@ def test_supporting_fact_sentence_out_of_range(head, tmp_path):
     ]
 
 
-def test_all_problems_of_a_file_are_reported_together(head, tmp_path):
+def test_all_problems_of_a_file_are_reported_together(pretty, head, tmp_path):
     records = [dict(ex) for ex in head[:5]]
     del records[1]["question"]
     records[3]["supporting_facts"] = "x"
@@ -379,7 +372,7 @@ def test_invalid_split(head_file):
     assert problems_of(head_file, split="test") == ["--split 'test': expected one of train, dev"]
 
 
-def test_nothing_written_on_error_through_cli(head, tmp_path):
+def test_nothing_written_on_error_through_cli(pretty, head, tmp_path):
     records = [dict(ex) for ex in head[:3]]
     del records[1]["question"]
     path = tmp_path / "bad.json"

@@ -32,12 +32,6 @@ def converted(dev, tmp_path_factory):
     return convert_musique(path, split="dev")
 
 
-def pretty(path: Path, records: list) -> list[int]:
-    text = json.dumps(records, indent=2)
-    path.write_text(text, encoding="utf-8")
-    return [n for n, line in enumerate(text.split("\n"), start=1) if line == "  {"]
-
-
 def problems_of(path: Path, **kwargs) -> list[str]:
     with pytest.raises(InputError) as info:
         convert_musique(path, **kwargs)
@@ -139,7 +133,7 @@ def test_limit(dev, converted):
 
 
 @pytest.mark.parametrize("value, shown", [("yes", "got str 'yes'"), (1, "got int 1"), (None, "got NoneType None")])
-def test_is_supporting_not_bool(dev, tmp_path, value, shown):
+def test_is_supporting_not_bool(pretty, dev, tmp_path, value, shown):
     records = [dict(ex) for ex in dev[:3]]
     records[1]["paragraphs"] = [dict(p) for p in records[1]["paragraphs"]]
     records[1]["paragraphs"][2]["is_supporting"] = value
@@ -148,7 +142,7 @@ def test_is_supporting_not_bool(dev, tmp_path, value, shown):
     assert problems_of(path) == [f"{path}:{s[1]}: [1].paragraphs[2].is_supporting: {shown}, expected true or false"]
 
 
-def test_other_broken_records(dev, tmp_path):
+def test_other_broken_records(pretty, dev, tmp_path):
     records = [dict(ex) for ex in dev[:5]]
     del records[0]["answer"]
     records[1]["answer_aliases"] = "lead"
