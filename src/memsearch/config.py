@@ -46,7 +46,8 @@ class Sampling(_Config):
 class BackendConfig(_Config):
     """Which backend answers one role's calls."""
 
-    kind: Literal["rules", "hf", "openai"] = Field("rules", description="rules | hf (local transformers) | openai (HTTP server)")
+    kind: Literal["rules", "hf", "openai", "oracle"] = Field(
+        "rules", description="rules | hf (local transformers) | openai (HTTP server) | oracle (gold teacher from train labels)")
     model: str = Field("embedded", description="hf: 'embedded' or a local model folder; openai: the served model name")
     adapter: str | None = Field(None, description="hf: a LoRA adapter folder")
     base_url: str | None = Field(None, description="openai: e.g. http://127.0.0.1:8000/v1 (key only from MEMSEARCH_API_KEY)")
@@ -54,6 +55,9 @@ class BackendConfig(_Config):
     timeout_s: float = Field(120.0, gt=0, description="openai: per-request timeout")
     max_retries: int = Field(4, ge=0, description="openai: retries on 429/5xx/connection errors")
     sampling: Sampling = Field(default_factory=Sampling, description="Decoding parameters")
+    schema_mode: bool = Field(
+        False, description="hf: sample memory operations (decision mode) from the distribution renormalized on the "
+        "tokens the memory-ops JSON schema allows; the mask is recorded so training replays it")
 
 
 class Agent(_Config):

@@ -11,11 +11,14 @@ from memsearch.backends.base import (
     Usage,
 )
 
-BACKEND_KINDS = ("rules", "hf", "openai")
+BACKEND_KINDS = ("rules", "hf", "openai", "oracle")
 
 
-def make_backend(cfg, tokenizer) -> PolicyBackend:
-    """Build the backend a ``BackendConfig`` describes (heavy imports only for the one used)."""
+def make_backend(cfg, tokenizer, dataset=None) -> PolicyBackend:
+    """Build the backend a ``BackendConfig`` describes (heavy imports only for the one used).
+
+    ``dataset`` (a loaded ``Dataset``) is needed only by the ``oracle`` teacher, which reads the
+    train labels and refuses any other split."""
     if cfg.kind == "rules":
         from memsearch.backends.rules import RulesBackend
 
@@ -31,6 +34,12 @@ def make_backend(cfg, tokenizer) -> PolicyBackend:
             raise ValueError("backend kind 'openai' needs base_url, e.g. http://127.0.0.1:8000/v1")
         return OpenAIBackend(base_url=cfg.base_url, model=cfg.model, max_concurrency=cfg.max_concurrency,
                              timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, tokenizer=tokenizer)
+    if cfg.kind == "oracle":
+        from memsearch.backends.oracle import OracleBackend
+
+        if dataset is None:
+            raise ValueError("backend kind 'oracle' needs the dataset (its train labels)")
+        return OracleBackend(dataset, tokenizer)
     raise ValueError(f"unknown backend kind {cfg.kind!r}: expected one of {', '.join(BACKEND_KINDS)}")
 
 

@@ -101,7 +101,7 @@ def build_environment(config: RunConfig, dataset: Dataset, group: str = ""):
         cfg = getattr(config.backends, role)
         key = json.dumps(cfg.model_dump(mode="json", exclude={"sampling"}), sort_keys=True)
         if key not in shared:
-            shared[key] = make_backend(cfg, tokenizer)
+            shared[key] = make_backend(cfg, tokenizer, dataset)
         backends[role] = shared[key]
     return Environment(config, tokenizer, dataset.documents_by_id(), backends, retriever, group)
 
