@@ -79,6 +79,9 @@ class GenerationResult:
     latency_s: float = 0.0
     error: str | None = None
     attempts: int = 1
+    # The id of the constraint the tokens were sampled under (schema mode), so training can
+    # replay its masks; None when decoding was unconstrained.
+    constraint_id: str | None = None
 
     @property
     def ok(self) -> bool:

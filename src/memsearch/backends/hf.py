@@ -12,8 +12,15 @@ Also
     ``generate_sync(requests)`` runs one static batch in the calling thread (no queue);
     ``stats()`` counts batches, prefill passes, decode steps, rows per step and wall times.
 
-Not supported yet
-    ``GenerationRequest.constraint`` is ignored (no constrained decoding yet);
+Constrained decoding (schema mode)
+    A request's ``constraint`` (JSON schema or choices) is compiled against the tokenizer once
+    (``memsearch.backends.constraint.compile_constraint``, cached) and enforced token by token:
+    the row samples from the distribution renormalized on the allowed tokens, its log-probs
+    are under that distribution, and ``GenerationResult.constraint_id`` names the constraint so
+    training replays the same masks. A constraint that cannot be compiled (an unsupported
+    schema keyword) makes that request an error result.
+
+Not supported
     ``observation`` is ignored.
 """
 
@@ -54,6 +61,8 @@ class HFBackend:
         ignore_eos: keep generating past EOS until ``max_tokens`` (benchmarks only).
         seed: seeds the stream that unseeded sampled requests draw from.
         name: the backend's name in records.
+        loaded: ``(model, tokenizer)`` already in memory (e.g. the trainer's LoRA policy, whose
+            weights change between rollouts): used as is; ``model`` is then only a label.
     """
 
     def __init__(
@@ -70,15 +79,20 @@ class HFBackend:
         merge_adapter: bool = True,
         seed: int = 0,
         name: str = "hf",
+        loaded: tuple[Any, Any] | None = None,
     ) -> None:
         from memsearch.backends.hf_model import load_model
 
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         self.name = name
-        self.model, self.tokenizer, self.model_path = load_model(
-            model, adapter=adapter, device=device, dtype=dtype, merge_adapter=merge_adapter
-        )
+        if loaded is not None:  # a model someone else holds (the trainer's live policy): shared, not copied
+            self.model, self.tokenizer = loaded
+            self.model_path = Path(str(model))
+        else:
+            self.model, self.tokenizer, self.model_path = load_model(
+                model, adapter=adapter, device=device, dtype=dtype, merge_adapter=merge_adapter
+            )
         self.model_spec = str(model)
         self.adapter = str(adapter) if adapter is not None else None
         self.max_batch_size = max_batch_size
@@ -124,8 +138,15 @@ class HFBackend:
         vocab = int(self.model.config.vocab_size)
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt_ids outside the vocabulary [0, {vocab})")
+        constraint = None
+        if request.constraint is not None:
+            from memsearch.backends.constraint import compile_constraint
+
+            with self.decoder.tok_lock:  # the first compile reads the whole vocabulary (~1 s)
+                constraint = compile_constraint(request.constraint, self.tokenizer)
         return Job(
-            request=request, prompt_ids=ids, max_new=min(int(request.sampling.max_tokens), context - len(ids)), t0=t0
+            request=request, prompt_ids=ids, max_new=min(int(request.sampling.max_tokens), context - len(ids)), t0=t0,
+            constraint=constraint, cstate=constraint.start() if constraint is not None else None,
         )
 
     def generate_sync(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:

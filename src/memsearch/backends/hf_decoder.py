@@ -49,7 +49,8 @@ What a result holds
       tokens: for sampled requests ``log_softmax(logits / T)`` restricted to the top-p nucleus
       and renormalized; for greedy requests the unmodified model distribution
       ``log_softmax(logits)`` (T = 1). Always returned (computing them is free), whatever
-      ``SamplingParams.logprobs`` says.
+      ``SamplingParams.logprobs`` says. Constrained rows: see below.
+    - ``constraint_id``: the request's constraint id when it had one, else ``None``.
     - ``prompt_ids``: the ids the model saw (chat template applied with
       ``add_generation_prompt=True``, or the given ``prompt_ids``).
     - ``usage``: exact token counts (``source="reported"``: our own tokenizer, our own model).
@@ -58,6 +59,14 @@ What a result holds
     A request that cannot be served (no prompt, a prompt that does not fit the model context, a
     failing forward pass) comes back with ``error`` set and ``finish_reason="error"``;
     ``generate`` itself does not raise for it.
+
+Constraints (schema mode, ``memsearch.backends.constraint``)
+    A constrained row keeps its automaton state on its ``Job``; before each token the logits it
+    forbids are set to -inf *before* temperature and top-p, so it draws from (and reports
+    log-probs under) the distribution renormalized on the allowed tokens; greedy rows take the
+    best allowed token, log-prob over the allowed tokens at T = 1. EOS comes only when the JSON
+    is complete, and then alone; the row stops there (even with ``ignore_eos``). Training
+    replays the masks with ``TokenConstraint.masks_for(completion_ids)``.
 """
 
 from __future__ import annotations
@@ -99,6 +108,9 @@ class Job:
     generator: torch.Generator | None = None
     finish: str | None = None
     stop_at: int | None = None  # character offset where a stop string starts
+    constraint: Any = None  # a ``TokenConstraint`` (schema mode), and the row's state in it
+    cstate: Any = None
+    error: str | None = None  # why the row cannot go on (its constraint allows no token)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -468,6 +480,11 @@ class BatchDecoder:
 
     def _choose(self, logits: torch.Tensor, jobs: Sequence[Job]) -> tuple[list[int], list[float]]:
         """Pick one token per row; return the tokens and their log-probs (see module doc)."""
+        if any(j.constraint is not None for j in jobs):  # schema mode: -inf on forbidden tokens
+            logits = logits.clone()
+            for i, job in enumerate(jobs):
+                if job.constraint is not None and not job.constraint.mask_logits(logits[i], job.cstate):
+                    job.error = f"constraint {job.constraint.id!r} allows no token here"  # fails in _advance
         n = logits.shape[0]
         temps = [float(j.sampling.temperature) for j in jobs]
         greedy = [i for i in range(n) if temps[i] <= 0]
@@ -521,7 +538,16 @@ class BatchDecoder:
             job.out_lp.append(lps[i])
             if job.cancelled():
                 continue
-            if (not self.ignore_eos and tokens[i] in self.eos_ids) or (job.sampling.stop and self._hit_stop(job)):
+            if job.constraint is not None and job.error is None:
+                try:
+                    job.cstate = job.constraint.advance(job.cstate, tokens[i])
+                except ValueError as exc:  # (only if round-off let a forbidden token through)
+                    job.error = str(exc)
+            if job.error is not None:
+                self._finish_error(job, job.error, done)
+                continue
+            eos = tokens[i] in self.eos_ids and (not self.ignore_eos or job.constraint is not None)
+            if eos or (job.sampling.stop and self._hit_stop(job)):
                 job.finish = "stop"
             elif len(job.out_ids) >= job.max_new:
                 job.finish = "length"
@@ -543,7 +569,8 @@ class BatchDecoder:
 
     def _finish(self, job: Job, done) -> None:
         ids = job.out_ids
-        body = ids[:-1] if (job.finish == "stop" and ids and ids[-1] in self.eos_ids and not self.ignore_eos) else ids
+        eos_end = job.finish == "stop" and ids and ids[-1] in self.eos_ids
+        body = ids[:-1] if eos_end and (not self.ignore_eos or job.constraint is not None) else ids
         with self.tok_lock:
             text = self.tokenizer.decode(body, skip_special_tokens=False)
         if job.stop_at is not None:
@@ -557,6 +584,7 @@ class BatchDecoder:
             prompt_ids=tuple(job.prompt_ids),
             usage=Usage(prompt_tokens=len(job.prompt_ids), completion_tokens=len(ids), source="reported"),
             latency_s=time.perf_counter() - job.t0,
+            constraint_id=job.constraint.id if job.constraint is not None else None,
         )
         done(job, result)
 

@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from memsearch.backends.base import GenerationRequest, GenerationResult, PolicyBackend, SamplingParams
+from memsearch.backends.base import Constraint, GenerationRequest, GenerationResult, PolicyBackend, SamplingParams
+from memsearch.backends.constraint import MEMORY_OPS
 from memsearch.config import RunConfig
 from memsearch.data.records import Document, Task
 from memsearch.engine import prompts
@@ -63,11 +64,13 @@ class _Episode:
         digest = hashlib.sha256(f"{base}/{self.task.id}/{role}/{step}".encode()).digest()
         return int.from_bytes(digest[:4], "little")
 
-    async def call(self, role: str, step: int, messages, observation: dict[str, Any], max_tokens: int) -> GenerationResult:
+    async def call(self, role: str, step: int, messages, observation: dict[str, Any], max_tokens: int,
+                   constraint: Constraint | None = None) -> GenerationResult:
         cfg = getattr(self.env.config.backends, role)
         sampling = SamplingParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
                                   max_tokens=max_tokens, seed=self._seed(role, step), logprobs=True)
-        request = GenerationRequest(role=role, messages=tuple(messages), sampling=sampling, observation=observation)
+        request = GenerationRequest(role=role, messages=tuple(messages), sampling=sampling, observation=observation,
+                                    constraint=constraint)
         (result,) = await self.env.backends[role].generate([request])
         self.calls += 1
         if not result.ok:
@@ -86,6 +89,8 @@ class _Episode:
             "prompt_ids": list(result.prompt_ids) if result.prompt_ids is not None else None,
             "finish_reason": result.finish_reason, "usage": usage, "latency_s": round(result.latency_s, 4),
             "attempts": result.attempts, "error": result.error,
+            # schema mode: training replays this constraint's masks on the completion ids
+            "constraint_id": constraint.id if constraint is not None else None,
         })
         return result
 
@@ -99,15 +104,21 @@ class _Episode:
 async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
     """Run one task to the end and return its trajectory."""
     cfg, budgets, tok = env.config, env.config.budgets, env.tokenizer
+    if cfg.backends.memory.schema_mode and cfg.backends.memory.kind != "hf":
+        raise ValueError(f"backends.memory.schema_mode = true needs backends.memory.kind = 'hf' (constrained "
+                         f"decoding runs in the local model); got kind {cfg.backends.memory.kind!r}")
     ep = _Episode(env, task)
     memory = make_memory(cfg.agent.memory, tok, budgets.memory_tokens)
+    # Schema mode (DESIGN §7): memory ops are sampled under the JSON constraint, masks replayable.
+    ops_constraint = MEMORY_OPS if cfg.backends.memory.schema_mode and memory.mode == "decision" else None
     started = time.perf_counter()
     counts = {"searches": 0, "chunks": 0, "chunks_cut": 0, "evidence_cut_sentences": 0, "memory_truncations": 0}
     ops: dict[str, int] = {}
 
     async def remember(step: int, evidence_text: str, evidence_items) -> None:
         obs = {"question": task.question, "evidence": evidence_items, "mode": memory.mode, **memory.observation()}
-        result = await ep.call("memory", step, memory.messages(task.question, evidence_text), obs, budgets.policy_tokens)
+        result = await ep.call("memory", step, memory.messages(task.question, evidence_text), obs, budgets.policy_tokens,
+                               ops_constraint)
         record = memory.update(result.text, set(ep.shown)) if result.ok else {
             "valid": False, "reason": f"request failed: {result.error}", "executed": {}, "truncated": False}
         ep.judge(record["valid"], {"memory": {k: record.get(k) for k in ("executed", "truncated")}}, record["reason"])

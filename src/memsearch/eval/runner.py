@@ -26,6 +26,11 @@ from memsearch.data.dataset import Dataset, load_dataset
 from memsearch.errors import InputError
 from memsearch.io import dumps_line, iter_jsonl, sha256_file, write_json, write_jsonl
 
+# Version of what turns trajectories into numbers (``eval.score`` + ``eval.metrics``: answer
+# normalization, sub_em / boxed_em rules, which rows enter a mean). Bump it whenever a metric's
+# definition changes, so summaries scored differently are never compared.
+EVALUATOR_VERSION = "eval-1"
+
 SUMMARY_KEYS = (
     "em", "f1", "sub_em", "boxed_em", "retrieval_support_recall", "memory_support_recall",
     "citation_precision", "citation_recall", "searches", "chunks", "chunks_cut", "memory_truncations",
@@ -136,6 +141,25 @@ async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, des
         await backend.aclose()
 
 
+def _chunk_truncation(config: RunConfig, rows: list[dict[str, Any]], complete: bool) -> dict[str, Any]:
+    """What ``max_chunks`` cut off, stated so a truncated run cannot pass for a full read.
+
+    ``read_whole_context`` is ``None`` outside stream mode (there is no long context), and
+    ``True`` only when every expected task finished and none lost a chunk to the limit: a
+    missing or crashed task is not known to have read its context.
+    """
+    cut_tasks = sum(1 for r in rows if r["truncated_by_chunk_limit"])
+    cut_chunks = sum(r["chunks_cut"] for r in rows)
+    stream = config.agent.evidence == "stream"
+    max_chunks = config.budgets.max_chunks if stream else None
+    disclosure = None
+    if cut_tasks:
+        disclosure = (f"TRUNCATED: {cut_tasks} of {len(rows)} task(s) were cut by max_chunks={max_chunks} "
+                      f"({cut_chunks} chunk(s) never read); this run did not read the whole context")
+    return {"max_chunks": max_chunks, "tasks_cut_by_chunk_limit": cut_tasks, "chunks_cut": cut_chunks,
+            "read_whole_context": (complete and cut_tasks == 0) if stream else None, "disclosure": disclosure}
+
+
 def summarize(config: RunConfig, run_info: dict[str, Any], rows: list[dict[str, Any]], expected: int, env_info: dict[str, Any]) -> dict[str, Any]:
     from memsearch.eval.metrics import aggregate
 
@@ -145,14 +169,18 @@ def summarize(config: RunConfig, run_info: dict[str, Any], rows: list[dict[str, 
     complete = len(rows) == expected and not failed
     ops = {k: sum(r.get(k, 0) for r in rows) for k in sorted({k for r in rows for k in r if k.startswith("ops_")})}
     tokens = {k: sum(r.get(k, 0) for r in rows) for k in sorted({k for r in rows for k in r if k.endswith("_tokens")})}
+    truncation = _chunk_truncation(config, rows, complete)
+    notes = [] if complete else [f"INCOMPLETE: {expected - len(rows)} task(s) missing, {len(failed)} failed; not a result"]
+    if truncation["disclosure"]:
+        notes.append(truncation["disclosure"])
     return {
         "complete": complete,
         "usable_for_comparison": complete and request_errors == 0,
-        "note": None if complete else f"INCOMPLETE: {expected - len(rows)} task(s) missing, {len(failed)} failed; not a result",
+        "note": "; ".join(notes) or None,
+        "evaluator_version": EVALUATOR_VERSION,
         "tasks": {"expected": expected, "scored": len(rows), "failed": len(failed), "failed_ids": failed[:50]},
         "request_errors": request_errors,
-        "truncation": {"tasks_cut_by_chunk_limit": sum(1 for r in rows if r["truncated_by_chunk_limit"]),
-                       "memory_truncations": sum(r["memory_truncations"] for r in rows)},
+        "truncation": {**truncation, "memory_truncations": sum(r["memory_truncations"] for r in rows)},
         "metrics": agg["mean"],
         "metric_counts": agg["count"],
         "memory_ops": ops,
@@ -184,9 +212,13 @@ def run_eval(config: RunConfig, data_dir: str | Path, out_dir: str | Path, resum
     started = time.perf_counter()
     env = build_environment(config, dataset, group)
     episodes_started = time.perf_counter()
+    # CPU seconds of this process (all threads): on a shared machine wall time also measures
+    # everyone else's jobs, CPU time mostly does not.
+    episodes_cpu_started = time.process_time()
     if todo:
         asyncio.run(_run_all(env, todo, traj_path, labels, show_progress, desc=f"eval {group}".strip()))
     episodes_s = time.perf_counter() - episodes_started
+    episodes_cpu_s = time.process_time() - episodes_cpu_started
     finished = read_finished(traj_path)
     rows = [score_trajectory(finished[t.id], labels[t.id]) for t in tasks if t.id in finished]
     write_jsonl(out / "metrics.jsonl", rows)
@@ -195,9 +227,13 @@ def run_eval(config: RunConfig, data_dir: str | Path, out_dir: str | Path, resum
         "budgets": config.budgets.model_dump(), "agent": config.agent.model_dump(),
         "sampling": {role: getattr(config.backends, role).sampling.model_dump() for role in ("memory", "controller", "reader")},
         "backends": {role: env.backends[role].name for role in ("memory", "controller", "reader")},
+        # How a derived set (e.g. RULER-HQA docs{N}) was built; its bytes are in "data".
+        "data_build": {k: dataset.manifest[k] for k in ("builder", "num_docs", "seed", "pool_size", "context_sha256",
+                                                        "context_tokens", "counts") if k in dataset.manifest},
     }
     summary = summarize(config, run_info, rows, len(tasks), env_info)
     summary["timing"] = {"wall_s_this_invocation": round(time.perf_counter() - started, 2),
-                         "episodes_wall_s": round(episodes_s, 3), "episodes_run": len(todo), "resumed_tasks": len(done)}
+                         "episodes_wall_s": round(episodes_s, 3), "episodes_cpu_s": round(episodes_cpu_s, 3),
+                         "episodes_run": len(todo), "resumed_tasks": len(done)}
     write_json(out / "summary.json", summary)
     return summary

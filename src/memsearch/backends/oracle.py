@@ -1,0 +1,198 @@
+"""The ``oracle`` backend: a cold-start teacher that answers every role from *train* labels.
+
+It writes exactly what a trained policy should emit, in the same text formats the engine's
+parsers read, so its trajectories go through the normal validation and can be exported as SFT
+rows (``memsearch export-sft``). Labels of an evaluation split must never produce training
+data (DESIGN §9): the backend refuses any dataset whose manifest split is not ``train``.
+
+- memory (decision mode): ``{"ops": [...]}`` that ADDs every supporting-fact sentence shown in
+  this step (first shown first) as a ``fact`` citing its evidence id; the text is the sentence,
+  prefixed with its paragraph title when the sentence does not name it, so a reader can use the
+  fact on its own. Facts that would push the memory over its budget (checked on a scratch copy
+  of the store, the same accounting the environment uses) or the completion over
+  ``max_tokens`` are dropped; ``{"ops": [{"op": "NOOP"}]}`` when nothing is left. Summary and
+  overwrite modes are not supported (error result): their outputs are not operation batches.
+- controller: ``SEARCH: <title>`` of the first gold paragraph that has no supporting fact in
+  memory and was not searched for yet, else ``FINISH``.
+- reader: ``Answer: <gold answer>`` and ``Evidence: [ids]`` citing the supporting facts present
+  in the memory (``\\boxed{answer}`` in overwrite mode, like the rules reader).
+
+The request carries no task id, so the task is found by its question. Should a question occur
+twice in the split, the task whose candidate documents share the most documents with those the
+observation mentions (this step's evidence, the memory's sources) is taken; if that still leaves
+tasks whose gold differs (e.g. nothing shown or kept yet), the call fails with an error naming
+them rather than guessing.
+
+Stream (chunk) evidence carries no evidence ids, so the memory teacher answers NOOP there.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from memsearch.backends.base import GenerationRequest, GenerationResult, Usage
+from memsearch.data.dataset import Dataset
+from memsearch.data.records import Document, Label, Task, split_evidence_id
+from memsearch.engine.parsing import evidence_ids_in, parse_controller
+from memsearch.memory import Memory
+from memsearch.memory.ops import Add, Noop, format_ops
+from memsearch.tokenizer import Tokenizer
+
+_TRAILING_PAREN = re.compile(r"\s*\([^)]*\)\s*$")
+_SCRATCH_BUDGET = 10**9  # for measuring the current memory before its real budget is known
+
+
+class OracleError(Exception):
+    """Internal: a call the oracle cannot answer; becomes an error result."""
+
+
+def mentions_title(sentence: str, title: str) -> bool:
+    """Whether ``sentence`` names ``title`` (its disambiguation in parentheses aside)."""
+    base = _TRAILING_PAREN.sub("", title).strip() or title
+    return base.lower() in sentence.lower()
+
+
+class OracleBackend:
+    """The ``oracle`` backend (see module docstring)."""
+
+    name = "oracle"
+
+    def __init__(self, dataset: Dataset, tokenizer: Tokenizer) -> None:
+        split = dataset.manifest.get("split")
+        if split != "train":
+            raise ValueError(
+                f"oracle backend refuses a {split!r} split: it reads gold labels to produce teacher "
+                "trajectories, and labels of an evaluation split must never produce training data "
+                "(DESIGN §9); prepare the train split (e.g. prepare-hotpot --split train)")
+        self.tokenizer = tokenizer
+        self.documents: dict[str, Document] = dataset.documents_by_id()
+        self.labels: dict[str, Label] = dataset.labels_by_id()
+        self.by_question: dict[str, list[Task]] = {}
+        for task in dataset.tasks:
+            self.by_question.setdefault(task.question, []).append(task)
+
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        out = []
+        for request in requests:
+            start = time.perf_counter()
+            handler = {"memory": self._memory, "controller": self._controller, "reader": self._reader}.get(request.role)
+            try:
+                if handler is None:
+                    raise OracleError(f"oracle backend has no rule for role {request.role!r}")
+                if request.observation is None:
+                    raise OracleError("oracle backend needs the structured observation of the request")
+                text = handler(request.observation, request.sampling.max_tokens)
+            except OracleError as exc:
+                out.append(GenerationResult("", "error", error=str(exc), latency_s=time.perf_counter() - start))
+                continue
+            out.append(GenerationResult(text, "stop", usage=Usage(source="none"), latency_s=time.perf_counter() - start))
+        return out
+
+    async def aclose(self) -> None:
+        return None
+
+    # -- which task ------------------------------------------------------------------------
+
+    def _label(self, obs: dict[str, Any]) -> Label:
+        """The label of the task this observation belongs to (see module docstring)."""
+        question = obs.get("question", "")
+        tasks = self.by_question.get(question)
+        if not tasks:
+            raise OracleError(f"oracle: question not in the train dataset: {question[:80]!r}")
+        if len(tasks) > 1:
+            # Shown evidence comes from the task's candidates (all of it in the candidates scope,
+            # most of it in the corpus scope), so the twin sharing the most documents is the one.
+            docs = {split[0] for split in map(split_evidence_id, _mentioned_ids(obs)) if split}
+            overlap = {t.id: len(docs & set(t.doc_ids)) for t in tasks}
+            tasks = [t for t in tasks if overlap[t.id] == max(overlap.values())]
+        labels = [self.labels[t.id] for t in tasks]
+        gold = {(lab.answers[0], tuple(lab.supporting_facts)) for lab in labels}
+        if len(gold) > 1:
+            raise OracleError(f"oracle: tasks {', '.join(t.id for t in tasks)} share this question and the "
+                              "observation does not tell them apart yet")
+        return labels[0]
+
+    # -- roles -----------------------------------------------------------------------------
+
+    def _memory(self, obs: dict[str, Any], max_tokens: int) -> str:
+        if obs.get("mode") != "decision":
+            raise OracleError(f"oracle supports decision mode only (memory mode is {obs.get('mode')!r}): "
+                              "summary and overwrite outputs are not operation batches")
+        gold = set(self._label(obs).supporting_facts)
+        items = obs.get("memory_items", [])
+        kept = {s for item in items for s in item.get("sources", ())}
+        # Scratch copy of the store with the real budget (rendered size + what is left), so the
+        # batch is judged by the same accounting the environment will apply.
+        snapshot = {"items": items, "next_id": _next_id(items)}
+        size = Memory.from_snapshot(snapshot, self.tokenizer, _SCRATCH_BUDGET).tokens()
+        scratch = Memory.from_snapshot(snapshot, self.tokenizer, size + obs.get("budget_left", 0))
+        ops: list[Add] = []
+        for eid, sentence in obs.get("evidence", []):
+            if eid is None or eid not in gold or eid in kept:
+                continue
+            add = Add(text=self._fact_text(eid, sentence), sources=(eid,), kind="fact")
+            fits_output = self.tokenizer.count(format_ops([*ops, add])) <= max_tokens
+            if fits_output and scratch.apply([add], {eid}).applied:  # apply leaves it unchanged if not
+                ops.append(add)
+                kept.add(eid)
+        return format_ops(ops or [Noop()])
+
+    def _fact_text(self, eid: str, sentence: str) -> str:
+        split = split_evidence_id(eid)
+        doc = self.documents.get(split[0]) if split else None
+        sentence = sentence.strip()
+        if doc is None or mentions_title(sentence, doc.title):
+            return sentence
+        return f"{doc.title}: {sentence}"
+
+    def _controller(self, obs: dict[str, Any], max_tokens: int) -> str:
+        label = self._label(obs)
+        in_memory = set(_memory_ids(obs))
+        asked = set(obs.get("past_queries", []))
+        for doc_id in label.gold_doc_ids:
+            facts = {f for f in label.supporting_facts if f.startswith(f"{doc_id}:")}
+            if facts & in_memory or doc_id not in self.documents:
+                continue
+            text = f"SEARCH: {self.documents[doc_id].title}"
+            # Compare as the engine will record it (the parser trims wrapping punctuation).
+            if parse_controller(text).query not in asked:
+                return text
+        return "FINISH"
+
+    def _reader(self, obs: dict[str, Any], max_tokens: int) -> str:
+        label = self._label(obs)
+        answer = " ".join(label.answers[0].split())
+        if obs.get("mode") == "overwrite":  # MemAgent's reader answers in \boxed{}
+            return f"\\boxed{{{answer}}}"
+        gold = set(label.supporting_facts)
+        cites = [eid for eid in _memory_ids(obs) if eid in gold]
+        # Drop citations from the end rather than exceed the answer budget.
+        while True:
+            text = f"Answer: {answer}\nEvidence: {', '.join(f'[{c}]' for c in cites)}"
+            if not cites or self.tokenizer.count(text) <= max_tokens:
+                return text
+            cites.pop()
+
+
+def _next_id(items: list[dict[str, Any]]) -> int:
+    """The store's id counter as far as the observation shows it (the oracle never deletes)."""
+    numbers = [int(item["id"][1:]) for item in items if item.get("id", "")[1:].isdigit()]
+    return max(numbers, default=0) + 1
+
+
+def _memory_ids(obs: dict[str, Any]) -> list[str]:
+    """Evidence ids the memory cites: item sources (decision) or ids in the notes (summary)."""
+    if "memory_items" in obs:
+        return list(dict.fromkeys(s for item in obs["memory_items"] for s in item.get("sources", ())))
+    return list(evidence_ids_in(obs.get("memory_text", "")))
+
+
+def _mentioned_ids(obs: dict[str, Any]) -> list[str]:
+    """Every evidence id the observation shows: this step's evidence and the memory's sources."""
+    return [eid for eid, _ in obs.get("evidence", []) if eid] + _memory_ids(obs)
+
+
+__all__ = ["OracleBackend", "mentions_title"]

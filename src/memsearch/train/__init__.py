@@ -1,0 +1,1 @@
+"""Training: SFT data export from teacher trajectories, rows, advantages and losses (DESIGN §7)."""

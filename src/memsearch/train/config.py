@@ -1,0 +1,168 @@
+"""Typed configs of the trainers (``memsearch train sft`` / ``memsearch train grpo``), from TOML.
+
+Every field is documented where it is declared; the resolved config is saved in the run folder
+(``config.json``) and ``--resume`` refuses a different one.
+
+    cfg = load_config("configs/train/grpo_cpu.toml", overrides=["steps=4"], model=GRPOConfig)
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from memsearch.config import RunConfig
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+class LoraSettings(_Config):
+    """The LoRA adapter that is trained (PEFT). Ignored when starting from an existing adapter,
+    whose own settings then apply (the trainer says so)."""
+
+    r: int = Field(16, ge=1, description="Rank of the update matrices")
+    alpha: float = Field(32.0, gt=0, description="Scaling numerator (scale = alpha / r)")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout; 0 keeps rollout and training log-probs identical")
+    target_modules: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Module names that get an adapter (Llama/Qwen/SmolLM naming)",
+    )
+
+
+class OptimSettings(_Config):
+    """AdamW with warm-up and a decay schedule."""
+
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up from 0 to lr over this many optimizer steps")
+    schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up (to 0 at the last step)")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm (None = no clipping)")
+
+
+class EvalSettings(_Config):
+    """Periodic evaluation through the episode engine (the same code path as `memsearch eval`)."""
+
+    data: str | None = Field(None, description="A prepared dev folder; None = no periodic evaluation")
+    limit: int = Field(20, ge=1, description="First N dev tasks")
+    every: int = Field(0, ge=0, description="Evaluate every N optimizer steps (0 = only at the end)")
+    at_start: bool = Field(False, description="Also evaluate the starting weights before step 1")
+
+
+class RewardSettings(_Config):
+    """Trajectory reward: answer metric minus penalties (one number per trajectory)."""
+
+    metric: Literal["f1", "em", "sub_em", "boxed_em"] = Field("f1", description="Answer metric against the train label")
+    invalid_penalty: float = Field(0.0, ge=0, description="Subtracted x (invalid calls / calls) of the trained role(s)")
+    search_cost: float = Field(0.0, ge=0, description="Subtracted per search (ablation of search cost)")
+
+
+class GRPOConfig(_Config):
+    """``memsearch train grpo``: multi-turn GRPO through the episode engine (DESIGN §7)."""
+
+    role: Literal["memory", "controller", "overwrite"] = Field(
+        "memory",
+        description="Trained decisions: memory (stage 1), controller (stage 2), overwrite (MemAgent: memory updates + final answer)",
+    )
+    model: str = Field("embedded", description="'embedded' or a local Hugging Face model folder (the base of the LoRA)")
+    adapter: str | None = Field(None, description="Start from this LoRA adapter (e.g. an SFT run): weights only")
+    data: str = Field(..., description="Prepared train folder (manifest split must be 'train')")
+    episode_config: str | None = Field(
+        None, description="Run config (TOML) the episode starts from, e.g. the eval config of the group being trained, "
+        "so training and evaluation share budgets; [episode] tables given here are applied on top")
+    episode: RunConfig = Field(default_factory=RunConfig, description="Agent design, budgets and the backends of the untrained roles")
+    steps: int = Field(20, ge=1, description="Optimizer steps (one rollout batch each)")
+    tasks_per_step: int = Field(4, ge=1, description="Tasks per step over all ranks (each rank rolls out its share)")
+    group_size: int = Field(4, ge=2, description="Rollouts per task (the GRPO group)")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the trained role (full distribution at 1)")
+    top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus of the trained role; < 1 makes recomputed log-probs differ")
+    schema_mode: bool = Field(False, description="Memory role: sample under the ops JSON schema; the mask is replayed in the loss")
+    credit: Literal["share", "split"] = Field("share", description="share: every row gets the advantage; split: advantage / rows")
+    std_scale: bool = Field(False, description="Divide advantages by the group's standard deviation")
+    clip_low: float = Field(0.2, ge=0, description="Ratio clip below: 1 - clip_low")
+    clip_high: float = Field(0.2, ge=0, description="Ratio clip above: 1 + clip_high")
+    aggregation: Literal["trajectory", "token", "sequence"] = Field(
+        "trajectory", description="trajectory: each trajectory normalized by its generated tokens; token: token mean; sequence: row mean"
+    )
+    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the reference (the base model, adapter disabled)")
+    epochs: int = Field(1, ge=1, description="Optimizer steps per rollout batch (old log-probs recomputed before the first)")
+    micro_batch_tokens: int = Field(
+        1024, ge=64, description="Padded tokens per forward/backward micro-batch: bounds activation memory; gradients "
+        "accumulate exactly, so it changes memory and speed, not the update (raise it on a GPU)")
+    reward: RewardSettings = Field(default_factory=RewardSettings, description="Reward of a trajectory")
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA settings")
+    optim: OptimSettings = Field(default_factory=OptimSettings, description="Optimizer and schedule")
+    eval: EvalSettings = Field(default_factory=EvalSettings, description="Periodic evaluation")
+    seed: int = Field(0, description="Seeds task order, sampling and initialization")
+    checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every N steps (and at the end)")
+    keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept (older ones are deleted)")
+    max_batch_size: int = Field(16, ge=1, description="Rollout decoder: most rows decoded together")
+    device: str = Field("auto", description="auto | cpu | cuda (torchrun: one GPU per local rank)")
+    dtype: str = Field("float32", description="Weights dtype of the trained model (float32 on CPU)")
+    save_rollouts: bool = Field(True, description="Write every step's trajectories to rollouts/")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _load_episode_config(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("episode_config"):
+            path = Path(data["episode_config"])
+            if not path.is_file():
+                raise ValueError(f"episode_config {path}: no such file")
+            base = tomllib.loads(path.read_text(encoding="utf-8"))
+            data = {**data, "episode": _deep_merge(base, data.get("episode") or {})}
+        return data
+
+    @model_validator(mode="after")
+    def _role_fits_episode(self) -> GRPOConfig:
+        agent = self.episode.agent
+        if self.role == "memory" and agent.memory != "decision":
+            raise ValueError("role 'memory' trains memory operations: set episode.agent.memory = 'decision'")
+        if self.role == "controller" and agent.controller != "policy":
+            raise ValueError("role 'controller' needs episode.agent.controller = 'policy'")
+        if self.role == "overwrite" and agent.memory != "overwrite":
+            raise ValueError("role 'overwrite' needs episode.agent.memory = 'overwrite' (MemAgent)")
+        if self.schema_mode and self.role != "memory":
+            raise ValueError("schema_mode applies to the memory role (decision mode) only")
+        return self
+
+
+class SFTConfig(_Config):
+    """``memsearch train sft``: LoRA SFT on completion tokens only (data from `export-sft`)."""
+
+    model: str = Field("embedded", description="'embedded' or a local Hugging Face model folder")
+    adapter: str | None = Field(None, description="Continue from this LoRA adapter (weights only)")
+    data: list[str] = Field(..., description="Chat-format JSONL files from `memsearch export-sft`")
+    role: Literal["memory", "controller", "reader"] = Field("memory", description="Role the adapter serves in periodic evaluation")
+    eval_config: str | None = Field(None, description="Run config (TOML) for periodic evaluation through the engine")
+    epochs: float = Field(2.0, gt=0, description="Passes over the data (fractions allowed)")
+    micro_batch_rows: int = Field(4, ge=1, description="Rows per forward/backward pass")
+    grad_accumulation: int = Field(4, ge=1, description="Micro-batches per optimizer step")
+    max_tokens: int = Field(2048, ge=16, description="Longest prompt + completion; longer rows are refused with their line")
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA settings")
+    optim: OptimSettings = Field(
+        default_factory=lambda: OptimSettings(lr=2e-4, warmup_steps=5, schedule="cosine"), description="Optimizer and schedule"
+    )
+    eval: EvalSettings = Field(default_factory=EvalSettings, description="Periodic evaluation")
+    seed: int = Field(0, description="Seeds shuffling and initialization")
+    checkpoint_every: int = Field(50, ge=1, description="Save a resumable checkpoint every N optimizer steps (and at the end)")
+    keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept")
+    device: str = Field("auto", description="auto | cpu | cuda")
+    dtype: str = Field("float32", description="Weights dtype")
+
+    @model_validator(mode="after")
+    def _eval_needs_config(self) -> SFTConfig:
+        if self.eval.data is not None and self.eval_config is None:
+            raise ValueError("eval.data is set: also set eval_config (the run config used for evaluation)")
+        return self

@@ -1,0 +1,263 @@
+"""SFT data from teacher trajectories: one chat-format JSON line per policy call of one role.
+
+    memsearch export-sft --trajectories runs/oracle/trajectories.jsonl \\
+        --metrics runs/oracle/metrics.jsonl --role memory --out sft/memory.jsonl [--min-f1 0.8]
+
+or ``export_sft(trajectories, metrics, role, out, min_f1)`` from Python. Input is a run folder
+written by ``memsearch eval`` (``config.json`` and ``run.json`` next to ``trajectories.jsonl``);
+typically a run of the ``oracle`` teacher on a *train* split.
+
+Each output line (compact JSON, in trajectory order, then call order)::
+
+    {"messages": [{"role": "system", ...}, {"role": "user", ...}],  # the prompt, as sent
+     "completion": "...",      # the policy's text, exactly as it must be emitted
+     "task_id": "...", "role": "memory", "step": 0,
+     "source": {"run": "runs/oracle", "group": "", "backend": "oracle", "memory_mode": "decision"}}
+
+``source.run`` is the run folder as given, ``source.group`` the trajectory's group, ``backend``
+the kind of backend that answered the role in that run and ``memory_mode`` the run's memory mode.
+
+What is exported, and what is skipped (counted by reason, per policy call):
+
+- ``task_status``: the task's trajectory is not ``status == "ok"`` (request errors, a crash);
+- ``below_min_f1``: the task's metrics row has ``f1 < min_f1``;
+- ``request_error``: the call itself failed (``error`` set);
+- ``invalid``: the parsed action was not valid (``valid`` is not true);
+- ``truncated``: the completion hit the token limit (``finish_reason == "length"``): a cut-off
+  text is not what a policy should learn to emit, even when it happened to parse.
+
+Refusals (nothing is written): a memory-role export from a run not in ``decision`` mode (summary
+and overwrite outputs are rewritten notes, not operation batches); a missing ``config.json``; a
+trajectory without a metrics row, or whose metrics row disagrees with it (prediction, status:
+the metrics come from another run); metrics whose folder holds a different ``config.json`` /
+``run.json``; an existing output file; nothing left to export. Malformed input lines are
+reported as ``file:line: field: message``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from memsearch.data.dataset import validation_problems
+from memsearch.errors import InputError, Problem
+from memsearch.eval.score import ROLES
+from memsearch.io import dumps_line, iter_jsonl
+
+SKIP_REASONS = ("task_status", "below_min_f1", "request_error", "invalid", "truncated")
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class _Trajectory(BaseModel):
+    """The fields of a trajectory line that export reads (others are allowed and ignored)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    task_id: str
+    status: str
+    group: str = ""
+    prediction: str | None = None
+    events: list[dict[str, Any]]
+
+
+class _PolicyCall(BaseModel):
+    """The fields of a ``policy_call`` event that export reads."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: str
+    step: int
+    messages: list[_Message]
+    text: str
+    finish_reason: str
+    error: str | None = None
+    valid: bool | None = None
+
+
+class _MetricsRow(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    task_id: str
+    status: str
+    prediction: str | None = None
+    f1: float
+
+
+@dataclass
+class ExportReport:
+    """What ``export_sft`` did: rows written, calls skipped by reason, tasks kept."""
+
+    out: Path
+    role: str
+    exported: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    tasks: int = 0
+    tasks_kept: int = 0  # tasks with status ok that passed --min-f1 (all ok tasks without it)
+    min_f1: float | None = None
+
+    def lines(self) -> list[str]:
+        """Human-readable counts, for the CLI."""
+        skipped = ", ".join(f"{reason} {self.skipped[reason]}" for reason in SKIP_REASONS if self.skipped[reason])
+        out = [f"wrote {self.out}: {self.exported} {self.role} rows from {self.tasks} tasks",
+               f"skipped calls: {skipped or 'none'}"]
+        if self.min_f1 is not None:
+            out.append(f"tasks kept by --min-f1 {self.min_f1:g}: {self.tasks_kept}/{self.tasks}")
+        return out
+
+
+def _validate(model: type[BaseModel], obj: Any, file: str, line: int, prefix: str, problems: list[Problem]):
+    """``model`` of ``obj``, or ``None`` with its problems (field paths under ``prefix``) added."""
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        for p in validation_problems(file, line, exc):
+            problems.append(Problem(p.file, p.line, f"{prefix}.{p.field}" if prefix else p.field, p.message))
+        return None
+
+
+def _read_json(path: Path, why: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise InputError(f"{path}: no such file; {why}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError([Problem(str(path), exc.lineno, "json", f"invalid JSON ({exc.msg})")]) from None
+
+
+def _load_metrics(path: Path) -> dict[str, tuple[int, _MetricsRow]]:
+    problems: list[Problem] = []
+    rows: dict[str, tuple[int, _MetricsRow]] = {}
+    for lineno, obj in iter_jsonl(path):
+        row = _validate(_MetricsRow, obj, str(path), lineno, "", problems)
+        if row is None:
+            continue
+        if row.task_id in rows:
+            problems.append(Problem(str(path), lineno, "task_id",
+                                    f"duplicate task {row.task_id!r} (first on line {rows[row.task_id][0]})"))
+        rows[row.task_id] = (lineno, row)
+    if problems:
+        raise InputError(problems)
+    return rows
+
+
+def _check_same_run(run_dir: Path, metrics: Path) -> None:
+    """Metrics kept in another run folder must come from the same config and data."""
+    other = metrics.parent
+    if other.resolve() == run_dir.resolve():
+        return
+    for name in ("config.json", "run.json"):
+        mine, theirs = run_dir / name, other / name
+        if theirs.is_file() and (not mine.is_file() or mine.read_bytes() != theirs.read_bytes()):
+            raise InputError(f"{metrics}: comes from another run ({theirs} differs from {mine}); "
+                             "pass the metrics.jsonl written with these trajectories")
+
+
+def _write_new_file(out: Path, lines) -> None:
+    """Write ``lines`` to a temporary sibling and rename it to ``out`` only when all went well,
+    so a failed export leaves nothing behind and never replaces an existing file."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Not mkstemp: its 0600 mode would survive the rename; "x" keeps the umask's mode.
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "x", encoding="utf-8", newline="\n") as fh:
+            fh.writelines(line + "\n" for line in lines)
+        if out.exists():
+            raise InputError(f"{out}: output file appeared while writing; nothing was written")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def export_sft(trajectories: str | Path, metrics: str | Path, role: str, out: str | Path,
+               min_f1: float | None = None) -> ExportReport:
+    """Write the SFT rows of ``role`` from a run's trajectories to the new file ``out``.
+
+    See the module docstring for the row format, the skip reasons and the refusals. Raises
+    ``InputError`` (nothing written) on bad input.
+    """
+    trajectories, metrics, out = Path(trajectories), Path(metrics), Path(out)
+    if role not in ROLES:
+        raise InputError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
+    if out.exists():
+        raise InputError(f"{out}: output file already exists; choose a new file (nothing was written)")
+    run_dir = trajectories.parent
+    config = _read_json(run_dir / "config.json",
+                        f"export-sft reads the run config written by `memsearch eval` next to {trajectories.name} "
+                        "(it says which memory mode produced the trajectories)")
+    mode = config.get("agent", {}).get("memory")
+    if role == "memory" and mode != "decision":
+        raise InputError(f"{run_dir / 'config.json'}: agent.memory is {mode!r}; memory-role SFT rows need a "
+                         "decision-mode run, because summary and overwrite outputs are rewritten notes, "
+                         "not memory operation batches")
+    backend = config.get("backends", {}).get(role, {}).get("kind")
+    _check_same_run(run_dir, metrics)
+    metric_rows = _load_metrics(metrics)
+    report = ExportReport(out=out, role=role, min_f1=min_f1)
+    problems: list[Problem] = []
+    seen: dict[str, int] = {}
+
+    def rows():
+        for lineno, obj in iter_jsonl(trajectories):
+            where = (str(trajectories), lineno)
+            traj = _validate(_Trajectory, obj, *where, "", problems)
+            if traj is None:
+                continue
+            calls = []
+            for i, event in enumerate(traj.events):
+                if isinstance(event, dict) and event.get("type") == "policy_call" and event.get("role") == role:
+                    call = _validate(_PolicyCall, event, *where, f"events.{i}", problems)
+                    if call is not None:
+                        calls.append(call)
+            task = traj.task_id
+            if task in seen:
+                problems.append(Problem(*where, "task_id", f"duplicate task {task!r} (first on line {seen[task]})"))
+                continue
+            seen[task] = lineno
+            if task not in metric_rows:
+                problems.append(Problem(*where, "task_id", f"task {task!r} has no row in {metrics}; "
+                                        "pass the metrics.jsonl written with these trajectories"))
+                continue
+            mline, mrow = metric_rows[task]
+            if (mrow.prediction, mrow.status) != (traj.prediction, traj.status):
+                problems.append(Problem(*where, "task_id", f"task {task!r}: its metrics row ({metrics}:{mline}) does "
+                                        "not match this trajectory (prediction or status): metrics from another run?"))
+                continue
+            report.tasks += 1
+            if traj.status != "ok":
+                report.skipped["task_status"] += len(calls)
+                continue
+            if min_f1 is not None and mrow.f1 < min_f1:
+                report.skipped["below_min_f1"] += len(calls)
+                continue
+            report.tasks_kept += 1
+            for call in calls:
+                reason = ("request_error" if call.error is not None else "invalid" if call.valid is not True
+                          else "truncated" if call.finish_reason == "length" else None)
+                if reason:
+                    report.skipped[reason] += 1
+                    continue
+                report.exported += 1
+                yield dumps_line({
+                    "messages": [m.model_dump() for m in call.messages], "completion": call.text,
+                    "task_id": task, "role": role, "step": call.step,
+                    "source": {"run": str(run_dir), "group": traj.group, "backend": backend, "memory_mode": mode},
+                })
+        # Checked inside the writer so that a bad line anywhere leaves no output behind.
+        if problems:
+            raise InputError(problems)
+        if not report.exported:
+            raise InputError(f"{trajectories}: nothing to export for role {role!r} ("
+                             + "; ".join(report.lines()[1:]) + "); nothing was written")
+
+    _write_new_file(out, rows())
+    return report

@@ -1,0 +1,332 @@
+"""Multi-turn GRPO through the episode engine: the readable single-node reference trainer.
+
+    memsearch train grpo --config configs/train/grpo_cpu.toml --out runs/grpo
+    torchrun --nproc_per_node 2 -m memsearch.cli train grpo --config ... --out ...   # one process per device
+
+One step, top to bottom (``train_grpo``):
+
+1. take this step's tasks (a seeded permutation per epoch; rank r takes every world-th one);
+2. roll out ``group_size`` episodes per task with the *same* engine as evaluation
+   (``run_episode``), the trained role(s) answered by an ``hf`` backend that holds the live LoRA
+   policy (sampling at ``temperature``, a distinct seed per step / rollout / task / call), the
+   other roles by whatever backend the episode config names (rules, a frozen stage-1 model...);
+3. reward each trajectory (``reward.trajectory_reward``), advantage per trajectory inside its
+   group, expanded to its rows without dropping any (``rows.build_batch``);
+4. recompute log-probs (the schema mask replayed), clipped policy loss (+ KL to the base with
+   the adapter disabled), micro-batched backward, gradients summed over ranks and divided by
+   the global denominator, clip, AdamW step (``update``);
+5. check the row-count contract, log, checkpoint, evaluate.
+
+``--resume`` continues from the newest complete checkpoint exactly (weights, optimizer,
+scheduler, RNG, data position are functions of the step). The old log-probs of the ratio are
+the trainer's own forward pass before the update (for ``epochs = 1`` the detached new log-probs,
+so the ratio is exactly 1 at the first pass); the rollout log-probs are kept and their largest
+deviation from the recomputation is logged (``logprob_mismatch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memsearch.errors import InputError
+from memsearch.io import write_jsonl
+from memsearch.train.checkpoint import checkpoints, load_checkpoint, save_checkpoint
+from memsearch.train.config import GRPOConfig
+from memsearch.train.distributed import Dist
+from memsearch.train.log import TrainLog
+from memsearch.train.logprobs import completion_logprobs, micro_batches
+from memsearch.train.loss import assign_weights, policy_loss
+from memsearch.train.rows import TRAINED_CALL_ROLES, Batch, build_batch
+from memsearch.train.run_folder import finish_run, prepare_run_folder
+
+ROLES = ("memory", "controller", "reader")
+
+
+def derived_seed(*parts: Any) -> int:
+    digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def step_task_positions(step: int, tasks_per_step: int, n_tasks: int, seed: int, rank: int, world: int) -> list[int]:
+    """Indices (into the train tasks) of this rank's tasks at ``step`` (1-based): consecutive
+    slices of a seeded permutation per epoch, dealt round-robin to the ranks."""
+    out = []
+    for j in range((step - 1) * tasks_per_step, step * tasks_per_step):
+        if j % world != rank:
+            continue
+        epoch, pos = divmod(j, n_tasks)
+        order = list(range(n_tasks))
+        random.Random(derived_seed(seed, "epoch", epoch)).shuffle(order)
+        out.append(order[pos])
+    return out
+
+
+@dataclass
+class UpdateStats:
+    loss: float = 0.0
+    tokens: float = 0.0
+    clip_fraction: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    ratio_mean: float = 0.0
+    grad_norm: float = 0.0
+    consumed: int = 0
+    logprob_mismatch: float = 0.0
+    denominator: float = 0.0
+
+
+def _mask_fn(tokenizer):
+    """Replays schema-mode masks from the constraint id and the completion ids."""
+    from memsearch.backends.constraint import compile_constraint, constraint_by_id
+
+    def masks(row):
+        return compile_constraint(constraint_by_id(row.constraint_id), tokenizer).masks_for(row.completion_ids)
+
+    return masks
+
+
+def update(model, optimizer, batch: Batch, cfg: GRPOConfig, dist: Dist, pad_id: int, mask_fn=None) -> UpdateStats:
+    """``cfg.epochs`` optimizer steps on this rank's rows (all ranks call it together)."""
+    from memsearch.train.policy import trainable_parameters
+
+    rows = batch.rows
+    params = trainable_parameters(model)
+    local_denominator = assign_weights(rows, cfg.aggregation)
+    groups = micro_batches(rows, cfg.micro_batch_tokens) if rows else []
+    stats = UpdateStats()
+    old: list[torch.Tensor | None] = [None] * len(groups)
+    ref: list[torch.Tensor | None] = [None] * len(groups)
+    model.train()
+    with torch.no_grad():
+        for g, idx in enumerate(groups):
+            sub = [rows[i] for i in idx]
+            if cfg.epochs > 1:
+                old[g] = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
+            if cfg.kl_coef > 0:
+                with model.disable_adapter():
+                    ref[g] = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
+    sums = {"loss": 0.0, "tokens": 0.0, "clipped": 0.0, "kl": 0.0, "entropy": 0.0, "ratio": 0.0}
+    for epoch in range(cfg.epochs):
+        optimizer.zero_grad(set_to_none=False)
+        for g, idx in enumerate(groups):
+            sub = [rows[i] for i in idx]
+            scored = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn, with_entropy=epoch == 0)
+            old_lp = old[g] if old[g] is not None else scored.logprobs.detach()
+            adv = torch.tensor([r.advantage for r in sub], device=scored.logprobs.device)
+            weights = torch.tensor([r.weight for r in sub], device=scored.logprobs.device)
+            loss_sum, st = policy_loss(scored.logprobs, old_lp, adv, scored.mask, weights, cfg.clip_low, cfg.clip_high,
+                                       ref[g], cfg.kl_coef)
+            loss_sum.backward()
+            if epoch == 0:
+                stats.consumed += len(sub)
+                sums["loss"] += loss_sum.item()
+                for key in ("tokens", "clipped", "kl", "ratio"):
+                    sums[key] += st[key]
+                sums["entropy"] += float(scored.entropy.sum()) if scored.entropy is not None else 0.0
+                c_max = scored.logprobs.shape[1]
+                for k, row in enumerate(sub):
+                    c = len(row.completion_ids)
+                    if c:
+                        got = scored.logprobs[k, c_max - c:].detach().cpu()
+                        diff = (got - torch.tensor(row.rollout_logprobs)).abs().max()
+                        stats.logprob_mismatch = max(stats.logprob_mismatch, float(diff))
+        denominator = dist.reduce_gradients(params, local_denominator)
+        norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or float("inf"))
+        if denominator > 0:
+            optimizer.step()
+        if epoch == 0:
+            stats.grad_norm, stats.denominator = float(norm), denominator
+    model.eval()
+    total = dist.all_sum([sums["loss"], sums["tokens"], sums["clipped"], sums["kl"], sums["entropy"], sums["ratio"]])
+    loss, tokens, clipped, kl, entropy, ratio = total
+    stats.loss = loss / stats.denominator if stats.denominator else 0.0
+    stats.tokens = tokens
+    if tokens:
+        stats.clip_fraction, stats.kl, stats.entropy, stats.ratio_mean = clipped / tokens, kl / tokens, entropy / tokens, ratio / tokens
+    stats.logprob_mismatch = dist.all_max([stats.logprob_mismatch])[0]
+    return stats
+
+
+class Rollouts:
+    """Episodes of one step through the shared engine, the trained role(s) on the live policy."""
+
+    def __init__(self, cfg: GRPOConfig, dataset, policy, tokenizer) -> None:
+        from memsearch.backends import make_backend
+        from memsearch.backends.hf import HFBackend
+        from memsearch.tokenizer import load_tokenizer
+
+        self.cfg = cfg
+        episode = cfg.episode
+        self.budget_tokenizer = load_tokenizer(episode.tokenizer)
+        self.documents = dataset.documents_by_id()
+        self.retriever = None
+        if episode.agent.evidence == "search":
+            from memsearch.retrieval import BM25Retriever
+
+            self.retriever = BM25Retriever.build(dataset.documents)
+        self.trained = set(TRAINED_CALL_ROLES[cfg.role])
+        self.policy_backend = HFBackend(model=cfg.model, loaded=(policy, tokenizer), max_batch_size=cfg.max_batch_size,
+                                        seed=cfg.seed, name="hf-policy")
+        shared: dict[str, Any] = {}
+        self.backends = {}
+        for role in ROLES:
+            if role in self.trained:
+                self.backends[role] = self.policy_backend
+                continue
+            bcfg = getattr(episode.backends, role)
+            key = json.dumps(bcfg.model_dump(mode="json", exclude={"sampling"}), sort_keys=True)
+            if key not in shared:
+                shared[key] = make_backend(bcfg, self.budget_tokenizer, dataset)
+            self.backends[role] = shared[key]
+
+    def config_for(self, step: int, k: int):
+        """The episode config of rollout ``k`` at ``step``: trained roles sample at T with their own seed."""
+        from memsearch.config import RunConfig
+
+        data = self.cfg.episode.model_dump(mode="json")
+        for role in self.trained:
+            data["backends"][role]["kind"] = "hf"
+            data["backends"][role]["sampling"] = {"temperature": self.cfg.temperature, "top_p": self.cfg.top_p,
+                                                  "seed": derived_seed(self.cfg.seed, "rollout", step, k)}
+            data["backends"][role]["schema_mode"] = self.cfg.schema_mode and role == "memory"
+        return RunConfig.model_validate(data)
+
+    def run(self, tasks, step: int) -> list[list[dict[str, Any]]]:
+        """``group_size`` trajectories per task, grouped by task (task order, then rollout index)."""
+        from memsearch.engine.episode import Environment, run_episode
+
+        envs = [Environment(self.config_for(step, k), self.budget_tokenizer, self.documents, self.backends,
+                            self.retriever, group="grpo") for k in range(self.cfg.group_size)]
+
+        async def all_episodes():
+            return await asyncio.gather(*(run_episode(t, env) for t in tasks for env in envs))
+
+        flat = asyncio.run(all_episodes()) if tasks else []
+        g = self.cfg.group_size
+        return [flat[i * g:(i + 1) * g] for i in range(len(tasks))]
+
+    def close(self) -> None:
+        async def close_all():
+            for backend in {id(b): b for b in self.backends.values()}.values():
+                await backend.aclose()
+
+        asyncio.run(close_all())
+
+
+def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path) -> dict[str, Any]:
+    """Greedy evaluation of the adapter through the eval runner (the same code path as `memsearch eval`)."""
+    from memsearch.config import RunConfig
+    from memsearch.eval.runner import run_eval
+
+    data = cfg.episode.model_dump(mode="json")
+    for role in TRAINED_CALL_ROLES[cfg.role]:
+        data["backends"][role].update(kind="hf", model=cfg.model, adapter=str(adapter))
+    data["limit"] = cfg.eval.limit
+    summary = run_eval(RunConfig.model_validate(data), cfg.eval.data, out, show_progress=False)
+    return {"eval_" + k: v for k, v in summary["metrics"].items() if k in ("f1", "em", "sub_em", "boxed_em", "invalid_action_rate")}
+
+
+def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=print) -> dict[str, Any]:
+    """Train (or resume) a GRPO run into ``out``; returns the final summary."""
+    from memsearch.data.dataset import load_dataset
+    from memsearch.train.policy import load_policy, make_optimizer
+    from memsearch.train.reward import trajectory_reward
+
+    out = Path(out)
+    dist = Dist.from_env()
+    try:
+        prepare_run_folder(cfg, out, resume, dist)
+        dataset = load_dataset(cfg.data)
+        split = dataset.manifest.get("split")
+        if split != "train":
+            raise InputError(f"{cfg.data}: manifest split is {split!r}; GRPO trains on a train split only (DESIGN §9)")
+        labels = dataset.labels_by_id()
+        device = dist.device(cfg.device)
+        policy, tokenizer, note = load_policy(cfg.model, cfg.adapter, cfg.lora, device, cfg.dtype, cfg.seed)
+        if dist.main:
+            echo(note)
+        optimizer, scheduler = make_optimizer(policy, cfg.optim, cfg.steps * cfg.epochs)
+        start = 0
+        found = checkpoints(out / "checkpoints") if resume else []
+        if found:
+            start, _ = load_checkpoint(found[-1], policy, optimizer, scheduler, dist)
+            if dist.main:
+                echo(f"resumed from {found[-1]} (step {start})")
+        elif resume and dist.main:
+            echo("no complete checkpoint yet: starting from step 0")
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        mask_fn = _mask_fn(tokenizer) if cfg.schema_mode else None
+        rollouts = Rollouts(cfg, dataset, policy, tokenizer)
+        log = TrainLog(out, enabled=dist.main, resume_step=start if resume else None)
+        if cfg.eval.data and cfg.eval.at_start and start == 0 and dist.main:
+            policy.save_pretrained(str(out / "adapter-step0"))
+            log.write({"step": 0, **_evaluate(cfg, out / "adapter-step0", out / "eval" / "step-000000")})
+        for step in range(start + 1, cfg.steps + 1):
+            t0 = time.perf_counter()
+            positions = step_task_positions(step, cfg.tasks_per_step, len(dataset.tasks), cfg.seed, dist.rank, dist.world)
+            tasks = [dataset.tasks[i] for i in positions]
+            groups = rollouts.run(tasks, step)
+            t_roll = time.perf_counter() - t0
+            rewards = [[trajectory_reward(tr, labels[tr["task_id"]], cfg.reward, cfg.role) for tr in grp] for grp in groups]
+            batch = build_batch(groups, rewards, cfg.role, cfg.credit, cfg.std_scale)
+            lr = optimizer.param_groups[0]["lr"]
+            stats = update(policy, optimizer, batch, cfg, dist, pad_id, mask_fn)
+            batch.counts.consumed = stats.consumed
+            scheduler.step()
+            record = _step_record(step, batch, groups, stats, dist, lr, cfg.role, t0, t_roll)
+            if record["rows_generated"] != record["rows_converted"] or record["rows_converted"] != record["rows_consumed"]:
+                batch.counts.check()  # this rank's view names the numbers ...
+                raise RuntimeError(f"row-count contract broken on another rank: {record}")  # ... or another rank's
+            if cfg.save_rollouts:
+                (out / "rollouts").mkdir(exist_ok=True)
+                write_jsonl(out / "rollouts" / f"step-{step:06d}.rank{dist.rank}.jsonl",
+                            [dict(tr, reward=r) for grp, rs in zip(groups, rewards) for tr, r in zip(grp, rs)])
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                folder = save_checkpoint(out / "checkpoints", step, policy, optimizer, scheduler, dist,
+                                         {"tasks_seen": step * cfg.tasks_per_step}, cfg.keep_checkpoints)
+                if cfg.eval.data and dist.main and (step == cfg.steps or (cfg.eval.every and step % cfg.eval.every == 0)):
+                    record.update(_evaluate(cfg, folder / "adapter", out / "eval" / f"step-{step:06d}"))
+            log.write(record)
+            if dist.main:
+                echo(f"step {step}/{cfg.steps}: reward {record['reward_mean']:.3f} (std {record['reward_std']:.3f}), "
+                     f"zero-variance groups {record['zero_variance_groups']}/{record['groups']}, rows {record['rows_consumed']}, "
+                     f"invalid {record['invalid_rate']:.2f}, {record['step_s']:.1f}s")
+        rollouts.close()
+        log.close()
+        return finish_run(policy, out, {"steps": cfg.steps, "role": cfg.role, "world_size": dist.world, "note": note}, dist)
+    finally:
+        dist.close()
+
+
+def _step_record(step, batch: Batch, groups, stats: UpdateStats, dist: Dist, lr: float, role: str, t0, t_roll) -> dict[str, Any]:
+    """One JSON line of the training log, summed over ranks."""
+    trajs = [tr for grp in groups for tr in grp]
+    calls = [c for tr in trajs for c in tr.get("events", []) if c.get("type") == "policy_call"
+             and c["role"] in TRAINED_CALL_ROLES[role]]
+    prompt_tokens = sum(len(c.get("prompt_ids") or []) for c in calls)
+    rpt = batch.rows_per_trajectory
+    local = [sum(batch.rewards), sum(r * r for r in batch.rewards), len(batch.rewards), batch.zero_variance_groups,
+             batch.groups, batch.counts.generated, batch.counts.converted, batch.counts.consumed, batch.counts.failed_calls,
+             sum(1 for c in calls if c.get("valid") is False), len(calls), prompt_tokens,
+             sum(tr.get("counts", {}).get("request_errors", 0) for tr in trajs), sum(rpt), len(rpt)]
+    (r_sum, r_sq, n, zero, n_groups, gen, conv, cons, failed, invalid, n_calls, p_tok, errors, rows_sum, n_traj) = dist.all_sum(local)
+    mean = r_sum / n if n else 0.0
+    var = max(0.0, r_sq / n - mean * mean) if n else 0.0
+    return {
+        "step": step, "reward_mean": mean, "reward_std": var ** 0.5, "zero_variance_groups": int(zero), "groups": int(n_groups),
+        "trajectories": int(n), "rows_generated": int(gen), "rows_converted": int(conv), "rows_consumed": int(cons),
+        "rows_per_trajectory": rows_sum / n_traj if n_traj else 0.0, "failed_calls": int(failed), "request_errors": int(errors),
+        "invalid_rate": invalid / n_calls if n_calls else 0.0, "loss": stats.loss, "clip_fraction": stats.clip_fraction,
+        "kl": stats.kl, "entropy": stats.entropy, "ratio_mean": stats.ratio_mean, "grad_norm": stats.grad_norm,
+        "completion_tokens": int(stats.tokens), "prompt_tokens": int(p_tok), "logprob_mismatch": stats.logprob_mismatch,
+        "lr": lr, "rollout_s": round(t_roll, 3), "step_s": round(time.perf_counter() - t0, 3),
+    }

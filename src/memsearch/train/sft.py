@@ -1,0 +1,171 @@
+"""LoRA SFT on completion tokens only (data from ``memsearch export-sft``).
+
+    memsearch train sft --config configs/train/sft_cpu.toml --out runs/sft
+
+Each JSONL line holds chat ``messages`` and the ``completion`` the policy must emit. The prompt
+is the chat template with the generation prompt, tokenized exactly as the ``hf`` backend does
+(``HFBackend.prompt_ids``); the completion is its tokens plus the end-of-turn token, so the model
+learns to stop where the decoder stops. Only completion tokens are in the loss (token mean over
+one optimizer step = ``micro_batch_rows x grad_accumulation`` rows).
+
+Warm-up + constant / linear / cosine schedule, resumable checkpoints (``--resume``), periodic
+evaluation through the episode engine with the adapter in the configured role, the final
+adapter in ``<out>/adapter``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memsearch.errors import InputError, Problem
+from memsearch.io import iter_jsonl
+from memsearch.train.checkpoint import checkpoints, load_checkpoint, save_checkpoint
+from memsearch.train.config import SFTConfig
+from memsearch.train.distributed import Dist
+from memsearch.train.log import TrainLog
+from memsearch.train.logprobs import completion_logprobs
+from memsearch.train.rows import Row
+from memsearch.train.run_folder import finish_run, prepare_run_folder
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """Prompt token ids exactly as the hf backend builds them (chat template + generation prompt)."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def load_sft_rows(paths: list[str], tokenizer, max_tokens: int) -> list[Row]:
+    """Rows of every file (prompt ids, completion ids + end-of-turn); bad lines name file:line."""
+    rows: list[Row] = []
+    problems: list[Problem] = []
+    eos = tokenizer.eos_token_id
+    for path in paths:
+        if not Path(path).is_file():
+            raise InputError(f"{path}: no such SFT data file (make one with `memsearch export-sft`)")
+        for line, record in iter_jsonl(path):
+            messages, completion = record.get("messages"), record.get("completion")
+            if not isinstance(messages, list) or not messages:
+                problems.append(Problem(str(path), line, "messages", "expected a non-empty list of chat messages"))
+                continue
+            if not isinstance(completion, str) or not completion:
+                problems.append(Problem(str(path), line, "completion", "expected a non-empty string"))
+                continue
+            prompt = chat_prompt_ids(tokenizer, messages)
+            ids = list(tokenizer(completion, add_special_tokens=False)["input_ids"]) + [eos]
+            if len(prompt) + len(ids) > max_tokens:
+                problems.append(Problem(str(path), line, "messages", f"{len(prompt) + len(ids)} tokens; max_tokens is {max_tokens}"))
+                continue
+            rows.append(Row(prompt_ids=prompt, completion_ids=ids, rollout_logprobs=[0.0] * len(ids), loss_mask=[1] * len(ids),
+                            trajectory=len(rows), group=len(rows), role=str(record.get("role", "")), step=int(record.get("step", 0))))
+    if problems:
+        raise InputError(problems)
+    if not rows:
+        raise InputError(f"{', '.join(paths)}: no SFT rows")
+    return rows
+
+
+def _order(n: int, seed: int, epoch: int) -> list[int]:
+    order = list(range(n))
+    random.Random(f"{seed}/sft-epoch/{epoch}").shuffle(order)
+    return order
+
+
+def step_rows(step: int, per_step: int, n: int, seed: int) -> list[int]:
+    """Row indices of optimizer step ``step`` (1-based): consecutive slices of a seeded
+    permutation per epoch (the data position is a function of the step, so resume is exact)."""
+    out = []
+    for j in range((step - 1) * per_step, step * per_step):
+        epoch, pos = divmod(j, n)
+        out.append(_order(n, seed, epoch)[pos])
+    return out
+
+
+def evaluate_adapter(eval_config: str, role: str, model: str, adapter: Path, data: str, limit: int, out: Path) -> dict[str, Any]:
+    """Evaluate ``adapter`` in ``role`` with the eval runner (same code path as `memsearch eval`)."""
+    from memsearch.config import load_config
+    from memsearch.eval.runner import run_eval
+
+    cfg = load_config(eval_config, [f"backends.{role}.kind=hf", f"backends.{role}.model={json.dumps(model)}",
+                                    f"backends.{role}.adapter={json.dumps(str(adapter))}", f"limit={limit}"])
+    summary = run_eval(cfg, data, out, show_progress=False)
+    return {"eval_" + k: v for k, v in summary["metrics"].items() if k in ("f1", "em", "invalid_action_rate")}
+
+
+def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print) -> dict[str, Any]:
+    """Train (or resume) LoRA SFT into ``out``; returns the summary."""
+    from memsearch.train.policy import load_policy, make_optimizer, trainable_parameters
+
+    out = Path(out)
+    dist = Dist.from_env()
+    try:
+        prepare_run_folder(cfg, out, resume, dist)
+        policy, tokenizer, note = load_policy(cfg.model, cfg.adapter, cfg.lora, dist.device(cfg.device), cfg.dtype, cfg.seed)
+        rows = load_sft_rows(cfg.data, tokenizer, cfg.max_tokens)
+        per_step = cfg.micro_batch_rows * cfg.grad_accumulation
+        total = max(1, math.ceil(cfg.epochs * len(rows) / per_step))
+        optimizer, scheduler = make_optimizer(policy, cfg.optim, total)
+        params = trainable_parameters(policy)
+        start = 0
+        found = checkpoints(out / "checkpoints") if resume else []
+        if found:
+            start, _ = load_checkpoint(found[-1], policy, optimizer, scheduler, dist)
+        if dist.main:
+            echo(f"{note}; {len(rows)} rows, {total} optimizer steps of {per_step} rows" + (f", resumed at step {start}" if start else ""))
+        log = TrainLog(out, enabled=dist.main, resume_step=start if resume else None)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+        def run_eval_at(step: int, adapter: Path) -> dict[str, Any]:
+            if not (cfg.eval.data and cfg.eval_config and dist.main):
+                return {}
+            return evaluate_adapter(cfg.eval_config, cfg.role, cfg.model, adapter, cfg.eval.data, cfg.eval.limit,
+                                    out / "eval" / f"step-{step:06d}")
+
+        if cfg.eval.at_start and start == 0 and dist.main and cfg.eval.data:
+            policy.save_pretrained(str(out / "adapter-step0"))
+            log.write({"step": 0, **run_eval_at(0, out / "adapter-step0")})
+        for step in range(start + 1, total + 1):
+            t0 = time.perf_counter()
+            mine = step_rows(step, per_step, len(rows), cfg.seed)[dist.rank::dist.world]
+            batch = [rows[i] for i in mine]
+            tokens = float(sum(r.completion_tokens for r in batch))
+            policy.train()
+            optimizer.zero_grad(set_to_none=False)
+            nll_sum = 0.0
+            # sorted by length so each micro-batch of micro_batch_rows pads little
+            order = sorted(range(len(batch)), key=lambda i: (len(batch[i].prompt_ids) + len(batch[i].completion_ids), i))
+            for s in range(0, len(order), cfg.micro_batch_rows):
+                scored = completion_logprobs(policy, [batch[i] for i in order[s:s + cfg.micro_batch_rows]], pad_id)
+                loss = -(scored.logprobs * scored.mask).sum()
+                loss.backward()
+                nll_sum += loss.item()
+            denominator = dist.reduce_gradients(params, tokens)
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or float("inf"))
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            scheduler.step()
+            policy.eval()
+            nll = dist.all_sum([nll_sum])[0] / denominator if denominator else 0.0
+            record = {"step": step, "loss": nll, "tokens": int(denominator), "rows": len(batch) * dist.world,
+                      "grad_norm": float(norm), "lr": lr, "step_s": round(time.perf_counter() - t0, 3)}
+            if step % cfg.checkpoint_every == 0 or step == total:
+                folder = save_checkpoint(out / "checkpoints", step, policy, optimizer, scheduler, dist, {"rows": len(rows)},
+                                         cfg.keep_checkpoints)
+                if step == total or (cfg.eval.every and step % cfg.eval.every == 0):
+                    record.update(run_eval_at(step, folder / "adapter"))
+            elif cfg.eval.every and step % cfg.eval.every == 0 and dist.main and cfg.eval.data:
+                policy.save_pretrained(str(out / "eval" / f"adapter-step-{step:06d}"))
+                record.update(run_eval_at(step, out / "eval" / f"adapter-step-{step:06d}"))
+            log.write(record)
+            if dist.main and (step == 1 or step % 5 == 0 or step == total):
+                echo(f"step {step}/{total}: loss {nll:.4f}, lr {lr:.2e}, {record['step_s']:.1f}s")
+        log.close()
+        return finish_run(policy, out, {"steps": total, "rows": len(rows), "note": note}, dist)
+    finally:
+        dist.close()

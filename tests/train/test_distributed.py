@@ -1,0 +1,55 @@
+"""Two gloo processes (torchrun) that hold different numbers of rows make exactly the update one
+process makes on the union of the rows: gradients are summed over ranks and divided by the
+global denominator (``train.distributed``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+WORKER = Path(__file__).with_name("gloo_worker.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(n: int, model: Path, adapter: Path, out: Path, aggregations: str) -> None:
+    out.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", str(WORKER), str(model), str(adapter), str(out), aggregations]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+AGGREGATIONS = ("trajectory", "token", "sequence")
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_equal_one_process_on_the_union(tiny_model_dir, tiny_adapter_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    torchrun(1, tiny_model_dir, tiny_adapter_dir, tmp_path / "one", ",".join(AGGREGATIONS))
+    torchrun(2, tiny_model_dir, tiny_adapter_dir, tmp_path / "two", ",".join(AGGREGATIONS))
+    init = load_file(str(tiny_adapter_dir / "adapter_model.safetensors"))
+    for agg in AGGREGATIONS:
+        one = torch.load(tmp_path / "one" / f"rank0-{agg}.pt")
+        r0, r1 = torch.load(tmp_path / "two" / f"rank0-{agg}.pt"), torch.load(tmp_path / "two" / f"rank1-{agg}.pt")
+        assert r0["denominator"] == r1["denominator"] == one["denominator"], agg
+        assert r0["loss"] == pytest.approx(one["loss"], rel=1e-5), agg
+        for a, b, c in zip(one["params"], r0["params"], r1["params"], strict=True):
+            assert torch.equal(b, c), agg  # the ranks stay in sync bit for bit
+            assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), agg  # = one process, up to summation order
+        # the update is not trivially zero: the weights moved away from the adapter they started from
+        lora_a = [p for p in one["params"] if p.dim() == 2]
+        assert len(lora_a) == len(init)
+        moved = sum(float((p - init[k]).abs().sum()) for p, k in zip(one["params"], sorted(init), strict=True))
+        assert moved > 1e-3, agg

@@ -1,0 +1,86 @@
+"""Advantages, credit assignment and the row-count contract, against hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from memsearch.train.rows import (
+    Row,
+    RowCountError,
+    RowCounts,
+    build_batch,
+    expand_advantages,
+    group_advantages,
+    rows_from_trajectory,
+)
+
+
+def call(role, step, n_tokens=3, error=None, valid=True, constraint=None):
+    return {"type": "policy_call", "role": role, "step": step, "error": error, "valid": valid,
+            "prompt_ids": None if error else [1, 2, 3], "completion_ids": None if error else list(range(10, 10 + n_tokens)),
+            "logprobs": None if error else [-0.5] * n_tokens, "constraint_id": constraint}
+
+
+def traj(task, *calls):
+    return {"task_id": task, "events": [{"type": "search", "step": 0}, *calls]}
+
+
+def test_group_advantages_hand_computed():
+    assert group_advantages([1.0, 0.0, 0.5, 0.5]) == [0.5, -0.5, 0.0, 0.0]
+    # unbiased std of [0.5,-0.5,0,0] = sqrt(0.5/3)
+    scaled = group_advantages([1.0, 0.0, 0.5, 0.5], std_scale=True)
+    assert scaled[0] == pytest.approx(0.5 / (0.5 / 3) ** 0.5, rel=1e-5)
+    assert group_advantages([0.3, 0.3, 0.3], std_scale=True) == [0.0, 0.0, 0.0]  # zero variance: no signal, no NaN
+
+
+def test_share_and_split_credit():
+    rows = [[Row([1], [2], [-1.0], [1], 0, 0, "memory", s) for s in range(n)] for n in (1, 2, 4)]
+    expand_advantages(rows, [0.6, -0.4, 0.8], "share")
+    assert [[r.advantage for r in rs] for rs in rows] == [[0.6], [-0.4, -0.4], [0.8] * 4]
+    expand_advantages(rows, [0.6, -0.4, 0.8], "split")
+    assert [[r.advantage for r in rs] for rs in rows] == [[0.6], [-0.2, -0.2], [0.2] * 4]
+    with pytest.raises(ValueError, match="credit"):
+        expand_advantages(rows, [0.0, 0.0, 0.0], "spread")
+
+
+def test_normalize_then_expand_drops_nothing():
+    """The advantage is per trajectory (from its reward), not per row: a trajectory with more rows
+    does not weigh more in the group mean, and every row of every trajectory is kept."""
+    group = [traj("t", call("memory", 0), call("memory", 1), call("memory", 2), call("reader", 0)),
+             traj("t", call("memory", 0))]
+    batch = build_batch([group], [[1.0, 0.0]], role="memory", credit="split", std_scale=False)
+    assert batch.advantages == [0.5, -0.5]  # mean over trajectories, not rows
+    assert [r.advantage for r in batch.rows] == pytest.approx([0.5 / 3] * 3 + [-0.5])
+    assert batch.rows_per_trajectory == [3, 1]
+    assert batch.counts.generated == batch.counts.converted == 4
+
+
+def test_overwrite_role_trains_update_turns_and_final_answer():
+    t = traj("t", call("memory", 0), call("memory", 1), call("reader", 0))
+    rows, failed = rows_from_trajectory(t, "overwrite", index=5, group=2)
+    assert [(r.role, r.step, r.trajectory, r.group) for r in rows] == [("memory", 0, 5, 2), ("memory", 1, 5, 2), ("reader", 0, 5, 2)]
+    assert failed == 0
+    # per-turn alignment: ids, log-probs and mask have one entry per completion token
+    for r in rows:
+        assert len(r.completion_ids) == len(r.rollout_logprobs) == len(r.loss_mask) == 3
+
+
+def test_failed_calls_are_counted_not_rows_and_zero_variance_groups_logged():
+    groups = [[traj("a", call("memory", 0, error="timeout")), traj("a", call("memory", 0))],
+              [traj("b", call("memory", 0)), traj("b", call("memory", 0))]]
+    batch = build_batch(groups, [[0.0, 1.0], [0.5, 0.5]], role="memory", credit="share", std_scale=False)
+    assert batch.counts.failed_calls == 1
+    assert batch.counts.generated == batch.counts.converted == 3
+    assert batch.zero_variance_groups == 1 and batch.groups == 2
+
+
+def test_calls_without_token_ids_are_a_configuration_error():
+    t = traj("t", {**call("memory", 0), "completion_ids": None})
+    with pytest.raises(ValueError, match="local hf policy"):
+        rows_from_trajectory(t, "memory", 0, 0)
+
+
+def test_row_count_contract():
+    RowCounts(generated=4, converted=4, consumed=4).check()
+    with pytest.raises(RowCountError, match="generated 4, converted 4, consumed 3"):
+        RowCounts(generated=4, converted=4, consumed=3).check()
