@@ -25,7 +25,10 @@ seconds per chunk stayed within 10%. Wall times are printed too (``wall_s``, ``w
 Two backends, every role on the same backend, tokenizer "embedded" (so chunk counts agree):
 
 - ``rules``: the first 5 questions (``--questions``) with the recipe's budgets: chunk 2048,
-  memory 1024, policy 1024, answer 256 tokens.
+  memory 1024, policy 1024, answer 256 tokens. Its memory starts empty and grows by a few
+  sentences per chunk up to the 1024-token cap, and a chunk's cost grows with it (tokenizing
+  the prompt: ~22 ms per chunk with an empty memory, ~37 ms with 900 tokens), so cost per
+  chunk rises with N until the memory is full and is bounded after that.
 - ``hf``: the embedded SmolLM2-135M-Instruct on the CPU, the first question
   (``--hf-questions``), chunk 2048 as the recipe, and small outputs so decoding does not
   dominate: memory 128 tokens, at most 32 tokens written per memory call and 32 for the answer

@@ -165,3 +165,22 @@ def test_torchrun_two_gloo_ranks_end_to_end(tiny_model_dir, tiny_adapter_dir, ho
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["world_size"] == 2
     assert sorted(p.name for p in (tmp_path / "run" / "rollouts").iterdir())[:2] == ["step-000001.rank0.jsonl",
                                                                                    "step-000001.rank1.jsonl"]
+
+
+def test_overwrite_role_trains_every_update_turn_and_the_final_answer(tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, tmp_path):
+    """MemAgent: stream the task's documents chunk by chunk, overwrite the memory, answer with
+    \\boxed{}; every memory update and the final answer of a trajectory become rows."""
+    cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, role="overwrite", steps=1, credit="split",
+                      **{"reward.metric": "boxed_em", "episode.agent.evidence": "stream", "episode.agent.memory": "overwrite",
+                         "episode.agent.controller": "exhaust", "episode.budgets.chunk_tokens": 256,
+                         "episode.budgets.max_chunks": 3, "episode.budgets.memory_tokens": 32,
+                         "episode.backends.reader.kind": "hf"})
+    train_grpo(cfg, tmp_path / "run", echo=lambda m: None)
+    (record,) = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    trajectories = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step-000001.rank0.jsonl").read_text().splitlines()]
+    calls = [[e["role"] for e in t["events"] if e["type"] == "policy_call"] for t in trajectories]
+    for roles, t in zip(calls, trajectories, strict=True):
+        assert roles == ["memory"] * t["counts"]["chunks"] + ["reader"]  # update turns, then the final answer
+        assert 1 <= t["counts"]["chunks"] <= 3
+    assert record["rows_generated"] == record["rows_consumed"] == sum(len(r) for r in calls)
+    assert record["rows_per_trajectory"] == pytest.approx(sum(len(r) for r in calls) / len(calls))
