@@ -74,3 +74,17 @@ def test_embedded_conversion_is_cached(tmp_path, monkeypatch):
     assert not list(folder.parent.glob("*.tmp-*")), "temporary build folders must not be left behind"
     assert emb.tokenizer_dir() == folder
     assert HFTokenizer(folder).encode("Hello world") == [19556, 905]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 8])
+def test_embedded_chunks_reencode_to_the_text_ids_on_hard_edges(size):
+    """White space runs (the pre-tokenizer looks ahead past them), characters split over several
+    byte tokens and emoji: every piece re-encodes to its own slice of the text's ids."""
+    tok = load_tokenizer("embedded")
+    text = "Sr.\n\n\nDocument 12:\n  ティマニ 너), 櫻井 敦 🧪🧪  end.\n\n \t\nDone  "
+    pieces = tok.chunks(text, size)
+    assert "".join(pieces) == text
+    ids = [tok.encode(p) for p in pieces]
+    assert [i for piece in ids for i in piece] == tok.encode(text)
+    # A piece cannot hold part of a character: below its byte tokens (3 here) a piece grows.
+    assert all(0 < len(piece) <= max(size, 3) for piece in ids)

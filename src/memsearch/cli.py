@@ -19,6 +19,8 @@ index_app = typer.Typer(help="Build and inspect retrieval indexes.", no_args_is_
 app.add_typer(index_app, name="index")
 train_app = typer.Typer(help="Train policies: LoRA SFT and multi-turn GRPO (torchrun for several devices).", no_args_is_help=True)
 app.add_typer(train_app, name="train")
+pipeline_app = typer.Typer(help="End-to-end pipelines: prepare, train, merge, evaluate, report (resumable).", no_args_is_help=True)
+app.add_typer(pipeline_app, name="pipeline")
 
 
 def _friendly(fn):
@@ -280,6 +282,21 @@ def train_grpo_cmd(
 ) -> None:
     """Multi-turn GRPO through the episode engine (role memory, controller or overwrite)."""
     _train("grpo", config, out, resume, adapter, set_)
+
+
+@pipeline_app.command("memagent")
+@_friendly
+def pipeline_memagent_cmd(
+    config: Annotated[Path, typer.Option("--config", help="Pipeline config, e.g. configs/memagent.toml.")],
+    out: Annotated[Path, typer.Option("--out", help="Pipeline folder: created, or continued (finished stages are skipped).")],
+    set_: Overrides = None,
+) -> None:
+    """MemAgent: RULER-HQA sets, GRPO (overwrite role), merge, base vs trained at every N, report."""
+    from memsearch.config import load_config
+    from memsearch.pipeline.config import MemAgentPipeline
+    from memsearch.pipeline.memagent import run_memagent_pipeline
+
+    run_memagent_pipeline(load_config(config, set_, model=MemAgentPipeline), out, echo=typer.echo)
 
 
 @app.command("merge-adapter")

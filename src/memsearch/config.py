@@ -97,6 +97,38 @@ class Matrix(_Config):
     bootstrap_resamples: int = Field(10_000, ge=100, description="Paired bootstrap resamples for group differences")
 
 
+_PROMPT_FIELDS = {"overwrite_update": {"question", "memory", "chunk"}, "overwrite_final": {"question", "memory"}}
+
+
+class Prompts(_Config):
+    """Wording of the overwrite-memory (MemAgent) prompts. Unset fields use the built-in
+    wording of ``engine/prompts.py``; set wording is hashed into the run's ``prompt_version``,
+    so runs with different prompts are never mixed."""
+
+    initial_memory: str | None = Field(None, description="Memory shown before the first chunk (built-in: '(empty)')")
+    overwrite_update: str | None = Field(
+        None, description="User message of a memory update: a template with {question}, {memory} and {chunk}")
+    overwrite_final: str | None = Field(
+        None, description="User message of the final answer: a template with {question} and {memory}; ask for \\boxed{}")
+
+    @model_validator(mode="after")
+    def _templates_name_their_fields(self) -> Prompts:
+        import string
+
+        for name, wanted in _PROMPT_FIELDS.items():
+            template = getattr(self, name)
+            if template is None:
+                continue
+            try:
+                used = {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
+            except ValueError as exc:
+                raise ValueError(f"{name}: not a format template ({exc}); write literal braces as {{{{ and }}}}") from None
+            if used != wanted:
+                raise ValueError(f"{name}: uses {{{'}, {'.join(sorted(used))}}} but must use exactly "
+                                 f"{{{'}, {'.join(sorted(wanted))}}} (literal braces as {{{{ and }}}})")
+        return self
+
+
 class RunConfig(_Config):
     """Everything an eval run needs besides the data folder."""
 
@@ -107,6 +139,7 @@ class RunConfig(_Config):
     concurrency: int = Field(8, ge=1, description="Episodes run at once")
     limit: int | None = Field(None, ge=1, description="Evaluate only the first N tasks")
     matrix: Matrix = Field(default_factory=Matrix, description="Groups for `memsearch matrix`")
+    prompts: Prompts = Field(default_factory=Prompts, description="Wording of the overwrite (MemAgent) prompts")
 
     @model_validator(mode="after")
     def _consistent_agent(self) -> RunConfig:
@@ -154,7 +187,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None, model: type[BaseModel] = RunConfig) -> Any:
-    """Read a TOML config, apply overrides, validate; problems name the file and field."""
+    """Read a TOML config, apply overrides, validate; problems name the file and field.
+
+    Asked for a ``RunConfig`` from a pipeline config (``pipeline = ...``), returns its
+    ``[episode]``: ``memsearch eval --config configs/memagent.toml`` runs the recipe's agent."""
     data: dict[str, Any] = {}
     where = str(path) if path else "<defaults>"
     if path is not None:
@@ -165,6 +201,12 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, mod
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise InputError(f"{path}: invalid TOML ({exc})") from None
+    if model is RunConfig and "pipeline" in data:
+        # A pipeline config (configs/memagent.toml): its [episode] table is the run config,
+        # filled from `model` as the pipeline does; --set keys address the run config itself.
+        from memsearch.pipeline.config import episode_table
+
+        data = episode_table(data)
     data = apply_overrides(data, overrides or [])
     try:
         return model.model_validate(data)

@@ -155,8 +155,46 @@ class HFTokenizer:
 
 
     def chunks(self, text: str, size: int) -> list[str]:
-        offsets = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-        return _cut(text, [start for start, _ in offsets], size)
+        """Pieces whose own token ids, concatenated, are exactly the ids of ``text``.
+
+        Cutting where a token of the whole text starts is not enough: a piece tokenized alone
+        can differ at its edges (the byte-level pre-tokenizer looks ahead past white space, so
+        ``"\\n\\n"`` cut after the first newline re-tokenizes differently; a character split over
+        several byte tokens shares one start offset). So each cut is checked by re-encoding, and
+        moved back a token at a time until the piece re-encodes to its slice and the text after
+        the cut starts with the next tokens. A piece then holds at most ``size`` tokens (for any
+        ``size`` of at least the few byte tokens of one character).
+        """
+        if size < 1:
+            raise ValueError(f"chunk size must be positive, got {size}")
+        if not text:
+            return []
+        enc = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, starts = enc["input_ids"], [start for start, _ in enc["offset_mapping"]]
+        n = len(ids)
+
+        def char_at(k: int) -> int:
+            return len(text) if k >= n else starts[k]
+
+        def clean(i: int, j: int, begin: int) -> bool:
+            at = char_at(j)
+            if at <= begin or self.encode(text[begin:at]) != ids[i:j]:
+                return False
+            ahead = min(j + 16, n)  # merges are local: 8 tokens after the cut must survive it
+            return self.encode(text[at:char_at(ahead)])[:8] == ids[j:min(j + 8, n)]
+
+        pieces, i, begin = [], 0, 0
+        while i + size < n:
+            back = (j for j in range(i + size, i, -1) if clean(i, j, begin))
+            # Only a size below one character's byte tokens (a few) finds no clean cut going
+            # back; the piece then grows to the next clean cut rather than corrupt the ids.
+            ahead = (j for j in range(i + size + 1, n) if clean(i, j, begin))
+            cut = next(back, None) or next(ahead, n)
+            pieces.append(text[begin:char_at(cut)])
+            i, begin = cut, char_at(cut)
+        if begin < len(text):
+            pieces.append(text[begin:])
+        return pieces
 
 
 def _embedded() -> HFTokenizer:

@@ -228,6 +228,17 @@ def test_train_folder_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_train_contexts_only_when_asked_and_only_from_train(tmp_path):
+    """The MemAgent pipeline's long training contexts: questions and distractors from train,
+    split kept "train" (so GRPO accepts it and eval never mistakes it for dev)."""
+    train = save_dataset(convert_hotpot(TRAIN_SAMPLE, split="train", limit=5), tmp_path / "train")
+    (manifest,) = prepare_ruler(train, tmp_path / "out", [20], tokenizer=None, show_progress=False, allow_train=True).values()
+    assert manifest["split"] == "train" and manifest["num_docs"] == 20
+    built = load_dataset(tmp_path / "out" / "docs20")
+    pool = {d.doc_id for d in load_dataset(train).documents}
+    assert all(len(t.doc_ids) == 20 and set(t.doc_ids) <= pool for t in built.tasks)
+
+
 def test_existing_output_refused(built, dev_dir):
     out, _ = built
     with pytest.raises(InputError) as info:

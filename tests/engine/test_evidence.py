@@ -43,3 +43,23 @@ def test_chunks_cover_the_context_exactly(hotpot_dev_dir):
     # Shown evidence grows with the chunks read and ends with every sentence of every document.
     assert len(chunked.shown_after[-1]) == sum(len(docs[d].sentences) for d in task.doc_ids)
     assert list(limited.shown_after) == list(chunked.shown_after[:3])
+
+
+def test_a_sentence_is_shown_only_once_read_to_its_end(hotpot_dev_dir):
+    """Cut by max_chunks in the middle of a document: the sentences before the cut are shown,
+    the rest of that document is not (it was never read)."""
+    ds = load_dataset(hotpot_dev_dir)
+    docs = ds.documents_by_id()
+    task = ds.tasks[0]
+    context, chunked = chunk_context(task.doc_ids, docs, LexicalTokenizer(), chunk_tokens=37, max_chunks=4)
+    read = "".join(chunked.chunks)
+    assert context.startswith(read) and len(read) < len(context)
+    shown = set(chunked.shown_after[-1])
+    for i, doc_id in enumerate(task.doc_ids, start=1):
+        at = context.index(f"Document {i}:\n{docs[doc_id].title}\n") + len(f"Document {i}:\n{docs[doc_id].title}\n")
+        for j, sentence in enumerate(docs[doc_id].sentences):
+            at += len(sentence)
+            assert (f"{doc_id}:{j}" in shown) == (at <= len(read)), (doc_id, j)
+    partly_read = [d for d in task.doc_ids if 0 < sum(f"{d}:{j}" in shown for j in range(len(docs[d].sentences)))
+                   < len(docs[d].sentences)]
+    assert partly_read  # the case this is about: the cut falls inside a document

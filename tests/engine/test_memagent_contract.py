@@ -41,12 +41,6 @@ MEMAGENT = Path(__file__).resolve().parents[2] / "configs" / "memagent.toml"
 ROLES = ("memory", "controller", "reader")
 CANARY = "Zqxv Canary Answer 7731"
 
-# HFTokenizer.chunks cuts where a token of the *whole* context starts, but a chunk tokenized on
-# its own can tokenize differently at its edges: "...Sr.\n\n" at the end of a chunk becomes one
-# "\n\n" token instead of the context's "\n", "\n" (the byte-level pre-tokenizer looks ahead
-# past white space), and a character split over several byte tokens that share a start offset
-# moves whole into the next chunk, which then holds chunk_tokens + 1 or + 2 tokens.
-EMBEDDED_EDGE_BUG = "tokenizer.HFTokenizer.chunks: chunks re-tokenized alone differ from the context's tokens at their edges"
 
 
 @pytest.fixture(scope="module")
@@ -122,13 +116,12 @@ def test_chunks_partition_the_context_and_the_cut_is_counted(ruler, tok_name):
         assert cut.total_chunks == total and cut.cut_off == total - 2
 
 
-@pytest.mark.parametrize("tok_name", [
-    "lexical",
-    pytest.param("embedded", marks=pytest.mark.xfail(strict=True, reason=EMBEDDED_EDGE_BUG)),
-])
+@pytest.mark.parametrize("tok_name", ["lexical", "embedded"])
 def test_chunks_retokenize_to_exactly_the_context_tokens(ruler, tok_name):
     """The strict contract: the chunks' own token ids, concatenated, are the context's token
-    ids, and every chunk but the last holds exactly ``chunk_tokens`` of them."""
+    ids (the model sees chunk text, so a chunk re-tokenized alone must give back its slice),
+    and every chunk holds at most ``chunk_tokens`` of them; a cut moves back a token or two
+    where BPE would merge across it (white space runs, multi-byte characters)."""
     tok = load_tokenizer(tok_name)
     docs = ruler.documents_by_id()
     for task in ruler.tasks[:2]:
@@ -137,7 +130,8 @@ def test_chunks_retokenize_to_exactly_the_context_tokens(ruler, tok_name):
             _, chunked = chunk_context(task.doc_ids, docs, tok, size, max_chunks=10**6)
             ids = [tok.encode(c) for c in chunked.chunks]
             assert [i for piece in ids for i in piece] == context_ids
-            assert all(len(piece) == size for piece in ids[:-1]) and 0 < len(ids[-1]) <= size
+            assert all(0 < len(piece) <= size for piece in ids)
+            assert all(len(piece) >= size - 3 for piece in ids[:-1])  # moved back a little, never far
 
 
 def test_episode_counts_the_chunks_cut_off_by_max_chunks(ruler):
@@ -196,7 +190,9 @@ def test_reader_sees_only_the_question_and_the_final_memory(ruler):
         assert traj["events"][-1] is reader  # after the last chunk
         n = traj["counts"]["chunks"]
         assert traj["memory_final"] == f"memo {n - 1}: still looking"
-        assert reader["messages"] == list(prompts.reader(task.question, traj["memory_final"], boxed=True))
+        assert reader["messages"] == list(prompts.reader(task.question, traj["memory_final"], boxed=True,
+                                                         template=config.prompts.overwrite_final))
+        assert reader["messages"][1]["content"] == config.prompts.overwrite_final.format(question=task.question, memory=traj["memory_final"])
         content = "\n".join(m["content"] for m in reader["messages"])
         _, chunked = chunk_context(task.doc_ids, docs, env.tokenizer, 512, 10**6)
         lines = {ln.strip() for chunk in chunked.chunks for ln in chunk.splitlines() if len(ln.strip()) > 20}
@@ -255,3 +251,26 @@ def test_failed_reader_request_scores_zero_and_stays_in_the_denominator(ruler, r
     assert summary["metrics"]["sub_em"] == pytest.approx((rows[0]["sub_em"] + rows[2]["sub_em"]) / 3)
     assert summary["request_errors"] == 1 and summary["tasks"]["failed_ids"] == [failed["task_id"]]
     assert summary["usable_for_comparison"] is False and summary["note"].startswith("INCOMPLETE")
+
+
+# --------------------------------------------------------------------------- prompts from the config
+
+
+def test_configured_wording_reaches_every_prompt_and_is_versioned(ruler):
+    """The recipe's initial memory and update template make the memory calls' messages; the
+    version names the wording, and unset wording falls back to the built-in prompts."""
+    config = memagent_config("lexical", "budgets.chunk_tokens=512", "budgets.max_chunks=2")
+    wording = config.prompts
+    task = ruler.tasks[0]
+    traj = run(task, environment(ruler, config, memory=FixedOutputs(lambda k: f"memo {k}")))
+    first, second = calls(traj, "memory")
+    _, chunked = chunk_context(task.doc_ids, ruler.documents_by_id(), load_tokenizer("lexical"), 512, 2)
+    assert first["messages"][1]["content"] == wording.overwrite_update.format(
+        question=task.question, memory=wording.initial_memory, chunk=chunked.chunks[0])
+    assert second["messages"][1]["content"] == wording.overwrite_update.format(
+        question=task.question, memory="memo 0", chunk=chunked.chunks[1])
+    builtin = load_config(MEMAGENT, ['tokenizer="lexical"', *[f'backends.{r}.kind="rules"' for r in ROLES],
+                                     "prompts.initial_memory=\"(empty)\"", "prompts.overwrite_update=\"Q {question} M {memory} C {chunk}\""])
+    versions = {prompts.prompt_version(c.prompts.model_dump()) for c in (config, builtin)}
+    assert len(versions) == 2 and prompts.prompt_version({}) == prompts.PROMPT_VERSION
+    assert prompts.prompt_version({"initial_memory": None}) == prompts.PROMPT_VERSION

@@ -19,7 +19,7 @@ from memsearch.config import load_config
 from memsearch.data.dataset import load_dataset
 from memsearch.data.ruler import prepare_ruler
 from memsearch.engine.episode import ENGINE_VERSION
-from memsearch.engine.prompts import PROMPT_VERSION
+from memsearch.engine.prompts import PROMPT_VERSION, prompt_version
 from memsearch.eval.runner import EVALUATOR_VERSION, run_eval, summarize
 from memsearch.io import iter_jsonl, sha256_file
 
@@ -52,8 +52,10 @@ def test_summary_records_what_a_comparison_needs(docs50, tmp_path):
     assert data["files"] == {name: sha256_file(docs50 / name) for name in ("corpus.jsonl", "tasks.jsonl", "labels.jsonl")}
     assert summary["data_build"] == {"builder": "ruler-hqa-1", "num_docs": 50, "seed": 42, "pool_size": manifest["pool_size"],
                                      "context_sha256": manifest["context_sha256"], "counts": manifest["counts"]}
+    # the recipe sets its own wording: the prompt version carries its hash
     assert (summary["evaluator_version"], summary["prompt_version"], summary["engine_version"]) == (
-        EVALUATOR_VERSION, PROMPT_VERSION, ENGINE_VERSION)
+        EVALUATOR_VERSION, prompt_version(config.prompts.model_dump()), ENGINE_VERSION)
+    assert summary["prompt_version"].startswith(PROMPT_VERSION + "+custom-")
     assert summary["tokenizer"] == "lexical-v1"
     assert summary["sampling"] == {r: getattr(config.backends, r).sampling.model_dump() for r in ("memory", "controller", "reader")}
     budgets = summary["budgets"]

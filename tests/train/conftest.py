@@ -1,5 +1,5 @@
-"""Training fixtures: a tiny *real* Llama (random weights, the embedded tokenizer) for fast numeric
-tests, a LoRA adapter with non-zero weights, and a prepared HotpotQA train sample."""
+"""Training fixtures: a LoRA adapter with non-zero weights on the tiny real Llama (``tests/conftest``)
+and a prepared HotpotQA train sample."""
 
 from __future__ import annotations
 
@@ -8,32 +8,6 @@ import pytest
 from memsearch.data.dataset import save_dataset
 from memsearch.data.hotpot import convert_hotpot
 from memsearch.samples import HOTPOT_TRAIN, samples_dir
-
-
-def make_tiny_model(seed: int = 0):
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from memsearch.embedded import tokenizer_dir
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir()))
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
-                         initializer_range=0.2)  # spread-out logits, so a LoRA can move them visibly
-    return LlamaForCausalLM(config).eval(), tokenizer
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """A 2-layer, 32-wide Llama with random weights and the embedded tokenizer, saved as a local folder."""
-    model, tokenizer = make_tiny_model()
-    out = tmp_path_factory.mktemp("models") / "tiny-llama"
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    return out
 
 
 @pytest.fixture(scope="session")

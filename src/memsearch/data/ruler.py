@@ -31,11 +31,17 @@ from memsearch.io import atomic_output_dir
 BUILDER_VERSION = "ruler-hqa-1"
 
 
+CONTEXT_SEPARATOR = "\n\n"
+
+
+def context_blocks(doc_ids: Iterable[str], documents: Mapping[str, Document]) -> list[str]:
+    """The ``Document {i}:\\n{title}\\n{text}`` blocks of a long context, ``i`` from 1."""
+    return [f"Document {i}:\n{documents[d].title}\n{documents[d].text}" for i, d in enumerate(doc_ids, start=1)]
+
+
 def render_context(doc_ids: Iterable[str], documents: Mapping[str, Document]) -> str:
-    """The long context of a task: ``Document {i}:\\n{title}\\n{text}`` blocks, 1-based."""
-    return "\n\n".join(
-        f"Document {i}:\n{documents[d].title}\n{documents[d].text}" for i, d in enumerate(doc_ids, start=1)
-    )
+    """The long context of a task: its blocks joined by blank lines."""
+    return CONTEXT_SEPARATOR.join(context_blocks(doc_ids, documents))
 
 
 def _build_one(dev: Dataset, n_docs: int, seed: int, limit: int | None, show_progress: bool = False) -> Dataset:
@@ -126,11 +132,17 @@ def prepare_ruler(
     limit: int | None = None,
     tokenizer=None,
     show_progress: bool = True,
+    allow_train: bool = False,
 ) -> dict[int, dict[str, Any]]:
-    """Write ``out/docs{N}`` for each N in ``docs``; returns each folder's manifest."""
+    """Write ``out/docs{N}`` for each N in ``docs``; returns each folder's manifest.
+
+    RULER-HQA sets come from dev. ``allow_train`` builds the same kind of contexts from a
+    train set (questions and distractors both from train; the manifest keeps split "train"),
+    the long-context training data of ``memsearch pipeline memagent``.
+    """
     dev = load_dataset(input_dir)
     split = dev.manifest.get("split")
-    if split != "dev":
+    if split != "dev" and not (allow_train and split == "train"):
         raise InputError(f"{input_dir}: manifest split is {split!r}; RULER-HQA sets are built from a prepared dev set only")
     if not docs or any(n < 1 for n in docs) or len(set(docs)) != len(docs):
         raise InputError(f"--docs {docs}: expected distinct positive numbers of documents, e.g. 50,200,800")
@@ -148,7 +160,7 @@ def prepare_ruler(
             dataset = _build_one(dev, n_docs, seed, limit, show_progress)
             dataset.manifest = {
                 "kind": "ruler-hqa",
-                "split": "dev",
+                "split": split,
                 "layout": "long-context",
                 "evidence_granularity": dev.manifest.get("evidence_granularity", "sentence"),
                 "builder": BUILDER_VERSION,

@@ -108,7 +108,7 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
         raise ValueError(f"backends.memory.schema_mode = true needs backends.memory.kind = 'hf' (constrained "
                          f"decoding runs in the local model); got kind {cfg.backends.memory.kind!r}")
     ep = _Episode(env, task)
-    memory = make_memory(cfg.agent.memory, tok, budgets.memory_tokens)
+    memory = make_memory(cfg.agent.memory, tok, budgets.memory_tokens, cfg.prompts)
     # Schema mode (DESIGN §7): memory ops are sampled under the JSON constraint, masks replayable.
     ops_constraint = MEMORY_OPS if cfg.backends.memory.schema_mode and memory.mode == "decision" else None
     started = time.perf_counter()
@@ -174,7 +174,8 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
 
     boxed = cfg.agent.memory == "overwrite"
     obs = {"question": task.question, "mode": memory.mode, **memory.observation()}
-    result = await ep.call("reader", 0, prompts.reader(task.question, memory.render(), boxed=boxed), obs, budgets.answer_tokens)
+    messages = prompts.reader(task.question, memory.render(), boxed=boxed, template=cfg.prompts.overwrite_final)
+    result = await ep.call("reader", 0, messages, obs, budgets.answer_tokens)
     answer = parse_reader(result.text) if result.ok else None
     shown = set(ep.shown)
     citations = list(answer.citations) if answer else []

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memsearch.data.records import Document, evidence_id
+from memsearch.data.ruler import CONTEXT_SEPARATOR, context_blocks
 from memsearch.retrieval import Passage
 from memsearch.tokenizer import Tokenizer
 
@@ -70,7 +71,7 @@ class Chunked:
 
     chunks: list[str]
     total_chunks: int
-    # For each read chunk, the evidence ids of documents whose block starts in it or before it.
+    # For each read chunk, the evidence ids of the sentences read whole by the end of it.
     shown_after: list[tuple[str, ...]]
 
     @property
@@ -79,24 +80,29 @@ class Chunked:
 
 
 def chunk_context(doc_ids: list[str], documents: dict[str, Document], tokenizer: Tokenizer, chunk_tokens: int, max_chunks: int) -> tuple[str, Chunked]:
-    """Render the long context (``Document {i}:`` blocks) and cut it into token chunks."""
-    blocks, starts, pos = [], [], 0
-    for i, doc_id in enumerate(doc_ids, start=1):
+    """Render the long context (``data.ruler.render_context``) and cut it into token chunks.
+
+    A sentence counts as shown once its last character has been read, so a run cut by
+    ``max_chunks`` never claims the unread end of a document it started."""
+    blocks = context_blocks(doc_ids, documents)
+    sentence_ends: list[tuple[int, str]] = []  # (offset just after the sentence, evidence id)
+    pos = 0
+    for block, doc_id in zip(blocks, doc_ids):
         doc = documents[doc_id]
-        block = f"Document {i}:\n{doc.title}\n{doc.text}"
-        starts.append(pos)
-        blocks.append(block)
-        pos += len(block) + 2
-    context = "\n\n".join(blocks)
+        end = pos + len(block) - len(doc.text)  # the block ends with the document's text
+        for j, sentence in enumerate(doc.sentences):
+            end += len(sentence)
+            sentence_ends.append((end, evidence_id(doc_id, j)))
+        pos += len(block) + len(CONTEXT_SEPARATOR)
+    context = CONTEXT_SEPARATOR.join(blocks)
     pieces = tokenizer.chunks(context, chunk_tokens)
     read = pieces[:max_chunks]
-    shown_after, end, k = [], 0, 0
+    shown_after, read_to, k = [], 0, 0
     seen: list[str] = []
     for piece in read:
-        end += len(piece)
-        while k < len(doc_ids) and starts[k] < end:
-            doc = documents[doc_ids[k]]
-            seen.extend(evidence_id(doc.doc_id, j) for j in range(len(doc.sentences)))
+        read_to += len(piece)
+        while k < len(sentence_ends) and sentence_ends[k][0] <= read_to:
+            seen.append(sentence_ends[k][1])
             k += 1
         shown_after.append(tuple(seen))
     return context, Chunked(read, len(pieces), shown_after)

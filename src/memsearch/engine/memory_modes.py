@@ -47,19 +47,22 @@ class DecisionMemory:
 class RewriteMemory:
     """Summary and overwrite modes: the output replaces the memory, cut to the budget."""
 
-    def __init__(self, mode: str, tokenizer: Tokenizer, budget: int) -> None:
+    def __init__(self, mode: str, tokenizer: Tokenizer, budget: int, initial: str | None = None,
+                 template: str | None = None) -> None:
         self.mode, self.tokenizer, self.budget = mode, tokenizer, budget
         self.text = ""
+        self.initial = initial if initial is not None else EMPTY_RENDER
+        self.template = template
 
     def render(self) -> str:
-        return self.text or EMPTY_RENDER
+        return self.text or self.initial
 
     def observation(self) -> dict[str, Any]:
         return {"memory_text": self.text, "budget_left": self.budget - self.tokenizer.count(self.text)}
 
     def messages(self, question: str, evidence: str) -> tuple[dict[str, str], ...]:
         if self.mode == "overwrite":
-            return prompts.memory_overwrite(question, self.render(), evidence)
+            return prompts.memory_overwrite(question, self.render(), evidence, self.template)
         return prompts.memory_summary(question, self.render(), evidence, self.budget)
 
     def update(self, text: str, shown: set[str]) -> dict[str, Any]:
@@ -77,10 +80,14 @@ class RewriteMemory:
         return list(evidence_ids_in(self.text))
 
 
-def make_memory(mode: str, tokenizer: Tokenizer, budget: int):
-    """The memory strategy for ``mode`` (``decision``, ``summary`` or ``overwrite``)."""
+def make_memory(mode: str, tokenizer: Tokenizer, budget: int, wording=None):
+    """The memory strategy for ``mode`` (``decision``, ``summary`` or ``overwrite``);
+    ``wording`` (``config.Prompts``) sets the overwrite mode's initial memory and update prompt."""
     if mode == "decision":
         return DecisionMemory(tokenizer, budget)
-    if mode in ("summary", "overwrite"):
+    if mode == "summary":
         return RewriteMemory(mode, tokenizer, budget)
+    if mode == "overwrite":
+        return RewriteMemory(mode, tokenizer, budget, getattr(wording, "initial_memory", None),
+                             getattr(wording, "overwrite_update", None))
     raise ValueError(f"unknown memory mode {mode!r}: expected decision, summary or overwrite")

@@ -42,8 +42,23 @@ def memory_summary(question: str, memory: str, evidence: str, memory_tokens: int
     )
 
 
-def memory_overwrite(question: str, memory: str, chunk: str) -> tuple[dict[str, str], ...]:
-    """Overwrite mode (MemAgent): read one chunk of a long context and rewrite the memory."""
+def prompt_version(custom: dict[str, str | None] | None = None) -> str:
+    """``PROMPT_VERSION``, plus a hash of any wording a config sets (``RunConfig.prompts``)."""
+    import hashlib
+    import json
+
+    custom = {k: v for k, v in (custom or {}).items() if v is not None}
+    if not custom:
+        return PROMPT_VERSION
+    digest = hashlib.sha256(json.dumps(custom, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{PROMPT_VERSION}+custom-{digest}"
+
+
+def memory_overwrite(question: str, memory: str, chunk: str, template: str | None = None) -> tuple[dict[str, str], ...]:
+    """Overwrite mode (MemAgent): read one chunk of a long context and rewrite the memory.
+    ``template`` (``{question}``, ``{memory}``, ``{chunk}``) replaces the built-in wording."""
+    if template is not None:
+        return _chat(template.format(question=question, memory=memory, chunk=chunk))
     return _chat(
         "You read a long document one section at a time and keep a memory of what matters.\n\n"
         f"Question: {question}\n\n"
@@ -67,8 +82,11 @@ def controller(question: str, memory: str, searches_left: int, past_queries: lis
     )
 
 
-def reader(question: str, memory: str, boxed: bool = False) -> tuple[dict[str, str], ...]:
-    """Final answer from the question and the memory only, with citations."""
+def reader(question: str, memory: str, boxed: bool = False, template: str | None = None) -> tuple[dict[str, str], ...]:
+    """Final answer from the question and the memory only, with citations. ``template``
+    (``{question}``, ``{memory}``) replaces the built-in wording of the boxed form."""
+    if boxed and template is not None:
+        return _chat(template.format(question=question, memory=memory))
     if boxed:
         form = "Think briefly, then give the final answer as \\boxed{answer}."
     else:

@@ -197,7 +197,7 @@ def run_eval(config: RunConfig, data_dir: str | Path, out_dir: str | Path, resum
              group: str = "", show_progress: bool = True) -> dict[str, Any]:
     """Run (or resume) an evaluation; returns the summary (also written to ``summary.json``)."""
     from memsearch.engine.episode import ENGINE_VERSION
-    from memsearch.engine.prompts import PROMPT_VERSION
+    from memsearch.engine.prompts import prompt_version
     from memsearch.eval.score import score_trajectory
 
     data_dir, out = Path(data_dir), Path(out_dir)
@@ -223,7 +223,7 @@ def run_eval(config: RunConfig, data_dir: str | Path, out_dir: str | Path, resum
     rows = [score_trajectory(finished[t.id], labels[t.id]) for t in tasks if t.id in finished]
     write_jsonl(out / "metrics.jsonl", rows)
     env_info = {
-        "group": group, "tokenizer": env.tokenizer.name, "prompt_version": PROMPT_VERSION, "engine_version": ENGINE_VERSION,
+        "group": group, "tokenizer": env.tokenizer.name, "prompt_version": prompt_version(config.prompts.model_dump()), "engine_version": ENGINE_VERSION,
         "budgets": config.budgets.model_dump(), "agent": config.agent.model_dump(),
         "sampling": {role: getattr(config.backends, role).sampling.model_dump() for role in ("memory", "controller", "reader")},
         "backends": {role: env.backends[role].name for role in ("memory", "controller", "reader")},

@@ -1,0 +1,1 @@
+"""End-to-end pipelines (``memsearch pipeline ...``): prepare, train, merge, evaluate, report."""

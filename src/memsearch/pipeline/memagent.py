@@ -1,0 +1,199 @@
+"""``memsearch pipeline memagent``: the MemAgent track end to end, resumable stage by stage.
+
+    memsearch pipeline memagent --config configs/memagent.toml --out runs/memagent
+
+Stages and folders under ``OUT`` (see ``stages`` for the fingerprinted records):
+
+Each stage's record is ``OUT/<stage>.stage.json`` (``eval/<checkpoint>/docs{N}.stage.json``).
+
+1. ``prepare/``: ``dev/`` (HotpotQA dev), ``ruler/docs{N}`` (RULER-HQA-style sets, one per N),
+   ``train/`` (HotpotQA train; ``train-long/docs{M}`` when ``data.train_docs`` is set);
+2. ``train/``: GRPO with ``role = "overwrite"`` (every memory update and the final answer are
+   trained with one trajectory reward); a re-run resumes from the newest checkpoint;
+3. ``rewards.md`` + ``reward_curve.png``: the per-step reward summary of the training log;
+4. ``merged/``: the final adapter merged into the base (a plain Hugging Face checkpoint);
+5. ``eval/{base,trained}/docs{N}/``: ``run_eval`` of each model on each set, the *same* run
+   config but for the model folder (``MemAgentPipeline.eval_config``); a re-run resumes;
+6. ``report.md`` / ``report.json``: base vs trained at every N (sub_em, em, f1, boxed_em,
+   truncation, request errors, usable or not).
+
+A stage whose record matches its inputs is skipped; one made from other inputs is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from memsearch.errors import InputError
+from memsearch.io import dumps_line, sha256_file
+from memsearch.pipeline.config import MemAgentPipeline
+from memsearch.pipeline.stages import Stage, folder_sha256
+
+CHECKPOINTS = ("base", "trained")
+
+
+def _source_sha(path: str) -> str:
+    if not Path(path).is_file():
+        raise InputError(f"{path}: no such HotpotQA file (data.dev / data.train of the pipeline config)")
+    return sha256_file(path)
+
+
+def prepare_stage(cfg: MemAgentPipeline, out: Path, echo=print) -> dict[str, Any]:
+    """Prepared dev, RULER-style dev sets at every N, and the train set. Returns folder paths."""
+    from memsearch.data.dataset import load_dataset, save_dataset
+    from memsearch.data.hotpot import convert_hotpot
+    from memsearch.data.ruler import BUILDER_VERSION, prepare_ruler
+    from memsearch.tokenizer import load_tokenizer
+
+    folder = out / "prepare"
+    tokenizer = load_tokenizer(cfg.episode.tokenizer)
+    stage = Stage(folder, "prepare", {"data": cfg.data.model_dump(mode="json"), "dev_sha256": _source_sha(cfg.data.dev),
+                                      "train_sha256": _source_sha(cfg.data.train), "builder": BUILDER_VERSION,
+                                      "tokenizer": tokenizer.name}, out / "prepare.stage.json")
+    paths = {"dev": folder / "dev", "train": folder / "train",
+             "sets": {n: folder / "ruler" / f"docs{n}" for n in cfg.data.docs}}
+    train_long = folder / "train-long" / f"docs{cfg.data.train_docs}" if cfg.data.train_docs else None
+    if stage.done():
+        echo(f"prepare: done ({folder})")
+    else:
+        stage.start()
+        # Each folder below is written atomically, so after a crash the finished ones are kept.
+        if not paths["dev"].exists():
+            save_dataset(convert_hotpot(cfg.data.dev, split="dev"), paths["dev"])
+        if not (folder / "ruler").exists():
+            prepare_ruler(paths["dev"], folder / "ruler", cfg.data.docs, seed=cfg.data.seed, limit=cfg.data.questions,
+                          tokenizer=tokenizer)
+        if not paths["train"].exists():
+            save_dataset(convert_hotpot(cfg.data.train, split="train", limit=cfg.data.train_questions), paths["train"])
+        if train_long is not None and not train_long.parent.exists():
+            prepare_ruler(paths["train"], train_long.parent, [cfg.data.train_docs], seed=cfg.data.seed, tokenizer=tokenizer,
+                          allow_train=True)
+        stage.finish({"sets": {str(n): str(p.relative_to(folder)) for n, p in paths["sets"].items()}})
+        for p in paths["sets"].values():
+            built = load_dataset(p)
+            echo(f"prepare: {p}: {len(built.tasks)} questions, context tokens mean "
+                 f"{(built.manifest.get('context_tokens') or {}).get('mean')}")
+    paths["train_data"] = train_long or paths["train"]
+    paths["fingerprint"] = stage.fingerprint
+    return paths
+
+
+def train_stage(cfg: MemAgentPipeline, out: Path, train_data: Path, upstream: str, echo=print) -> Path:
+    """GRPO (role overwrite) into ``OUT/train``; returns the final adapter folder."""
+    from memsearch.train.grpo import train_grpo
+
+    folder = out / "train"
+    grpo = cfg.grpo_config(str(train_data))
+    stage = Stage(folder, "train", {"grpo": grpo.model_dump(mode="json"), "prepare": upstream}, out / "train.stage.json")
+    if stage.done():
+        echo(f"train: done ({folder})")
+        return folder / "adapter"
+    resume = stage.started() and (folder / "config.json").is_file()
+    stage.start()
+    echo(f"train: GRPO role=overwrite, {grpo.steps} steps x {grpo.tasks_per_step} questions x group {grpo.group_size}"
+         + (" (resuming)" if resume else ""))
+    # The trainer owns the folder's config.json / checkpoints; it refuses a changed config on resume.
+    train_grpo(grpo, folder, resume=resume, echo=echo)
+    if not (folder / "adapter" / "adapter_config.json").is_file():
+        raise InputError(f"{folder}: training ended without an adapter")
+    stage.finish({"adapter": "adapter", "adapter_sha256": folder_sha256(folder / "adapter")})
+    return folder / "adapter"
+
+
+def reward_summary(train_dir: Path, out: Path) -> dict[str, Any]:
+    """``rewards.md`` (one row per step) and ``reward_curve.png`` from the training log."""
+    from memsearch.train.log import read_log
+    from memsearch.train.plot import plot_rewards
+
+    steps = [r for r in read_log(train_dir / "train_log.jsonl") if "reward_mean" in r]
+    cols = ("step", "reward_mean", "reward_std", "zero_variance_groups", "rows_consumed", "rows_per_trajectory",
+            "invalid_rate", "kl", "grad_norm", "step_s")
+    lines = ["# Training reward per step", "", f"From `{train_dir.name}/train_log.jsonl`: the reward of each rollout is "
+             "the trajectory reward (train.reward.metric), identical for all of its rows.", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in steps:
+        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+    (out / "rewards.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    if steps:
+        plot_rewards(train_dir / "train_log.jsonl", out / "reward_curve.png", title="MemAgent GRPO reward")
+    return {"steps": len(steps), "first": steps[0]["reward_mean"] if steps else None,
+            "last": steps[-1]["reward_mean"] if steps else None,
+            "curve": [round(r["reward_mean"], 4) for r in steps]}
+
+
+def merge_stage(cfg: MemAgentPipeline, out: Path, adapter: Path, echo=print) -> tuple[Path, str]:
+    """The trained adapter merged into the base; returns (folder, stage fingerprint)."""
+    from memsearch.train.merge import merge_adapter
+
+    folder = out / "merged"
+    stage = Stage(folder, "merge", {"model": cfg.model, "adapter_sha256": folder_sha256(adapter)}, out / "merge.stage.json")
+    if stage.done():
+        echo(f"merge: done ({folder})")
+        return folder, stage.fingerprint
+    stage.start()
+    if not (folder / "config.json").is_file():  # merge_adapter writes atomically: present = finished
+        merge_adapter(cfg.model, adapter, folder)
+    stage.finish({"merged": str(folder.relative_to(out))})
+    echo(f"merge: {folder}")
+    return folder, stage.fingerprint
+
+
+def eval_stage(cfg: MemAgentPipeline, out: Path, checkpoint: str, model: str, model_fingerprint: str, n: int,
+               data: Path, echo=print) -> dict[str, Any]:
+    """One evaluation: ``checkpoint`` (base or trained) on the docs{n} set. Returns its summary."""
+    from memsearch.eval.runner import run_eval
+    from memsearch.io import sha256_file as sha
+
+    folder = out / "eval" / checkpoint / f"docs{n}"
+    run_config = cfg.eval_config(model)
+    stage = Stage(folder, "eval", {"run_config": run_config.model_dump(mode="json"),
+                                   "data_manifest_sha256": sha(data / "manifest.json"), "model": model_fingerprint},
+                  record=folder.parent / f"docs{n}.stage.json")
+    if stage.done() and (folder / "summary.json").is_file():
+        echo(f"eval {checkpoint} docs{n}: done")
+        return json.loads((folder / "summary.json").read_text())
+    resume = stage.started() and folder.exists()
+    stage.start()
+    echo(f"eval {checkpoint} docs{n}: {'resuming' if resume else 'running'}")
+    summary = run_eval(run_config, data, folder, resume=resume, group=f"{checkpoint}-docs{n}")
+    stage.finish({"summary": str((folder / "summary.json").relative_to(out))})
+    return summary
+
+
+def run_memagent_pipeline(cfg: MemAgentPipeline, out: str | Path, echo=print) -> dict[str, Any]:
+    """Run every stage (skipping finished ones); returns the report (also ``OUT/report.json``)."""
+    from memsearch.pipeline.report import write_report
+
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise InputError("the pipeline runs as one process (its stages write shared folders); for several GPUs run the "
+                         "training stage with torchrun: see docs/memagent.md")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    # Every invocation's resolved config, appended: what each re-run asked for stays on record.
+    with open(out / "invocations.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.model_dump(mode="json")}) + "\n")
+    paths = prepare_stage(cfg, out, echo)
+    adapter = train_stage(cfg, out, paths["train_data"], paths["fingerprint"], echo)
+    rewards = reward_summary(out / "train", out)
+    merged, merged_fp = merge_stage(cfg, out, adapter, echo)
+    models = {"base": (cfg.model, f"base:{cfg.model}"), "trained": (str(merged), merged_fp)}
+    summaries: dict[str, dict[int, dict[str, Any]]] = {c: {} for c in CHECKPOINTS}
+    for n, data in paths["sets"].items():
+        for checkpoint in CHECKPOINTS:
+            model, fp = models[checkpoint]
+            summaries[checkpoint][n] = eval_stage(cfg, out, checkpoint, model, fp, n, data, echo)
+    report = write_report(cfg, out, summaries, rewards)
+    echo(report["table"])
+    echo(f"report: {out / 'report.md'}")
+    return report
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,99 @@
+"""Resumable pipeline stages: each stage keeps a record (``stage.json``) with the fingerprint
+of what its outputs were made from.
+
+A re-run skips a stage whose record is complete and whose fingerprint matches, continues one
+that started with the same fingerprint (trainers and eval runs resume themselves), and refuses
+a folder made from different inputs instead of mixing results:
+
+    stage = Stage(out / "merged", "merge", {"model": "embedded", "adapter_sha256": "..."}, out / "merge.stage.json")
+    if not stage.done():
+        stage.start(); ...; stage.finish({"merged": "merged"})
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from memsearch.errors import InputError
+from memsearch.io import sha256_file, write_json
+
+RECORD = "stage.json"
+
+
+def fingerprint(inputs: dict[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of ``inputs``."""
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def folder_sha256(folder: Path, exclude: tuple[str, ...] = (RECORD,)) -> str:
+    """One SHA-256 over every file of ``folder`` (relative names and contents, sorted)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in exclude):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0" + sha256_file(path).encode() + b"\0")
+    return digest.hexdigest()
+
+
+def _changed(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += _changed(a, b, f"{prefix}{key}.")
+        elif a != b:
+            keys.append(f"{prefix}{key}")
+    return keys
+
+
+class Stage:
+    """One stage's outputs and record. ``inputs`` must be JSON-able and name everything the
+    outputs depend on (config sections, input file hashes, upstream fingerprints). The record
+    is ``outputs/stage.json`` unless ``record`` names another file (for outputs that another
+    tool creates and wants new, like an eval run folder)."""
+
+    def __init__(self, outputs: Path, name: str, inputs: dict[str, Any], record: Path | None = None) -> None:
+        self.folder, self.name, self.inputs = Path(outputs), name, inputs
+        self.record_path = Path(record) if record else self.folder / RECORD
+        self.fingerprint = fingerprint(inputs)
+
+    def record(self) -> dict[str, Any] | None:
+        return json.loads(self.record_path.read_text()) if self.record_path.is_file() else None
+
+    def _check_same_inputs(self) -> dict[str, Any] | None:
+        record = self.record()
+        if record is None:
+            if self.folder.exists() and any(p != self.record_path for p in self.folder.iterdir()):
+                raise InputError(f"{self.folder}: exists but has no record ({self.record_path.name}), so what made it is unknown; "
+                                 "move it away or choose a new --out")
+            return None
+        if record["fingerprint"] != self.fingerprint:
+            changed = ", ".join(_changed(record.get("inputs", {}), self.inputs)[:8]) or "inputs"
+            raise InputError(f"{self.folder}: stage '{self.name}' was made from different inputs (changed: {changed}); "
+                             f"refusing to reuse or mix it. Choose a new --out, or delete {self.folder} and {self.record_path} to redo the stage")
+        return record
+
+    def done(self) -> bool:
+        """True when the stage finished with these inputs; raises on a fingerprint mismatch."""
+        record = self._check_same_inputs()
+        return bool(record and record.get("complete"))
+
+    def started(self) -> bool:
+        """True when a run with these inputs started here (and may be resumed)."""
+        return self._check_same_inputs() is not None
+
+    def start(self) -> None:
+        """Write the record (incomplete) before any output, so a crash leaves a resumable,
+        fingerprinted folder."""
+        if self.started():
+            return
+        self.record_path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(self.record_path, {"stage": self.name, "fingerprint": self.fingerprint, "inputs": self.inputs,
+                                      "complete": False, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+    def finish(self, outputs: dict[str, Any]) -> None:
+        record = self.record() or {}
+        write_json(self.record_path, {**record, "complete": True, "outputs": outputs,
+                                      "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
