@@ -148,6 +148,15 @@ def test_changed_inputs_are_refused_not_mixed(finished, tiny_model_dir):
     assert (out / "train.stage.json").read_text() == record
 
 
+def test_a_changed_adapter_is_caught_before_it_is_merged_or_evaluated(finished, tiny_model_dir):
+    """(Runs last on the shared folder: it damages it.)"""
+    out, _, _ = finished
+    weights = out / "train" / "adapter" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\1" * 8)  # (its tail is zeros: B starts at 0)
+    with pytest.raises(InputError, match="adapter: missing or changed since training finished"):
+        run_memagent_pipeline(pipeline_config(tiny_model_dir), out, echo=lambda m: None)
+
+
 def test_recipe_config_holds_the_memagent_settings():
     cfg = load_config(MEMAGENT, model=MemAgentPipeline)
     b = cfg.episode.budgets

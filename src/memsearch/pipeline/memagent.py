@@ -89,6 +89,9 @@ def train_stage(cfg: MemAgentPipeline, out: Path, train_data: Path, upstream: st
     grpo = cfg.grpo_config(str(train_data))
     stage = Stage(folder, "train", {"grpo": grpo.model_dump(mode="json"), "prepare": upstream}, out / "train.stage.json")
     if stage.done():
+        if folder_sha256(folder / "adapter") != stage.record()["outputs"]["adapter_sha256"]:
+            raise InputError(f"{folder / 'adapter'}: missing or changed since training finished; delete {folder} and "
+                             f"{stage.record_path} to train again, or choose a new --out")
         echo(f"train: done ({folder})")
         return folder / "adapter"
     resume = stage.started() and (folder / "config.json").is_file()
