@@ -108,6 +108,7 @@ def test_without_reward_signal_the_trained_model_is_the_base(finished, tiny_mode
     out, _, _ = finished
     log = jsonl(out / "train" / "train_log.jsonl")
     assert all(r["zero_variance_groups"] == r["groups"] and r["grad_norm"] == 0.0 for r in log)
+    assert "NO LEARNING SIGNAL: in all 2 steps" in (out / "report.md").read_text()
     base, merged = load_file(str(tiny_model_dir / "model.safetensors")), load_file(str(out / "merged" / "model.safetensors"))
     assert base.keys() == merged.keys() and all((base[k] == merged[k]).all() for k in base)
 
@@ -204,3 +205,12 @@ def test_refuses_to_run_under_torchrun(monkeypatch, tiny_model_dir, tmp_path):
     with pytest.raises(InputError, match="runs as one process"):
         run_memagent_pipeline(pipeline_config(tiny_model_dir), tmp_path / "p", echo=lambda m: None)
     assert not (tmp_path / "p").exists()
+
+
+def test_train_questions_that_are_also_dev_questions_are_refused(tiny_model_dir, tmp_path):
+    dev = ROOT / "data" / "samples" / "hotpotqa" / "dev_distractor_sample.json"
+    cfg = pipeline_config(tiny_model_dir, f"data.train={json.dumps(str(dev))}")
+    with pytest.raises(InputError) as info:
+        run_memagent_pipeline(cfg, tmp_path / "p", echo=lambda m: None)
+    assert "problem(s) between train and dev" in str(info.value) and "question" in str(info.value)
+    assert not json.loads((tmp_path / "p" / "prepare.stage.json").read_text())["complete"]

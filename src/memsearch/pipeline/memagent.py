@@ -46,6 +46,7 @@ def prepare_stage(cfg: MemAgentPipeline, out: Path, echo=print) -> dict[str, Any
     from memsearch.data.dataset import load_dataset, save_dataset
     from memsearch.data.hotpot import convert_hotpot
     from memsearch.data.ruler import BUILDER_VERSION, prepare_ruler
+    from memsearch.data.validate import validate_data
     from memsearch.tokenizer import load_tokenizer
 
     folder = out / "prepare"
@@ -71,7 +72,12 @@ def prepare_stage(cfg: MemAgentPipeline, out: Path, echo=print) -> dict[str, Any
         if train_long is not None and not train_long.parent.exists():
             prepare_ruler(paths["train"], train_long.parent, [cfg.data.train_docs], seed=cfg.data.seed, tokenizer=tokenizer,
                           allow_train=True)
-        stage.finish({"sets": {str(n): str(p.relative_to(folder)) for n, p in paths["sets"].items()}})
+        # Train must share no question with dev (the evaluation sets are built from dev).
+        problems = validate_data(paths["train"], paths["dev"])
+        if problems:
+            raise InputError("\n".join(str(p) for p in problems[:20]) + f"\n{len(problems)} problem(s) between train and dev")
+        stage.finish({"sets": {str(n): str(p.relative_to(folder)) for n, p in paths["sets"].items()},
+                      "train_dev_overlap": 0})
         for p in paths["sets"].values():
             built = load_dataset(p)
             echo(f"prepare: {p}: {len(built.tasks)} questions, context tokens mean "
@@ -124,7 +130,10 @@ def reward_summary(train_dir: Path, out: Path) -> dict[str, Any]:
         plot_rewards(train_dir / "train_log.jsonl", out / "reward_curve.png", title="MemAgent GRPO reward")
     return {"steps": len(steps), "first": steps[0]["reward_mean"] if steps else None,
             "last": steps[-1]["reward_mean"] if steps else None,
-            "curve": [round(r["reward_mean"], 4) for r in steps]}
+            "curve": [round(r["reward_mean"], 4) for r in steps],
+            # steps where every group had one reward for all its rollouts: advantage 0, no policy gradient
+            "no_signal_steps": sum(1 for r in steps if r["zero_variance_groups"] == r["groups"]),
+            "grad_norm_max": max((r["grad_norm"] for r in steps), default=None)}
 
 
 def merge_stage(cfg: MemAgentPipeline, out: Path, adapter: Path, echo=print) -> tuple[Path, str]:
@@ -132,13 +141,15 @@ def merge_stage(cfg: MemAgentPipeline, out: Path, adapter: Path, echo=print) -> 
     from memsearch.train.merge import merge_adapter
 
     folder = out / "merged"
-    stage = Stage(folder, "merge", {"model": cfg.model, "adapter_sha256": folder_sha256(adapter)}, out / "merge.stage.json")
+    dtype = cfg.grpo_config("-").dtype  # the trained weights' dtype (bfloat16 on a GPU keeps a 7B merge at 15 GB)
+    stage = Stage(folder, "merge", {"model": cfg.model, "adapter_sha256": folder_sha256(adapter), "dtype": dtype},
+                  out / "merge.stage.json")
     if stage.done():
         echo(f"merge: done ({folder})")
         return folder, stage.fingerprint
     stage.start()
     if not (folder / "config.json").is_file():  # merge_adapter writes atomically: present = finished
-        merge_adapter(cfg.model, adapter, folder)
+        merge_adapter(cfg.model, adapter, folder, dtype=dtype)
     stage.finish({"merged": str(folder.relative_to(out))})
     echo(f"merge: {folder}")
     return folder, stage.fingerprint

@@ -90,6 +90,10 @@ def write_report(cfg, out: Path, summaries: dict[str, dict[int, dict[str, Any]]]
         lines += ["## Training reward", "", f"{rewards['steps']} GRPO steps, mean reward {rewards['first']:.4f} at step 1, "
                   f"{rewards['last']:.4f} at the last step (per step: `rewards.md`; curve: `reward_curve.png`).", "",
                   "![reward curve](reward_curve.png)", ""]
+        if rewards["no_signal_steps"] == rewards["steps"]:
+            still = " and the adapter's gradient was 0 throughout" if rewards["grad_norm_max"] == 0 else ""
+            lines += [f"NO LEARNING SIGNAL: in all {rewards['steps']} steps every group's rollouts had the same reward, so "
+                      f"every advantage was 0{still} (largest gradient norm {rewards['grad_norm_max']}).", ""]
     report = {"rows": rows, "table": table, "rewards": rewards, "notes": notes,
               "data": {f"{c}/docs{n}": s["data"] for c, by_n in summaries.items() for n, s in by_n.items()}}
     (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
