@@ -223,7 +223,8 @@ def run_eval(config: RunConfig, data_dir: str | Path, out_dir: str | Path, resum
     rows = [score_trajectory(finished[t.id], labels[t.id]) for t in tasks if t.id in finished]
     write_jsonl(out / "metrics.jsonl", rows)
     env_info = {
-        "group": group, "tokenizer": env.tokenizer.name, "prompt_version": prompt_version(config.prompts.model_dump()), "engine_version": ENGINE_VERSION,
+        "group": group, "tokenizer": env.tokenizer.name, "engine_version": ENGINE_VERSION,
+        "prompt_version": prompt_version(config.prompts.model_dump()),  # names any wording the config sets
         "budgets": config.budgets.model_dump(), "agent": config.agent.model_dump(),
         "sampling": {role: getattr(config.backends, role).sampling.model_dump() for role in ("memory", "controller", "reader")},
         "backends": {role: env.backends[role].name for role in ("memory", "controller", "reader")},
