@@ -60,10 +60,11 @@ Not equal (by design of each library):
   EOS. Same token counts, slightly different sampling distributions.
 - Decoding: ours is its own batched KV-cache decoder; TRL calls ``model.generate`` (transformers).
 - Scoring: ours packs rows into micro-batches of at most ``micro_batch_tokens`` (the trainer's
-  default 4096 padded tokens) and takes ``log_softmax`` over the kept logits; TRL runs the whole
+  default 1024 padded tokens) and takes ``log_softmax`` over the kept logits; TRL runs the whole
   ``per_device_train_batch_size`` batch in one forward with its fused LM-head log-prob path. At the
-  default setting all 8 rows fit in one of our micro-batches, so both sides run one forward and one
-  backward over the same 8 rows; with more rows ours splits them and holds fewer activations at once.
+  default setting the 8 rows (up to ~290 tokens each) go through a few micro-batches, so ours
+  holds fewer activations at once for the same update (gradients accumulate exactly). Until
+  2026-11 the default was 4096 and all 8 rows fit in one micro-batch.
 - Chat template: ours renders it to text and tokenizes without special tokens; TRL tokenizes with
   ``apply_chat_template(tokenize=True)``. The ids are compared and the result printed.
 - Rewards: the same function on each side's own completion text (ours decodes with special tokens
