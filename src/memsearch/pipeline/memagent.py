@@ -159,12 +159,11 @@ def eval_stage(cfg: MemAgentPipeline, out: Path, checkpoint: str, model: str, mo
                data: Path, echo=print) -> dict[str, Any]:
     """One evaluation: ``checkpoint`` (base or trained) on the docs{n} set. Returns its summary."""
     from memsearch.eval.runner import run_eval
-    from memsearch.io import sha256_file as sha
 
     folder = out / "eval" / checkpoint / f"docs{n}"
     run_config = cfg.eval_config(model)
     stage = Stage(folder, "eval", {"run_config": run_config.model_dump(mode="json"),
-                                   "data_manifest_sha256": sha(data / "manifest.json"), "model": model_fingerprint},
+                                   "data_manifest_sha256": sha256_file(data / "manifest.json"), "model": model_fingerprint},
                   record=folder.parent / f"docs{n}.stage.json")
     if stage.done() and (folder / "summary.json").is_file():
         echo(f"eval {checkpoint} docs{n}: done")
