@@ -176,10 +176,11 @@ DataDir = Annotated[Path, typer.Option("--data", help="A prepared data folder.")
 
 
 def _run_config(path: Path, overrides: list[str] | None, limit: int | None):
-    """The resolved run config: file, then ``--set`` overrides, then ``--limit``."""
-    from memsearch.config import load_config
+    """The resolved run config: file (a run config or a pipeline config), then ``--set``
+    overrides, then ``--limit``."""
+    from memsearch.pipeline.config import load_run_config
 
-    return load_config(path, list(overrides or []) + ([f"limit={limit}"] if limit else []))
+    return load_run_config(path, list(overrides or []) + ([f"limit={limit}"] if limit else []))
 
 
 @app.command("eval")

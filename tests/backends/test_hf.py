@@ -103,8 +103,7 @@ def test_model_dir_is_the_gguf_model():
     """The cached conversion loads as a plain HF folder and gives the GGUF model's logits."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memsearch.backends.hf_model import load_gguf_model
-    from memsearch.embedded import gguf_path, model_dir
+    from memsearch.embedded import gguf_path, load_gguf_model, model_dir
 
     folder = model_dir()
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= {

@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from memsearch.backends.base import GenerationResult
-from memsearch.config import load_config
 from memsearch.data.dataset import load_dataset
 from memsearch.data.records import evidence_id
 from memsearch.data.ruler import prepare_ruler, render_context
@@ -35,6 +34,7 @@ from memsearch.engine.parsing import evidence_ids_in, parse_reader
 from memsearch.eval.metrics import boxed_em, exact_match, sub_em
 from memsearch.eval.runner import build_environment, data_fingerprint, software_versions, summarize
 from memsearch.eval.score import score_trajectory
+from memsearch.pipeline.config import load_run_config
 from memsearch.tokenizer import load_tokenizer
 
 MEMAGENT = Path(__file__).resolve().parents[2] / "configs" / "memagent.toml"
@@ -58,7 +58,7 @@ def ruler(ruler_dir):
 
 def memagent_config(tokenizer: str, *extra: str):
     """configs/memagent.toml with the rules backend in every role (no model) and overrides."""
-    return load_config(MEMAGENT, [f'tokenizer="{tokenizer}"', *[f'backends.{r}.kind="rules"' for r in ROLES], *extra])
+    return load_run_config(MEMAGENT, [f'tokenizer="{tokenizer}"', *[f'backends.{r}.kind="rules"' for r in ROLES], *extra])
 
 
 def environment(dataset, config, **backends):
@@ -269,8 +269,8 @@ def test_configured_wording_reaches_every_prompt_and_is_versioned(ruler):
         question=task.question, memory=wording.initial_memory, chunk=chunked.chunks[0])
     assert second["messages"][1]["content"] == wording.overwrite_update.format(
         question=task.question, memory="memo 0", chunk=chunked.chunks[1])
-    builtin = load_config(MEMAGENT, ['tokenizer="lexical"', *[f'backends.{r}.kind="rules"' for r in ROLES],
-                                     "prompts.initial_memory=\"(empty)\"", "prompts.overwrite_update=\"Q {question} M {memory} C {chunk}\""])
+    builtin = load_run_config(MEMAGENT, ['tokenizer="lexical"', *[f'backends.{r}.kind="rules"' for r in ROLES],
+                                         "prompts.initial_memory=\"(empty)\"", "prompts.overwrite_update=\"Q {question} M {memory} C {chunk}\""])
     versions = {prompts.prompt_version(c.prompts.model_dump()) for c in (config, builtin)}
     assert len(versions) == 2 and prompts.prompt_version({}) == prompts.PROMPT_VERSION
     assert prompts.prompt_version({"initial_memory": None}) == prompts.PROMPT_VERSION

@@ -22,6 +22,7 @@ from memsearch.engine.episode import ENGINE_VERSION
 from memsearch.engine.prompts import PROMPT_VERSION, prompt_version
 from memsearch.eval.runner import EVALUATOR_VERSION, run_eval, summarize
 from memsearch.io import iter_jsonl, sha256_file
+from memsearch.pipeline.config import load_run_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MEMAGENT = ROOT / "configs" / "memagent.toml"
@@ -38,8 +39,8 @@ def docs50(hotpot_dev_dir, tmp_path_factory):
 
 def memagent(*extra: str):
     """The MemAgent design on the rules backend (no model), lexical tokenizer."""
-    return load_config(MEMAGENT, ['tokenizer="lexical"', *[f'backends.{r}.kind="rules"' for r in ("memory", "controller", "reader")],
-                                  "budgets.chunk_tokens=1024", *extra])
+    return load_run_config(MEMAGENT, ['tokenizer="lexical"', *[f'backends.{r}.kind="rules"' for r in ("memory", "controller", "reader")],
+                                      "budgets.chunk_tokens=1024", *extra])
 
 
 def test_summary_records_what_a_comparison_needs(docs50, tmp_path):

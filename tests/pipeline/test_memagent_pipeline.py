@@ -12,7 +12,7 @@ import pytest
 
 from memsearch.config import RunConfig, load_config
 from memsearch.errors import InputError
-from memsearch.pipeline.config import MemAgentPipeline
+from memsearch.pipeline.config import MemAgentPipeline, load_run_config
 from memsearch.pipeline.memagent import run_memagent_pipeline
 
 pytestmark = pytest.mark.slow
@@ -169,7 +169,7 @@ def test_recipe_config_holds_the_memagent_settings():
     p = cfg.episode.prompts
     assert p.initial_memory and "{chunk}" in p.overwrite_update and "\\boxed{{answer}}" in p.overwrite_final
     # `memsearch eval --config configs/memagent.toml` runs the recipe's agent: the [episode] tables
-    run = load_config(MEMAGENT, ["budgets.max_chunks=3"])
+    run = load_run_config(MEMAGENT, ["budgets.max_chunks=3"])
     assert isinstance(run, RunConfig) and run.budgets.max_chunks == 3 and run.tokenizer == "embedded"
     assert run.backends.reader.kind == "hf" and run.prompts == cfg.episode.prompts
 

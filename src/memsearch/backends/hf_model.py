@@ -1,11 +1,11 @@
 """Loading a local ``transformers`` causal LM for the ``hf`` backend.
 
-- ``load_gguf_model``: a GGUF file dequantized into a plain float model (used once, to build the
-  cached folder of the embedded model, see ``memsearch.embedded.model_dir``).
 - ``load_model``: ``"embedded"`` or a local Hugging Face folder, on a device and dtype, with an
   optional PEFT LoRA adapter; returns the model (eval mode) and its tokenizer.
 
 Nothing here reaches for a hub: paths must be local folders and ``HF_HUB_OFFLINE`` is set.
+Reading the shipped GGUF file is ``memsearch.embedded``'s job (it sits below the backends,
+docs/design.md §11, since the tokenizer needs it too); this module only loads folders.
 """
 
 from __future__ import annotations
@@ -19,46 +19,6 @@ import torch
 
 def _offline() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def load_gguf_model(path: str | Path, dtype: torch.dtype = torch.float32):
-    """A GGUF checkpoint as a plain (dequantized) ``transformers`` model that ``save_pretrained`` accepts.
-
-    With ``accelerate`` installed this goes through ``from_pretrained(gguf_file=...)``; then the
-    model carries a GGUF quantizer marker although its weights are already dequantized, so the
-    marker is cleared (or ``save_pretrained`` refuses). Without ``accelerate`` (which
-    ``from_pretrained`` insists on for GGUF) the config is read from the GGUF file, the model is
-    built from it and the dequantized tensors are loaded with transformers' own GGUF reader. Both
-    routes give identical weights.
-    """
-    _offline()
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.utils import is_accelerate_available
-
-    path = Path(path)
-    if is_accelerate_available():
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
-        packed = [n for n, m in model.named_modules() if type(m).__name__.lower().startswith("gguf")]
-        if packed:  # weights kept in GGUF blocks (the ``kernels`` package): not a plain model
-            raise RuntimeError(f"GGUF weights were kept packed in {packed[:3]}...; cannot save a plain copy")
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-    else:
-        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model, torch_dtype=dtype)[
-            "tensors"
-        ]
-        missing, unexpected = model.load_state_dict(tensors, strict=False)
-        tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-        if set(missing) - tied or unexpected:
-            raise RuntimeError(f"GGUF tensors do not match the model: missing {missing}, unexpected {unexpected}")
-        model.tie_weights()
-    model.config.dtype = dtype
-    return model.eval()
 
 
 def resolve_model_path(model: str | Path) -> Path:

@@ -33,10 +33,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from memsearch.actions import evidence_ids_in, parse_controller
 from memsearch.backends.base import GenerationRequest, GenerationResult, Usage
 from memsearch.data.dataset import Dataset
 from memsearch.data.records import Document, Label, Task, split_evidence_id
-from memsearch.engine.parsing import evidence_ids_in, parse_controller
 from memsearch.memory import Memory
 from memsearch.memory.ops import Add, Noop, format_ops
 from memsearch.tokenizer import Tokenizer

@@ -1,5 +1,8 @@
 """Reading decisions out of real model text. Nothing here raises on model output: a text that
-cannot be read becomes an invalid action with a reason."""
+cannot be read becomes an invalid action with a reason.
+
+The controller grammar and evidence-id finding live in ``memsearch.actions`` (below the backends,
+whose ``oracle`` needs them too, docs/design.md §11) and are re-exported here for the engine."""
 
 from __future__ import annotations
 
@@ -8,37 +11,12 @@ from dataclasses import dataclass
 
 from memsearch.eval.metrics import boxed_answer, unwrap_latex_text
 
-_EVIDENCE_ID = re.compile(r"(?<![\w:/.@])([A-Za-z][\w\-]*:\d+)(?![\w:])")
-_SEARCH = re.compile(r"\bSEARCH\s*[:(]\s*(.+?)\s*\)?\s*$", re.IGNORECASE | re.MULTILINE)
-_FINISH = re.compile(r"\bFINISH\b", re.IGNORECASE)
+# Re-exported: the engine and its callers read the controller grammar and evidence ids here.
+from memsearch.actions import EVIDENCE_ID_IN_TEXT as _EVIDENCE_ID
+from memsearch.actions import ControllerAction, evidence_ids_in, parse_controller  # noqa: F401
+
 _ANSWER_LINE = re.compile(r"^\s*(?:final\s+)?answer\s*[:：]\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
 _ANSWER_IS = re.compile(r"\bthe (?:final )?answer is[:\s]+(.+?)(?:\.\s|\.$|\n|$)", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class ControllerAction:
-    """``SEARCH(query)`` or ``FINISH``; ``error`` set when the text was neither."""
-
-    kind: str  # "search" | "finish" | "invalid"
-    query: str | None = None
-    error: str | None = None
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "query": self.query, "error": self.error}
-
-
-def parse_controller(text: str) -> ControllerAction:
-    """Read ``SEARCH: <query>`` / ``SEARCH(<query>)`` or ``FINISH``, whichever comes first."""
-    search = _SEARCH.search(text)
-    finish = _FINISH.search(text)
-    if search and (not finish or search.start() < finish.start()):
-        query = search.group(1).strip().strip("\"'`<>").strip()
-        if query:
-            return ControllerAction("search", query=query)
-        return ControllerAction("invalid", error="SEARCH without a query")
-    if finish:
-        return ControllerAction("finish")
-    return ControllerAction("invalid", error="neither 'SEARCH: <query>' nor 'FINISH' found")
 
 
 @dataclass(frozen=True)
@@ -51,11 +29,6 @@ class ReaderAnswer:
 
     def to_dict(self) -> dict:
         return {"answer": self.answer, "citations": list(self.citations), "error": self.error}
-
-
-def evidence_ids_in(text: str) -> tuple[str, ...]:
-    """Evidence ids (``doc:sentence``) mentioned in ``text``, first mention first."""
-    return tuple(dict.fromkeys(_EVIDENCE_ID.findall(text)))
 
 
 def parse_reader(text: str) -> ReaderAnswer:

@@ -9,11 +9,12 @@ always counted with the tokenizer of the model that is trained and evaluated.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from memsearch.config import RunConfig
+from memsearch.config import RunConfig, config_from_tables, read_config_file
 from memsearch.train.config import GRPOConfig
 
 # [train] fields the pipeline sets itself (from model, data and episode).
@@ -33,6 +34,19 @@ def episode_table(data: dict[str, Any]) -> dict[str, Any]:
         backends[role].setdefault("model", model)
     episode["backends"] = backends
     return episode
+
+
+def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """The run config in a file that ``memsearch eval`` / ``matrix`` accept: a run config, or a
+    pipeline config (``pipeline = ...``), whose ``[episode]`` is its run config, filled from
+    ``model`` as the pipeline fills it (``episode_table``). ``--set`` keys address the run config
+    itself (``budgets.max_chunks=3``), so ``memsearch eval --config configs/memagent.toml`` runs
+    the recipe's agent. It lives here, not in ``memsearch.config``, so that the bottom layer never
+    has to know the pipelines above it (docs/design.md §11)."""
+    data = read_config_file(path)
+    if "pipeline" in data:
+        data = episode_table(data)
+    return config_from_tables(data, overrides, RunConfig, str(path))
 
 
 class _Config(BaseModel):

@@ -1,0 +1,128 @@
+"""Imports point down the layers (docs/design.md §11).
+
+Every module of ``src/memsearch`` belongs to one layer; a module may import from its own layer and
+from any layer below, never from one above. The check reads the source with ``ast`` (imports at
+module level and inside functions alike, since a lazy import is still a dependency), so it needs
+no import of the package and no heavy dependency. A new module must be given a layer here, which
+is the point: where a module sits is a decision, written down in docs/design.md §11.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "memsearch"
+
+# Bottom first. A module's layer is the one of its longest listed prefix.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("foundation", ("memsearch", "memsearch.errors", "memsearch.io", "memsearch.config", "memsearch.tokenizer",
+                    "memsearch.embedded", "memsearch.samples", "memsearch.answers", "memsearch.actions")),
+    ("data", ("memsearch.data",)),
+    ("memory/retrieval", ("memsearch.memory", "memsearch.retrieval")),
+    ("backends", ("memsearch.backends",)),
+    ("engine", ("memsearch.engine",)),
+    ("eval", ("memsearch.eval",)),
+    ("train", ("memsearch.train",)),
+    ("pipeline", ("memsearch.pipeline", "memsearch.demo", "memsearch.walkthrough")),
+    ("entry points", ("memsearch.cli", "memsearch.testing")),
+]
+
+# (importer, imported) pairs allowed to point up for now, each with the reason it is still there.
+KNOWN_EXCEPTIONS = {
+    ("memsearch.engine.parsing", "memsearch.eval.metrics"),  # removed by the answers.py move (issue 10 item 15)
+}
+
+
+def layer_of(module: str) -> int | None:
+    """Index of the module's layer in ``LAYERS`` (longest matching prefix), ``None`` if unlisted."""
+    best: tuple[int, int] | None = None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), index)
+    return None if best is None else best[1]
+
+
+def package_modules(root: Path = PACKAGE) -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` file under ``root``."""
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def imported_modules(module: str, source: str, is_package: bool, known: set[str]) -> set[str]:
+    """``memsearch`` modules that ``source`` imports anywhere in its body (relative imports
+    resolved; ``from pkg import name`` counts as ``pkg.name`` when that is a module)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in known)
+    return {name for name in found if name == "memsearch" or name.startswith("memsearch.")}
+
+
+def upward_imports(modules: dict[str, Path]) -> list[str]:
+    """``importer -> imported (layer -> layer)`` for every import that points up."""
+    known = set(modules)
+    bad = []
+    for module, path in modules.items():
+        here = layer_of(module)
+        for target in sorted(imported_modules(module, path.read_text(encoding="utf-8"), path.name == "__init__.py", known)):
+            there = layer_of(target)
+            if here is not None and there is not None and there > here and (module, target) not in KNOWN_EXCEPTIONS:
+                bad.append(f"{module} -> {target} ({LAYERS[here][0]} -> {LAYERS[there][0]})")
+    return bad
+
+
+def test_every_module_has_a_layer():
+    unlisted = [m for m in package_modules() if layer_of(m) is None]
+    assert not unlisted, f"give these modules a layer in LAYERS (and in docs/design.md §11): {unlisted}"
+
+
+def test_imports_point_down():
+    bad = upward_imports(package_modules())
+    assert not bad, "imports pointing up the layers (docs/design.md §11):\n" + "\n".join(bad)
+
+
+def test_known_exceptions_still_exist():
+    # An exception that no longer occurs must go, or it would silently allow the import back.
+    modules = package_modules()
+    known = set(modules)
+    stale = [(a, b) for a, b in KNOWN_EXCEPTIONS
+             if a not in modules or b not in imported_modules(a, modules[a].read_text(encoding="utf-8"),
+                                                               modules[a].name == "__init__.py", known)]
+    assert not stale, f"remove these from KNOWN_EXCEPTIONS, the imports are gone: {stale}"
+
+
+def test_the_check_sees_lazy_and_relative_imports(tmp_path):
+    # The checker itself: an import inside a function and a relative import both count.
+    pkg = tmp_path / "memsearch"
+    (pkg / "data").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "data" / "__init__.py").write_text("")
+    (pkg / "data" / "records.py").write_text("def f():\n    from memsearch.eval import metrics\n")
+    (pkg / "data" / "hotpot.py").write_text("from ..engine.parsing import x\nfrom . import records\n")
+    (pkg / "eval").mkdir()
+    (pkg / "eval" / "__init__.py").write_text("")
+    (pkg / "eval" / "metrics.py").write_text("from memsearch.data import records\n")
+    (pkg / "engine").mkdir()
+    (pkg / "engine" / "__init__.py").write_text("")
+    (pkg / "engine" / "parsing.py").write_text("")
+    assert upward_imports(package_modules(pkg)) == [
+        "memsearch.data.hotpot -> memsearch.engine.parsing (data -> engine)",
+        "memsearch.data.records -> memsearch.eval (data -> eval)",
+        "memsearch.data.records -> memsearch.eval.metrics (data -> eval)",
+    ]
