@@ -61,7 +61,7 @@ class BackendConfig(_Config):
 
 
 class Agent(_Config):
-    """The three orthogonal choices of an episode (see DESIGN §3)."""
+    """The three orthogonal choices of an episode (see docs/design.md §3)."""
 
     evidence: Literal["search", "stream"] = Field("search", description="search a retriever, or stream a long context in chunks")
     memory: Literal["summary", "decision", "overwrite"] = Field("decision", description="how memory changes")
@@ -86,7 +86,7 @@ GROUP_DESIGNS = {
 
 
 class Matrix(_Config):
-    """Groups of ``memsearch matrix``: memory x controller (DESIGN §3), same budgets for all."""
+    """Groups of ``memsearch matrix``: memory x controller (docs/design.md §3), same budgets for all."""
 
     groups: list[Literal["A", "B", "C", "D"]] = Field(["A", "B", "C", "D"], description="A summary+fixed, B decision+fixed, C summary+policy, D decision+policy")
     overrides: dict[str, dict[str, Any]] = Field(

@@ -1,6 +1,6 @@
 """Schema mode: constrained decoding of JSON (or one-of-choices) output, with a replayable mask.
 
-DESIGN §7: schema mode samples each token from the model's distribution renormalized on the
+docs/design.md §7: schema mode samples each token from the model's distribution renormalized on the
 tokens the constraint allows, and training recomputes new and old log-probs under the *same*
 masks. So the mask in force before every completion token must be a pure function of
 ``(constraint id, tokenizer, the completion ids before it)``: ``TokenConstraint.masks_for``
@@ -67,7 +67,7 @@ def _op(name: str, props: dict[str, Any], required: list[str]) -> dict[str, Any]
             "required": ["op", *required], "additionalProperties": False}
 
 
-# Decision-mode output (DESIGN §5). Every text it accepts parses with ``memory.ops.parse_ops``;
+# Decision-mode output (docs/design.md §5). Every text it accepts parses with ``memory.ops.parse_ops``;
 # it is stricter where that helps the memory: keys in this order, ADD must cite ``sources`` and
 # give a ``kind``, texts and ids are non-empty, at least one op. Whether ids exist, sources were
 # shown and NOOP stands alone is for the memory store (it depends on the episode).

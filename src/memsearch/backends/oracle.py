@@ -3,7 +3,7 @@
 It writes exactly what a trained policy should emit, in the same text formats the engine's
 parsers read, so its trajectories go through the normal validation and can be exported as SFT
 rows (``memsearch export-sft``). Labels of an evaluation split must never produce training
-data (DESIGN §9): the backend refuses any dataset whose manifest split is not ``train``.
+data (docs/design.md §9): the backend refuses any dataset whose manifest split is not ``train``.
 
 - memory (decision mode): ``{"ops": [...]}`` that ADDs every supporting-fact sentence shown in
   this step (first shown first) as a ``fact`` citing its evidence id; the text is the sentence,
@@ -66,7 +66,7 @@ class OracleBackend:
             raise ValueError(
                 f"oracle backend refuses a {split!r} split: it reads gold labels to produce teacher "
                 "trajectories, and labels of an evaluation split must never produce training data "
-                "(DESIGN §9); prepare the train split (e.g. prepare-hotpot --split train)")
+                "(docs/design.md §9); prepare the train split (e.g. prepare-hotpot --split train)")
         self.tokenizer = tokenizer
         self.documents: dict[str, Document] = dataset.documents_by_id()
         self.labels: dict[str, Label] = dataset.labels_by_id()

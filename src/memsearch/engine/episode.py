@@ -1,7 +1,7 @@
 """The episode engine: one code path for evaluation, SFT export, RL rollouts and the verl loop.
 
 An episode runs one agent on one task and returns its trajectory (a JSON-able dict holding
-every event). Three orthogonal choices make the agent (DESIGN §3): the evidence source
+every event). Three orthogonal choices make the agent (docs/design.md §3): the evidence source
 (``search`` | ``stream``), the memory mode (``decision`` | ``summary`` | ``overwrite``) and the
 controller (``fixed`` | ``policy`` | ``exhaust``); then a reader answers from the question and
 the final memory only. Budgets are enforced here, never left to prompts. The engine never sees
@@ -109,7 +109,7 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
                          f"decoding runs in the local model); got kind {cfg.backends.memory.kind!r}")
     ep = _Episode(env, task)
     memory = make_memory(cfg.agent.memory, tok, budgets.memory_tokens, cfg.prompts)
-    # Schema mode (DESIGN §7): memory ops are sampled under the JSON constraint, masks replayable.
+    # Schema mode (docs/design.md §7): memory ops are sampled under the JSON constraint, masks replayable.
     ops_constraint = MEMORY_OPS if cfg.backends.memory.schema_mode and memory.mode == "decision" else None
     started = time.perf_counter()
     counts = {"searches": 0, "chunks": 0, "chunks_cut": 0, "evidence_cut_sentences": 0, "memory_truncations": 0}

@@ -10,7 +10,7 @@
 
 Answer metrics follow the official HotpotQA evaluation script (SQuAD normalization, max over
 gold answers). Every answer metric takes ``prediction=None`` (a failed request) and scores it 0,
-so failed requests stay in the denominator (DESIGN.md section 6). ``golds`` must be a non-empty
+so failed requests stay in the denominator (docs/design.md §6). ``golds`` must be a non-empty
 sequence of strings; a bare string is refused because iterating it would score characters.
 
 Provenance metrics compare evidence ids (``"doc_id:sentence_index"``, see

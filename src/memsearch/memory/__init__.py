@@ -10,7 +10,7 @@
     print(memory.render())
 
 ``ops.py`` holds the op values and the tolerant parser; ``store.py`` the items, the memory and
-the rules (see DESIGN.md section 5).
+the rules (see docs/design.md §5).
 """
 
 from memsearch.memory.ops import (

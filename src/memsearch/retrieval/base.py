@@ -1,6 +1,6 @@
 """What every retriever returns (``Passage``) and the protocol retrievers implement.
 
-Scopes (DESIGN section 3): ``candidates=None`` searches the whole index (scope ``"corpus"``);
+Scopes (docs/design.md §8): ``candidates=None`` searches the whole index (scope ``"corpus"``);
 a list of doc ids restricts the search to those documents (scope ``"candidates"``, the
 distractor setting), without re-indexing anything.
 """

@@ -1,1 +1,1 @@
-"""Training: SFT data export from teacher trajectories, rows, advantages and losses (DESIGN §7)."""
+"""Training: SFT data export from teacher trajectories, rows, advantages and losses (docs/design.md §7)."""

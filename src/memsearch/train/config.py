@@ -70,7 +70,7 @@ class RewardSettings(_Config):
 
 
 class GRPOConfig(_Config):
-    """``memsearch train grpo``: multi-turn GRPO through the episode engine (DESIGN §7)."""
+    """``memsearch train grpo``: multi-turn GRPO through the episode engine (docs/design.md §7)."""
 
     role: Literal["memory", "controller", "overwrite"] = Field(
         "memory",

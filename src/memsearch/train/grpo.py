@@ -248,7 +248,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
         dataset = load_dataset(cfg.data)
         split = dataset.manifest.get("split")
         if split != "train":
-            raise InputError(f"{cfg.data}: manifest split is {split!r}; GRPO trains on a train split only (DESIGN §9)")
+            raise InputError(f"{cfg.data}: manifest split is {split!r}; GRPO trains on a train split only (docs/design.md §9)")
         labels = dataset.labels_by_id()
         device = dist.device(cfg.device)
         policy, tokenizer, note = load_policy(cfg.model, cfg.adapter, cfg.lora, device, cfg.dtype, cfg.seed)

@@ -1,4 +1,4 @@
-"""The clipped policy loss of GRPO, as pure functions (DESIGN §7).
+"""The clipped policy loss of GRPO, as pure functions (docs/design.md §7).
 
 Per completion token t of a row with advantage A::
 

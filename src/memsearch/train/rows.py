@@ -1,4 +1,4 @@
-"""Training rows from trajectories, and GRPO advantages (DESIGN §7).
+"""Training rows from trajectories, and GRPO advantages (docs/design.md §7).
 
 A *row* is one policy call of a trained role: the prompt token ids the model saw, the raw
 completion ids it sampled (never re-tokenized text), the rollout log-probs, the loss mask (every
