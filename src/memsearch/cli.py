@@ -178,9 +178,18 @@ DataDir = Annotated[Path, typer.Option("--data", help="A prepared data folder.")
 def _run_config(path: Path, overrides: list[str] | None, limit: int | None):
     """The resolved run config: file (a run config or a pipeline config), then ``--set``
     overrides, then ``--limit``."""
+    from memsearch.errors import InputError
     from memsearch.pipeline.config import load_run_config
 
-    return load_run_config(path, list(overrides or []) + ([f"limit={limit}"] if limit else []))
+    # `--limit 0` must not mean "no limit": on a paid API that is every question of the folder.
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit {limit}: expected a positive number of tasks")
+    return load_run_config(path, list(overrides or []) + ([f"limit={limit}"] if limit is not None else []))
+
+
+# Exit status of `eval` / `matrix` when the run finished but is not a result (tasks missing or
+# failed): distinct from 1 (a crash) and 2 (bad input), so `memsearch eval ... && next` stops.
+EXIT_INCOMPLETE = 3
 
 
 @app.command("eval")
@@ -202,6 +211,8 @@ def eval_cmd(
                f"invalid-action rate {m['invalid_action_rate'] or 0:.3f}, request errors {summary['request_errors']}")
     if summary["note"]:
         typer.echo(summary["note"], err=True)
+    if not summary["complete"]:
+        raise typer.Exit(EXIT_INCOMPLETE)
 
 
 @app.command("matrix")
@@ -221,6 +232,10 @@ def matrix_cmd(
     typer.echo(result["table"])
     if not result["usable_for_comparison"]:
         typer.echo("NOT USABLE FOR COMPARISON: some group has failed tasks or request errors (see its summary.json)", err=True)
+    incomplete = [g for g, s in result["groups"].items() if not s["complete"]]
+    if incomplete:
+        typer.echo(f"INCOMPLETE: group(s) {', '.join(incomplete)} have missing or failed tasks; not a result", err=True)
+        raise typer.Exit(EXIT_INCOMPLETE)
 
 
 @app.command("export-sft")
