@@ -12,11 +12,27 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# An evidence id (``doc:sentence``) as it appears in model text: not part of a URL, a path, a
-# time or a longer id on either side.
+# Every parser here runs on raw model output inside the event loop that drives all concurrent
+# episodes, so each one is linear in the length of the text: a model that degenerates into a
+# long run of spaces, dashes or brackets must not freeze the run. Patterns are possessive (no
+# backtracking) and the rest is plain string scanning.
+
+# An evidence id (``doc:sentence``) as it appears in model text, as one regular expression: the
+# specification ``evidence_ids_in`` implements in linear time. Backtracking makes it quadratic
+# on long runs of ``-``: use it only on short, bounded text.
 EVIDENCE_ID_IN_TEXT = re.compile(r"(?<![\w:/.@])([A-Za-z][\w\-]*:\d+)(?![\w:])")
-_SEARCH = re.compile(r"\bSEARCH\s*[:(]\s*(.+?)\s*\)?\s*$", re.IGNORECASE | re.MULTILINE)
+# The head of a controller search: ``SEARCH:`` or ``SEARCH(``, any case, as a whole word.
+_SEARCH_HEAD = re.compile(r"\bSEARCH\s*+[:(]", re.IGNORECASE)
 _FINISH = re.compile(r"\bFINISH\b", re.IGNORECASE)
+# A maximal run of the characters an evidence id's document part is made of, and the digits of
+# its sentence index (both possessive: a run is read once).
+_ID_RUN = re.compile(r"[\w\-]++")
+_DIGITS = re.compile(r"\d++")
+# A character that may not stand right before an evidence id (URL, path, time, e-mail, longer id).
+_NOT_BEFORE = frozenset(":/.@")
+# What may not follow an id's sentence index.
+_WORD_OR_COLON = re.compile(r"[\w:]")
+_ASCII_LETTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 
 
 @dataclass(frozen=True)
@@ -32,11 +48,23 @@ class ControllerAction:
 
 
 def parse_controller(text: str) -> ControllerAction:
-    """Read ``SEARCH: <query>`` / ``SEARCH(<query>)`` or ``FINISH``, whichever comes first."""
-    search = _SEARCH.search(text)
+    """Read ``SEARCH: <query>`` / ``SEARCH(<query>)`` or ``FINISH``, whichever comes first.
+
+    The query is the rest of the line after the head (or the next non-blank line when the head
+    ends its line), without one closing parenthesis and surrounding quotes or angle brackets.
+    """
+    search = _SEARCH_HEAD.search(text)
     finish = _FINISH.search(text)
     if search and (not finish or search.start() < finish.start()):
-        query = search.group(1).strip().strip("\"'`<>").strip()
+        start = search.end()
+        while start < len(text) and text[start].isspace():
+            start += 1
+        end = text.find("\n", start)
+        query = text[start:] if end < 0 else text[start:end]
+        query = query.rstrip()
+        if query.endswith(")"):
+            query = query[:-1]
+        query = query.strip().strip("\"'`<>").strip()
         if query:
             return ControllerAction("search", query=query)
         return ControllerAction("invalid", error="SEARCH without a query")
@@ -46,5 +74,40 @@ def parse_controller(text: str) -> ControllerAction:
 
 
 def evidence_ids_in(text: str) -> tuple[str, ...]:
-    """Evidence ids (``doc:sentence``) mentioned in ``text``, first mention first."""
-    return tuple(dict.fromkeys(EVIDENCE_ID_IN_TEXT.findall(text)))
+    """Evidence ids (``doc:sentence``) mentioned in ``text``, first mention first.
+
+    An id is an ASCII letter, then word characters or ``-``, a colon and digits; it may not be
+    preceded by a word character or one of ``: / . @``, nor followed by a word character or a
+    colon (so URLs, paths, times and longer ids are not read as ids). Where a run such as
+    ``a-b-d1:0`` admits several starts, the leftmost one is the id (``a-b-d1:0``).
+    """
+    found: list[str] = []
+    last_end = 0
+    for run in _ID_RUN.finditer(text):
+        s, e = run.span()
+        if e >= len(text) or text[e] != ":":
+            continue
+        digits = _DIGITS.match(text, e + 1)
+        if digits is None:
+            continue
+        d = digits.end()
+        if _WORD_OR_COLON.match(text, d):
+            continue
+        start = _leftmost_id_start(text, max(s, last_end), s, e)
+        if start is not None:
+            found.append(text[start:d])
+            last_end = d
+    return tuple(dict.fromkeys(found))
+
+
+def _leftmost_id_start(text: str, lo: int, run_start: int, run_end: int) -> int | None:
+    """The first index in ``[lo, run_end)`` where an id may begin: an ASCII letter at the start of
+    the run (not right after ``: / . @``) or right after a ``-`` inside it."""
+    if lo <= run_start and text[run_start] in _ASCII_LETTERS and (run_start == 0 or text[run_start - 1] not in _NOT_BEFORE):
+        return run_start
+    dash = text.find("-", max(lo - 1, run_start), run_end)
+    while dash >= 0:
+        if dash + 1 < run_end and text[dash + 1] in _ASCII_LETTERS:
+            return dash + 1
+        dash = text.find("-", dash + 1, run_end)
+    return None
