@@ -42,3 +42,22 @@ def tiny_model_dir(tmp_path_factory):
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     return out
+
+
+@pytest.fixture(scope="session")
+def rewrite_data_file():
+    """``rewrite(folder, name, records)``: replace one data file of a prepared folder and record
+    its new SHA-256 in the manifest, as a re-run of `prepare-*` would (a folder edited without
+    that is refused at load)."""
+    return _rewrite_data_file
+
+
+def _rewrite_data_file(folder, name: str, records) -> None:
+    import json
+
+    from memsearch.io import sha256_file, write_json, write_jsonl
+
+    write_jsonl(folder / name, records)
+    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    manifest["files"][name] = sha256_file(folder / name)
+    write_json(folder / "manifest.json", manifest)

@@ -18,7 +18,7 @@ from memsearch.data.musique import convert_musique
 from memsearch.engine.parsing import parse_reader
 from memsearch.eval.metrics import exact_match
 from memsearch.eval.runner import run_eval
-from memsearch.io import iter_jsonl, write_jsonl
+from memsearch.io import iter_jsonl
 from memsearch.memory import Memory
 from memsearch.memory.ops import format_ops, parse_ops
 from memsearch.retrieval import BM25Retriever
@@ -204,7 +204,7 @@ def test_refuses_an_evaluation_split(hotpot_dev_dir):
         make_backend(load_config(RULES, ORACLE).backends.memory, tok, dataset)
 
 
-def test_duplicate_question_is_resolved_by_candidate_documents(hotpot_train, tmp_path):
+def test_duplicate_question_is_resolved_by_candidate_documents(hotpot_train, tmp_path, rewrite_data_file):
     # Twins: task 0 and a task j with another answer and disjoint candidates, now sharing task 0's
     # question. j is one whose best passage for that question is gold, so both twins' memories
     # hold a gold fact that tells the reader call which twin it serves.
@@ -221,8 +221,7 @@ def test_duplicate_question_is_resolved_by_candidate_documents(hotpot_train, tmp
     j = next(k for k in range(1, len(tasks)) if top_is_gold(k) and labels[k]["answers"][0] != labels[0]["answers"][0]
              and not set(tasks[k]["doc_ids"]) & set(tasks[0]["doc_ids"]))
     tasks[j]["question"] = tasks[0]["question"]
-    (data / "tasks.jsonl").unlink()
-    write_jsonl(data / "tasks.jsonl", tasks)
+    rewrite_data_file(data, "tasks.jsonl", tasks)
     _, rows, summary = _run(data, tmp_path / "run", *ROOMY, f"limit={j + 1}")
     assert summary["complete"] and summary["metrics"]["invalid_action_rate"] == 0
     by_id = {r["task_id"]: r for r in rows}

@@ -35,14 +35,14 @@ def _api_overrides(url: str, *extra: str) -> list[str]:
 
 
 @pytest.fixture()
-def canary_data(hotpot_dev_dir, tmp_path):
+def canary_data(hotpot_dev_dir, tmp_path, rewrite_data_file):
     """The prepared dev folder with a canary answer that exists only in labels.jsonl."""
     out = tmp_path / "canary"
     shutil.copytree(hotpot_dev_dir, out)
     labels = _lines(out / "labels.jsonl")
     for lab in labels:
         lab["answers"] = [CANARY, *lab["answers"]]
-    (out / "labels.jsonl").write_text("".join(json.dumps(lab) + "\n" for lab in labels))
+    rewrite_data_file(out, "labels.jsonl", labels)
     return out
 
 

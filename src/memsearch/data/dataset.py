@@ -129,14 +129,59 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def file_hash_problems(data_dir: Path, manifest: dict[str, Any]) -> list[Problem]:
+    """Data files whose bytes differ from the SHA-256 the manifest records (edited after prepare)."""
+    problems = []
+    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    mpath = str(data_dir / "manifest.json")
+    for name in DATA_FILES:
+        path = data_dir / name
+        if path.is_file() and files.get(name) != (actual := sha256_file(path)):
+            problems.append(Problem(mpath, None, f"files.{name}", f"SHA-256 {files.get(name)!r} does not match the file ({actual}), "
+                                                                  "expected the hash of the file as written"))
+    return problems
+
+
+def unique_by(path: Path, rows: list[tuple[int, Any]], key: str, problems: list[Problem]) -> dict[str, tuple[int, Any]]:
+    """``rows`` indexed by ``key``; every repeated value is a problem naming both lines."""
+    seen: dict[str, tuple[int, Any]] = {}
+    for lineno, rec in rows:
+        value = getattr(rec, key)
+        if value in seen:
+            problems.append(Problem(str(path), lineno, key, f"duplicate {value!r} (first at line {seen[value][0]}), expected unique values"))
+        else:
+            seen[value] = (lineno, rec)
+    return seen
+
+
+def pairing_problems(tpath: Path, tasks: dict[str, tuple[int, Any]], lpath: Path, labels: list[tuple[int, Any]]) -> list[Problem]:
+    """Labels without a task and tasks without a label (each task is scored against exactly one label)."""
+    problems = [Problem(str(lpath), lineno, "id", f"{lab.id!r} has no task, expected a label per task id")
+                for lineno, lab in labels if lab.id not in tasks]
+    labelled = {lab.id for _, lab in labels}
+    problems += [Problem(str(tpath), lineno, "id", f"{task_id!r} has no label, expected a label per task id")
+                 for task_id, (lineno, _) in tasks.items() if task_id not in labelled]
+    return problems
+
+
 def load_dataset(data_dir: str | Path) -> Dataset:
-    """Read a prepared folder; any schema problem raises ``InputError`` listing all of them."""
+    """Read a prepared folder, refusing (``InputError`` listing every problem) a schema problem,
+    a data file edited since it was prepared (its SHA-256 differs from the manifest's: a run's
+    data fingerprint is built from those hashes, so they must be true), a repeated task or label
+    id (a task would be scored twice) and a task without a label or a label without a task."""
     data_dir = Path(data_dir)
     manifest = read_manifest(data_dir)
-    problems: list[Problem] = []
+    problems: list[Problem] = file_hash_problems(data_dir, manifest)
+    if problems:
+        raise InputError(problems)
     docs = load_records(data_dir / "corpus.jsonl", Document, problems)
     tasks = load_records(data_dir / "tasks.jsonl", Task, problems)
     labels = load_records(data_dir / "labels.jsonl", Label, problems)
+    if not problems:
+        tpath, lpath = data_dir / "tasks.jsonl", data_dir / "labels.jsonl"
+        by_id = unique_by(tpath, tasks, "id", problems)
+        unique_by(lpath, labels, "id", problems)
+        problems += pairing_problems(tpath, by_id, lpath, labels)
     if problems:
         raise InputError(problems)
     return Dataset(

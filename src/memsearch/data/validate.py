@@ -13,10 +13,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from memsearch.data.dataset import DATA_FILES, FORMAT, read_manifest, validation_problems
+from memsearch.data.dataset import (
+    DATA_FILES,
+    FORMAT,
+    file_hash_problems,
+    pairing_problems,
+    read_manifest,
+    unique_by,
+    validation_problems,
+)
 from memsearch.data.records import LABEL_KEYS, Document, Label, Task, split_evidence_id
 from memsearch.errors import InputError, Problem
-from memsearch.io import iter_jsonl, sha256_file
+from memsearch.io import iter_jsonl
 
 
 def _read(path: Path, model: type, problems: list[Problem], forbidden: frozenset[str] = frozenset()) -> tuple[list[tuple[int, Any]], int]:
@@ -46,28 +54,13 @@ def _read(path: Path, model: type, problems: list[Problem], forbidden: frozenset
     return out, n
 
 
-def _unique(path: Path, rows: list[tuple[int, Any]], key: str, problems: list[Problem]) -> dict[str, tuple[int, Any]]:
-    seen: dict[str, tuple[int, Any]] = {}
-    for lineno, rec in rows:
-        value = getattr(rec, key)
-        if value in seen:
-            problems.append(Problem(str(path), lineno, key, f"duplicate {value!r} (first at line {seen[value][0]}), expected unique values"))
-        else:
-            seen[value] = (lineno, rec)
-    return seen
-
-
 def _check_manifest(data_dir: Path, manifest: dict[str, Any], counts: dict[str, int], problems: list[Problem]) -> None:
     mpath = str(data_dir / "manifest.json")
     if manifest.get("format") != FORMAT:
         problems.append(Problem(mpath, None, "format", f"got {manifest.get('format')!r}, expected {FORMAT!r}"))
     if manifest.get("split") not in ("train", "dev"):
         problems.append(Problem(mpath, None, "split", f"got {manifest.get('split')!r}, expected 'train' or 'dev'"))
-    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
-    for name in DATA_FILES:
-        path = data_dir / name
-        if path.is_file() and files.get(name) != sha256_file(path):
-            problems.append(Problem(mpath, None, f"files.{name}", f"SHA-256 {files.get(name)!r} does not match the file ({sha256_file(path)}), expected the hash of the file as written"))
+    problems.extend(file_hash_problems(data_dir, manifest))
     recorded = manifest.get("counts") if isinstance(manifest.get("counts"), dict) else {}
     for key, value in counts.items():
         if recorded.get(key) != value:
@@ -102,11 +95,8 @@ def _check_labels(
             want = [task_docs.index(d) + 1 for d in lab.gold_doc_ids if d in task_doc_set]
             if lab.gold_positions != want:
                 problems.append(Problem(str(lpath), lineno, "gold_positions", f"got {lab.gold_positions}, expected {want} (1-based positions of gold_doc_ids in the task's documents)"))
-    labelled = {lab.id for _, lab in labels}
     tpath = lpath.with_name("tasks.jsonl")
-    for task_id, (lineno, _) in tasks.items():
-        if task_id not in labelled:
-            problems.append(Problem(str(tpath), lineno, "id", f"{task_id!r} has no label, expected a label per task id"))
+    problems.extend(p for p in pairing_problems(tpath, tasks, lpath, labels) if p.file == str(tpath))
 
 
 def normalize_question(text: str) -> str:
@@ -129,9 +119,9 @@ def validate_data(data_dir: str | Path, against: str | Path | None = None) -> li
     doc_rows, n_docs = _read(cpath, Document, problems)
     task_rows, n_tasks = _read(tpath, Task, problems, forbidden=LABEL_KEYS)
     label_rows, n_labels = _read(lpath, Label, problems)
-    docs = _unique(cpath, doc_rows, "doc_id", problems)
-    tasks = _unique(tpath, task_rows, "id", problems)
-    _unique(lpath, label_rows, "id", problems)
+    docs = unique_by(cpath, doc_rows, "doc_id", problems)
+    tasks = unique_by(tpath, task_rows, "id", problems)
+    unique_by(lpath, label_rows, "id", problems)
 
     content: dict[tuple[str, tuple[str, ...]], int] = {}
     for lineno, doc in doc_rows:
