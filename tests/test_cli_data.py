@@ -29,7 +29,7 @@ def invoke(*args: str):
 @pytest.fixture(scope="module")
 def dev20(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cli") / "dev20"
-    result = invoke("prepare-hotpot", "--input", HOTPOT_DEV, "--out", out, "--limit", "20")
+    result = invoke("prepare-hotpot", "--input", HOTPOT_DEV, "--split", "dev", "--out", out, "--limit", "20")
     assert result.exit_code == 0, result.output
     assert result.stdout == f"wrote {out}: 20 tasks, 199 documents (hotpotqa dev)\n"
     assert result.stderr == ""
@@ -43,7 +43,7 @@ def test_prepare_hotpot_then_validate(dev20):
 
 def test_prepare_musique_then_validate(tmp_path):
     out = tmp_path / "mq"
-    result = invoke("prepare-musique", "--input", MUSIQUE_DEV, "--out", out, "--limit", "10")
+    result = invoke("prepare-musique", "--input", MUSIQUE_DEV, "--split", "dev", "--out", out, "--limit", "10")
     assert result.exit_code == 0, result.output
     n_docs = json.loads((out / "manifest.json").read_text())["counts"]["documents"]
     assert result.stdout == f"wrote {out}: 10 tasks, {n_docs} documents (musique dev)\n"
@@ -127,7 +127,7 @@ def test_validate_missing_folder(tmp_path):
 
 def test_prepare_into_existing_folder_exits_2(dev20):
     before = {p.name: p.read_bytes() for p in dev20.iterdir()}
-    result = invoke("prepare-hotpot", "--input", HOTPOT_DEV, "--out", dev20, "--limit", "3")
+    result = invoke("prepare-hotpot", "--input", HOTPOT_DEV, "--split", "dev", "--out", dev20, "--limit", "3")
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr == f"error: {dev20}: output folder already exists; choose a new folder (nothing was written)\n"
@@ -139,13 +139,13 @@ def test_prepare_bad_input_exits_2_and_writes_nothing(tmp_path):
     src = tmp_path / "in.json"
     src.write_text('[\n  {"_id": "a", "question": "q?", "answer": "x", "context": [], "supporting_facts": []}\n', encoding="utf-8")
     out = tmp_path / "out"
-    result = invoke("prepare-hotpot", "--input", src, "--out", out)
+    result = invoke("prepare-hotpot", "--input", src, "--split", "dev", "--out", out)
     assert result.exit_code == 2
     assert result.stderr == f"error: {src}:3: json: truncated JSON: the list is not closed, expected ']' or another record\n"
     src.write_text('[\n  {"_id": "a", "question": "q?", "answer": "x", "context": [], "supporting_facts": []}\n]\n', encoding="utf-8")
-    result = invoke("prepare-hotpot", "--input", src, "--out", out)
+    result = invoke("prepare-hotpot", "--input", src, "--split", "dev", "--out", out)
     assert (result.exit_code, result.stderr) == (2, f"error: {src}:2: [0].context: empty, expected at least one paragraph\n")
-    result = invoke("prepare-musique", "--input", tmp_path / "missing.json", "--out", out)
+    result = invoke("prepare-musique", "--input", tmp_path / "missing.json", "--split", "dev", "--out", out)
     assert (result.exit_code, result.stderr) == (2, f"error: {tmp_path / 'missing.json'}: no such file\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json"]
 
@@ -163,7 +163,7 @@ def _env() -> dict[str, str]:
 def test_console_script_prepare_and_validate(tmp_path):
     out = tmp_path / "dev5"
     run = subprocess.run(
-        [str(SCRIPT), "prepare-hotpot", "--input", str(HOTPOT_DEV), "--out", str(out), "--limit", "5"],
+        [str(SCRIPT), "prepare-hotpot", "--input", str(HOTPOT_DEV), "--split", "dev", "--out", str(out), "--limit", "5"],
         capture_output=True, text=True, timeout=120, env=_env(),
     )
     assert run.returncode == 0, run.stderr
@@ -171,7 +171,7 @@ def test_console_script_prepare_and_validate(tmp_path):
     run = subprocess.run([str(SCRIPT), "validate-data", "--data", str(out)], capture_output=True, text=True, timeout=120, env=_env())
     assert (run.returncode, run.stdout) == (0, f"{out}: valid\n")
     run = subprocess.run(
-        [str(SCRIPT), "prepare-hotpot", "--input", str(HOTPOT_DEV), "--out", str(out)], capture_output=True, text=True, timeout=120, env=_env()
+        [str(SCRIPT), "prepare-hotpot", "--input", str(HOTPOT_DEV), "--split", "dev", "--out", str(out)], capture_output=True, text=True, timeout=120, env=_env()
     )
     assert run.returncode == 2
     assert run.stderr == f"error: {out}: output folder already exists; choose a new folder (nothing was written)\n"
@@ -212,3 +212,21 @@ def test_help_importtime_has_no_heavy_modules():
     imported = {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
     assert "memsearch.cli" in imported
     assert not {m for m in imported if m.split(".")[0] in ("torch", "transformers", "bm25s")}
+
+
+def test_prepare_needs_a_split_and_refuses_one_the_file_name_contradicts(tmp_path):
+    """Converting the official train file without `--split train` used to label it dev, and
+    every dev-only safeguard downstream trusts that label."""
+    out = tmp_path / "out"
+    result = invoke("prepare-hotpot", "--input", HOTPOT_TRAIN, "--out", out)
+    assert result.exit_code == 2 and "Missing option '--split'" in result.output
+    result = invoke("prepare-hotpot", "--input", HOTPOT_TRAIN, "--split", "dev", "--out", out)
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: {HOTPOT_TRAIN}: the file name says 'train' but --split is 'dev'; "
+                             "expected --split train (or rename the file if the name is wrong)\n")
+    result = invoke("prepare-musique", "--input", MUSIQUE_DEV, "--split", "train", "--out", out)
+    assert result.exit_code == 2 and "the file name says 'dev' but --split is 'train'" in result.stderr
+    assert not out.exists()
+    result = invoke("prepare-hotpot", "--input", HOTPOT_TRAIN, "--split", "train", "--out", out, "--limit", "3")
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "manifest.json").read_text())["split"] == "train"

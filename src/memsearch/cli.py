@@ -45,7 +45,9 @@ Limit = Annotated[Optional[int], typer.Option(help="Take only the first N exampl
 
 def _prepare(convert, input: Path, out: Path, split: str, limit: int | None) -> None:
     from memsearch.data.dataset import save_dataset
+    from memsearch.data.source import check_split
 
+    check_split(input, split)
     dataset = convert(input, split=split, limit=limit)
     save_dataset(dataset, out)
     typer.echo(f"wrote {out}: {len(dataset.tasks)} tasks, {len(dataset.documents)} documents ({dataset.manifest['kind']} {split})")
@@ -56,7 +58,7 @@ def _prepare(convert, input: Path, out: Path, split: str, limit: int | None) -> 
 def prepare_hotpot(
     input: Annotated[Path, typer.Option(help="HotpotQA file: JSON list, JSON lines, or the Hugging Face layout.")],
     out: Annotated[Path, typer.Option(help="New output folder (must not exist).")],
-    split: Annotated[str, typer.Option(help="train or dev; recorded in the manifest.")] = "dev",
+    split: Annotated[str, typer.Option(help="train or dev (required): recorded in the manifest, which keeps dev data out of training.")],
     limit: Limit = None,
 ) -> None:
     """Convert HotpotQA into corpus.jsonl, tasks.jsonl, labels.jsonl and manifest.json."""
@@ -70,7 +72,7 @@ def prepare_hotpot(
 def prepare_musique(
     input: Annotated[Path, typer.Option(help="MuSiQue-Ans file: JSON list or JSON lines.")],
     out: Annotated[Path, typer.Option(help="New output folder (must not exist).")],
-    split: Annotated[str, typer.Option(help="train or dev; recorded in the manifest.")] = "dev",
+    split: Annotated[str, typer.Option(help="train or dev (required): recorded in the manifest, which keeps dev data out of training.")],
     limit: Limit = None,
 ) -> None:
     """Convert MuSiQue-Ans into the same three-file layout (paragraph-level evidence)."""

@@ -379,7 +379,7 @@ def test_nothing_written_on_error_through_cli(pretty, head, tmp_path):
     s = pretty(path, records)
     out = tmp_path / "runs" / "out"
     out.parent.mkdir()
-    result = CliRunner().invoke(app, ["prepare-hotpot", "--input", str(path), "--out", str(out)])
+    result = CliRunner().invoke(app, ["prepare-hotpot", "--input", str(path), "--split", "dev", "--out", str(out)])
     assert result.exit_code == 2
     assert result.stderr == f"error: {path}:{s[1]}: [1].question: missing, expected the question string\n"
     assert result.stdout == ""

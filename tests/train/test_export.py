@@ -72,7 +72,8 @@ def test_memory_rows_are_exactly_the_valid_memory_calls(runs, tmp_path):
         assert row["completion"] == call["text"] and row["messages"] == call["messages"]
         assert [m["role"] for m in row["messages"]] == ["system", "user"]
         assert (row["task_id"], row["role"], row["step"]) == (traj["task_id"], "memory", call["step"])
-        assert row["source"] == {"run": str(runs["oracle"]), "group": "", "backend": "oracle", "memory_mode": "decision"}
+        assert row["source"] == {"run": str(runs["oracle"]), "group": "", "backend": "oracle", "memory_mode": "decision",
+                                 "split": "train"}
         assert parse_ops(row["completion"]).ok
     reader = export_sft(runs["oracle"] / "trajectories.jsonl", runs["oracle"] / "metrics.jsonl", "reader", tmp_path / "r.jsonl")
     assert reader.exported == TASKS and [r["completion"] for r in _lines(tmp_path / "r.jsonl")] == \
@@ -173,3 +174,16 @@ def test_missing_config_is_refused_with_the_expected_file(runs, tmp_path):
     assert f"{tmp_path / 'config.json'}: no such file; export-sft reads the run config" in result.stderr
     result = invoke(*_args(runs["oracle"], "critic", tmp_path / "a.jsonl"))
     assert result.exit_code == 2 and "--role 'critic': expected one of memory, controller, reader" in result.stderr
+
+
+def test_a_dev_run_is_refused(hotpot_dev_dir, tmp_path):
+    """Rows from dev questions would leak the evaluation set into training (as GRPO and the
+    oracle refuse a dev split, so does the export)."""
+    run = tmp_path / "dev-run"
+    run_eval(load_config(RULES, ["limit=2"]), hotpot_dev_dir, run, show_progress=False)
+    out = tmp_path / "rows.jsonl"
+    result = invoke(*_args(run, "memory", out))
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: {run / 'run.json'}: data split is 'dev'; SFT rows come from a run on a train "
+                             "split only (docs/design.md §9); nothing was written\n")
+    assert not out.exists()

@@ -64,9 +64,26 @@ def test_bad_sft_lines_name_file_and_line(tiny_model_dir, tmp_path):
     from transformers import AutoTokenizer
 
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"messages": [{"role": "user", "content": "q"}], "completion": "a"}\n{"messages": [], "completion": "b"}\n')
+    train = '"source": {"split": "train"}'
+    bad.write_text('{"messages": [{"role": "user", "content": "q"}], "completion": "a", %s}\n'
+                   '{"messages": [], "completion": "b", %s}\n' % (train, train))
     with pytest.raises(InputError, match=r"bad.jsonl:2: messages: expected a non-empty list"):
         load_sft_rows([str(bad)], AutoTokenizer.from_pretrained(str(tiny_model_dir)), 4096)
+
+
+def test_rows_without_a_train_provenance_are_refused(tiny_model_dir, tmp_path):
+    """SFT on rows exported from a dev run would train on the evaluation questions."""
+    from transformers import AutoTokenizer
+
+    rows = tmp_path / "rows.jsonl"
+    row = '{"messages": [{"role": "user", "content": "q"}], "completion": "a"'
+    rows.write_text(row + ', "source": {"split": "train"}}\n' + row + ', "source": {"split": "dev"}}\n' + row + "}\n")
+    with pytest.raises(InputError) as exc:
+        load_sft_rows([str(rows)], AutoTokenizer.from_pretrained(str(tiny_model_dir)), 4096)
+    assert str(exc.value).splitlines() == [
+        f"{rows}:2: source.split: got 'dev', expected 'train' (rows written by `memsearch export-sft` from a run on a train split)",
+        f"{rows}:3: source.split: got None, expected 'train' (rows written by `memsearch export-sft` from a run on a train split)",
+    ]
 
 
 def test_merged_checkpoint_equals_the_adapter_model(tiny_model_dir, tiny_adapter_dir, tmp_path):

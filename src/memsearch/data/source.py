@@ -7,12 +7,31 @@ before anything is written, so one run shows all that needs fixing.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from memsearch.errors import InputError, Problem
 from memsearch.io import iter_json_records
+
+
+# Words in a source file's name that say which split it holds (the official files are named
+# hotpot_train_v1.1.json, hotpot_dev_distractor_v1.json, musique_ans_v1.0_dev.jsonl, ...).
+_SPLIT_WORDS = {"train": "train", "dev": "dev", "validation": "dev", "val": "dev"}
+
+
+def check_split(path: str | Path, split: str) -> None:
+    """Refuse a split that the source file's name contradicts (the converters check the value).
+
+    The split is recorded in the manifest and every training command trusts it to keep dev
+    questions out of training, so a train file converted as "dev" (or the reverse) must not pass.
+    """
+    words = {_SPLIT_WORDS[w] for w in re.split(r"[^a-z]+", Path(path).name.lower()) if w in _SPLIT_WORDS}
+    if len(words) == 1 and split not in words:
+        (named,) = words
+        raise InputError(f"{path}: the file name says {named!r} but --split is {split!r}; "
+                         f"expected --split {named} (or rename the file if the name is wrong)")
 
 
 class SourceRecord:

@@ -12,10 +12,12 @@ Each output line (compact JSON, in trajectory order, then call order)::
     {"messages": [{"role": "system", ...}, {"role": "user", ...}],  # the prompt, as sent
      "completion": "...",      # the policy's text, exactly as it must be emitted
      "task_id": "...", "role": "memory", "step": 0,
-     "source": {"run": "runs/oracle", "group": "", "backend": "oracle", "memory_mode": "decision"}}
+     "source": {"run": "runs/oracle", "group": "", "backend": "oracle", "memory_mode": "decision",
+                "split": "train"}}
 
 ``source.run`` is the run folder as given, ``source.group`` the trajectory's group, ``backend``
-the kind of backend that answered the role in that run and ``memory_mode`` the run's memory mode.
+the kind of backend that answered the role in that run, ``memory_mode`` the run's memory mode and
+``split`` its data split (always ``train``: `train sft` checks it).
 
 What is exported, and what is skipped (counted by reason, per policy call):
 
@@ -26,7 +28,7 @@ What is exported, and what is skipped (counted by reason, per policy call):
 - ``truncated``: the completion hit the token limit (``finish_reason == "length"``): a cut-off
   text is not what a policy should learn to emit, even when it happened to parse.
 
-Refusals (nothing is written): a memory-role export from a run not in ``decision`` mode (summary
+Refusals (nothing is written): a run on a split other than ``train`` (``run.json``); a memory-role export from a run not in ``decision`` mode (summary
 and overwrite outputs are rewritten notes, not operation batches); a missing ``config.json``; a
 trajectory without a metrics row, or whose metrics row disagrees with it (prediction, status:
 the metrics come from another run); metrics whose folder holds a different ``config.json`` /
@@ -200,6 +202,13 @@ def export_sft(trajectories: str | Path, metrics: str | Path, role: str, out: st
                          "decision-mode run, because summary and overwrite outputs are rewritten notes, "
                          "not memory operation batches")
     backend = config.get("backends", {}).get(role, {}).get("kind")
+    run_info = _read_json(run_dir / "run.json", f"export-sft reads the run record written by `memsearch eval` next to "
+                                                f"{trajectories.name} (it says which data split the run used)")
+    split = run_info.get("data", {}).get("split")
+    if split != "train":
+        # Training rows from dev questions would leak the evaluation set into the policy.
+        raise InputError(f"{run_dir / 'run.json'}: data split is {split!r}; SFT rows come from a run on a train "
+                         "split only (docs/design.md §9); nothing was written")
     _check_same_run(run_dir, metrics)
     metric_rows = _load_metrics(metrics)
     report = ExportReport(out=out, role=role, min_f1=min_f1)
@@ -250,7 +259,8 @@ def export_sft(trajectories: str | Path, metrics: str | Path, role: str, out: st
                 yield dumps_line({
                     "messages": [m.model_dump() for m in call.messages], "completion": call.text,
                     "task_id": task, "role": role, "step": call.step,
-                    "source": {"run": str(run_dir), "group": traj.group, "backend": backend, "memory_mode": mode},
+                    "source": {"run": str(run_dir), "group": traj.group, "backend": backend, "memory_mode": mode,
+                               "split": split},
                 })
         # Checked inside the writer so that a bad line anywhere leaves no output behind.
         if problems:

@@ -57,6 +57,13 @@ def load_sft_rows(paths: list[str], tokenizer, max_tokens: int) -> list[Row]:
             if not isinstance(completion, str) or not completion:
                 problems.append(Problem(str(path), line, "completion", "expected a non-empty string"))
                 continue
+            split = (record.get("source") or {}).get("split") if isinstance(record.get("source"), dict) else None
+            if split != "train":
+                # Rows without a train provenance may hold dev questions: training on them would
+                # leak the evaluation set (docs/design.md §9). export-sft records the split.
+                problems.append(Problem(str(path), line, "source.split", f"got {split!r}, expected 'train' "
+                                        "(rows written by `memsearch export-sft` from a run on a train split)"))
+                continue
             prompt = chat_prompt_ids(tokenizer, messages)
             ids = list(tokenizer(completion, add_special_tokens=False)["input_ids"]) + [eos]
             if len(prompt) + len(ids) > max_tokens:
