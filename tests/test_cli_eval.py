@@ -21,9 +21,9 @@ def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def _api_args(url: str) -> list[str]:
-    sets = ['tokenizer="lexical"', *[f'backends.{r}.base_url="{url}"' for r in ("memory", "controller", "reader")],
-            *[f"backends.{r}.max_retries=0" for r in ("memory", "controller", "reader")]]
+def _api_args(url: str, roles=("memory", "controller", "reader")) -> list[str]:
+    sets = ['tokenizer="lexical"', *[f'backends.{r}.base_url="{url}"' for r in roles],
+            *[f"backends.{r}.max_retries=0" for r in roles]]
     return [a for s in sets for a in ("--set", s)]
 
 
@@ -68,3 +68,27 @@ def test_matrix_exit_status_follows_its_groups(hotpot_dev_dir, tmp_path):
     assert not all(g["complete"] for g in matrix["groups"].values())
     assert bad.exit_code == EXIT_INCOMPLETE, bad.output
     assert "INCOMPLETE: group(s)" in bad.output
+
+
+def test_a_missing_backend_table_is_named_in_a_notice(hotpot_dev_dir, tmp_path):
+    """api.toml without [backends.reader] used to run the rules reader in an "api" run, silently."""
+    text = API.read_text()
+    config = tmp_path / "api-no-reader.toml"
+    config.write_text(text[: text.index("[backends.reader]")])
+    with AgentServer(delay_s=0.0) as server:
+        result = invoke("eval", "--config", config, "--data", hotpot_dev_dir, "--out", tmp_path / "run", "--limit", "1",
+                        *_api_args(server.base_url, roles=("memory", "controller")))
+    assert result.exit_code == 0, result.output
+    assert f"notice: {config} has no [backends.reader] table: that role runs the default backend (kind = 'rules')" in result.output
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["backends"]["reader"] == "rules"
+    complete = invoke("eval", "--config", RULES, "--data", hotpot_dev_dir, "--out", tmp_path / "rules", "--limit", "1")
+    assert "notice:" not in complete.output
+
+
+def test_set_values_are_strictly_typed_and_errors_name_the_flag(hotpot_dev_dir, tmp_path):
+    result = invoke("eval", "--config", RULES, "--data", hotpot_dev_dir, "--out", tmp_path / "run",
+                    "--set", "concurrency=true", "--set", "budgets.max_searches=0")
+    assert result.exit_code == 2
+    assert "error: --set concurrency=true: concurrency: Input should be a valid integer" in result.output
+    assert "error: --set budgets.max_searches=0: budgets.max_searches: Input should be greater than or equal to 1" in result.output
+    assert not (tmp_path / "run").exists()

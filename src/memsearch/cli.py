@@ -177,16 +177,24 @@ ConfigFile = Annotated[Path, typer.Option("--config", help="TOML run config, e.g
 DataDir = Annotated[Path, typer.Option("--data", help="A prepared data folder.")]
 
 
-def _run_config(path: Path, overrides: list[str] | None, limit: int | None):
+def _run_config(path: Path, overrides: list[str] | None, limit: int | None, matrix: bool = False):
     """The resolved run config: file (a run config or a pipeline config), then ``--set``
-    overrides, then ``--limit``."""
+    overrides, then ``--limit``. Prints a notice for each table the run uses that the config
+    leaves to defaults."""
+    from memsearch.config import apply_overrides, defaulted_sections
     from memsearch.errors import InputError
-    from memsearch.pipeline.config import load_run_config
+    from memsearch.pipeline.config import load_run_config, run_config_tables
 
     # `--limit 0` must not mean "no limit": on a paid API that is every question of the folder.
     if limit is not None and limit < 1:
         raise InputError(f"--limit {limit}: expected a positive number of tasks")
-    return load_run_config(path, list(overrides or []) + ([f"limit={limit}"] if limit is not None else []))
+    overrides = list(overrides or []) + ([f"limit={limit}"] if limit is not None else [])
+    config = load_run_config(path, overrides)
+    tables = apply_overrides(run_config_tables(path), overrides)
+    for section in defaulted_sections(tables, uses_controller=matrix or config.agent.controller == "policy"):
+        what = "that role runs the default backend (kind = 'rules')" if section.startswith("backends.") else "it takes the defaults"
+        typer.echo(f"notice: {path} has no [{section}] table: {what}", err=True)
+    return config
 
 
 # Exit status of `eval` / `matrix` when the run finished but is not a result (tasks missing or
@@ -230,7 +238,7 @@ def matrix_cmd(
     """Groups A-D (memory x controller) under identical budgets, with paired bootstrap CIs."""
     from memsearch.eval.matrix import run_matrix
 
-    result = run_matrix(_run_config(config, set_, limit), data, out, resume=resume)
+    result = run_matrix(_run_config(config, set_, limit, matrix=True), data, out, resume=resume)
     typer.echo(result["table"])
     if not result["usable_for_comparison"]:
         typer.echo("NOT USABLE FOR COMPARISON: some group has failed tasks or request errors (see its summary.json)", err=True)

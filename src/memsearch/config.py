@@ -19,7 +19,8 @@ from memsearch.errors import InputError, Problem
 
 
 class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: `--set concurrency=true` must be an error, not 1 (no silent bool->int or str->number).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Budgets(_Config):
@@ -151,6 +152,19 @@ class RunConfig(_Config):
         return self
 
 
+def defaulted_sections(tables: dict[str, Any], uses_controller: bool) -> list[str]:
+    """Tables a run depends on that its config leaves out (so defaults fill them silently).
+
+    A whole missing backend table means that role runs the default ``rules`` backend, e.g. an
+    "api" run whose reader is not the API: worth a notice naming the table. The controller
+    counts only when the run calls it (``uses_controller``: a policy controller, or a matrix).
+    """
+    missing = [name for name in ("agent", "budgets") if name not in tables]
+    backends = tables.get("backends") if isinstance(tables.get("backends"), dict) else {}
+    roles = ("memory", "controller", "reader") if uses_controller else ("memory", "reader")
+    return missing + [f"backends.{role}" for role in roles if role not in backends]
+
+
 def group_config(base: RunConfig, group: str) -> RunConfig:
     """The config of one matrix group: the base with the group's memory and controller and
     its overrides applied."""
@@ -202,14 +216,17 @@ def read_config_file(path: str | Path | None) -> dict[str, Any]:
 def config_from_tables(data: dict[str, Any], overrides: list[str] | None, model: type[BaseModel], where: str) -> Any:
     """Apply ``--set`` overrides to raw tables and validate them; problems name ``where`` and the field."""
     data = apply_overrides(data, overrides or [])
+    # A problem in a field that `--set` wrote is reported against the flag, not the file.
+    set_by = {tuple(item.partition("=")[0].strip().split(".")): f"--set {item}" for item in overrides or []}
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"])
+            loc = tuple(str(p) for p in err["loc"])
+            origin = next((flag for key, flag in set_by.items() if loc[:len(key)] == key), where)
             msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-            problems.append(Problem(where, None, field, msg))
+            problems.append(Problem(origin, None, ".".join(loc), msg))
         raise InputError(problems) from None
 
 

@@ -43,10 +43,13 @@ def load_run_config(path: str | Path, overrides: list[str] | None = None) -> Run
     itself (``budgets.max_chunks=3``), so ``memsearch eval --config configs/memagent.toml`` runs
     the recipe's agent. It lives here, not in ``memsearch.config``, so that the bottom layer never
     has to know the pipelines above it (docs/design.md §11)."""
+    return config_from_tables(run_config_tables(path), overrides, RunConfig, str(path))
+
+
+def run_config_tables(path: str | Path) -> dict[str, Any]:
+    """The raw run-config tables of a run config or pipeline config file (before validation)."""
     data = read_config_file(path)
-    if "pipeline" in data:
-        data = episode_table(data)
-    return config_from_tables(data, overrides, RunConfig, str(path))
+    return episode_table(data) if "pipeline" in data else data
 
 
 class _Config(BaseModel):
