@@ -285,3 +285,21 @@ def test_sha256_file(tmp_path):
     data = bytes(range(256)) * 5000  # 1.28 MB: read in two 1 MiB blocks
     path.write_bytes(data)
     assert sha256_file(path) == hashlib.sha256(data).hexdigest()
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_record(tmp_path):
+    """Windows editors write a UTF-8 BOM; it used to make a JSON list "not one object per line"."""
+    listed, lines = tmp_path / "list.json", tmp_path / "lines.jsonl"
+    listed.write_bytes("\ufeff[\n  {\"a\": 1},\n  {\"a\": 2}\n]\n".encode())
+    lines.write_bytes("\ufeff{\"a\": 1}\n{\"a\": 2}\n".encode())
+    assert list(iter_json_records(listed)) == [(2, 0, {"a": 1}), (3, 1, {"a": 2})]
+    assert list(iter_json_records(lines)) == [(1, 0, {"a": 1}), (2, 1, {"a": 2})]
+    assert list(iter_jsonl(lines)) == [(1, {"a": 1}), (2, {"a": 2})]
+
+
+def test_a_folder_given_as_a_file_is_named_as_a_folder(tmp_path):
+    for read in (iter_jsonl, iter_json_records):
+        with pytest.raises(InputError, match=r": is a folder, expected a file$"):
+            list(read(tmp_path))
+    with pytest.raises(InputError, match=r": no such file$"):
+        list(iter_jsonl(tmp_path / "missing.jsonl"))

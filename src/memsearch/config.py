@@ -205,6 +205,8 @@ def read_config_file(path: str | Path | None) -> dict[str, Any]:
     if path is None:
         return {}
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder, expected a TOML config file")
     if not path.is_file():
         raise InputError(f"{path}: no such config file")
     try:

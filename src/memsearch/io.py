@@ -28,6 +28,14 @@ def sha256_file(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def require_file(path: Path) -> None:
+    """``InputError`` unless ``path`` is a file, saying whether it is missing or a folder."""
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder, expected a file")
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+
+
 def dumps_line(record: Any) -> str:
     """One canonical JSON line: keys in declared order, UTF-8 kept as is, no spaces to vary."""
     return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
@@ -55,9 +63,9 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
     """``(line_number, object)`` for each non-blank line; a bad line raises ``InputError``
     naming the file and line."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
-    with open(path, encoding="utf-8") as fh:
+    require_file(path)
+    # utf-8-sig: a byte-order mark (Windows editors write one) is not part of the first record.
+    with open(path, encoding="utf-8-sig") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
@@ -76,10 +84,9 @@ def iter_json_records(path: str | Path) -> Iterator[tuple[int, int, Any]]:
     starts on (``json.load`` would only say that the whole file is bad).
     """
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
+    require_file(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputError([Problem(str(path), None, "encoding", f"not UTF-8 text ({exc.reason}), expected a JSON or JSON-lines file")]) from None
     start = len(text) - len(text.lstrip())

@@ -364,3 +364,38 @@ def test_real_samples_validate_and_do_not_overlap(tmp_path):
     assert problems(train) == []
     assert check_overlap(dev, train) == []
     assert check_overlap(train, dev) == []
+
+
+# --------------------------------------------------------------------------- invisible text (issue 11 item 11)
+
+
+def test_a_question_of_only_invisible_characters_is_refused(bad):
+    tasks = bad / "tasks.jsonl"
+    edit_record(tasks, 2, lambda o: o.update(question="\u200b"))
+    reseal(bad)
+    # (The refused task's label then has no task: reported too.)
+    assert problems(bad)[0] == (f"{tasks}:2: question: Value error, no visible text (only white space or "
+                                "zero-width characters), expected the question (got '\\u200b')")
+
+
+def test_a_document_of_blank_sentences_is_refused_but_one_blank_sentence_is_kept(bad):
+    corpus = bad / "corpus.jsonl"
+    edit_record(corpus, 5, lambda o: o.update(sentences=["", " \u200b"]))
+    edit_record(corpus, 6, lambda o: o.update(sentences=[*o["sentences"], ""]))
+    reseal(bad)
+    found = problems(bad)
+    # (Tasks that list the refused document are reported too; the document with one blank sentence is not.)
+    assert found[0] == (f"{corpus}:5: sentences: Value error, every sentence is blank, expected at least one with "
+                        "visible text (got ['', ' \\u200b'])")
+    assert not any(f"{corpus}:6" in p for p in found)
+
+
+def test_a_supporting_fact_on_a_blank_sentence_is_refused(bad):
+    corpus, labels = bad / "corpus.jsonl", bad / "labels.jsonl"
+    first_label = json.loads(labels.read_text().splitlines()[0])
+    doc_id, sent = first_label["supporting_facts"][0].split(":")
+    line = next(i for i, raw in enumerate(corpus.read_text().splitlines(), 1) if json.loads(raw)["doc_id"] == doc_id)
+    edit_record(corpus, line, lambda o: o["sentences"].__setitem__(int(sent), " "))
+    reseal(bad)
+    assert problems(bad) == [f"{labels}:1: supporting_facts[0]: '{doc_id}:{sent}' points at a blank sentence, "
+                             "expected a sentence with text"]

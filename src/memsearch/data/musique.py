@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from memsearch.data.dataset import Dataset, DocumentPool
-from memsearch.data.records import Label, Task, evidence_id
+from memsearch.data.records import Label, Task, evidence_id, has_visible_text
 from memsearch.data.source import SourceRecord, check_unique_id, finish, iter_source
 from memsearch.errors import InputError, Problem
 from memsearch.io import sha256_file
@@ -70,7 +70,7 @@ def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, in
         return None
     if None in (task_id, question, answer, aliases, paragraphs):
         return None
-    if not question.strip():
+    if not has_visible_text(question):
         record.problem("question", "empty, expected the question text")
         return None
     doc_ids, support = [], []

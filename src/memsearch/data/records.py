@@ -7,14 +7,21 @@ agent may see) and ``labels.jsonl`` (``Label``: what only the scorer may see), p
 
 from __future__ import annotations
 
+import unicodedata
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # Keys that belong to labels; a task that carries any of them leaks the answer to the agent.
 LABEL_KEYS = frozenset(
     {"answer", "answers", "answer_aliases", "supporting_facts", "gold_doc_ids", "gold_positions",
      "type", "level", "decomposition", "is_supporting"}
 )
+
+
+def has_visible_text(text: str) -> bool:
+    """True when ``text`` holds a character a reader can see: not only white space and
+    invisible format characters (zero-width space/joiners, BOM, word joiner: Unicode ``Cf``)."""
+    return any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in text)
 
 
 class _Record(BaseModel):
@@ -26,7 +33,16 @@ class Document(_Record):
 
     doc_id: str = Field(min_length=1, description="Stable id, unique in the corpus")
     title: str = Field(description="Title of the source article")
-    sentences: list[str] = Field(min_length=1, description="Sentences in source order")
+    sentences: list[str] = Field(
+        min_length=1, description="Sentences in source order; blank ones are kept (real HotpotQA has them, and "
+        "evidence ids count positions) but at least one must have visible text")
+
+    @field_validator("sentences")
+    @classmethod
+    def _some_text(cls, sentences: list[str]) -> list[str]:
+        if sentences and not any(has_visible_text(s) for s in sentences):
+            raise ValueError("every sentence is blank, expected at least one with visible text")
+        return sentences
 
     @property
     def text(self) -> str:
@@ -38,11 +54,19 @@ class Task(_Record):
     """What an agent may see of one question."""
 
     id: str = Field(min_length=1, description="Task id (the source dataset's question id)")
-    question: str = Field(min_length=1, description="The question")
+    question: str = Field(min_length=1, description="The question (visible text, not only white space or zero-width characters)")
     doc_ids: list[str] = Field(
         description="Candidate documents (distractor setting), or, for long-context tasks, the "
         "documents of the context in the order they are rendered"
     )
+
+
+    @field_validator("question")
+    @classmethod
+    def _question_visible(cls, question: str) -> str:
+        if question and not has_visible_text(question):
+            raise ValueError("no visible text (only white space or zero-width characters), expected the question")
+        return question
 
 
 class Label(_Record):

@@ -22,7 +22,7 @@ from memsearch.data.dataset import (
     unique_by,
     validation_problems,
 )
-from memsearch.data.records import LABEL_KEYS, Document, Label, Task, split_evidence_id
+from memsearch.data.records import LABEL_KEYS, Document, Label, Task, has_visible_text, split_evidence_id
 from memsearch.errors import InputError, Problem
 from memsearch.io import iter_jsonl
 
@@ -86,6 +86,8 @@ def _check_labels(
                 problems.append(Problem(str(lpath), lineno, f"supporting_facts[{i}]", f"{eid!r} points at unknown document {doc_id!r}, expected a doc_id of corpus.jsonl"))
             elif sent >= len(docs[doc_id][1].sentences):
                 problems.append(Problem(str(lpath), lineno, f"supporting_facts[{i}]", f"{eid!r} points at sentence {sent} but {doc_id} has {len(docs[doc_id][1].sentences)}, expected an existing sentence"))
+            elif not has_visible_text(docs[doc_id][1].sentences[sent]):
+                problems.append(Problem(str(lpath), lineno, f"supporting_facts[{i}]", f"{eid!r} points at a blank sentence, expected a sentence with text"))
             elif doc_id not in task_doc_set:
                 problems.append(Problem(str(lpath), lineno, f"supporting_facts[{i}]", f"{eid!r} is not in the task's documents, expected support among them"))
         for i, doc_id in enumerate(lab.gold_doc_ids):
