@@ -477,3 +477,29 @@ def test_backend_survives_a_new_event_loop(server, caplog, recwarn):
     # The sessions of the earlier loops were dropped without "Unclosed ..." reports.
     assert "Unclosed" not in caplog.text
     assert not [w for w in recwarn if "Unclosed" in str(w.message)]
+
+
+def test_a_completion_that_echoes_the_key_is_stored_scrubbed(server, monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, SECRET)
+    server.script(Action(body=chat_body(f"sure, your key is {SECRET}")))
+    (result,) = run(make_backend(server), [chat("a")])
+    assert result.ok and result.text == "sure, your key is ***"
+
+
+def test_a_short_key_is_not_scrubbed_from_every_message(server, monkeypatch):
+    """A 1-character key used to turn every 'e' of every message into '***'."""
+    monkeypatch.setenv(API_KEY_ENV, "e")
+    server.script(Action(body=chat_body("here we go")), Action(status=400, body={"error": "bad request"}))
+    ok, bad = run(make_backend(server, max_concurrency=1), [chat("a"), chat("b")])
+    assert ok.text == "here we go"
+    assert "request" in bad.error and "***" not in bad.error
+
+
+def test_lone_surrogates_in_a_completion_are_replaced_at_the_boundary(server):
+    """json.loads turns "\\ud800" into a str that cannot be written as UTF-8: the trajectory
+    write failed outside any per-task guard and ended the run."""
+    server.script(Action(body=b'{"choices": [{"index": 0, "message": {"role": "assistant", '
+                               b'"content": "Paris \\ud800 and \\udfff"}, "finish_reason": "stop"}]}'))
+    (result,) = run(make_backend(server), [chat("a")])
+    assert result.ok and result.text == "Paris \ufffd and \ufffd"
+    result.text.encode("utf-8")

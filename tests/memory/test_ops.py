@@ -225,3 +225,15 @@ def test_formatted_ops_survive_wrapping(ops, before, after, fenced, bare):
     # after, since a decoded value ends where it ends.
     before = before.replace("{", "").replace("[", "")
     assert parse_ops(f"{before}{body}{after}").ops == tuple(ops)
+
+
+@pytest.mark.parametrize("field, op", [
+    ("text", r'{"op": "ADD", "text": "Paris \ud800", "sources": ["d1:0"]}'),
+    ("id", r'{"op": "UPDATE", "id": "m1\udc00", "text": "x"}'),
+    ("sources", r'{"op": "ADD", "text": "x", "sources": ["d1:0\ud800"]}'),
+])
+def test_an_op_with_a_lone_surrogate_escape_is_an_invalid_action(field, op):
+    """Stored in memory, "\\ud800" made the trajectory unwritable (UTF-8) and ended the run."""
+    result = parse_ops('{"ops": [%s]}' % op)
+    assert result.ops is None
+    assert f"'{field}' holds a lone surrogate escape" in result.error

@@ -10,7 +10,9 @@ of messages go to ``{base_url}/completions`` with the token ids as ``prompt``.
 
 The API key is read only from the environment variable ``MEMSEARCH_API_KEY`` (sent as
 ``Authorization: Bearer ...``), at request time. It is never a constructor argument, never kept
-on the instance, and scrubbed from every error string we produce.
+on the instance, and scrubbed (when it has at least 8 characters) from every error string we
+produce and from every completion we return. Completion text has lone surrogates (a JSON
+``"\\ud800"`` escape) replaced by U+FFFD, so a trajectory holding it can always be written.
 
 Failures never raise out of ``generate``: 429, 5xx, connection errors, timeouts and malformed
 bodies are retried with exponential backoff and full jitter (``Retry-After`` honoured on 429);
@@ -38,6 +40,7 @@ from memsearch.backends.base import (
     SamplingParams,
     Usage,
 )
+from memsearch.safe_text import replace_lone_surrogates
 from memsearch.tokenizer import Tokenizer
 
 API_KEY_ENV = "MEMSEARCH_API_KEY"
@@ -86,10 +89,16 @@ def constraint_body(constraint: Constraint | None, choice_style: ChoiceStyle = "
     return body
 
 
+# Shorter keys are not scrubbed: replacing a 1-character "key" would mangle every message, and
+# no real API key is that short.
+MIN_SCRUBBED_KEY_CHARS = 8
+
+
 def _scrub(text: str) -> str:
-    """``text`` with the API key (if one is set) replaced, for anything we log or return."""
+    """``text`` with the API key (if one of at least 8 characters is set) replaced, for anything
+    we log, return or store, completions included (a server may echo the key back)."""
     key = os.environ.get(API_KEY_ENV)
-    if key:
+    if key and len(key) >= MIN_SCRUBBED_KEY_CHARS:
         text = text.replace(key, "***")
     return text
 
@@ -380,6 +389,9 @@ class OpenAIBackend:
         if not isinstance(text, str):
             raise _Malformed("completion text is not a string")
 
+        # The completion is stored in the trajectory: no lone surrogates (unwritable as UTF-8)
+        # and never the API key, even when the server echoes it.
+        text = _scrub(replace_lone_surrogates(text))
         finish_reason = "length" if choice.get("finish_reason") == "length" else "stop"
         tokens, logprobs = _logprobs(choice.get("logprobs"), chat)
         ids = _token_ids(choice.get("token_ids")) or _ids_from_tokens(tokens)

@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from memsearch.safe_text import has_lone_surrogate
+
 Kind = Literal["fact", "open"]
 KINDS: tuple[str, ...] = ("fact", "open")
 OP_NAMES: tuple[str, ...] = ("ADD", "UPDATE", "DELETE", "NOOP")
@@ -190,6 +192,13 @@ def _parse_op(i: int, raw: Any) -> Op:
     sources = raw.get("sources")
     if "sources" in raw and not (isinstance(sources, list) and all(isinstance(s, str) for s in sources)):
         raise _Malformed(f"{where}: 'sources' must be a list of strings")
+    # A JSON escape such as "\ud800" decodes to a lone surrogate: not Unicode text, and stored in
+    # memory it would make the trajectory unwritable.
+    for key in ("id", "text"):
+        if key in raw and has_lone_surrogate(raw[key]):
+            raise _Malformed(f"{where}: {key!r} holds a lone surrogate escape (\\ud800-\\udfff), expected Unicode text")
+    if sources and any(has_lone_surrogate(s) for s in sources):
+        raise _Malformed(f"{where}: 'sources' holds a lone surrogate escape (\\ud800-\\udfff), expected evidence ids")
     kind = raw.get("kind")
     if "kind" in raw:
         if not isinstance(kind, str) or kind.strip().lower() not in KINDS:
