@@ -81,7 +81,7 @@ def test_learning_rate_follows_the_schedule_per_optimizer_step(tiny_model_dir, t
     assert optimizer.state[trainable_parameters(policy)[0]]["step"] == total
 
 
-def test_kl_reference_is_the_starting_adapter(tiny_model_dir, tiny_adapter_dir):
+def test_kl_reference_is_the_starting_adapter(tiny_model_dir, tiny_adapter_dir, tmp_path):
     """GRPO started from an (SFT) adapter keeps a frozen copy of it as the KL reference: at the
     first pass KL is 0; the copy is never trained, never in the optimizer, never saved."""
     cfg = config(kl_coef=0.5)
@@ -103,6 +103,16 @@ def test_kl_reference_is_the_starting_adapter(tiny_model_dir, tiny_adapter_dir):
         if n in reference:
             assert torch.equal(p, reference[n]), n
     assert policy.active_adapter == "default"
+    # checkpoints, the final adapter and merges hold the trained adapter only, loadable alone
+    from safetensors.torch import load_file
+
+    from memsearch.train.policy import save_adapter
+
+    save_adapter(policy, tmp_path / "adapter")
+    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == ["README.md", "adapter_config.json",
+                                                                     "adapter_model.safetensors"]
+    saved = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    assert len(saved) == len(trainable) and not any(REFERENCE_ADAPTER in k for k in saved)
 
 
 def test_kl_reference_without_adapter_is_the_base(tiny_model_dir):

@@ -100,8 +100,10 @@ class GRPOConfig(_Config):
         "trajectory", description="trajectory: each trajectory normalized by its generated tokens; token: token mean; sequence: row mean"
     )
     kl_coef: float = Field(
-        0.0, ge=0, description="k3 KL penalty to the reference: a frozen copy of the starting adapter when `adapter` is "
-        "given, else the base model (adapter disabled)")
+        0.0, ge=0, description="k3 KL penalty to the reference (kl_reference)")
+    kl_reference: Literal["start", "base"] = Field(
+        "start", description="KL reference: 'start' = the weights training starts from (a frozen copy of `adapter` when "
+        "given, else the base); 'base' = the base model with the adapter disabled, even after an SFT adapter")
     epochs: int = Field(1, ge=1, description="Passes over each rollout batch (old log-probs taken once, before the first)")
     mini_batches_per_step: int = Field(
         1, ge=1, description="Mini-batches per rollout batch, one optimizer step each per epoch (whole trajectories, "

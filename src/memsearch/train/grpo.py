@@ -300,7 +300,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
         labels = dataset.labels_by_id()
         device = dist.device(cfg.device)
         policy, tokenizer, note = load_policy(cfg.model, cfg.adapter, cfg.lora, device, cfg.dtype, cfg.seed,
-                                              keep_reference=cfg.kl_coef > 0)
+                                              keep_reference=cfg.kl_coef > 0 and cfg.kl_reference == "start")
         if dist.main:
             echo(note)
         optimizer, scheduler = make_optimizer(policy, cfg.optim, cfg.steps * cfg.epochs * cfg.mini_batches_per_step)
