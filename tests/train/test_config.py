@@ -40,6 +40,12 @@ def test_schema_mode_of_an_untrained_memory_backend_is_its_own():
     assert cfg.schema_mode is False and cfg.episode.backends.memory.schema_mode is True
 
 
+def test_dual_clip_bound_is_above_one_or_off():
+    assert GRPOConfig(data="x").dual_clip == 3.0 and GRPOConfig(data="x", dual_clip=0).dual_clip == 0
+    with pytest.raises(ValidationError, match="dual-clip bound must be > 1"):
+        GRPOConfig(data="x", dual_clip=0.5)
+
+
 def test_memagent_recipe_trains_like_the_reference():
     from memsearch.pipeline.config import MemAgentPipeline
 

@@ -106,9 +106,10 @@ def test_dual_clip_bounds_the_loss_of_negative_advantages():
     # A > 0: the dual clip never applies (ratio 4 is clipped to 1.2 by the ordinary clip)
     loss, stats = policy_loss(new.detach()[:, 2:], old[:, 2:], torch.tensor([1.0]), mask[:, 2:], w, 0.2, 0.2, dual_clip=3.0)
     assert float(loss) == pytest.approx(-1.2, abs=1e-6) and stats["dual_clipped"] == 0
-    # disabled: the unbounded PPO loss
-    loss, _ = policy_loss(new.detach()[:, :1], old[:, :1], torch.tensor([-2.0]), mask[:, :1], w, 0.2, 0.2, dual_clip=None)
-    assert float(loss) == pytest.approx(8.0, abs=1e-5)
+    # disabled (None, or 0 from a TOML config): the unbounded PPO loss
+    for off in (None, 0.0):
+        loss, _ = policy_loss(new.detach()[:, :1], old[:, :1], torch.tensor([-2.0]), mask[:, :1], w, 0.2, 0.2, dual_clip=off)
+        assert float(loss) == pytest.approx(8.0, abs=1e-5)
 
 
 def test_extreme_ratios_stay_finite():

@@ -109,9 +109,9 @@ class GRPOConfig(_Config):
         1, ge=1, description="Mini-batches per rollout batch, one optimizer step each per epoch (whole trajectories, "
         "split in order on each rank); old log-probs are taken before the first, so later mini-batches are off-policy "
         "and the clip acts. 1 = one full-batch step (the ratio is exactly 1)")
-    dual_clip: float | None = Field(
-        3.0, gt=1.0, description="Dual-clip bound c (verl's clip_ratio_c): a negative-advantage token's loss is at most "
-        "-A*c. Acts only once the ratio departs from 1 (mini-batches, epochs > 1); None disables it")
+    dual_clip: float = Field(
+        3.0, ge=0.0, description="Dual-clip bound c > 1 (verl's clip_ratio_c): a negative-advantage token's loss is at "
+        "most -A*c. Acts only once the ratio departs from 1 (mini-batches, epochs > 1); 0 disables it")
     disable_dropout: bool = Field(
         True, description="Train with dropout off (as TRL's disable_dropout): the update then differentiates the "
         "function the rollouts sampled from (they always run without dropout), so the first pass has ratio 1 even "
@@ -151,6 +151,8 @@ class GRPOConfig(_Config):
             raise ValueError("role 'controller' needs episode.agent.controller = 'policy'")
         if self.role == "overwrite" and agent.memory != "overwrite":
             raise ValueError("role 'overwrite' needs episode.agent.memory = 'overwrite' (MemAgent)")
+        if 0 < self.dual_clip <= 1:
+            raise ValueError(f"dual_clip = {self.dual_clip}: the dual-clip bound must be > 1 (or 0 to disable it)")
         if self.schema_mode and self.role != "memory":
             raise ValueError("schema_mode applies to the memory role (decision mode) only")
         episode_mode = self.episode.backends.memory.schema_mode

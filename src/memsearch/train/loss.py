@@ -108,7 +108,7 @@ def policy_loss(
         mask: (B, T) 1 for completion tokens in the loss, 0 for padding.
         weights: (B,) per-token weight of each row (``assign_weights``).
         ref_logprobs: (B, T) reference log-probs, needed when ``kl_coef > 0``.
-        dual_clip: the dual-clip bound c > 1 for negative advantages (None: no dual clip).
+        dual_clip: the dual-clip bound c > 1 for negative advantages (None or 0: no dual clip).
 
     Returns the weighted loss sum (divide by the global denominator) and sums over masked
     tokens: ``tokens``, ``clipped`` (tokens where the clip is active), ``dual_clipped`` (tokens
@@ -121,7 +121,7 @@ def policy_loss(
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
     dual = torch.zeros_like(per_token, dtype=torch.bool)
-    if dual_clip is not None:
+    if dual_clip:
         bound = -adv * dual_clip
         dual = (adv < 0) & (per_token > bound)
         per_token = torch.where(dual, bound.expand_as(per_token), per_token)
