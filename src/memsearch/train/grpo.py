@@ -12,16 +12,17 @@ One step, top to bottom (``train_grpo``):
    other roles by whatever backend the episode config names (rules, a frozen stage-1 model...);
 3. reward each trajectory (``reward.trajectory_reward``), advantage per trajectory inside its
    group, expanded to its rows without dropping any (``rows.build_batch``);
-4. recompute log-probs (the schema mask replayed), clipped policy loss (+ KL to the base with
-   the adapter disabled), micro-batched backward, gradients summed over ranks and divided by
-   the global denominator, clip, AdamW step (``update``);
+4. recompute log-probs (the schema mask replayed), clipped policy loss (+ k3 KL to the
+   reference: the frozen starting adapter, or the base), micro-batched backward, gradients
+   summed over ranks and divided by the global denominator, clip, AdamW step and LR-schedule
+   step, once per mini-batch and epoch (``update``);
 5. check the row-count contract, log, checkpoint, evaluate.
 
 ``--resume`` continues from the newest complete checkpoint exactly (weights, optimizer,
 scheduler, RNG, data position are functions of the step). The old log-probs of the ratio are
-the trainer's own forward pass before the update (for ``epochs = 1`` the detached new log-probs,
-so the ratio is exactly 1 at the first pass); the rollout log-probs are kept and their largest
-deviation from the recomputation is logged (``logprob_mismatch``).
+the trainer's own dropout-free forward pass before the first optimizer step (with one step per
+batch, the detached new log-probs: the ratio is exactly 1); the rollout log-probs are kept and
+their largest deviation from that recomputation is logged (``logprob_mismatch``).
 """
 
 from __future__ import annotations
