@@ -171,7 +171,8 @@ def update(model, optimizer, batch: Batch, cfg: GRPOConfig, dist: Dist, pad_id: 
                 scheduler.step()
             if epoch == 0:
                 part_denominator[k] = denominator
-                norms.append(float(norm))
+                if denominator > 0:  # the mean gradient norm of the steps that updated
+                    norms.append(float(norm))
     model.eval()
     total = dist.all_sum([*part_loss, sums["tokens"], sums["clipped"], sums["kl"], sums["entropy"], sums["ratio"]])
     losses, (tokens, clipped, kl, entropy, ratio) = total[:len(plan)], total[len(plan):]
