@@ -65,3 +65,65 @@ def test_asymmetric_clip():
     # ratio 1.25 < 1.28: unclipped; ratio 0.7 with A>0: min(0.7, 0.8) = 0.7 (pessimistic, not clipped)
     assert float(loss) == pytest.approx(-(1.25 + 0.7), abs=1e-6)
     assert stats["clipped"] == 0
+
+
+def test_k3_is_clamped_as_verl_does():
+    """log(ref/new) is clamped to [-20, 20] before exp and k3 to [-10, 10]: extreme log-probs
+    give finite values and gradients (0 where a clamp is active)."""
+    deltas = [100.0, 50.0, 3.0, 1.0, -1.0, -50.0, -100.0]  # ref - new
+    new = torch.tensor([[-120.0 + 0 * d for d in deltas]], requires_grad=True)
+    ref = new.detach() + torch.tensor([deltas])
+    loss, stats = policy_loss(new, new.detach(), torch.tensor([0.0]), torch.ones((1, len(deltas))), torch.tensor([1.0]),
+                              0.2, 0.2, ref_logprobs=ref, kl_coef=1.0)
+
+    def k3(d):
+        d = max(-20.0, min(20.0, d))
+        return max(-10.0, min(10.0, math.exp(d) - d - 1))
+
+    expected = [k3(d) for d in deltas]
+    assert expected == pytest.approx([10, 10, 10, math.e - 2, math.exp(-1), 10, 10])
+    assert float(loss) == pytest.approx(sum(expected), rel=1e-6)
+    assert stats["kl"] == pytest.approx(sum(expected), rel=1e-6)
+    loss.backward()
+    assert torch.isfinite(new.grad).all()
+    # d/dnew k3 = 1 - exp(ref - new) where no clamp is active, 0 where one is
+    want = [0.0, 0.0, 0.0, 1 - math.e, 1 - math.exp(-1), 0.0, 0.0]
+    assert new.grad[0].tolist() == pytest.approx(want, abs=1e-5)
+
+
+def test_dual_clip_bounds_the_loss_of_negative_advantages():
+    """verl's dual clip (clip_ratio_c): with A < 0 the per-token loss is at most -A * c."""
+    new = torch.log(torch.tensor([[4.0, 2.5, 4.0]])).requires_grad_(True)
+    old = torch.zeros((1, 3))
+    mask, w = torch.ones((1, 3)), torch.tensor([1.0])
+    # A = -2: ratio 4 -> max(8, 2.4) = 8 -> min(3 * 2, 8) = 6 (dual clip active, no gradient);
+    # ratio 2.5 -> 5 < 6, unchanged, gradient -A * ratio = 5
+    loss, stats = policy_loss(new[:, :2], old[:, :2], torch.tensor([-2.0]), mask[:, :2], w, 0.2, 0.2, dual_clip=3.0)
+    assert float(loss) == pytest.approx(6.0 + 5.0, abs=1e-5)
+    assert stats["dual_clipped"] == 1
+    loss.backward()
+    assert new.grad[0, :2].tolist() == pytest.approx([0.0, 5.0], abs=1e-5)
+    # A > 0: the dual clip never applies (ratio 4 is clipped to 1.2 by the ordinary clip)
+    loss, stats = policy_loss(new.detach()[:, 2:], old[:, 2:], torch.tensor([1.0]), mask[:, 2:], w, 0.2, 0.2, dual_clip=3.0)
+    assert float(loss) == pytest.approx(-1.2, abs=1e-6) and stats["dual_clipped"] == 0
+    # disabled (None, or 0 from a TOML config): the unbounded PPO loss
+    for off in (None, 0.0):
+        loss, _ = policy_loss(new.detach()[:, :1], old[:, :1], torch.tensor([-2.0]), mask[:, :1], w, 0.2, 0.2, dual_clip=off)
+        assert float(loss) == pytest.approx(8.0, abs=1e-5)
+
+
+def test_extreme_ratios_stay_finite():
+    """A log-ratio of +-100 would overflow exp(): it is clamped to +-20 first (as verl does), so
+    loss and gradients stay finite with either sign of the advantage."""
+    new = torch.tensor([[100.0, -100.0]], requires_grad=True)
+    old = torch.zeros((1, 2))
+    for adv in (-1.5, 1.5):
+        new.grad = None
+        loss, stats = policy_loss(new, old, torch.tensor([adv]), torch.ones((1, 2)), torch.tensor([1.0]), 0.2, 0.2,
+                                  dual_clip=3.0)
+        loss.backward()
+        assert math.isfinite(float(loss)) and torch.isfinite(new.grad).all() and math.isfinite(stats["ratio"])
+        if adv < 0:  # ratio e^20 -> dual clip 3 * 1.5; ratio e^-20 -> max(1.5 e^-20, 1.5 * 0.8) = 1.2
+            assert float(loss) == pytest.approx(4.5 + 1.2, abs=1e-5)
+        else:  # ratio e^20 -> clipped 1.2 * 1.5; ratio e^-20 -> -1.5 e^-20 (pessimistic min keeps it)
+            assert float(loss) == pytest.approx(-1.8 - 1.5 * math.exp(-20), abs=1e-5)

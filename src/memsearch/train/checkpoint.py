@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from memsearch.train.distributed import Dist
+from memsearch.train.policy import save_adapter
 
 _COMPLETE = "COMPLETE"
 
@@ -51,7 +52,7 @@ def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, dist: Di
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        model.save_pretrained(str(tmp / "adapter"))
+        save_adapter(model, tmp / "adapter")
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step,
                     "extra": extra}, tmp / "trainer.pt")
     dist.barrier()

@@ -88,7 +88,10 @@ class GRPOConfig(_Config):
     group_size: int = Field(4, ge=2, description="Rollouts per task (the GRPO group)")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of the trained role (full distribution at 1)")
     top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus of the trained role; < 1 makes recomputed log-probs differ")
-    schema_mode: bool = Field(False, description="Memory role: sample under the ops JSON schema; the mask is replayed in the loss")
+    schema_mode: bool = Field(
+        False, description="Memory role: sample under the ops JSON schema; the mask is replayed in the loss. The one "
+        "source of truth for rollouts and periodic evaluation: episode.backends.memory.schema_mode follows it, and a "
+        "config where the two disagree is refused")
     credit: Literal["share", "split"] = Field("share", description="share: every row gets the advantage; split: advantage / rows")
     std_scale: bool = Field(False, description="Divide advantages by the group's standard deviation")
     clip_low: float = Field(0.2, ge=0, description="Ratio clip below: 1 - clip_low")
@@ -96,8 +99,23 @@ class GRPOConfig(_Config):
     aggregation: Literal["trajectory", "token", "sequence"] = Field(
         "trajectory", description="trajectory: each trajectory normalized by its generated tokens; token: token mean; sequence: row mean"
     )
-    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the reference (the base model, adapter disabled)")
-    epochs: int = Field(1, ge=1, description="Optimizer steps per rollout batch (old log-probs recomputed before the first)")
+    kl_coef: float = Field(
+        0.0, ge=0, description="k3 KL penalty to the reference (kl_reference)")
+    kl_reference: Literal["start", "base"] = Field(
+        "start", description="KL reference: 'start' = the weights training starts from (a frozen copy of `adapter` when "
+        "given, else the base); 'base' = the base model with the adapter disabled, even after an SFT adapter")
+    epochs: int = Field(1, ge=1, description="Passes over each rollout batch (old log-probs taken once, before the first)")
+    mini_batches_per_step: int = Field(
+        1, ge=1, description="Mini-batches per rollout batch, one optimizer step each per epoch (whole trajectories, "
+        "split in order on each rank); old log-probs are taken before the first, so later mini-batches are off-policy "
+        "and the clip acts. 1 = one full-batch step (the ratio is exactly 1)")
+    dual_clip: float = Field(
+        3.0, ge=0.0, description="Dual-clip bound c > 1 (verl's clip_ratio_c): a negative-advantage token's loss is at "
+        "most -A*c. Acts only once the ratio departs from 1 (mini-batches, epochs > 1); 0 disables it")
+    disable_dropout: bool = Field(
+        True, description="Train with dropout off (as TRL's disable_dropout): the update then differentiates the "
+        "function the rollouts sampled from (they always run without dropout), so the first pass has ratio 1 even "
+        "with lora.dropout > 0. Old and reference log-probs are always taken without dropout")
     micro_batch_tokens: int = Field(
         1024, ge=64, description="Padded tokens per forward/backward micro-batch: bounds activation memory; gradients "
         "accumulate exactly, so it changes memory and speed, not the update (raise it on a GPU)")
@@ -122,7 +140,7 @@ class GRPOConfig(_Config):
                 raise ValueError(f"episode_config {path}: no such file")
             base = tomllib.loads(path.read_text(encoding="utf-8"))
             data = {**data, "episode": _deep_merge(base, data.get("episode") or {})}
-        return data
+        return _schema_mode_fills_episode(data)
 
     @model_validator(mode="after")
     def _role_fits_episode(self) -> GRPOConfig:
@@ -133,9 +151,37 @@ class GRPOConfig(_Config):
             raise ValueError("role 'controller' needs episode.agent.controller = 'policy'")
         if self.role == "overwrite" and agent.memory != "overwrite":
             raise ValueError("role 'overwrite' needs episode.agent.memory = 'overwrite' (MemAgent)")
+        if 0 < self.dual_clip <= 1:
+            raise ValueError(f"dual_clip = {self.dual_clip}: the dual-clip bound must be > 1 (or 0 to disable it)")
         if self.schema_mode and self.role != "memory":
             raise ValueError("schema_mode applies to the memory role (decision mode) only")
+        episode_mode = self.episode.backends.memory.schema_mode
+        if self.role in ("memory", "overwrite") and episode_mode != self.schema_mode:
+            # Rollouts sample the trained memory calls with `schema_mode`, periodic evaluation (and
+            # `memsearch eval` of this episode) with the episode's: the evaluated policy would not
+            # be the trained one.
+            raise ValueError(f"schema_mode = {str(self.schema_mode).lower()} and episode.backends.memory.schema_mode = "
+                             f"{str(episode_mode).lower()} disagree: training and evaluation must sample the memory role "
+                             "the same way; set schema_mode (the episode follows it) and leave the episode's unset")
         return self
+
+
+def _schema_mode_fills_episode(data: Any) -> Any:
+    """Copy a given top-level ``schema_mode`` into ``episode.backends.memory`` when the episode
+    does not set it, so that one setting drives rollouts and periodic evaluation; a value the
+    episode sets itself is kept (and refused by ``_role_fits_episode`` when it disagrees)."""
+    if not isinstance(data, dict) or "schema_mode" not in data:
+        return data
+    if data.get("role", "memory") not in ("memory", "overwrite"):
+        return data  # the memory role is not trained: its backend's schema mode is its own
+    episode = data.get("episode")
+    if isinstance(episode, RunConfig):
+        return data  # a validated episode says what it says
+    episode = dict(episode or {})
+    backends = dict(episode.get("backends") or {})
+    memory = dict(backends.get("memory") or {})
+    memory.setdefault("schema_mode", data["schema_mode"])
+    return {**data, "episode": {**episode, "backends": {**backends, "memory": memory}}}
 
 
 class SFTConfig(_Config):

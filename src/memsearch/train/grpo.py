@@ -12,16 +12,17 @@ One step, top to bottom (``train_grpo``):
    other roles by whatever backend the episode config names (rules, a frozen stage-1 model...);
 3. reward each trajectory (``reward.trajectory_reward``), advantage per trajectory inside its
    group, expanded to its rows without dropping any (``rows.build_batch``);
-4. recompute log-probs (the schema mask replayed), clipped policy loss (+ KL to the base with
-   the adapter disabled), micro-batched backward, gradients summed over ranks and divided by
-   the global denominator, clip, AdamW step (``update``);
+4. recompute log-probs (the schema mask replayed), clipped policy loss (+ k3 KL to the
+   reference: the frozen starting adapter, or the base), micro-batched backward, gradients
+   summed over ranks and divided by the global denominator, clip, AdamW step and LR-schedule
+   step, once per mini-batch and epoch (``update``);
 5. check the row-count contract, log, checkpoint, evaluate.
 
 ``--resume`` continues from the newest complete checkpoint exactly (weights, optimizer,
 scheduler, RNG, data position are functions of the step). The old log-probs of the ratio are
-the trainer's own forward pass before the update (for ``epochs = 1`` the detached new log-probs,
-so the ratio is exactly 1 at the first pass); the rollout log-probs are kept and their largest
-deviation from the recomputation is logged (``logprob_mismatch``).
+the trainer's own dropout-free forward pass before the first optimizer step (with one step per
+batch, the detached new log-probs: the ratio is exactly 1); the rollout log-probs are kept and
+their largest deviation from that recomputation is logged (``logprob_mismatch``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from memsearch.train.config import GRPOConfig
 from memsearch.train.distributed import Dist
 from memsearch.train.log import TrainLog
 from memsearch.train.logprobs import completion_logprobs, micro_batches
-from memsearch.train.loss import assign_weights, policy_loss
+from memsearch.train.loss import assign_weights, policy_loss, split_mini_batches
 from memsearch.train.rows import TRAINED_CALL_ROLES, Batch, build_batch
 from memsearch.train.run_folder import finish_run, prepare_run_folder
 
@@ -94,66 +95,108 @@ def _mask_fn(tokenizer):
     return masks
 
 
-def update(model, optimizer, batch: Batch, cfg: GRPOConfig, dist: Dist, pad_id: int, mask_fn=None) -> UpdateStats:
-    """``cfg.epochs`` optimizer steps on this rank's rows (all ranks call it together)."""
-    from memsearch.train.policy import trainable_parameters
+def update(model, optimizer, batch: Batch, cfg: GRPOConfig, dist: Dist, pad_id: int, mask_fn=None,
+           scheduler=None) -> UpdateStats:
+    """``cfg.epochs`` passes over this rank's rows, ``cfg.mini_batches_per_step`` optimizer steps
+    each (all ranks call it together); ``scheduler`` (if given) is stepped after every optimizer
+    step, so a schedule sized ``steps * epochs * mini_batches_per_step`` ends where it should.
+
+    Mini-batches (``loss.split_mini_batches``): each rank deals its own trajectories, whole and
+    in order, into ``mini_batches_per_step`` parts; optimizer step k is the loss over the union of
+    every rank's part k, normalised by that union's denominator (the aggregation's D summed over
+    the ranks by ``reduce_gradients``), i.e. exactly one process training on those rows. Every
+    rank calls ``reduce_gradients`` once per part, empty or not, so the collectives stay in step;
+    a step whose global denominator is 0 is skipped but still counts for the schedule (the
+    learning rate is a function of the step number, which keeps ``--resume`` exact).
+
+    Old log-probs (when the ratio can depart from 1: epochs > 1 or mini-batches) and reference
+    log-probs are taken once, before the first optimizer step, without dropout (eval mode). The
+    update itself runs without dropout too unless ``cfg.disable_dropout`` is off. Statistics are
+    those of the first epoch (over all its mini-batches).
+    """
+    from memsearch.train.policy import reference_policy, trainable_parameters
 
     rows = batch.rows
     params = trainable_parameters(model)
-    local_denominator = assign_weights(rows, cfg.aggregation)
-    groups = micro_batches(rows, cfg.micro_batch_tokens) if rows else []
+    plan = []  # per mini-batch: (local denominator, micro-batches as indices into rows)
+    for part in split_mini_batches(rows, cfg.mini_batches_per_step):
+        sub = [rows[i] for i in part]
+        local_denominator = assign_weights(sub, cfg.aggregation)
+        plan.append((local_denominator, [[part[j] for j in idx] for idx in micro_batches(sub, cfg.micro_batch_tokens)]))
+    off_policy = cfg.epochs > 1 or cfg.mini_batches_per_step > 1
     stats = UpdateStats()
-    old: list[torch.Tensor | None] = [None] * len(groups)
-    ref: list[torch.Tensor | None] = [None] * len(groups)
-    model.train()
+    old: dict[tuple[int, int], torch.Tensor] = {}
+    ref: dict[tuple[int, int], torch.Tensor] = {}
+    model.eval()  # old and reference log-probs of the function the rollouts sampled from: no dropout
     with torch.no_grad():
-        for g, idx in enumerate(groups):
-            sub = [rows[i] for i in idx]
-            if cfg.epochs > 1:
-                old[g] = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
-            if cfg.kl_coef > 0:
-                with model.disable_adapter():
-                    ref[g] = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
-    sums = {"loss": 0.0, "tokens": 0.0, "clipped": 0.0, "kl": 0.0, "entropy": 0.0, "ratio": 0.0}
+        for k, (_, micros) in enumerate(plan):
+            for g, idx in enumerate(micros):
+                sub = [rows[i] for i in idx]
+                if off_policy:
+                    old[k, g] = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
+                    stats.logprob_mismatch = max(stats.logprob_mismatch, _mismatch(old[k, g], sub))
+                if cfg.kl_coef > 0:
+                    with reference_policy(model):
+                        ref[k, g] = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
+    model.train(not cfg.disable_dropout)
+    sums = {"tokens": 0.0, "clipped": 0.0, "kl": 0.0, "entropy": 0.0, "ratio": 0.0}
+    part_loss = [0.0] * len(plan)
+    part_denominator = [0.0] * len(plan)
+    norms: list[float] = []
     for epoch in range(cfg.epochs):
-        optimizer.zero_grad(set_to_none=False)
-        for g, idx in enumerate(groups):
-            sub = [rows[i] for i in idx]
-            scored = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn, with_entropy=epoch == 0)
-            old_lp = old[g] if old[g] is not None else scored.logprobs.detach()
-            adv = torch.tensor([r.advantage for r in sub], device=scored.logprobs.device)
-            weights = torch.tensor([r.weight for r in sub], device=scored.logprobs.device)
-            loss_sum, st = policy_loss(scored.logprobs, old_lp, adv, scored.mask, weights, cfg.clip_low, cfg.clip_high,
-                                       ref[g], cfg.kl_coef)
-            loss_sum.backward()
+        for k, (local_denominator, micros) in enumerate(plan):
+            optimizer.zero_grad(set_to_none=False)
+            for g, idx in enumerate(micros):
+                sub = [rows[i] for i in idx]
+                scored = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn, with_entropy=epoch == 0)
+                old_lp = old[k, g] if off_policy else scored.logprobs.detach()
+                adv = torch.tensor([r.advantage for r in sub], device=scored.logprobs.device)
+                weights = torch.tensor([r.weight for r in sub], device=scored.logprobs.device)
+                loss_sum, st = policy_loss(scored.logprobs, old_lp, adv, scored.mask, weights, cfg.clip_low, cfg.clip_high,
+                                           ref.get((k, g)), cfg.kl_coef, cfg.dual_clip)
+                loss_sum.backward()
+                if epoch == 0:
+                    stats.consumed += len(sub)
+                    part_loss[k] += loss_sum.item()
+                    for key in ("tokens", "clipped", "kl", "ratio"):
+                        sums[key] += st[key]
+                    sums["entropy"] += float(scored.entropy.sum()) if scored.entropy is not None else 0.0
+                    if not off_policy:  # the first (and only) pass is before any update
+                        stats.logprob_mismatch = max(stats.logprob_mismatch, _mismatch(scored.logprobs.detach(), sub))
+            denominator = dist.reduce_gradients(params, local_denominator)
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or float("inf"))
+            if denominator > 0:
+                optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
             if epoch == 0:
-                stats.consumed += len(sub)
-                sums["loss"] += loss_sum.item()
-                for key in ("tokens", "clipped", "kl", "ratio"):
-                    sums[key] += st[key]
-                sums["entropy"] += float(scored.entropy.sum()) if scored.entropy is not None else 0.0
-                c_max = scored.logprobs.shape[1]
-                for k, row in enumerate(sub):
-                    c = len(row.completion_ids)
-                    if c:
-                        got = scored.logprobs[k, c_max - c:].detach().cpu()
-                        diff = (got - torch.tensor(row.rollout_logprobs)).abs().max()
-                        stats.logprob_mismatch = max(stats.logprob_mismatch, float(diff))
-        denominator = dist.reduce_gradients(params, local_denominator)
-        norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or float("inf"))
-        if denominator > 0:
-            optimizer.step()
-        if epoch == 0:
-            stats.grad_norm, stats.denominator = float(norm), denominator
+                part_denominator[k] = denominator
+                if denominator > 0:  # the mean gradient norm of the steps that updated
+                    norms.append(float(norm))
     model.eval()
-    total = dist.all_sum([sums["loss"], sums["tokens"], sums["clipped"], sums["kl"], sums["entropy"], sums["ratio"]])
-    loss, tokens, clipped, kl, entropy, ratio = total
-    stats.loss = loss / stats.denominator if stats.denominator else 0.0
+    total = dist.all_sum([*part_loss, sums["tokens"], sums["clipped"], sums["kl"], sums["entropy"], sums["ratio"]])
+    losses, (tokens, clipped, kl, entropy, ratio) = total[:len(plan)], total[len(plan):]
+    # The loss of the first epoch: the mean over its optimizer steps of each step's normalised loss.
+    stepped = [loss / d for loss, d in zip(losses, part_denominator, strict=True) if d > 0]
+    stats.loss = sum(stepped) / len(stepped) if stepped else 0.0
+    stats.denominator = sum(part_denominator)
+    stats.grad_norm = sum(norms) / len(norms) if norms else 0.0
     stats.tokens = tokens
     if tokens:
         stats.clip_fraction, stats.kl, stats.entropy, stats.ratio_mean = clipped / tokens, kl / tokens, entropy / tokens, ratio / tokens
     stats.logprob_mismatch = dist.all_max([stats.logprob_mismatch])[0]
     return stats
+
+
+def _mismatch(logprobs: torch.Tensor, rows) -> float:
+    """Largest |recomputed - rollout| log-prob over the rows' completion tokens (right-aligned)."""
+    worst, c_max = 0.0, logprobs.shape[1]
+    for k, row in enumerate(rows):
+        c = len(row.completion_ids)
+        if c:
+            got = logprobs[k, c_max - c:].detach().cpu()
+            worst = max(worst, float((got - torch.tensor(row.rollout_logprobs)).abs().max()))
+    return worst
 
 
 class Rollouts:
@@ -192,12 +235,10 @@ class Rollouts:
         """The episode config of rollout ``k`` at ``step``: trained roles sample at T with their own seed."""
         from memsearch.config import RunConfig
 
-        data = self.cfg.episode.model_dump(mode="json")
+        data = trained_role_backends(self.cfg, self.cfg.episode.model_dump(mode="json"))
         for role in self.trained:
-            data["backends"][role]["kind"] = "hf"
             data["backends"][role]["sampling"] = {"temperature": self.cfg.temperature, "top_p": self.cfg.top_p,
                                                   "seed": derived_seed(self.cfg.seed, "rollout", step, k)}
-            data["backends"][role]["schema_mode"] = self.cfg.schema_mode and role == "memory"
         return RunConfig.model_validate(data)
 
     def run(self, tasks, step: int) -> list[list[dict[str, Any]]]:
@@ -222,14 +263,23 @@ class Rollouts:
         asyncio.run(close_all())
 
 
+def trained_role_backends(cfg: GRPOConfig, data: dict[str, Any], adapter: Path | None = None) -> dict[str, Any]:
+    """``data`` (a dumped episode config) with the trained roles on the hf policy, sampled the
+    way training samples them: the one place rollouts and periodic evaluation take it from, so
+    the evaluated policy is the trained one (``schema_mode`` included)."""
+    for role in TRAINED_CALL_ROLES[cfg.role]:
+        data["backends"][role].update(kind="hf", schema_mode=cfg.schema_mode and role == "memory")
+        if adapter is not None:
+            data["backends"][role].update(model=cfg.model, adapter=str(adapter))
+    return data
+
+
 def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path) -> dict[str, Any]:
     """Greedy evaluation of the adapter through the eval runner (the same code path as `memsearch eval`)."""
     from memsearch.config import RunConfig
     from memsearch.eval.runner import run_eval
 
-    data = cfg.episode.model_dump(mode="json")
-    for role in TRAINED_CALL_ROLES[cfg.role]:
-        data["backends"][role].update(kind="hf", model=cfg.model, adapter=str(adapter))
+    data = trained_role_backends(cfg, cfg.episode.model_dump(mode="json"), adapter)
     data["limit"] = cfg.eval.limit
     summary = run_eval(RunConfig.model_validate(data), cfg.eval.data, out, show_progress=False)
     return {"eval_" + k: v for k, v in summary["metrics"].items() if k in ("f1", "em", "sub_em", "boxed_em", "invalid_action_rate")}
@@ -238,7 +288,7 @@ def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path) -> dict[str, Any]:
 def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=print) -> dict[str, Any]:
     """Train (or resume) a GRPO run into ``out``; returns the final summary."""
     from memsearch.data.dataset import load_dataset
-    from memsearch.train.policy import load_policy, make_optimizer
+    from memsearch.train.policy import load_policy, make_optimizer, save_adapter
     from memsearch.train.reward import trajectory_reward
 
     out = Path(out)
@@ -251,10 +301,11 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             raise InputError(f"{cfg.data}: manifest split is {split!r}; GRPO trains on a train split only (docs/design.md §9)")
         labels = dataset.labels_by_id()
         device = dist.device(cfg.device)
-        policy, tokenizer, note = load_policy(cfg.model, cfg.adapter, cfg.lora, device, cfg.dtype, cfg.seed)
+        policy, tokenizer, note = load_policy(cfg.model, cfg.adapter, cfg.lora, device, cfg.dtype, cfg.seed,
+                                              keep_reference=cfg.kl_coef > 0 and cfg.kl_reference == "start")
         if dist.main:
             echo(note)
-        optimizer, scheduler = make_optimizer(policy, cfg.optim, cfg.steps * cfg.epochs)
+        optimizer, scheduler = make_optimizer(policy, cfg.optim, cfg.steps * cfg.epochs * cfg.mini_batches_per_step)
         start = 0
         found = checkpoints(out / "checkpoints") if resume else []
         if found:
@@ -268,7 +319,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
         rollouts = Rollouts(cfg, dataset, policy, tokenizer)
         log = TrainLog(out, enabled=dist.main, resume_step=start if resume else None)
         if cfg.eval.data and cfg.eval.at_start and start == 0 and dist.main:
-            policy.save_pretrained(str(out / "adapter-step0"))
+            save_adapter(policy, out / "adapter-step0")
             log.write({"step": 0, **_evaluate(cfg, out / "adapter-step0", out / "eval" / "step-000000")})
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
@@ -279,9 +330,8 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             rewards = [[trajectory_reward(tr, labels[tr["task_id"]], cfg.reward, cfg.role) for tr in grp] for grp in groups]
             batch = build_batch(groups, rewards, cfg.role, cfg.credit, cfg.std_scale)
             lr = optimizer.param_groups[0]["lr"]
-            stats = update(policy, optimizer, batch, cfg, dist, pad_id, mask_fn)
+            stats = update(policy, optimizer, batch, cfg, dist, pad_id, mask_fn, scheduler)
             batch.counts.consumed = stats.consumed
-            scheduler.step()
             record = _step_record(step, batch, groups, stats, dist, lr, cfg.role, t0, t_roll)
             if record["rows_generated"] != record["rows_converted"] or record["rows_converted"] != record["rows_consumed"]:
                 batch.counts.check()  # this rank's view names the numbers ...

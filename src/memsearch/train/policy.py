@@ -3,7 +3,11 @@
 - ``load_policy``: base model (``"embedded"`` or a local folder) + a fresh LoRA adapter, or
   an existing adapter loaded *trainable* (weights only: optimizer, schedule and step start
   fresh, and the returned note says so). The base weights are frozen.
-- The KL reference is the base model with the adapter disabled (``model.disable_adapter()``).
+- The KL reference (``reference_policy``): started from an adapter (e.g. an SFT run) with
+  ``keep_reference``, a frozen second copy of that adapter loaded under the name
+  ``REFERENCE_ADAPTER``, so the KL keeps the policy near where training started, not near the
+  pre-SFT base; otherwise the base model with the adapter disabled. The copy is never trainable,
+  never in the optimizer, and never saved (``save_adapter`` writes the trained adapter only).
 - ``make_optimizer``: AdamW over the trainable parameters in name order (the order is part of a
   checkpoint) with linear warm-up and a constant / linear / cosine decay.
 """
@@ -12,6 +16,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +25,16 @@ import torch
 
 from memsearch.train.config import LoraSettings, OptimSettings
 
+TRAINED_ADAPTER = "default"  # PEFT's name for the adapter it creates or loads first
+REFERENCE_ADAPTER = "reference"
+
 
 def load_policy(model: str, adapter: str | None, lora: LoraSettings, device: str = "auto", dtype: str = "float32",
-                seed: int = 0) -> tuple[Any, Any, str]:
-    """``(peft_model, tokenizer, note)``; ``note`` says where the adapter weights came from."""
+                seed: int = 0, keep_reference: bool = False) -> tuple[Any, Any, str]:
+    """``(peft_model, tokenizer, note)``; ``note`` says where the adapter weights came from.
+
+    With ``adapter`` and ``keep_reference``, the adapter is loaded a second time, frozen, as
+    the KL reference (``reference_policy``)."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     from memsearch.backends.hf_model import load_model
@@ -36,6 +48,10 @@ def load_policy(model: str, adapter: str | None, lora: LoraSettings, device: str
         saved = json.loads((path / "adapter_config.json").read_text())
         note = (f"LoRA initialized from {adapter} (weights only: optimizer, schedule and step start fresh; "
                 f"its r={saved.get('r')}, alpha={saved.get('lora_alpha')} apply, the config's [lora] is ignored)")
+        if keep_reference:
+            policy.load_adapter(str(path), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
+            policy.set_adapter(TRAINED_ADAPTER)  # keeps the trained adapter active and the copy frozen
+            note += "; a frozen copy of it is the KL reference"
     else:
         torch.manual_seed(seed)  # LoRA A matrices are random; B starts at 0 (the policy starts as the base)
         config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
@@ -47,8 +63,30 @@ def load_policy(model: str, adapter: str | None, lora: LoraSettings, device: str
 
 
 def trainable_parameters(model) -> list[torch.nn.Parameter]:
-    """Trainable parameters in a fixed (name) order."""
-    return [p for _, p in sorted(model.named_parameters(), key=lambda kv: kv[0]) if p.requires_grad]
+    """Trainable parameters in a fixed (name) order (never the frozen KL reference)."""
+    return [p for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0])
+            if p.requires_grad and f".{REFERENCE_ADAPTER}." not in name]
+
+
+@contextmanager
+def reference_policy(model) -> Iterator[None]:
+    """Inside, ``model`` computes the KL reference: the frozen starting adapter when one was
+    kept (``load_policy(keep_reference=True)``), else the base model (adapter disabled).
+    Call it under ``torch.no_grad()``; the trained adapter is active again on exit."""
+    if REFERENCE_ADAPTER not in getattr(model, "peft_config", {}):
+        with model.disable_adapter():
+            yield
+        return
+    model.set_adapter(REFERENCE_ADAPTER, inference_mode=True)  # inference_mode: the copy stays frozen
+    try:
+        yield
+    finally:
+        model.set_adapter(TRAINED_ADAPTER)  # trainable again (PEFT's set_adapter freezes all others)
+
+
+def save_adapter(model, folder: str | Path) -> None:
+    """Save the trained adapter only (not the KL reference copy), loadable by the hf backend."""
+    model.save_pretrained(str(folder), selected_adapters=[TRAINED_ADAPTER])
 
 
 def lr_factor(step: int, total: int, optim: OptimSettings) -> float:

@@ -10,6 +10,7 @@ from typing import Any
 from memsearch.errors import InputError
 from memsearch.io import write_json
 from memsearch.train.distributed import Dist
+from memsearch.train.policy import save_adapter
 
 
 def prepare_run_folder(cfg, out: Path, resume: bool, dist: Dist) -> None:
@@ -33,7 +34,7 @@ def prepare_run_folder(cfg, out: Path, resume: bool, dist: Dist) -> None:
 def finish_run(policy, out: Path, summary: dict[str, Any], dist: Dist) -> dict[str, Any]:
     """Save the final adapter to ``out/adapter`` and ``summary.json`` (main rank)."""
     if dist.main:
-        policy.save_pretrained(str(out / "adapter"))
+        save_adapter(policy, out / "adapter")
         summary["adapter"] = str(out / "adapter")
         write_json(out / "summary.json", summary)
     return summary

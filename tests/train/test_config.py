@@ -1,0 +1,62 @@
+"""GRPO config: one source of truth for schema mode (rollouts and periodic evaluation sample the
+memory role the same way), the MemAgent recipe's training settings, and the files it names."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from memsearch.config import load_config
+from memsearch.train.config import GRPOConfig
+from memsearch.train.grpo import trained_role_backends
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_schema_mode_has_one_source_of_truth():
+    cfg = GRPOConfig(data="x", schema_mode=True)
+    assert cfg.episode.backends.memory.schema_mode is True  # the episode (used by periodic eval) follows
+    run = trained_role_backends(cfg, cfg.episode.model_dump(mode="json"))
+    assert run["backends"]["memory"]["schema_mode"] is True and run["backends"]["memory"]["kind"] == "hf"
+    assert GRPOConfig(data="x").episode.backends.memory.schema_mode is False
+
+
+@pytest.mark.parametrize("top, episode", [(True, False), (False, True), (None, True)])
+def test_schema_mode_disagreement_is_refused(top, episode):
+    fields = {"data": "x", "episode": {"backends": {"memory": {"kind": "hf", "schema_mode": episode}}}}
+    if top is not None:
+        fields["schema_mode"] = top
+    with pytest.raises(ValidationError, match="schema_mode .* disagree"):
+        GRPOConfig.model_validate(fields)
+
+
+def test_schema_mode_of_an_untrained_memory_backend_is_its_own():
+    """Stage 2 trains the controller; a frozen memory model may sample under the schema."""
+    cfg = GRPOConfig(data="x", role="controller", episode={"agent": {"controller": "policy"},
+                                                           "backends": {"memory": {"kind": "hf", "schema_mode": True}}})
+    assert cfg.schema_mode is False and cfg.episode.backends.memory.schema_mode is True
+
+
+def test_dual_clip_bound_is_above_one_or_off():
+    assert GRPOConfig(data="x").dual_clip == 3.0 and GRPOConfig(data="x", dual_clip=0).dual_clip == 0
+    with pytest.raises(ValidationError, match="dual-clip bound must be > 1"):
+        GRPOConfig(data="x", dual_clip=0.5)
+
+
+def test_memagent_recipe_trains_like_the_reference():
+    from memsearch.pipeline.config import MemAgentPipeline
+
+    cfg = load_config(ROOT / "configs" / "memagent.toml", [], model=MemAgentPipeline).grpo_config("x")
+    assert cfg.mini_batches_per_step == 16  # MemAgent: train_batch_size / ppo_mini_batch_size = 128 / 8
+    assert (cfg.credit, cfg.aggregation) == ("split", "sequence")  # VIME's mem_agent pairing
+    assert cfg.optim.lr == 1e-6 and cfg.kl_coef == 0.001 and cfg.clip_low == cfg.clip_high == 0.2
+    assert cfg.optim.warmup_steps == 20 * cfg.mini_batches_per_step  # verl warms up over 20 rollout steps
+
+
+def test_files_named_by_the_shipped_configs_exist():
+    for toml in sorted((ROOT / "configs").rglob("*.toml")):
+        for name in re.findall(r"configs/[\w./-]+\.toml", toml.read_text(encoding="utf-8")):
+            assert (ROOT / name).is_file(), f"{toml.relative_to(ROOT)} names {name}, which does not exist"
