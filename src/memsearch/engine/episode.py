@@ -1,7 +1,7 @@
 """The episode engine: one code path for evaluation, SFT export, RL rollouts and the verl loop.
 
 An episode runs one agent on one task and returns its trajectory (a JSON-able dict holding
-every event). Three orthogonal choices make the agent (DESIGN §3): the evidence source
+every event). Three orthogonal choices make the agent (docs/design.md §3): the evidence source
 (``search`` | ``stream``), the memory mode (``decision`` | ``summary`` | ``overwrite``) and the
 controller (``fixed`` | ``policy`` | ``exhaust``); then a reader answers from the question and
 the final memory only. Budgets are enforced here, never left to prompts. The engine never sees
@@ -31,7 +31,8 @@ from memsearch.engine.parsing import parse_controller, parse_reader
 from memsearch.retrieval import Retriever
 from memsearch.tokenizer import Tokenizer
 
-ENGINE_VERSION = "engine-1"
+# engine-2: trajectories record answer_format (what the reader was asked for; eval.score reads it).
+ENGINE_VERSION = "engine-2"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
@@ -187,6 +188,8 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
         "question": task.question,
         "prediction": answer.answer if answer else None,
         "reader_text": result.text,
+        # The reader was asked for a \boxed{} answer: scoring then reads the box only (eval.score).
+        "answer_format": "boxed" if boxed else "free",
         "citations": citations,
         "invalid_citations": [c for c in citations if c not in shown],
         "shown_evidence": list(ep.shown),

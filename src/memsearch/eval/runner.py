@@ -29,10 +29,11 @@ from memsearch.io import dumps_line, iter_jsonl, sha256_file, write_json, write_
 # Version of what turns trajectories into numbers (``eval.score`` + ``eval.metrics``: answer
 # normalization, sub_em / boxed_em rules, which rows enter a mean). Bump it whenever a metric's
 # definition changes, so summaries scored differently are never compared.
-EVALUATOR_VERSION = "eval-1"
+# eval-2: a reader asked for a box is scored on the box only; sub_em_lenient added.
+EVALUATOR_VERSION = "eval-2"
 
 SUMMARY_KEYS = (
-    "em", "f1", "sub_em", "boxed_em", "retrieval_support_recall", "memory_support_recall",
+    "em", "f1", "sub_em", "boxed_em", "sub_em_lenient", "retrieval_support_recall", "memory_support_recall",
     "citation_precision", "citation_recall", "searches", "chunks", "chunks_cut", "memory_truncations",
     "policy_calls", "invalid_actions", "invalid_action_rate", "request_errors", "latency_s",
 )
