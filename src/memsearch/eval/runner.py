@@ -229,6 +229,9 @@ def run_eval(config: RunConfig, data_dir: str | Path, out_dir: str | Path, resum
         "budgets": config.budgets.model_dump(), "agent": config.agent.model_dump(),
         "sampling": {role: getattr(config.backends, role).sampling.model_dump() for role in ("memory", "controller", "reader")},
         "backends": {role: env.backends[role].name for role in ("memory", "controller", "reader")},
+        # Which backend wrote the memory (matrix groups A/C use the baseline, B/D the trained policy).
+        "memory_backend": {"kind": config.backends.memory.kind, "model": config.backends.memory.model,
+                           "adapter": config.backends.memory.adapter, "name": env.backends["memory"].name},
         # How a derived set (e.g. RULER-HQA docs{N}) was built; its bytes are in "data".
         "data_build": {k: dataset.manifest[k] for k in ("builder", "num_docs", "seed", "pool_size", "context_sha256",
                                                         "context_tokens", "counts") if k in dataset.manifest},
