@@ -114,7 +114,7 @@ def build_environment(config: RunConfig, dataset: Dataset, group: str = ""):
 
 async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, desc: str) -> None:
     from memsearch.engine.episode import run_episode
-    from memsearch.eval.metrics import f1
+    from memsearch.eval.score import score_trajectory
 
     sem = asyncio.Semaphore(env.config.concurrency)
     bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=not show_progress, mininterval=0.5)
@@ -134,7 +134,7 @@ async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, des
             fh.write(dumps_line(traj) + "\n")
             fh.flush()
             n += 1
-            f1_sum += f1(traj.get("prediction"), labels[traj["task_id"]].answers)
+            f1_sum += score_trajectory(traj, labels[traj["task_id"]])["f1"]  # as the summary scores it (boxed or not)
             bar.set_postfix(f1=f"{f1_sum / n:.3f}")
             bar.update(1)
     bar.close()
