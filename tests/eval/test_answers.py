@@ -75,6 +75,7 @@ ADVERSARIAL = {
     "space boxes": r"\boxed " * (N // 7),
     "open brackets": "[" * N + "x",
     "the answer is": "the answer is " * (N // 14),
+    "hyphenated run": "Answer: " + "a-" * (N // 2),  # the evidence-id pattern rescanned it: 50 s
 }
 
 

@@ -8,7 +8,11 @@ from dataclasses import dataclass
 
 from memsearch.answers import boxed_prediction
 
+# The definition of an evidence id in text (its reference semantics); matched through
+# _evidence_id_spans, which gives the same matches in linear time.
 _EVIDENCE_ID = re.compile(r"(?<![\w:/.@])([A-Za-z][\w\-]*:\d+)(?![\w:])")
+# A whole run of [\w-] characters followed by :digits (the run starts where no [\w-] precedes).
+_ID_RUN = re.compile(r"(?<![\w\-])[\w\-]+(?P<colon>):\d+(?![\w:])")
 _SEARCH = re.compile(r"\bSEARCH\s*[:(]\s*(.+?)\s*\)?\s*$", re.IGNORECASE | re.MULTILINE)
 _FINISH = re.compile(r"\bFINISH\b", re.IGNORECASE)
 # Inside a [...] group (searched between its brackets only): a "name:number" citation.
@@ -54,9 +58,40 @@ class ReaderAnswer:
         return {"answer": self.answer, "citations": list(self.citations), "error": self.error}
 
 
+def _evidence_id_spans(text: str) -> list[tuple[int, int]]:
+    """Where ``_EVIDENCE_ID`` matches in ``text`` (the same matches as its ``finditer``), in
+    linear time. The pattern itself, tried at every letter after a ``-``, rescans the rest of a
+    hyphenated run each time (50 s on a 100K-character ``a-a-a-...``). An id ends its run of
+    ``[\\w-]`` characters (``:`` is not one), so each run followed by ``:digits`` is matched
+    once, and its id starts at the first place the pattern may start: the run's first
+    character when it is a letter not preceded by ``:/.@``, else the first letter after a ``-``."""
+    spans = []
+    for run in _ID_RUN.finditer(text):
+        start, colon = run.start(), run.start("colon")
+        after_url_char = start > 0 and text[start - 1] in ":/.@"
+        first = start if text[start].isascii() and text[start].isalpha() and not after_url_char else None
+        if first is None:
+            hyphen = text.find("-", start, colon)
+            while hyphen >= 0 and not (text[hyphen + 1].isascii() and text[hyphen + 1].isalpha()):
+                hyphen = text.find("-", hyphen + 1, colon)
+            first = hyphen + 1 if hyphen >= 0 else None
+        if first is not None:
+            spans.append((first, run.end()))
+    return spans
+
+
 def evidence_ids_in(text: str) -> tuple[str, ...]:
     """Evidence ids (``doc:sentence``) mentioned in ``text``, first mention first."""
-    return tuple(dict.fromkeys(_EVIDENCE_ID.findall(text)))
+    return tuple(dict.fromkeys(text[a:b] for a, b in _evidence_id_spans(text)))
+
+
+def _drop_evidence_ids(text: str) -> str:
+    out, last = [], 0
+    for a, b in _evidence_id_spans(text):
+        out.append(text[last:a])
+        last = b
+    out.append(text[last:])
+    return "".join(out)
 
 
 def _answer_line(text: str) -> str | None:
@@ -119,7 +154,7 @@ def parse_reader(text: str) -> ReaderAnswer:
     if answer is not None:
         # Citations and wrapping punctuation are not part of the answer.
         answer = _drop_bracketed_citations(answer)
-        answer = _EVIDENCE_ID.sub("", answer).strip().strip("*\"'`").rstrip(".").strip()
+        answer = _drop_evidence_ids(answer).strip().strip("*\"'`").rstrip(".").strip()
     if not answer:
         return ReaderAnswer(None, citations, error="no answer found in the reader output")
     return ReaderAnswer(answer, citations)
