@@ -62,6 +62,7 @@ def measure_recipe(cfg, docs: list[int] | None = None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Command line: measure the recipe of ``--config`` and write the record to ``--out``."""
     from memsearch.config import load_config
     from memsearch.pipeline.config import MemAgentPipeline
 

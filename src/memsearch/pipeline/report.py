@@ -35,6 +35,7 @@ def _set_order(name: str) -> tuple[int, int]:
 
 
 def set_label(name: str) -> str:
+    """How the report names a set: ``N=50`` for ``docs50``, ``HotpotQA`` for plain HotpotQA."""
     return "HotpotQA" if name == HOTPOT_SET else f"N={name.removeprefix('docs')}"
 
 
@@ -117,6 +118,7 @@ def _delta_cell(d: dict[str, Any] | None) -> str:
 
 
 def deltas_table(deltas: dict[str, dict[str, dict[str, Any] | None]], confidence: float) -> str:
+    """Markdown: one row per set, each metric's trained − base difference with its CI."""
     head = ("set", *(f"Δ {m} (trained − base) [{confidence:.0%} CI]" for m in METRICS), "questions paired")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for set_name, by_metric in deltas.items():
@@ -134,6 +136,7 @@ def _cell(value: Any, digits: int = 3) -> str:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: one row per (set, checkpoint) with the metrics and the discipline columns."""
     head = ("set", "model", "context tokens", "sub_em", "em", "f1", "boxed_em", "sub_em_lenient", "questions",
             "cut by max_chunks", "chunks never read", "memory truncations", "request errors", "usable")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
