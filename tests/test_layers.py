@@ -30,9 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 # (importer, imported) pairs allowed to point up for now, each with the reason it is still there.
-KNOWN_EXCEPTIONS = {
-    ("memsearch.engine.parsing", "memsearch.eval.metrics"),  # removed by the answers.py move (issue 10 item 15)
-}
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 
 
 def layer_of(module: str) -> int | None:

@@ -76,6 +76,11 @@ class Backends(_Config):
     memory: BackendConfig = Field(default_factory=BackendConfig, description="memory policy / summarizer")
     controller: BackendConfig = Field(default_factory=BackendConfig, description="search controller")
     reader: BackendConfig = Field(default_factory=BackendConfig, description="final answer")
+    baseline_memory: BackendConfig | None = Field(
+        None, description="Matrix only: the backend that writes the memory of the summary groups A and C (the seed's "
+        "baseline_memory_backend), so they never summarize with the trained memory policy of B/D. Unset: "
+        "backends.memory with its adapter removed and, when its model is a merged checkpoint (a folder with "
+        "memsearch_merge.json), that checkpoint's recorded base model; see group_config")
 
 
 GROUP_DESIGNS = {
@@ -165,12 +170,47 @@ def defaulted_sections(tables: dict[str, Any], uses_controller: bool) -> list[st
     return missing + [f"backends.{role}" for role in roles if role not in backends]
 
 
+def _merged_base(model: str) -> str:
+    """The base model a ``memsearch merge-adapter`` checkpoint records, followed back to a model
+    that is not such a checkpoint (bounded: a record that loops is a broken folder)."""
+    for _ in range(8):
+        record = Path(model) / "memsearch_merge.json"
+        if not record.is_file():
+            return model
+        model = json.loads(record.read_text(encoding="utf-8"))["base"]
+    raise InputError(f"{model}: memsearch_merge.json records bases 8 levels deep; set backends.baseline_memory explicitly")
+
+
+def baseline_memory_backend(backends: Backends) -> dict[str, Any]:
+    """The memory backend of the summary groups A/C (docs/design.md §3), as a JSON dict.
+
+    ``backends.baseline_memory`` when set. Otherwise the run's original memory model: the
+    run's ``backends.memory`` (every field as written: kind, sampling, limits) with ``adapter``
+    removed, and, for ``kind = "hf"`` with a merged checkpoint as ``model`` (a folder holding
+    ``memsearch_merge.json``, which ``memsearch merge-adapter`` writes), the base model that
+    checkpoint records. A served model (``kind = "openai"``) cannot be traced to its base: for
+    one that was trained, set ``baseline_memory``. Which backend was used is recorded in every
+    summary (``memory_backend``).
+    """
+    if backends.baseline_memory is not None:
+        return backends.baseline_memory.model_dump(mode="json")
+    memory = backends.memory.model_dump(mode="json")
+    memory["adapter"] = None
+    if memory["kind"] == "hf":
+        memory["model"] = _merged_base(memory["model"])
+    return memory
+
+
 def group_config(base: RunConfig, group: str) -> RunConfig:
-    """The config of one matrix group: the base with the group's memory and controller and
-    its overrides applied."""
+    """The config of one matrix group: the base with the group's memory and controller, the
+    summary groups' memory backend (``baseline_memory_backend``), then the group's overrides
+    (applied last, so an explicit per-group setting wins)."""
     memory, controller = GROUP_DESIGNS[group]
     data = base.model_dump(mode="json")
     data["agent"].update(memory=memory, controller=controller)
+    if memory == "summary":
+        # A/C are the untrained-summary baselines: a trained memory policy must not write their memory.
+        data["backends"]["memory"] = baseline_memory_backend(base.backends)
     extra = [f"{k}={json.dumps(v)}" for k, v in base.matrix.overrides.get(group, {}).items()]
     return RunConfig.model_validate(apply_overrides(data, extra))
 

@@ -229,6 +229,35 @@ def test_boxed_em_takes_the_last_box_against_every_gold(ruler):
     assert (row["prediction"], row["boxed_em"], row["em"], row["sub_em"]) == ("Chief of Protocol", 1.0, 1.0, 1.0)
 
 
+def test_a_reader_asked_for_a_box_scores_the_box_only(ruler):
+    """MemAgent's evaluator: a reply without a box scores 0, however its first line hedges
+    around the gold answer. em/f1/sub_em follow the box; sub_em_lenient keeps the tolerant
+    parse (first line, Answer: line) for comparison."""
+    label = ruler.labels_by_id()[ruler.tasks[1].id]
+    assert label.answers == ["Chief of Protocol"]
+    config = memagent_config("lexical", "budgets.chunk_tokens=2048")
+    replies = {
+        "hedge": ("Maybe Chief of Protocol, or an ambassador; I cannot tell.", (0.0, 0.0, 0.0, 0.0, 1.0)),
+        "boxed": (r"She became \boxed{\text{Chief of Protocol}}", (1.0, 1.0, 1.0, 1.0, 1.0)),
+        "space box": (r"So $\boxed Chief of Protocol$", (1.0, 1.0, 1.0, 1.0, 1.0)),
+        "fbox": (r"\fbox{Chief of Protocol}", (1.0, 1.0, 1.0, 1.0, 1.0)),
+        "wrong box": (r"Chief of Protocol? No: \boxed{Ambassador}", (0.0, 0.0, 0.0, 0.0, 0.0)),
+        "box with a hedge": (r"\boxed{Chief of Protocol or Ambassador}", (0.0, 0.75, 1.0, 0.0, 1.0)),
+    }
+    for name, (reply, expected) in replies.items():
+        env = environment(ruler, config, reader=FixedOutputs(lambda k, r=reply: r))
+        traj = run(ruler.tasks[1], env)
+        assert traj["answer_format"] == "boxed", name
+        row = score_trajectory(traj, label)
+        got = tuple(row[k] for k in ("em", "f1", "sub_em", "boxed_em", "sub_em_lenient"))
+        assert got == pytest.approx(expected), name
+    # The same hedge from a reader that was not asked for a box keeps the tolerant parse.
+    free = {"task_id": label.id, "status": "ok", "answer_format": "free", "reader_text": replies["hedge"][0],
+            "prediction": parse_reader(replies["hedge"][0]).answer}
+    row = score_trajectory(free, label)
+    assert (row["sub_em"], row["sub_em_lenient"], row["em"]) == (1.0, 1.0, 0.0)
+
+
 # --------------------------------------------------------------------------- failures
 
 

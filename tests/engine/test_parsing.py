@@ -37,3 +37,17 @@ def test_evidence_ids_keep_first_mention_order():
 def test_parsers_never_raise(text):
     parse_controller(text)
     parse_reader(text)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.text(alphabet="ab1:-_/.@ [],é", max_size=40))
+def test_evidence_ids_match_the_reference_pattern(text):
+    """The linear-time id finder gives exactly the matches of the id pattern's own finditer."""
+    from memsearch.actions import EVIDENCE_ID_IN_TEXT, evidence_id_spans
+
+    assert evidence_id_spans(text) == [m.span() for m in EVIDENCE_ID_IN_TEXT.finditer(text)]
+
+
+def test_evidence_ids_in_hyphenated_runs():
+    assert evidence_ids_in("x-d1:0, 1-d2:3, --d3:4 and a-b-c:5") == ("x-d1:0", "d2:3", "d3:4", "a-b-c:5")
+    assert parse_reader("Answer: Paris d1:0 [d2:1]").answer == "Paris"

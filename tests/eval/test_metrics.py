@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memsearch.answers import boxed_answer
 from memsearch.eval.metrics import (
     ANSWER_METRICS,
     aggregate,
     answer_metric,
-    boxed_answer,
     boxed_em,
     citation_scores,
     exact_match,

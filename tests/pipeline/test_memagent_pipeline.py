@@ -12,6 +12,7 @@ import pytest
 
 from memsearch.config import RunConfig, load_config
 from memsearch.errors import InputError
+from memsearch.io import sha256_file
 from memsearch.pipeline.config import MemAgentPipeline, load_run_config
 from memsearch.pipeline.memagent import run_memagent_pipeline
 
@@ -50,19 +51,50 @@ def jsonl(path: Path) -> list[dict]:
 
 def test_every_stage_ran_and_the_report_compares_base_and_trained_at_every_n(finished):
     out, report, _ = finished
-    assert [(r["docs"], r["checkpoint"]) for r in report["rows"]] == [(n, c) for n in DOCS for c in ("base", "trained")]
+    sets = [f"docs{n}" for n in DOCS] + ["hotpotqa"]
+    assert [(r["set"], r["checkpoint"]) for r in report["rows"]] == [(s, c) for s in sets for c in ("base", "trained")]
     for row in report["rows"]:
-        summary = json.loads((out / "eval" / row["checkpoint"] / f"docs{row['docs']}" / "summary.json").read_text())
-        metrics = jsonl(out / "eval" / row["checkpoint"] / f"docs{row['docs']}" / "metrics.jsonl")
+        summary = json.loads((out / "eval" / row["checkpoint"] / row["set"] / "summary.json").read_text())
+        metrics = jsonl(out / "eval" / row["checkpoint"] / row["set"] / "metrics.jsonl")
         assert row["questions"] == row["expected"] == len(metrics) == 2
         assert row["sub_em"] == pytest.approx(sum(m["sub_em"] for m in metrics) / 2)
+        assert all(m["answer_format"] == "boxed" for m in metrics)
+        if row["set"] == "hotpotqa":
+            continue
         # 10 and 20 documents are far more than 3 chunks of 256 tokens: every question is cut, and says so
         assert row["tasks_cut_by_chunk_limit"] == 2 and row["read_whole_context"] is False
         assert row["chunks_cut"] == sum(m["chunks_cut"] for m in metrics) > 0
         assert summary["truncation"]["disclosure"].startswith("TRUNCATED")
     text = (out / "report.md").read_text()
-    assert "TRUNCATED" in text and "did not read the whole context" in text and "| 20 | trained |" in text
+    assert "TRUNCATED" in text and "did not read the whole context" in text and "| N=20 | trained |" in text
+    assert "contained in the prediction or the prediction in the gold answer" in text
     assert (out / "reward_curve.png").stat().st_size > 1000
+
+
+def test_plain_hotpotqa_is_evaluated_and_every_criterion_gets_a_verdict(finished, tiny_model_dir):
+    """The recipe's second acceptance set: plain HotpotQA dev (the first data.questions of
+    prepare/dev, each question's own paragraphs), base and trained, same config but the model.
+    Base and trained are the same weights here (no learning signal), so every paired difference
+    is exactly 0 with a [0, 0] interval and every criterion FAILs; all four runs are usable."""
+    out, report, lines = finished
+    configs = {c: json.loads((out / "eval" / c / "hotpotqa" / "config.json").read_text()) for c in ("base", "trained")}
+    assert configs["base"]["limit"] == configs["trained"]["limit"] == 2
+    assert configs["base"]["backends"]["reader"]["model"] == str(tiny_model_dir)
+    run = json.loads((out / "eval" / "base" / "hotpotqa" / "run.json").read_text())
+    assert run["data"]["manifest_sha256"] == sha256_file(out / "prepare" / "dev" / "manifest.json")
+    assert run["data"]["kind"] == "hotpotqa" and run["data"]["split"] == "dev"
+    assert set(report["deltas"]) == {"docs10", "docs20", "hotpotqa"}
+    for by_metric in report["deltas"].values():
+        for d in by_metric.values():
+            assert (d["diff"], d["ci_low"], d["ci_high"], d["n"]) == (0.0, 0.0, 0.0, 2)
+    assert [v["criterion"] for v in report["verdicts"]] == [
+        "trained > base on sub_em at RULER-HQA N=10", "trained > base on sub_em at RULER-HQA N=20",
+        "trained > base on boxed_em at plain HotpotQA"]
+    assert {v["status"] for v in report["verdicts"]} == {"FAIL"} and report["overall"] == "NOT ACCEPTED"
+    assert "FAIL: trained > base on boxed_em at plain HotpotQA: Δ +0.000, 95% CI [+0.000, +0.000] (includes 0), n=2" in lines
+    text = (out / "report.md").read_text()
+    assert "## Acceptance criteria" in text and "Overall: NOT ACCEPTED" in text
+    assert "| HotpotQA | +0.000 [+0.000, +0.000] |" in text
 
 
 def test_training_used_the_overwrite_role_and_kept_the_row_contract(finished):
@@ -120,7 +152,7 @@ def test_rerun_skips_every_stage_and_a_crashed_eval_resumes_only_its_missing_tas
                                                  out / "merged" / "model.safetensors", traj)}
     lines: list[str] = []
     run_memagent_pipeline(pipeline_config(tiny_model_dir), out, echo=lines.append)
-    assert sum(line.endswith(": done") or ": done (" in line for line in lines) == 3 + 2 * len(DOCS)
+    assert sum(line.endswith(": done") or ": done (" in line for line in lines) == 3 + 2 * (len(DOCS) + 1)
     assert {p: p.stat().st_mtime_ns for p in before} == before
     # a crash in the middle of that eval: one trajectory on disk, no summary, record incomplete
     kept = traj.read_text().splitlines()[0]

@@ -31,7 +31,8 @@ from memsearch.engine.parsing import parse_controller, parse_reader
 from memsearch.retrieval import Retriever
 from memsearch.tokenizer import Tokenizer
 
-ENGINE_VERSION = "engine-1"
+# engine-2: trajectories record answer_format (what the reader was asked for; eval.score reads it).
+ENGINE_VERSION = "engine-2"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
@@ -187,6 +188,8 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
         "question": task.question,
         "prediction": answer.answer if answer else None,
         "reader_text": result.text,
+        # The reader was asked for a \boxed{} answer: scoring then reads the box only (eval.score).
+        "answer_format": "boxed" if boxed else "free",
         "citations": citations,
         "invalid_citations": [c for c in citations if c not in shown],
         "shown_evidence": list(ep.shown),

@@ -1,8 +1,10 @@
 """``memsearch matrix``: groups A-D (memory x controller) from one config, identical budgets.
 
 Each group is an ordinary eval run in ``OUT/<group>``; ``OUT/matrix.json`` and
-``OUT/matrix.md`` compare them: per group the headline metrics, per pair of groups the F1 and
-EM difference with a paired bootstrap 95 % CI over the same tasks.
+``OUT/matrix.md`` compare them: per group the headline metrics and the backend that wrote its
+memory, per pair of groups the F1 and EM difference with a paired bootstrap 95 % CI over the
+same tasks. Summary groups A/C write memory with the baseline memory backend, B/D with
+``backends.memory`` (``memsearch.config.baseline_memory_backend``).
 """
 
 from __future__ import annotations
@@ -48,16 +50,26 @@ def compare(out: Path, groups: list[str], resamples: int) -> list[dict[str, Any]
     return pairs
 
 
+def memory_label(backend: dict[str, Any]) -> str:
+    """Short name of the backend that wrote a group's memory: ``rules``, ``hf:<model folder name>``,
+    ``+<adapter folder name>`` when an adapter is loaded."""
+    if backend["kind"] in ("rules", "oracle"):
+        return backend["kind"]
+    label = f"{backend['kind']}:{Path(backend['model']).name}"
+    return label + (f"+{Path(backend['adapter']).name}" if backend.get("adapter") else "")
+
+
 def render_table(summaries: dict[str, dict[str, Any]], pairs: list[dict[str, Any]]) -> str:
     """A Markdown table a person can read: one row per group, then the pairwise differences."""
-    head = "| group | memory | controller | " + " | ".join(TABLE_METRICS) + " | complete |"
-    lines = [head, "|" + "---|" * (len(TABLE_METRICS) + 4)]
+    head = "| group | memory | controller | memory backend | " + " | ".join(TABLE_METRICS) + " | complete |"
+    lines = [head, "|" + "---|" * (len(TABLE_METRICS) + 5)]
     for group, s in summaries.items():
         cells = []
         for key in TABLE_METRICS:
             value = s["metrics"].get(key)
             cells.append("-" if value is None else f"{value:.3f}")
-        lines.append(f"| {group} | {s['agent']['memory']} | {s['agent']['controller']} | " + " | ".join(cells) + f" | {s['complete']} |")
+        lines.append(f"| {group} | {s['agent']['memory']} | {s['agent']['controller']} | {memory_label(s['memory_backend'])} | "
+                     + " | ".join(cells) + f" | {s['complete']} |")
     lines += ["", "| pair | ΔF1 (a-b) | 95% CI | ΔEM (a-b) | 95% CI | n |", "|---|---|---|---|---|---|"]
     for p in pairs:
         f, e = p["f1"], p["em"]
@@ -85,7 +97,7 @@ def run_matrix(config: RunConfig, data_dir: str | Path, out_dir: str | Path, res
     pairs = compare(out, groups, config.matrix.bootstrap_resamples)
     table = render_table(summaries, pairs)
     result = {
-        "groups": {g: {"agent": s["agent"], "metrics": s["metrics"], "complete": s["complete"],
+        "groups": {g: {"agent": s["agent"], "memory_backend": s["memory_backend"], "metrics": s["metrics"], "complete": s["complete"],
                        "usable_for_comparison": s["usable_for_comparison"], "request_errors": s["request_errors"]}
                    for g, s in summaries.items()},
         "pairs": pairs,

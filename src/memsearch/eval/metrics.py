@@ -29,13 +29,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from memsearch.answers import boxed_prediction
+
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 # HotpotQA: a yes/no/noanswer answer shares no partial credit with anything but itself.
 _SPECIAL_ANSWERS = frozenset({"yes", "no", "noanswer"})
-_BOXED = re.compile(r"\\boxed\s*\{")
-# LaTeX text wrappers a model puts inside a box; unwrapped before boxed_em compares.
-_LATEX_TEXT = re.compile(r"\\(?:text|textbf|textit|textrm|texttt|mathrm|mathbf|mbox|emph)\s*\{([^{}]*)\}")
 
 
 def normalize_answer(s: str) -> str:
@@ -119,57 +118,18 @@ def sub_em(prediction: str | None, golds: Sequence[str]) -> float:
     return _max_over_golds(_sub_em_one, prediction, golds)
 
 
-def boxed_answer(text: str | None) -> str | None:
-    r"""Content of the last ``\boxed{...}`` in ``text``, stripped; ``None`` when there is none.
-
-    Braces nest (``\boxed{\text{Paris}}`` gives ``\text{Paris}``); escaped braces ``\{`` ``\}``
-    do not count. When the last box never closes (e.g. the answer was truncated) the result is
-    ``None``: an earlier, complete box is not taken as the final answer.
-    """
-    if text is None:
-        return None
-    last = None
-    for last in _BOXED.finditer(text):
-        pass
-    if last is None:
-        return None
-    start = last.end()
-    depth = 1
-    i = start
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start:i].strip()
-        i += 1
-    return None
-
-
-def unwrap_latex_text(s: str) -> str:
-    while True:
-        unwrapped = _LATEX_TEXT.sub(r"\1", s)
-        if unwrapped == s:
-            return s
-        s = unwrapped
-
-
 def boxed_em(text: str | None, golds: Sequence[str]) -> float:
-    r"""Exact match of the last boxed answer in ``text``; 0.0 when there is no complete box.
+    r"""Exact match of the final boxed answer in ``text``; 0.0 when there is no complete box.
 
-    Text wrappers such as ``\text{...}`` / ``\textbf{...}`` / ``\mathrm{...}`` are unwrapped
-    before normalization, so ``\boxed{\text{Paris}}`` matches "Paris".
+    The box is read by ``memsearch.answers.boxed_prediction`` (``\boxed{}``, ``\boxed x``,
+    ``\fbox{}``; every rule is in that module's docstring); text wrappers such as
+    ``\text{...}`` are unwrapped before normalization, so ``\boxed{\text{Paris}}`` matches "Paris".
     """
     gold_list = _gold_list(golds)
-    answer = boxed_answer(text)
+    answer = boxed_prediction(text)
     if answer is None:
         return 0.0
-    return exact_match(unwrap_latex_text(answer), gold_list)
+    return exact_match(answer, gold_list)
 
 
 # Answer metrics by name, for configs and reports.

@@ -29,10 +29,11 @@ from memsearch.io import dumps_line, iter_jsonl, sha256_file, write_json, write_
 # Version of what turns trajectories into numbers (``eval.score`` + ``eval.metrics``: answer
 # normalization, sub_em / boxed_em rules, which rows enter a mean). Bump it whenever a metric's
 # definition changes, so summaries scored differently are never compared.
-EVALUATOR_VERSION = "eval-1"
+# eval-2: a reader asked for a box is scored on the box only; sub_em_lenient added.
+EVALUATOR_VERSION = "eval-2"
 
 SUMMARY_KEYS = (
-    "em", "f1", "sub_em", "boxed_em", "retrieval_support_recall", "memory_support_recall",
+    "em", "f1", "sub_em", "boxed_em", "sub_em_lenient", "retrieval_support_recall", "memory_support_recall",
     "citation_precision", "citation_recall", "searches", "chunks", "chunks_cut", "memory_truncations",
     "policy_calls", "invalid_actions", "invalid_action_rate", "request_errors", "latency_s",
 )
@@ -113,7 +114,7 @@ def build_environment(config: RunConfig, dataset: Dataset, group: str = ""):
 
 async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, desc: str) -> None:
     from memsearch.engine.episode import run_episode
-    from memsearch.eval.metrics import f1
+    from memsearch.eval.score import score_trajectory
 
     sem = asyncio.Semaphore(env.config.concurrency)
     bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=not show_progress, mininterval=0.5)
@@ -133,7 +134,7 @@ async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, des
             fh.write(dumps_line(traj) + "\n")
             fh.flush()
             n += 1
-            f1_sum += f1(traj.get("prediction"), labels[traj["task_id"]].answers)
+            f1_sum += score_trajectory(traj, labels[traj["task_id"]])["f1"]  # as the summary scores it (boxed or not)
             bar.set_postfix(f1=f"{f1_sum / n:.3f}")
             bar.update(1)
     bar.close()
@@ -228,6 +229,9 @@ def run_eval(config: RunConfig, data_dir: str | Path, out_dir: str | Path, resum
         "budgets": config.budgets.model_dump(), "agent": config.agent.model_dump(),
         "sampling": {role: getattr(config.backends, role).sampling.model_dump() for role in ("memory", "controller", "reader")},
         "backends": {role: env.backends[role].name for role in ("memory", "controller", "reader")},
+        # Which backend wrote the memory (matrix groups A/C use the baseline, B/D the trained policy).
+        "memory_backend": {"kind": config.backends.memory.kind, "model": config.backends.memory.model,
+                           "adapter": config.backends.memory.adapter, "name": env.backends["memory"].name},
         # How a derived set (e.g. RULER-HQA docs{N}) was built; its bytes are in "data".
         "data_build": {k: dataset.manifest[k] for k in ("builder", "num_docs", "seed", "pool_size", "context_sha256",
                                                         "context_tokens", "counts") if k in dataset.manifest},

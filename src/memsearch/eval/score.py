@@ -1,10 +1,26 @@
 """Scoring, after the episode: join a trajectory with its label (by task id) and compute the
-per-task metrics row. This is the only place labels meet agent output."""
+per-task metrics row. This is the only place labels meet agent output.
+
+Which answer the answer metrics score depends on what the reader was asked for
+(``answer_format`` of the trajectory, docs/design.md §6):
+
+- ``"boxed"`` (memory ``overwrite``, the MemAgent protocol): ``em``, ``f1`` and ``sub_em`` score
+  the boxed answer only (``memsearch.answers.boxed_prediction``); a reply without a complete
+  box scores 0 on all three, as in MemAgent's evaluator, even when its first line mentions the
+  gold answer.
+- ``"free"`` (every other memory mode, and trajectories written before the field existed):
+  they score ``prediction``, the engine's tolerant parse (``engine.parsing.parse_reader``).
+
+``sub_em_lenient`` is ``sub_em`` of the tolerant parse in both cases: what the lenient reading
+would have scored, kept apart so it is never reported as the protocol's sub_em. ``boxed_em``
+is exact match of the box whatever the format.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from memsearch.answers import boxed_prediction
 from memsearch.data.records import Label
 from memsearch.eval.metrics import boxed_em, citation_scores, exact_match, f1, sub_em, support_recall
 
@@ -28,6 +44,8 @@ def token_costs(events: list[dict[str, Any]]) -> dict[str, int]:
 def score_trajectory(traj: dict[str, Any], label: Label) -> dict[str, Any]:
     """One metrics row. A failed episode keeps its row (prediction ``None`` scores 0)."""
     pred = traj.get("prediction")
+    # The answer the protocol scores: the box when one was asked for (None scores 0).
+    scored = boxed_prediction(traj.get("reader_text")) if traj.get("answer_format") == "boxed" else pred
     counts = traj.get("counts", {})
     cites = citation_scores(traj.get("citations", []), label.supporting_facts)
     calls = counts.get("policy_calls", 0)
@@ -36,10 +54,12 @@ def score_trajectory(traj: dict[str, Any], label: Label) -> dict[str, Any]:
         "status": traj.get("status", "error"),
         "prediction": pred,
         "answers": label.answers,
-        "em": exact_match(pred, label.answers),
-        "f1": f1(pred, label.answers),
-        "sub_em": sub_em(pred, label.answers),
+        "answer_format": traj.get("answer_format", "free"),
+        "em": exact_match(scored, label.answers),
+        "f1": f1(scored, label.answers),
+        "sub_em": sub_em(scored, label.answers),
         "boxed_em": boxed_em(traj.get("reader_text"), label.answers),
+        "sub_em_lenient": sub_em(pred, label.answers),
         "retrieval_support_recall": support_recall(traj.get("shown_evidence", []), label.supporting_facts),
         "memory_support_recall": support_recall(traj.get("memory_sources", []), label.supporting_facts),
         "citation_precision": cites["precision"],

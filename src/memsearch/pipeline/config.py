@@ -77,6 +77,14 @@ class PipelineData(_Config):
         return self
 
 
+class PipelineReport(_Config):
+    """How the report compares base and trained (``report`` stage)."""
+
+    bootstrap_resamples: int = Field(10_000, ge=100, description="Paired bootstrap resamples per base-vs-trained difference")
+    confidence: float = Field(0.95, gt=0.0, lt=1.0, description="Confidence of the paired bootstrap intervals")
+    seed: int = Field(0, description="Seed of the bootstrap resampling (the report is deterministic)")
+
+
 class MemAgentPipeline(_Config):
     """``memsearch pipeline memagent``: prepare, train (GRPO, overwrite role), merge, evaluate
     base and trained at every N, report."""
@@ -85,6 +93,7 @@ class MemAgentPipeline(_Config):
     model: str = Field("embedded", description="'embedded' or a local Hugging Face folder: trained, evaluated, and the budget tokenizer")
     data: PipelineData = Field(default_factory=PipelineData, description="Sources and sets")
     episode: RunConfig = Field(..., description="The recurrent agent (stream + overwrite + exhaust) and its budgets and prompts")
+    report: PipelineReport = Field(default_factory=PipelineReport, description="Paired bootstrap settings of the report")
     train: dict[str, Any] = Field(default_factory=dict, description="GRPO settings (memsearch train grpo fields but "
                                   "role/model/data/episode, which the pipeline sets)")
 
@@ -125,11 +134,14 @@ class MemAgentPipeline(_Config):
                                  f"{'unknown field' if e['type'] == 'extra_forbidden' else e['msg']}" for e in exc.errors())
             raise ValueError(problems) from None
 
-    def eval_config(self, model: str) -> RunConfig:
+    def eval_config(self, model: str, limit: int | None = None) -> RunConfig:
         """The run config evaluating ``model`` (the base, or a merged checkpoint): the episode
         with only the memory and reader models replaced, so base and trained share every other
-        setting, the budget tokenizer included."""
+        setting, the budget tokenizer included. ``limit``: evaluate the first questions only
+        (the plain HotpotQA set, whose prepared folder holds the whole dev file)."""
         data = self.episode.model_dump(mode="json")
         for role in ("memory", "reader"):
             data["backends"][role]["model"] = model
+        if limit is not None:
+            data["limit"] = limit
         return RunConfig.model_validate(data)

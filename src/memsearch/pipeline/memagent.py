@@ -14,8 +14,11 @@ Each stage's record is ``OUT/<stage>.stage.json`` (``eval/<checkpoint>/docs{N}.s
 4. ``merged/``: the final adapter merged into the base (a plain Hugging Face checkpoint);
 5. ``eval/{base,trained}/docs{N}/``: ``run_eval`` of each model on each set, the *same* run
    config but for the model folder (``MemAgentPipeline.eval_config``); a re-run resumes;
-6. ``report.md`` / ``report.json``: base vs trained at every N (sub_em, em, f1, boxed_em,
-   truncation, request errors, usable or not).
+   ``eval/{base,trained}/hotpotqa/``: the same on plain HotpotQA dev (each question's own
+   paragraphs, the first ``data.questions`` of ``prepare/dev``), scored by boxed exact match;
+6. ``report.md`` / ``report.json``: base vs trained on every set (sub_em, em, f1, boxed_em,
+   truncation, request errors, usable or not), each difference with a paired bootstrap CI, and
+   a verdict per acceptance criterion (``pipeline.report``).
 
 A stage whose record matches its inputs is skipped; one made from other inputs is refused.
 """
@@ -30,6 +33,7 @@ from typing import Any
 from memsearch.errors import InputError
 from memsearch.io import dumps_line, sha256_file
 from memsearch.pipeline.config import MemAgentPipeline
+from memsearch.pipeline.report import HOTPOT_SET
 from memsearch.pipeline.stages import Stage, folder_sha256
 
 CHECKPOINTS = ("base", "trained")
@@ -155,23 +159,24 @@ def merge_stage(cfg: MemAgentPipeline, out: Path, adapter: Path, echo=print) -> 
     return folder, stage.fingerprint
 
 
-def eval_stage(cfg: MemAgentPipeline, out: Path, checkpoint: str, model: str, model_fingerprint: str, n: int,
-               data: Path, echo=print) -> dict[str, Any]:
-    """One evaluation: ``checkpoint`` (base or trained) on the docs{n} set. Returns its summary."""
+def eval_stage(cfg: MemAgentPipeline, out: Path, checkpoint: str, model: str, model_fingerprint: str, set_name: str,
+               data: Path, echo=print, limit: int | None = None) -> dict[str, Any]:
+    """One evaluation: ``checkpoint`` (base or trained) on one set (``docs{N}`` or ``hotpotqa``),
+    its first ``limit`` questions when given. Returns its summary."""
     from memsearch.eval.runner import run_eval
 
-    folder = out / "eval" / checkpoint / f"docs{n}"
-    run_config = cfg.eval_config(model)
+    folder = out / "eval" / checkpoint / set_name
+    run_config = cfg.eval_config(model, limit=limit)
     stage = Stage(folder, "eval", {"run_config": run_config.model_dump(mode="json"),
                                    "data_manifest_sha256": sha256_file(data / "manifest.json"), "model": model_fingerprint},
-                  record=folder.parent / f"docs{n}.stage.json")
+                  record=folder.parent / f"{set_name}.stage.json")
     if stage.done() and (folder / "summary.json").is_file():
-        echo(f"eval {checkpoint} docs{n}: done")
+        echo(f"eval {checkpoint} {set_name}: done")
         return json.loads((folder / "summary.json").read_text())
     resume = stage.started() and folder.exists()
     stage.start()
-    echo(f"eval {checkpoint} docs{n}: {'resuming' if resume else 'running'}")
-    summary = run_eval(run_config, data, folder, resume=resume, group=f"{checkpoint}-docs{n}")
+    echo(f"eval {checkpoint} {set_name}: {'resuming' if resume else 'running'}")
+    summary = run_eval(run_config, data, folder, resume=resume, group=f"{checkpoint}-{set_name}")
     stage.finish({"summary": str((folder / "summary.json").relative_to(out))})
     return summary
 
@@ -195,13 +200,20 @@ def run_memagent_pipeline(cfg: MemAgentPipeline, out: str | Path, echo=print) ->
     rewards = reward_summary(out / "train", out)
     merged, merged_fp = merge_stage(cfg, out, adapter, echo)
     models = {"base": (cfg.model, f"base:{cfg.model}"), "trained": (str(merged), merged_fp)}
-    summaries: dict[str, dict[int, dict[str, Any]]] = {c: {} for c in CHECKPOINTS}
-    for n, data in paths["sets"].items():
+    # Every set by its eval folder name: RULER-HQA-style docs{N}, then plain HotpotQA dev (the
+    # recipe's second acceptance set: boxed exact match on the question's own paragraphs).
+    sets = {f"docs{n}": (data, None) for n, data in paths["sets"].items()}
+    sets[HOTPOT_SET] = (paths["dev"], cfg.data.questions)
+    summaries: dict[str, dict[str, dict[str, Any]]] = {c: {} for c in CHECKPOINTS}
+    for set_name, (data, limit) in sets.items():
         for checkpoint in CHECKPOINTS:
             model, fp = models[checkpoint]
-            summaries[checkpoint][n] = eval_stage(cfg, out, checkpoint, model, fp, n, data, echo)
+            summaries[checkpoint][set_name] = eval_stage(cfg, out, checkpoint, model, fp, set_name, data, echo, limit=limit)
     report = write_report(cfg, out, summaries, rewards)
     echo(report["table"])
+    echo(report["deltas_table"])
+    for verdict in report["verdicts"]:
+        echo(verdict["line"])
     echo(f"report: {out / 'report.md'}")
     return report
 
