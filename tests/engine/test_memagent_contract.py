@@ -269,7 +269,7 @@ def test_failed_reader_request_scores_zero_and_stays_in_the_denominator(ruler, r
     trajs = [run(ruler.tasks[0], ok_env), run(ruler.tasks[1], failing), run(ruler.tasks[2], ok_env)]
     failed = trajs[1]
     (reader,) = calls(failed, "reader")
-    assert reader["error"] == "HTTP 500: injected" and reader["valid"] is False
+    assert reader["error"] == "HTTP 500: injected" and reader["valid"] is None  # not judged: no completion
     assert reader["invalid_reason"].startswith("request failed")
     assert failed["prediction"] is None and failed["status"] == "error" and failed["counts"]["request_errors"] == 1
     rows = [score_trajectory(t, labels[t["task_id"]]) for t in trajs]

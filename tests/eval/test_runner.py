@@ -116,9 +116,15 @@ def test_server_faults_are_reported_not_fatal(hotpot_dev_dir, tmp_path):
     assert summary["request_errors"] == sum(r["request_errors"] for r in rows) > 0
     assert summary["complete"] is False and summary["usable_for_comparison"] is False
     assert summary["note"].startswith("INCOMPLETE")
-    invalid = sum(r["invalid_actions"] for r in rows)
-    assert invalid >= summary["request_errors"]  # every failed call is also an invalid action
     calls = [e for t in _lines(tmp_path / "run" / "trajectories.jsonl") for e in t["events"] if e["type"] == "policy_call"]
+    # A failed request is a request error, never the policy's invalid action (issue 11 item 4).
+    failed = [e for e in calls if e["error"] is not None]
+    assert len(failed) == summary["request_errors"] and all(e["valid"] is None for e in failed)
+    judged_invalid = sum(1 for e in calls if e["valid"] is False)
+    assert sum(r["invalid_actions"] for r in rows) == judged_invalid
+    for r in rows:
+        answered = r["policy_calls"] - r["request_errors"]
+        assert r["invalid_action_rate"] == (r["invalid_actions"] / answered if answered else None)
     # Unreadable memory ops and controller decisions are invalid actions with a reason; for the
     # reader the same text is a (wrong) answer.
     garbage = [e for e in calls if e["text"] == "I am not sure what to do." and e["role"] != "reader"]
@@ -161,3 +167,15 @@ def test_resume_after_killing_the_process(hotpot_dev_dir, tmp_path):
     strip = lambda rows: [{k: v for k, v in r.items() if k != "latency_s"} for r in rows]  # noqa: E731
     assert strip(_lines(cut / "metrics.jsonl")) == strip(_lines(full / "metrics.jsonl"))
     assert json.loads((cut / "summary.json").read_text())["timing"]["resumed_tasks"] == done_before
+
+
+def test_a_server_that_never_answers_is_not_an_invalid_policy(hotpot_dev_dir, tmp_path):
+    """Every request fails: 100% request errors, and no invalid-action rate at all (it used to
+    read 1.000, blaming the policy for the transport)."""
+    with AgentServer(delay_s=0.0, fail_every=1) as server:
+        cfg = load_config(API, _api_overrides(server.base_url, "limit=3", *[f"backends.{r}.max_retries=0"
+                                                                           for r in ("memory", "controller", "reader")]))
+        summary = run_eval(cfg, hotpot_dev_dir, tmp_path / "run", show_progress=False)
+    assert summary["request_errors"] > 0 and summary["tasks"]["failed"] == 3
+    assert summary["metrics"]["invalid_action_rate"] is None and summary["metrics"]["invalid_actions"] == 0
+    assert summary["metrics"]["f1"] == 0.0 and summary["metric_counts"]["f1"] == 3  # failed tasks stay in

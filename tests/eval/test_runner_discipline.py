@@ -93,7 +93,8 @@ def test_missing_samples_make_the_run_unusable(docs50, tmp_path):
     run_info = json.loads((tmp_path / "run" / "run.json").read_text())
     summary = summarize(config, run_info, rows[:-1], N_TASKS, {})
     assert full["usable_for_comparison"] and not summary["usable_for_comparison"] and not summary["complete"]
-    assert summary["note"] == "INCOMPLETE: 1 task(s) missing, 0 failed; not a result"
+    assert summary["note"] == ("INCOMPLETE: 1 task(s) missing, 0 failed (a failed task scores 0 in every answer "
+                               "metric); not a result")
     assert summary["truncation"]["read_whole_context"] is False  # a missing task is not known to have read anything
     assert summary["tasks"] == {"expected": N_TASKS, "scored": N_TASKS - 1, "failed": 0, "failed_ids": []}
 

@@ -32,7 +32,8 @@ from memsearch.retrieval import Retriever
 from memsearch.tokenizer import Tokenizer
 
 # engine-2: trajectories record answer_format (what the reader was asked for; eval.score reads it).
-ENGINE_VERSION = "engine-2"
+# engine-3: a call whose request failed is not judged (valid None) and not an invalid action.
+ENGINE_VERSION = "engine-3"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
@@ -96,7 +97,15 @@ class _Episode:
         return result
 
     def judge(self, valid: bool, action: dict[str, Any], reason: str | None) -> None:
-        """Attach the parsed action to the last policy call; count invalid actions."""
+        """Attach the parsed action to the last policy call; count invalid actions.
+
+        A call whose request failed produced no action to judge: it is recorded with
+        ``valid = None`` and counted as a request error only, never as the policy's invalid
+        action (a server that never answers must not read as a policy that always errs).
+        """
+        if self.events[-1].get("error") is not None:
+            self.events[-1].update(action=action, valid=None, invalid_reason=reason)
+            return
         self.events[-1].update(action=action, valid=valid, invalid_reason=None if valid else reason)
         if not valid:
             self.invalid += 1

@@ -30,7 +30,8 @@ from memsearch.io import dumps_line, iter_jsonl, sha256_file, write_json, write_
 # normalization, sub_em / boxed_em rules, which rows enter a mean). Bump it whenever a metric's
 # definition changes, so summaries scored differently are never compared.
 # eval-2: a reader asked for a box is scored on the box only; sub_em_lenient added.
-EVALUATOR_VERSION = "eval-2"
+# eval-3: invalid_action_rate is over calls that returned a completion (request errors apart).
+EVALUATOR_VERSION = "eval-3"
 
 SUMMARY_KEYS = (
     "em", "f1", "sub_em", "boxed_em", "sub_em_lenient", "retrieval_support_recall", "memory_support_recall",
@@ -171,7 +172,8 @@ def summarize(config: RunConfig, run_info: dict[str, Any], rows: list[dict[str, 
     ops = {k: sum(r.get(k, 0) for r in rows) for k in sorted({k for r in rows for k in r if k.startswith("ops_")})}
     tokens = {k: sum(r.get(k, 0) for r in rows) for k in sorted({k for r in rows for k in r if k.endswith("_tokens")})}
     truncation = _chunk_truncation(config, rows, complete)
-    notes = [] if complete else [f"INCOMPLETE: {expected - len(rows)} task(s) missing, {len(failed)} failed; not a result"]
+    notes = [] if complete else [f"INCOMPLETE: {expected - len(rows)} task(s) missing, {len(failed)} failed "
+                                 "(a failed task scores 0 in every answer metric); not a result"]
     if truncation["disclosure"]:
         notes.append(truncation["disclosure"])
     return {
@@ -184,6 +186,10 @@ def summarize(config: RunConfig, run_info: dict[str, Any], rows: list[dict[str, 
         "truncation": {**truncation, "memory_truncations": sum(r["memory_truncations"] for r in rows)},
         "metrics": agg["mean"],
         "metric_counts": agg["count"],
+        # What each mean is over, so a reader of summary.json need not guess.
+        "denominators": {"answer_metrics": "every scored task; a failed task (request errors, crash) counts 0",
+                         "invalid_action_rate": "per task: policy calls that returned a completion (request "
+                                                "errors are counted apart, in request_errors)"},
         "memory_ops": ops,
         "tokens": tokens,
         "entailment_evaluated": False,

@@ -72,7 +72,10 @@ def score_trajectory(traj: dict[str, Any], label: Label) -> dict[str, Any]:
         "memory_truncations": counts.get("memory_truncations", 0),
         "policy_calls": calls,
         "invalid_actions": counts.get("invalid_actions", 0),
-        "invalid_action_rate": counts.get("invalid_actions", 0) / calls if calls else None,
+        # Over the calls that returned a completion: transport failures are request_errors, not
+        # the policy's invalid actions (the task itself stays in every answer metric's denominator).
+        "invalid_action_rate": (counts.get("invalid_actions", 0) / answered
+                                if (answered := calls - counts.get("request_errors", 0)) > 0 else None),
         "request_errors": counts.get("request_errors", 0),
         "latency_s": traj.get("latency_s"),
     }
