@@ -24,11 +24,12 @@ app.add_typer(pipeline_app, name="pipeline")
 
 
 def _friendly(fn):
-    """Turn ``InputError`` (and missing files) into ``error:`` lines and exit status 2."""
+    """Turn ``InputError`` (and missing files) into ``error:`` lines and exit status 2, and
+    ``StorageError`` (a failed write: disk full, permissions) into one line and status 4."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from memsearch.errors import InputError
+        from memsearch.errors import InputError, StorageError
 
         try:
             return fn(*args, **kwargs)
@@ -36,6 +37,9 @@ def _friendly(fn):
             for line in str(exc).splitlines():
                 typer.echo(f"error: {line}", err=True)
             raise typer.Exit(2) from None
+        except StorageError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(EXIT_STORAGE) from None
 
     return wrapper
 
@@ -200,6 +204,8 @@ def _run_config(path: Path, overrides: list[str] | None, limit: int | None, matr
 # Exit status of `eval` / `matrix` when the run finished but is not a result (tasks missing or
 # failed): distinct from 1 (a crash) and 2 (bad input), so `memsearch eval ... && next` stops.
 EXIT_INCOMPLETE = 3
+# A write failed (disk full, read-only, permissions): the saved tasks are safe; --resume continues.
+EXIT_STORAGE = 4
 
 
 @app.command("eval")

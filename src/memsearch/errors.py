@@ -30,3 +30,9 @@ class InputError(Exception):
         self.problems = [] if isinstance(problems, str) else list(problems)
         text = problems if isinstance(problems, str) else "\n".join(str(p) for p in problems)
         super().__init__(text)
+
+
+class StorageError(Exception):
+    """A write failed for a reason outside the program (disk full, read-only file system,
+    permissions): what is saved is safe and the message says how to continue. The CLI prints it
+    as one ``error:`` line and exits with status 4."""

@@ -89,7 +89,10 @@ def run_matrix(config: RunConfig, data_dir: str | Path, out_dir: str | Path, res
     check_comparable(configs)
     if out.exists() and not resume:
         raise InputError(f"{out}: output folder already exists; pass --resume to continue that matrix, or choose a new folder")
-    out.mkdir(parents=True, exist_ok=True)
+    if resume and not out.is_dir():
+        raise InputError(f"{out}: nothing to resume (no such folder)")
+    # No folder is made here: the first group's run_eval creates it (as out/A) only once its data,
+    # models and backends are checked, so a bad command leaves nothing behind.
     summaries = {}
     for group, cfg in configs.items():
         summaries[group] = run_eval(cfg, data_dir, out / group, resume=resume and (out / group).exists(),

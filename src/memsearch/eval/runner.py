@@ -2,7 +2,8 @@
 
     run_eval(config, data_dir="data/hotpot-dev", out_dir="runs/eval-1")
 
-A run folder holds ``config.json`` (resolved), ``run.json`` (data fingerprint, versions),
+A run folder holds ``config.json`` (resolved), ``run.json`` (data fingerprint, model identity,
+versions),
 ``trajectories.jsonl`` (one line per task, appended as episodes finish), ``metrics.jsonl``
 (per task, in task order) and ``summary.json``. The folder must not exist unless ``resume``:
 then the saved config must equal the new one, finished tasks are kept and only missing ones
@@ -23,8 +24,9 @@ from tqdm import tqdm
 
 from memsearch.config import RunConfig
 from memsearch.data.dataset import Dataset, load_dataset
-from memsearch.errors import InputError
-from memsearch.io import dumps_line, iter_jsonl, sha256_file, write_json, write_jsonl
+from memsearch.errors import InputError, Problem
+from memsearch.eval.run_folder import check_run_folder, claim_run_folder, model_identity, storage_error, write_record
+from memsearch.io import dumps_line, iter_jsonl, sha256_file, write_jsonl
 
 # Version of what turns trajectories into numbers (``eval.score`` + ``eval.metrics``: answer
 # normalization, sub_em / boxed_em rules, which rows enter a mean). Bump it whenever a metric's
@@ -64,29 +66,19 @@ def read_finished(path: Path) -> dict[str, dict[str, Any]]:
     keep = raw if raw.endswith(b"\n") or not raw else raw[: raw.rfind(b"\n") + 1]
     if keep != raw:
         path.write_bytes(keep)
-    done = {}
-    for _, traj in iter_jsonl(path):
-        done[traj["task_id"]] = traj
+    done: dict[str, dict[str, Any]] = {}
+    first_line: dict[str, int] = {}
+    duplicates = []
+    for lineno, traj in iter_jsonl(path):
+        task_id = traj["task_id"]
+        if task_id in done:
+            duplicates.append(Problem(str(path), lineno, "task_id", f"duplicate task {task_id!r} (first on line "
+                                      f"{first_line[task_id]}): two processes wrote this run; delete it and start again"))
+        done.setdefault(task_id, traj)
+        first_line.setdefault(task_id, lineno)
+    if duplicates:
+        raise InputError(duplicates)
     return done
-
-
-def _prepare_folder(config: RunConfig, out: Path, resume: bool, run_info: dict[str, Any]) -> None:
-    resolved = config.model_dump(mode="json")
-    if out.exists():
-        if not resume:
-            raise InputError(f"{out}: output folder already exists; pass --resume to continue that run, or choose a new folder")
-        saved = json.loads((out / "config.json").read_text()) if (out / "config.json").is_file() else None
-        if saved != resolved:
-            raise InputError(f"{out}: config differs from the run being resumed (config.json); resume with the same config")
-        saved_run = json.loads((out / "run.json").read_text())
-        if saved_run["data"] != run_info["data"]:
-            raise InputError(f"{out}: data fingerprint differs from the run being resumed; resume on the same data")
-        return
-    if resume:
-        raise InputError(f"{out}: nothing to resume (no such folder)")
-    out.mkdir(parents=True)
-    write_json(out / "config.json", resolved)
-    write_json(out / "run.json", run_info)
 
 
 def build_environment(config: RunConfig, dataset: Dataset, group: str = ""):
@@ -113,7 +105,9 @@ def build_environment(config: RunConfig, dataset: Dataset, group: str = ""):
     return Environment(config, tokenizer, dataset.documents_by_id(), backends, retriever, group)
 
 
-async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, desc: str) -> None:
+async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, desc: str, written: list[str]) -> None:
+    """Run ``tasks`` and append each trajectory as it finishes; ``written`` collects the task ids
+    written (so a failed write can say how many are safe)."""
     from memsearch.engine.episode import run_episode
     from memsearch.eval.score import score_trajectory
 
@@ -129,18 +123,40 @@ async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, des
                 return {"task_id": task.id, "group": env.group, "question": task.question, "prediction": None,
                         "status": "error", "error": f"{type(exc).__name__}: {exc}", "counts": {}, "events": []}
 
-    with open(traj_path, "a", encoding="utf-8") as fh:
-        for next_done in asyncio.as_completed([one(t) for t in tasks]):
-            traj = await next_done
-            fh.write(dumps_line(traj) + "\n")
-            fh.flush()
-            n += 1
-            f1_sum += score_trajectory(traj, labels[traj["task_id"]])["f1"]  # as the summary scores it (boxed or not)
-            bar.set_postfix(f1=f"{f1_sum / n:.3f}")
-            bar.update(1)
-    bar.close()
+    try:
+        with open(traj_path, "a", encoding="utf-8") as fh:
+            for next_done in asyncio.as_completed([one(t) for t in tasks]):
+                traj = await next_done
+                fh.write(_trajectory_line(traj))
+                fh.flush()
+                written.append(traj["task_id"])
+                n += 1
+                f1_sum += score_trajectory(traj, labels[traj["task_id"]])["f1"]  # as the summary scores it (boxed or not)
+                bar.set_postfix(f1=f"{f1_sum / n:.3f}")
+                bar.update(1)
+    finally:
+        bar.close()
+        await _close_backends(env)
+
+
+async def _close_backends(env) -> None:
     for backend in {id(b): b for b in env.backends.values()}.values():
         await backend.aclose()
+
+
+def _trajectory_line(traj: dict[str, Any]) -> str:
+    """The trajectory as one JSON line, or, when it holds text that cannot be written as UTF-8
+    (a lone surrogate that got past the backends), a failed-task record in its place: one bad
+    completion must never end the run or make every ``--resume`` crash on it."""
+    line = dumps_line(traj) + "\n"
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        failed = {"task_id": traj["task_id"], "group": traj.get("group", ""), "question": traj.get("question"),
+                  "prediction": None, "status": "error", "counts": {}, "events": [],
+                  "error": f"trajectory not writable as UTF-8 ({exc.reason} at character {exc.start}); task marked failed"}
+        line = dumps_line(failed) + "\n"
+    return line
 
 
 def _chunk_truncation(config: RunConfig, rows: list[dict[str, Any]], complete: bool) -> dict[str, Any]:
@@ -202,33 +218,78 @@ def summarize(config: RunConfig, run_info: dict[str, Any], rows: list[dict[str, 
 
 def run_eval(config: RunConfig, data_dir: str | Path, out_dir: str | Path, resume: bool = False,
              group: str = "", show_progress: bool = True) -> dict[str, Any]:
-    """Run (or resume) an evaluation; returns the summary (also written to ``summary.json``)."""
-    from memsearch.engine.episode import ENGINE_VERSION
-    from memsearch.engine.prompts import prompt_version
+    """Run (or resume) an evaluation; returns the summary (also written to ``summary.json``).
+
+    Raises ``InputError`` (nothing created) for bad input, a folder that exists without
+    ``resume``, a resume of another run or of a folder another process is writing;
+    ``StorageError`` when a write fails (disk full, permissions): what was saved is safe and
+    ``resume`` continues."""
     from memsearch.eval.score import score_trajectory
 
     data_dir, out = Path(data_dir), Path(out_dir)
     dataset = load_dataset(data_dir)
     tasks = dataset.tasks[: config.limit]
     labels = dataset.labels_by_id()
-    run_info = {"data": data_fingerprint(data_dir, dataset), "software": software_versions(), "group": group}
-    _prepare_folder(config, out, resume, run_info)
-    traj_path = out / "trajectories.jsonl"
-    done = read_finished(traj_path)
-    todo = [t for t in tasks if t.id not in done]
+    resolved = config.model_dump(mode="json")
+    run_info = {"data": data_fingerprint(data_dir, dataset), "models": model_identity(config),
+                "software": software_versions(), "group": group}
+    # Everything that can fail is checked before the folder exists: a corrected command must not
+    # meet a half-made folder (docs/design.md §10).
+    check_run_folder(out, resume, resolved, run_info)
     started = time.perf_counter()
     env = build_environment(config, dataset, group)
-    episodes_started = time.perf_counter()
-    # CPU seconds of this process (all threads): on a shared machine wall time also measures
-    # everyone else's jobs, CPU time mostly does not.
-    episodes_cpu_started = time.process_time()
-    if todo:
-        asyncio.run(_run_all(env, todo, traj_path, labels, show_progress, desc=f"eval {group}".strip()))
-    episodes_s = time.perf_counter() - episodes_started
-    episodes_cpu_s = time.process_time() - episodes_cpu_started
-    finished = read_finished(traj_path)
-    rows = [score_trajectory(finished[t.id], labels[t.id]) for t in tasks if t.id in finished]
-    write_jsonl(out / "metrics.jsonl", rows)
+    try:
+        lock = claim_run_folder(out, resume, resolved, run_info)
+    except BaseException:
+        asyncio.run(_close_backends(env))
+        raise
+    traj_path = out / "trajectories.jsonl"
+    written: list[str] = []
+    done: dict[str, dict[str, Any]] = {}
+    try:
+        done = read_finished(traj_path)  # under the lock: no other writer can add lines now
+        todo = [t for t in tasks if t.id not in done]
+        episodes_started = time.perf_counter()
+        # CPU seconds of this process (all threads): on a shared machine wall time also measures
+        # everyone else's jobs, CPU time mostly does not.
+        episodes_cpu_started = time.process_time()
+        if todo:
+            asyncio.run(_run_all(env, todo, traj_path, labels, show_progress, f"eval {group}".strip(), written))
+        else:
+            asyncio.run(_close_backends(env))
+        episodes_s = time.perf_counter() - episodes_started
+        episodes_cpu_s = time.process_time() - episodes_cpu_started
+        finished = read_finished(traj_path)
+        rows = [score_trajectory(finished[t.id], labels[t.id]) for t in tasks if t.id in finished]
+        write_jsonl(out / "metrics.jsonl", rows)
+        summary = _summary(config, run_info, rows, tasks, dataset, env, group)
+        summary["timing"] = {"wall_s_this_invocation": round(time.perf_counter() - started, 2),
+                             "episodes_wall_s": round(episodes_s, 3), "episodes_cpu_s": round(episodes_cpu_s, 3),
+                             "episodes_run": len(todo), "resumed_tasks": len(done)}
+        write_record(out / "summary.json", summary)
+        return summary
+    except OSError as exc:
+        error = storage_error(exc, traj_path, len(done) + len(written), len(tasks))
+        if error is None:
+            raise
+        raise error from None
+    finally:
+        lock.release()
+
+
+def _backend_stats(env) -> list[dict[str, Any]]:
+    shared: dict[int, dict[str, Any]] = {}
+    for role, backend in env.backends.items():
+        if hasattr(backend, "stats"):
+            entry = shared.setdefault(id(backend), {"roles": [], "name": backend.name, "stats": backend.stats()})
+            entry["roles"].append(role)
+    return list(shared.values())
+
+
+def _summary(config: RunConfig, run_info: dict[str, Any], rows, tasks, dataset: Dataset, env, group: str) -> dict[str, Any]:
+    from memsearch.engine.episode import ENGINE_VERSION
+    from memsearch.engine.prompts import prompt_version
+
     env_info = {
         "group": group, "tokenizer": env.tokenizer.name, "engine_version": ENGINE_VERSION,
         "prompt_version": prompt_version(config.prompts.model_dump()),  # names any wording the config sets
@@ -238,13 +299,11 @@ def run_eval(config: RunConfig, data_dir: str | Path, out_dir: str | Path, resum
         # Which backend wrote the memory (matrix groups A/C use the baseline, B/D the trained policy).
         "memory_backend": {"kind": config.backends.memory.kind, "model": config.backends.memory.model,
                            "adapter": config.backends.memory.adapter, "name": env.backends["memory"].name},
+        # Requests, retries and errors by kind of each backend (roles that share one are listed
+        # together); this invocation only: a resume counts its own requests, like "timing".
+        "backend_stats": _backend_stats(env),
         # How a derived set (e.g. RULER-HQA docs{N}) was built; its bytes are in "data".
         "data_build": {k: dataset.manifest[k] for k in ("builder", "num_docs", "seed", "pool_size", "context_sha256",
                                                         "context_tokens", "counts") if k in dataset.manifest},
     }
-    summary = summarize(config, run_info, rows, len(tasks), env_info)
-    summary["timing"] = {"wall_s_this_invocation": round(time.perf_counter() - started, 2),
-                         "episodes_wall_s": round(episodes_s, 3), "episodes_cpu_s": round(episodes_cpu_s, 3),
-                         "episodes_run": len(todo), "resumed_tasks": len(done)}
-    write_json(out / "summary.json", summary)
-    return summary
+    return summarize(config, run_info, rows, len(tasks), env_info)

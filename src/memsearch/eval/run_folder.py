@@ -1,0 +1,196 @@
+"""An eval run folder's records and who may write it (docs/design.md §10).
+
+- ``check_run_folder``: before anything is built or created, refuse what cannot work: a folder
+  that exists without ``--resume``, ``--resume`` of a missing or half-made folder, or a resume
+  whose config, data or model identity differs from the recorded run.
+- ``claim_run_folder``: create the folder (an atomic ``mkdir``: of two processes that start
+  together, exactly one gets it) or reopen it for ``--resume``, and take an exclusive ``flock``
+  on ``OUT/.lock`` for the rest of the process, so two writers never append to one run.
+  ``config.json`` and ``run.json`` are written atomically (temp file + rename).
+- ``model_identity``: what answered each role, by content: SHA-256 of the embedded GGUF file,
+  of a local model's config and weight files, of an adapter's files; for a served model only
+  its name and URL can be recorded.
+- ``storage_error``: a failed write (disk full, read-only, permissions) as one line that names
+  the file, says how many tasks are saved and that ``--resume`` continues.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from memsearch.errors import InputError, StorageError
+from memsearch.io import sha256_file
+
+RECORDS = ("config.json", "run.json")
+# Files of a local model folder that decide what it computes (weights, architecture, vocabulary).
+_MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".gguf", ".json", ".model", ".txt")
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO}
+
+
+def write_record(path: Path, obj: Any) -> None:
+    """Pretty JSON written to a temporary sibling and renamed into place: a crash leaves the old
+    file or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            json.dump(obj, fh, ensure_ascii=False, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_record(out: Path, name: str) -> dict[str, Any]:
+    path = out / name
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        problem = "missing"
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        problem = f"unreadable ({exc})"
+    raise InputError(f"{out}: incomplete run folder ({path} {problem}); delete it and start again")
+
+
+def check_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: dict[str, Any]) -> None:
+    """Refuse a run that cannot start in ``out``; creates and changes nothing."""
+    if not resume:
+        if out.exists():
+            raise InputError(f"{out}: output folder already exists; pass --resume to continue that run, or choose a new folder")
+        return
+    if not out.is_dir():
+        raise InputError(f"{out}: nothing to resume (no such folder)")
+    saved_config = _read_record(out, "config.json")
+    saved_run = _read_record(out, "run.json")
+    if saved_config != config:
+        raise InputError(f"{out}: config differs from the run being resumed (config.json); resume with the same config")
+    if saved_run.get("data") != run_info["data"]:
+        raise InputError(f"{out}: data fingerprint differs from the run being resumed; resume on the same data")
+    if saved_run.get("models") != run_info["models"]:
+        changed = sorted(role for role in set(run_info["models"]) | set(saved_run.get("models") or {})
+                         if (saved_run.get("models") or {}).get(role) != run_info["models"].get(role))
+        raise InputError(f"{out}: the model identity of {', '.join(changed)} differs from the run being resumed "
+                         "(run.json: models); resume with the same model files")
+
+
+class RunFolderLock:
+    """An exclusive ``flock`` on ``OUT/.lock``, held until ``release`` or the process ends (the
+    kernel drops it when the process dies, so a killed run never leaves a stale lock)."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / ".lock"
+        self._fh = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - held for the run
+        try:
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._fh.seek(0)
+            holder = self._fh.read().strip() or "another process"
+            self._fh.close()
+            raise InputError(f"{out}: another memsearch process ({holder}) is writing this run folder "
+                             f"({self.path} is locked); wait for it to finish, or stop it, then --resume") from None
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._fh.write(f"pid {os.getpid()}\n")
+        self._fh.flush()
+
+    def release(self) -> None:
+        if not self._fh.closed:
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
+            self._fh.close()
+
+
+def claim_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: dict[str, Any]) -> RunFolderLock:
+    """Create ``out`` (or reopen it with ``resume``) and lock it for this process.
+
+    The checks of ``check_run_folder`` are repeated under the lock: another process may have
+    created or changed the folder since they were first made."""
+    if not resume:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir()
+        except FileExistsError:
+            raise InputError(f"{out}: output folder already exists (another process just created it); "
+                             "choose a new folder") from None
+    lock = RunFolderLock(out)
+    try:
+        if resume:
+            check_run_folder(out, True, config, run_info)
+        else:
+            write_record(out / "config.json", config)
+            write_record(out / "run.json", run_info)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+@lru_cache(maxsize=256)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    # Keyed by size and mtime too, so a file rewritten in place is hashed again.
+    return sha256_file(path)
+
+
+def _hash_file(path: Path) -> str:
+    st = path.stat()
+    return _file_sha256(str(path), st.st_size, st.st_mtime_ns)
+
+
+def _folder_identity(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file in a model/adapter/tokenizer folder that decides what it computes."""
+    return {p.name: _hash_file(p) for p in sorted(folder.iterdir())
+            if p.is_file() and p.suffix in _MODEL_FILE_SUFFIXES and not p.name.startswith(".")}
+
+
+def _model_files(model: str) -> dict[str, str]:
+    if model == "embedded":
+        from memsearch.embedded import gguf_path
+
+        path = gguf_path()
+        return {path.name: _hash_file(path)}
+    folder = Path(model)
+    if not folder.is_dir():
+        raise InputError(f"{model}: no such model folder (expected 'embedded' or a local Hugging Face model folder)")
+    return _folder_identity(folder)
+
+
+def model_identity(config) -> dict[str, Any]:
+    """Per role (and the budget tokenizer): what produced the completions, by content."""
+    out: dict[str, Any] = {}
+    for role in ("memory", "controller", "reader"):
+        backend = getattr(config.backends, role)
+        entry: dict[str, Any] = {"kind": backend.kind}
+        if backend.kind == "hf":
+            entry["model"] = backend.model
+            entry["model_files"] = _model_files(backend.model)
+            if backend.adapter:
+                adapter = Path(backend.adapter)
+                if not adapter.is_dir():
+                    raise InputError(f"{adapter}: no such adapter folder")
+                entry["adapter_files"] = _folder_identity(adapter)
+        elif backend.kind == "openai":
+            # A served model's weights are not ours to read: its name and URL are all we know.
+            entry.update(model=backend.model, base_url=backend.base_url)
+        out[role] = entry
+    tokenizer = config.tokenizer
+    out["tokenizer"] = ({"name": tokenizer} if not Path(tokenizer).is_dir()
+                        else {"name": tokenizer, "files": _folder_identity(Path(tokenizer))})
+    return out
+
+
+def storage_error(exc: OSError, path: Path, saved: int, expected: int) -> StorageError | None:
+    """``exc`` as one actionable line when it is a storage failure (disk full, read-only,
+    permissions, quota), else ``None`` (then it is a bug and keeps its traceback)."""
+    if exc.errno not in _STORAGE_ERRNOS:
+        return None
+    where = exc.filename or path
+    return StorageError(f"{where}: {os.strerror(exc.errno)}; {saved} of {expected} task(s) are saved in {path.parent}; "
+                        "free space or fix permissions, then run the same command with --resume to continue")

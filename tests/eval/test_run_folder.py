@@ -1,0 +1,244 @@
+"""Run folders a person can trust after anything goes wrong (issue 11 items 9, 12-15): nothing is
+created before every input is checked, one writer at a time, a full disk ends in one line and
+a --resume that finishes the run, and the records name the model that answered."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from memsearch.cli import EXIT_STORAGE, app
+from memsearch.config import load_config
+from memsearch.errors import InputError, StorageError
+from memsearch.eval.matrix import run_matrix
+from memsearch.eval.run_folder import RunFolderLock, claim_run_folder, write_record
+from memsearch.eval.runner import run_eval
+from memsearch.io import iter_jsonl, sha256_file
+from memsearch.testing.agent_server import AgentServer
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "configs" / "rules.toml"
+API = ROOT / "configs" / "api.toml"
+EXE = Path(sys.executable).parent / "memsearch"
+
+
+def _lines(path: Path) -> list[dict]:
+    return [obj for _, obj in iter_jsonl(path)]
+
+
+def _api(url: str, *extra: str) -> list[str]:
+    return ['tokenizer="lexical"', *[f'backends.{r}.base_url="{url}"' for r in ("memory", "controller", "reader")], *extra]
+
+
+# ------------------------------------------------------------------ nothing made before checks
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (['tokenizer="no/such/tokenizer"'], "unknown tokenizer"),
+    (['backends.reader.kind="openai"'], "backend kind 'openai' needs base_url"),
+    (['backends.memory.kind="oracle"'], "oracle backend refuses a 'dev' split"),
+    (['backends.memory.kind="hf"', 'backends.memory.model="no/such/model"'], "no such model folder"),
+])
+def test_a_bad_setting_leaves_no_folder_and_the_corrected_command_runs(overrides, message, hotpot_dev_dir, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises((InputError, ValueError), match=message):
+        run_eval(load_config(RULES, ["limit=2", *overrides]), hotpot_dev_dir, out, show_progress=False)
+    assert not out.exists()
+    assert run_eval(load_config(RULES, ["limit=2"]), hotpot_dev_dir, out, show_progress=False)["complete"]
+
+
+def test_matrix_with_bad_data_or_nothing_to_resume_leaves_no_folder(tmp_path):
+    out = tmp_path / "matrix"
+    with pytest.raises(InputError, match="no such file"):
+        run_matrix(load_config(RULES, ["limit=2"]), tmp_path / "no-data", out, show_progress=False)
+    assert not out.exists()
+    with pytest.raises(InputError, match=r"nothing to resume \(no such folder\)"):
+        run_matrix(load_config(RULES, ["limit=2"]), tmp_path / "no-data", out, resume=True, show_progress=False)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda out: (out / "run.json").unlink(), "run.json missing"),
+    (lambda out: (out / "run.json").write_text(""), "run.json unreadable"),
+    (lambda out: (out / "config.json").write_text('{"tokenizer": '), "config.json unreadable"),
+])
+def test_resume_of_a_half_made_folder_says_what_is_missing(damage, problem, hotpot_dev_dir, tmp_path):
+    out = tmp_path / "run"
+    cfg = load_config(RULES, ["limit=2"])
+    run_eval(cfg, hotpot_dev_dir, out, show_progress=False)
+    damage(out)
+    with pytest.raises(InputError) as exc:
+        run_eval(cfg, hotpot_dev_dir, out, resume=True, show_progress=False)
+    assert str(exc.value).startswith(f"{out}: incomplete run folder ({out}/{problem.split()[0]} {problem.split()[1]}")
+    assert str(exc.value).endswith("delete it and start again")
+
+
+def test_records_are_replaced_whole(tmp_path):
+    path = tmp_path / "record.json"
+    write_record(path, {"a": 1})
+    with pytest.raises(TypeError):
+        write_record(path, {"a": object()})  # fails half-way through the dump
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["record.json"]  # no temporary left behind
+
+
+# ------------------------------------------------------------------ one writer at a time
+
+
+def test_a_folder_in_use_is_refused_and_a_racing_create_loses_cleanly(hotpot_dev_dir, tmp_path):
+    out = tmp_path / "run"
+    cfg = load_config(RULES, ["limit=3"])
+    run_eval(cfg, hotpot_dev_dir, out, show_progress=False)
+    held = RunFolderLock(out)  # another writer (flock locks are per open file, so this models one)
+    try:
+        with pytest.raises(InputError, match=r"another memsearch process \(pid \d+\) is writing this run folder"):
+            run_eval(cfg, hotpot_dev_dir, out, resume=True, show_progress=False)
+    finally:
+        held.release()
+    assert run_eval(cfg, hotpot_dev_dir, out, resume=True, show_progress=False)["complete"]
+    # Created by someone else between the check and the mkdir: a message, not a FileExistsError.
+    with pytest.raises(InputError, match="another process just created it"):
+        claim_run_folder(out, False, {}, {})
+
+
+def test_duplicate_task_lines_are_reported_not_taken_silently(hotpot_dev_dir, tmp_path):
+    out = tmp_path / "run"
+    cfg = load_config(RULES, ["limit=3"])
+    run_eval(cfg, hotpot_dev_dir, out, show_progress=False)
+    traj = out / "trajectories.jsonl"
+    lines = traj.read_text().splitlines(keepends=True)
+    traj.write_text("".join(lines + lines[:1]))
+    with pytest.raises(InputError, match=rf"{traj}:4: task_id: duplicate task .* \(first on line 1\)"):
+        run_eval(cfg, hotpot_dev_dir, out, resume=True, show_progress=False)
+
+
+@pytest.mark.slow
+def test_two_concurrent_resumes_never_run_a_task_twice(hotpot_dev_dir, tmp_path):
+    """Two `--resume`s at once used to both run the missing tasks (52 lines for 30 tasks)."""
+    out = tmp_path / "run"
+    with AgentServer(delay_s=0.05) as server:
+        args = ["eval", "--config", str(API), "--data", str(hotpot_dev_dir), "--out", str(out), "--limit", "20"]
+        for o in _api(server.base_url, "concurrency=2"):
+            args += ["--set", o]
+        first = subprocess.Popen([str(EXE), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while time.time() < deadline and not (out / "trajectories.jsonl").is_file():
+            time.sleep(0.02)
+        second = subprocess.run([str(EXE), *args, "--resume"], capture_output=True, text=True, timeout=120)
+        first_out, first_err = first.communicate(timeout=120)
+    assert first.returncode == 0, first_err
+    assert second.returncode == 2 and "is writing this run folder" in second.stderr
+    ids = [t["task_id"] for t in _lines(out / "trajectories.jsonl")]
+    assert len(ids) == len(set(ids)) == 20
+
+
+# ------------------------------------------------------------------ a full disk
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A 64 KiB tmpfs: real ENOSPC (needs root, which CI and this project's machines have)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip()}); the disk-full test needs root")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.slow
+def test_a_full_disk_ends_in_one_line_and_resume_finishes_the_run(hotpot_dev_dir, small_disk, tmp_path):
+    args = ["eval", "--config", str(RULES), "--data", str(hotpot_dev_dir), "--limit", "40"]
+    result = CliRunner().invoke(app, [*args, "--out", str(small_disk / "run")])
+    assert result.exit_code == EXIT_STORAGE, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.output
+    # Whole lines are saved; the line being written when the disk filled may be torn (no final
+    # newline): --resume cuts it off and runs that task again.
+    saved = (small_disk / "run" / "trajectories.jsonl").read_bytes().count(b"\n")
+    assert 0 < saved < 40
+    assert errors[0].startswith(f"error: {small_disk / 'run' / 'trajectories.jsonl'}: No space left on device; "
+                                f"{saved} of 40 task(s) are saved in {small_disk / 'run'}")
+    assert errors[0].endswith("then run the same command with --resume to continue")
+    # Given room, --resume finishes exactly the run an uninterrupted command makes.
+    moved = tmp_path / "moved"
+    shutil.copytree(small_disk / "run", moved)
+    (moved / ".lock").unlink()
+    assert CliRunner().invoke(app, [*args, "--out", str(moved), "--resume"]).exit_code == 0
+    assert CliRunner().invoke(app, [*args, "--out", str(tmp_path / "straight")]).exit_code == 0
+    for name in ("trajectories.jsonl", "metrics.jsonl"):
+        got = sorted(json.dumps(_strip(r), sort_keys=True) for r in _lines(moved / name))
+        want = sorted(json.dumps(_strip(r), sort_keys=True) for r in _lines(tmp_path / "straight" / name))
+        assert got == want
+
+
+def _strip(record: dict) -> dict:
+    """A record without wall-clock fields."""
+    out = {k: v for k, v in record.items() if k != "latency_s"}
+    if "events" in out:
+        out["events"] = [{k: v for k, v in e.items() if k != "latency_s"} for e in out["events"]]
+    return out
+
+
+def test_a_storage_error_is_one_line_naming_the_file():
+    from memsearch.eval.run_folder import storage_error
+
+    error = storage_error(OSError(28, "No space left on device"), Path("runs/x/trajectories.jsonl"), 7, 30)
+    assert isinstance(error, StorageError)
+    assert str(error) == ("runs/x/trajectories.jsonl: No space left on device; 7 of 30 task(s) are saved in runs/x; "
+                          "free space or fix permissions, then run the same command with --resume to continue")
+    assert storage_error(OSError(2, "No such file or directory"), Path("x"), 0, 1) is None  # a bug, not the disk
+
+
+# ------------------------------------------------------------------ records
+
+
+def test_backend_retry_statistics_reach_the_summary(hotpot_dev_dir, tmp_path):
+    with AgentServer(delay_s=0.0, fail_every=5) as server:
+        cfg = load_config(API, _api(server.base_url, "limit=6", *[f"backends.{r}.max_retries=3"
+                                                                 for r in ("memory", "controller", "reader")]))
+        summary = run_eval(cfg, hotpot_dev_dir, tmp_path / "run", show_progress=False)
+    (entry,) = summary["backend_stats"]  # the three roles share one backend
+    assert entry["roles"] == ["memory", "controller", "reader"] and entry["name"] == "openai"
+    stats = entry["stats"]
+    calls = sum(r["policy_calls"] for r in _lines(tmp_path / "run" / "metrics.jsonl"))
+    assert stats["requests"] == calls and stats["retries"] > 0
+    assert stats["attempts"] == stats["requests"] + stats["retries"]
+    assert stats["errors"]["http_5xx"] == stats["retries"] + stats["failed"]
+
+
+def test_run_json_names_the_model_by_content_and_resume_refuses_another(hotpot_dev_dir, tiny_model_dir, tmp_path):
+    from memsearch.embedded import gguf_path
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    overrides = ["limit=1", 'backends.reader.kind="hf"', f"backends.reader.model={json.dumps(str(model))}",
+                 "budgets.answer_tokens=4"]
+    cfg = load_config(RULES, overrides)
+    out = tmp_path / "run"
+    run_eval(cfg, hotpot_dev_dir, out, show_progress=False)
+    models = json.loads((out / "run.json").read_text())["models"]
+    weights = next(p for p in model.iterdir() if p.suffix == ".safetensors")
+    assert models["reader"]["model_files"][weights.name] == sha256_file(weights)
+    assert models["memory"] == {"kind": "rules"} and models["tokenizer"] == {"name": cfg.tokenizer}
+    embedded = load_config(RULES, ["limit=1", 'backends.memory.kind="hf"'])
+    from memsearch.eval.run_folder import model_identity
+
+    assert model_identity(embedded)["memory"]["model_files"] == {gguf_path().name: sha256_file(gguf_path())}
+    # Same folder, other weights: the resume is refused instead of mixing two models in one run.
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(weights))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1.0
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    with pytest.raises(InputError, match="the model identity of reader differs from the run being resumed"):
+        run_eval(cfg, hotpot_dev_dir, out, resume=True, show_progress=False)
