@@ -184,3 +184,27 @@ def test_overwrite_role_trains_every_update_turn_and_the_final_answer(tiny_model
         assert 1 <= t["counts"]["chunks"] <= 3
     assert record["rows_generated"] == record["rows_consumed"] == sum(len(r) for r in calls)
     assert record["rows_per_trajectory"] == pytest.approx(sum(len(r) for r in calls) / len(calls))
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(tiny_model_dir, tiny_adapter_dir, hotpot_train_dir,
+                                                                 hotpot_dev_dir, tmp_path):
+    """Rank 0 evaluates alone after the last step; the other rank waits for it at an explicit
+    barrier bounded by eval.wait_s (docs/design.md §7), not inside a collective: loading a model
+    and evaluating 20 tasks takes more than 1 s, so a 1 s bound fails the run and says why."""
+    import socket
+
+    (tmp_path / "grpo.toml").write_text(CONFIG)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sets = [f"model={json.dumps(str(tiny_model_dir))}", f"adapter={json.dumps(str(tiny_adapter_dir))}",
+            f"data={json.dumps(str(hotpot_train_dir))}", "steps=1", f"eval.data={json.dumps(str(hotpot_dev_dir))}",
+            "eval.limit=20", "eval.wait_s=1"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={port}", "-m", "memsearch.cli", "train", "grpo", "--config", str(tmp_path / "grpo.toml"),
+           "--out", str(tmp_path / "run"), *[a for s in sets for a in ("--set", s)]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0
+    assert "rank 1 waited more than 1 s for rank 0 (evaluation at step 1); raise eval.wait_s" in proc.stderr, \
+        proc.stderr[-3000:]

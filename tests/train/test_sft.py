@@ -100,3 +100,32 @@ def test_periodic_evaluation_goes_through_the_eval_runner(tiny_model_dir, sft_ro
     run = json.loads((tmp_path / "sft" / "eval" / f"step-{summary['steps']:06d}" / "config.json").read_text())
     assert run["backends"]["memory"]["kind"] == "hf" and run["backends"]["memory"]["adapter"].endswith("adapter")
     assert run["limit"] == 2
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(tiny_model_dir, sft_rows_file, hotpot_dev_dir, tmp_path):
+    """Rank 0 evaluates alone; the other rank waits at an explicit barrier bounded by
+    eval.wait_s (docs/design.md §7): evaluating takes more than 2 s, so a 2 s bound fails the
+    run and says why (before, rank 1 went on and waited inside the next collective)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from memsearch.samples import config_path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sets = [f"model={json.dumps(str(tiny_model_dir))}", f"data=[{json.dumps(str(sft_rows_file))}]", "epochs=0.5",
+            "micro_batch_rows=2", "grad_accumulation=2", "lora.r=4", f"eval_config={json.dumps(str(config_path('rules.toml')))}",
+            f"eval.data={json.dumps(str(hotpot_dev_dir))}", "eval.limit=2", "eval.at_start=true", "eval.wait_s=2"]
+    (tmp_path / "sft.toml").write_text("")  # every field from --set
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={port}", "-m", "memsearch.cli", "train", "sft", "--config", str(tmp_path / "sft.toml"),
+           "--out", str(tmp_path / "run"),
+           *[a for s in sets for a in ("--set", s)]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0
+    assert "rank 1 waited more than 2 s for rank 0 (evaluation at step 0); raise eval.wait_s" in proc.stderr, \
+        proc.stderr[-3000:]

@@ -59,6 +59,9 @@ class EvalSettings(_Config):
     limit: int = Field(20, ge=1, description="First N dev tasks")
     every: int = Field(0, ge=0, description="Evaluate every N optimizer steps (0 = only at the end)")
     at_start: bool = Field(False, description="Also evaluate the starting weights before step 1")
+    wait_s: float = Field(
+        3600.0, gt=0, description="torchrun: rank 0 evaluates alone while the other ranks wait for it at an explicit "
+        "barrier, at most this many seconds (then the run fails saying so); raise it for long evaluations")
 
 
 class RewardSettings(_Config):
@@ -112,6 +115,9 @@ class GRPOConfig(_Config):
     device: str = Field("auto", description="auto | cpu | cuda (torchrun: one GPU per local rank)")
     dtype: str = Field("float32", description="Weights dtype of the trained model (float32 on CPU)")
     save_rollouts: bool = Field(True, description="Write every step's trajectories to rollouts/")
+    dist_timeout_s: float = Field(
+        1800.0, gt=0, description="torchrun: process-group timeout, the longest one rank waits in a collective for the "
+        "others (e.g. for the slowest rank's rollouts) before the run fails; NCCL's own default is 600 s")
 
     @model_validator(mode="before")
     @classmethod
@@ -160,6 +166,9 @@ class SFTConfig(_Config):
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept")
     device: str = Field("auto", description="auto | cpu | cuda")
     dtype: str = Field("float32", description="Weights dtype")
+    dist_timeout_s: float = Field(
+        1800.0, gt=0, description="torchrun: process-group timeout, the longest one rank waits in a collective for the "
+        "others before the run fails; NCCL's own default is 600 s")
 
     @model_validator(mode="after")
     def _eval_needs_config(self) -> SFTConfig:

@@ -242,7 +242,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
     from memsearch.train.reward import trajectory_reward
 
     out = Path(out)
-    dist = Dist.from_env()
+    dist = Dist.from_env(cfg.dist_timeout_s, cfg.eval.wait_s)
     try:
         prepare_run_folder(cfg, out, resume, dist)
         dataset = load_dataset(cfg.data)
@@ -267,9 +267,11 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
         mask_fn = _mask_fn(tokenizer) if cfg.schema_mode else None
         rollouts = Rollouts(cfg, dataset, policy, tokenizer)
         log = TrainLog(out, enabled=dist.main, resume_step=start if resume else None)
-        if cfg.eval.data and cfg.eval.at_start and start == 0 and dist.main:
-            policy.save_pretrained(str(out / "adapter-step0"))
-            log.write({"step": 0, **_evaluate(cfg, out / "adapter-step0", out / "eval" / "step-000000")})
+        if cfg.eval.data and cfg.eval.at_start and start == 0:
+            if dist.main:
+                policy.save_pretrained(str(out / "adapter-step0"))
+                log.write({"step": 0, **_evaluate(cfg, out / "adapter-step0", out / "eval" / "step-000000")})
+            dist.wait_for_main("evaluation of the starting adapter")  # bounded by eval.wait_s
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
             positions = step_task_positions(step, cfg.tasks_per_step, len(dataset.tasks), cfg.seed, dist.rank, dist.world)
@@ -293,8 +295,10 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 folder = save_checkpoint(out / "checkpoints", step, policy, optimizer, scheduler, dist,
                                          {"tasks_seen": step * cfg.tasks_per_step}, cfg.keep_checkpoints)
-                if cfg.eval.data and dist.main and (step == cfg.steps or (cfg.eval.every and step % cfg.eval.every == 0)):
-                    record.update(_evaluate(cfg, folder / "adapter", out / "eval" / f"step-{step:06d}"))
+                if cfg.eval.data and (step == cfg.steps or (cfg.eval.every and step % cfg.eval.every == 0)):
+                    if dist.main:
+                        record.update(_evaluate(cfg, folder / "adapter", out / "eval" / f"step-{step:06d}"))
+                    dist.wait_for_main(f"evaluation at step {step}")  # bounded by eval.wait_s
             log.write(record)
             if dist.main:
                 echo(f"step {step}/{cfg.steps}: reward {record['reward_mean']:.3f} (std {record['reward_std']:.3f}), "
