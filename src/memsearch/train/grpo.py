@@ -174,6 +174,7 @@ class Rollouts:
 
             self.retriever = BM25Retriever.build(dataset.documents)
         self.trained = set(TRAINED_CALL_ROLES[cfg.role])
+        self.generated = 0  # completions of the trained roles in the last ``run`` (counted by the backend)
         self.policy_backend = HFBackend(model=cfg.model, loaded=(policy, tokenizer), max_batch_size=cfg.max_batch_size,
                                         seed=cfg.seed, name="hf-policy")
         shared: dict[str, Any] = {}
@@ -210,7 +211,11 @@ class Rollouts:
         async def all_episodes():
             return await asyncio.gather(*(run_episode(t, env) for t in tasks for env in envs))
 
+        answered = self.policy_backend.completed
+        before = sum(answered[role] for role in self.trained)
         flat = asyncio.run(all_episodes()) if tasks else []
+        # rows generated, counted where the calls are answered (not re-read from the trajectories)
+        self.generated = sum(answered[role] for role in self.trained) - before
         g = self.cfg.group_size
         return [flat[i * g:(i + 1) * g] for i in range(len(tasks))]
 
@@ -279,7 +284,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             groups = rollouts.run(tasks, step)
             t_roll = time.perf_counter() - t0
             rewards = [[trajectory_reward(tr, labels[tr["task_id"]], cfg.reward, cfg.role) for tr in grp] for grp in groups]
-            batch = build_batch(groups, rewards, cfg.role, cfg.credit, cfg.std_scale)
+            batch = build_batch(groups, rewards, cfg.role, cfg.credit, cfg.std_scale, generated=rollouts.generated)
             lr = optimizer.param_groups[0]["lr"]
             stats = update(policy, optimizer, batch, cfg, dist, pad_id, mask_fn)
             batch.counts.consumed = stats.consumed
