@@ -65,11 +65,28 @@ class EvalSettings(_Config):
 
 
 class RewardSettings(_Config):
-    """Trajectory reward: answer metric minus penalties (one number per trajectory)."""
+    """Trajectory reward: answer metric minus penalties, one number per trajectory
+    (``train.reward``)::
 
-    metric: Literal["f1", "em", "sub_em", "boxed_em"] = Field("f1", description="Answer metric against the train label")
-    invalid_penalty: float = Field(0.0, ge=0, description="Subtracted x (invalid calls / calls) of the trained role(s)")
-    search_cost: float = Field(0.0, ge=0, description="Subtracted per search (ablation of search cost)")
+        metric - invalid_penalty x invalid calls / calls of the trained role(s)
+               - citation_penalty x invalid citations / citations of the answer
+               - search_cost x searches
+
+    The defaults are the project's reward: F1, invalid actions and invalid citations penalised,
+    searches free (search cost is an ablation). The MemAgent recipe sets both penalties to 0
+    (boxed exact match alone)."""
+
+    metric: Literal["f1", "em", "sub_em", "boxed_em"] = Field(
+        "f1", description="Answer metric against the train label, as the evaluation scores it (boxed_em: the last "
+        "\\boxed{} of the reader's text; the others: the parsed prediction); a failed episode scores 0")
+    invalid_penalty: float = Field(
+        0.5, ge=0, description="Subtracted x (invalid calls / calls) of the trained role(s): calls whose output the "
+        "engine rejected (unparsable or rejected memory operations, unreadable controller decisions, no answer)")
+    citation_penalty: float = Field(
+        0.5, ge=0, description="Subtracted x (invalid citations / citations) of the final answer: evidence ids the "
+        "reader cites that the episode never showed (the trajectory's invalid_citations); an answer citing nothing "
+        "is not penalised")
+    search_cost: float = Field(0.0, ge=0, description="Subtracted per search the episode made (ablation of search cost)")
 
 
 class GRPOConfig(_Config):
