@@ -92,17 +92,17 @@ def test_collectives_on_cpu_tensors_work_in_a_cuda_only_process_group(tmp_path):
 @pytest.mark.slow
 def test_rank_zero_work_is_waited_for_explicitly_and_with_a_bound(tmp_path):
     """While rank 0 evaluates alone, the other ranks wait in ``Dist.wait_for_main`` (bounded by
-    ``wait_s``), not inside a collective bounded by the process-group timeout: 3 s of rank-0 work
-    pass with a 1 s timeout; 20 s exceed the 6 s bound and the waiting rank fails saying so."""
+    ``wait_s``), not inside a collective bounded by the process-group timeout: 5 s of rank-0 work
+    pass with a 2 s timeout; 20 s exceed the 8 s bound and the waiting rank fails saying so."""
     import json
 
-    proc = run_collectives(tmp_path / "ok", "wait:3")
+    proc = run_collectives(tmp_path / "ok", "wait:5")
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):
         got = json.loads((tmp_path / "ok" / f"rank{rank}.json").read_text())
         assert got["sum"] == [2.0]
-        assert got["waited_s"] >= 3.0
+        assert got["waited_s"] >= 5.0
     proc = run_collectives(tmp_path / "late", "wait:20")
     assert proc.returncode != 0
-    assert "waited more than 6 s for rank 0 (the test's work on rank 0)" in proc.stderr
+    assert "waited more than 8 s for rank 0 (the test's work on rank 0)" in proc.stderr
     assert not (tmp_path / "late" / "rank1.json").exists()
