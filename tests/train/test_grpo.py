@@ -190,8 +190,9 @@ def test_overwrite_role_trains_every_update_turn_and_the_final_answer(tiny_model
 def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(tiny_model_dir, tiny_adapter_dir, hotpot_train_dir,
                                                                  hotpot_dev_dir, tmp_path):
     """Rank 0 evaluates alone after the last step; the other rank waits for it at an explicit
-    barrier bounded by eval.wait_s (docs/design.md §7), not inside a collective: loading a model
-    and evaluating 20 tasks takes more than 1 s, so a 1 s bound fails the run and says why."""
+    barrier bounded by eval.wait_s (docs/design.md §7), not inside a collective: evaluating 40
+    tasks of 3 memory calls of 160 sampled tokens each takes several seconds (about 5 s on a
+    loaded 2-core CPU), so a 1 s bound fails the run and says why."""
     import socket
 
     (tmp_path / "grpo.toml").write_text(CONFIG)
@@ -200,7 +201,7 @@ def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(tiny_model_dir,
         port = s.getsockname()[1]
     sets = [f"model={json.dumps(str(tiny_model_dir))}", f"adapter={json.dumps(str(tiny_adapter_dir))}",
             f"data={json.dumps(str(hotpot_train_dir))}", "steps=1", f"eval.data={json.dumps(str(hotpot_dev_dir))}",
-            "eval.limit=20", "eval.wait_s=1"]
+            "eval.limit=40", "eval.wait_s=1", "episode.budgets.max_searches=3", "episode.budgets.policy_tokens=160"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
            f"--master_port={port}", "-m", "memsearch.cli", "train", "grpo", "--config", str(tmp_path / "grpo.toml"),
            "--out", str(tmp_path / "run"), *[a for s in sets for a in ("--set", s)]]
