@@ -263,11 +263,15 @@ def test_bad_requests_come_back_as_errors(backend):
     too_long = GenerationRequest(role="reader", prompt_ids=(1,) * 9000, sampling=SamplingParams(max_tokens=4))
     empty = GenerationRequest(role="reader")
     good = ask(QUESTIONS[4], max_tokens=3)
+    before = dict(backend.completed)
     results = run(backend.generate([too_long, empty, good]))
     assert [r.finish_reason for r in results[:2]] == ["error", "error"]
     assert "context" in results[0].error
     assert results[1].error
     assert results[2].ok and len(results[2].completion_ids) == 3
+    # completions are counted by role where they are produced (GRPO's rows generated); errors are not
+    assert backend.completed["reader"] - before.get("reader", 0) == 1
+    assert sum(backend.completed.values()) - sum(before.values()) == 1
 
 
 def test_a_failing_forward_pass_fails_its_rows_only(backend, monkeypatch):

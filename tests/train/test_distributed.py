@@ -61,3 +61,48 @@ def test_two_gloo_ranks_equal_one_process_on_the_union(tiny_model_dir, tiny_adap
         assert len(lora_a) == len(init)
         moved = sum(float((p - init[k]).abs().sum()) for p, k in zip(one["params"], sorted(init), strict=True))
         assert moved > 1e-3, agg
+
+
+COLLECTIVES = Path(__file__).with_name("collectives_worker.py")
+
+
+def run_collectives(out: Path, *args: str) -> subprocess.CompletedProcess:
+    out.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", str(COLLECTIVES), str(out), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_collectives_on_cpu_tensors_work_in_a_cuda_only_process_group(tmp_path):
+    """A NCCL group serves CUDA tensors only; ``cuda:gloo`` has the same device map on a CPU
+    machine. Statistics, barriers (and gradients held on the CPU) must still reduce: they go to a
+    gloo group that serves the CPU (before: "No backend type associated with device type cpu")."""
+    import json
+
+    proc = run_collectives(tmp_path / "run", "collectives", "cuda:gloo")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        got = json.loads((tmp_path / "run" / f"rank{rank}.json").read_text())
+        assert got["sum"] == [3.0, 1.0]  # (1 + 0) + (1 + 1), 0.5 + 0.5
+        assert got["max"] == [1.0]
+        assert got["denominator"] == 5.0  # 2 + 3
+        assert got["grad"] == pytest.approx([0.6] * 3, rel=1e-6)  # (1 + 2) / 5 in float32
+
+
+@pytest.mark.slow
+def test_rank_zero_work_is_waited_for_explicitly_and_with_a_bound(tmp_path):
+    """While rank 0 evaluates alone, the other ranks wait in ``Dist.wait_for_main`` (bounded by
+    ``wait_s``), not inside a collective bounded by the process-group timeout: 5 s of rank-0 work
+    pass with a 2 s timeout; 20 s exceed the 8 s bound and the waiting rank fails saying so."""
+    import json
+
+    proc = run_collectives(tmp_path / "ok", "wait:5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        got = json.loads((tmp_path / "ok" / f"rank{rank}.json").read_text())
+        assert got["sum"] == [2.0]
+        assert got["waited_s"] >= 5.0
+    proc = run_collectives(tmp_path / "late", "wait:20")
+    assert proc.returncode != 0
+    assert "waited more than 8 s for rank 0 (the test's work on rank 0)" in proc.stderr
+    assert not (tmp_path / "late" / "rank1.json").exists()

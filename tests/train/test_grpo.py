@@ -185,3 +185,75 @@ def test_overwrite_role_trains_every_update_turn_and_the_final_answer(tiny_model
         assert 1 <= t["counts"]["chunks"] <= 3
     assert record["rows_generated"] == record["rows_consumed"] == sum(len(r) for r in calls)
     assert record["rows_per_trajectory"] == pytest.approx(sum(len(r) for r in calls) / len(calls))
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(tiny_model_dir, tiny_adapter_dir, hotpot_train_dir,
+                                                                 hotpot_dev_dir, tmp_path):
+    """Rank 0 evaluates alone after the last step; the other rank waits for it at an explicit
+    barrier bounded by eval.wait_s (docs/design.md §7), not inside a collective: evaluating 40
+    tasks of 3 memory calls of 160 sampled tokens each takes several seconds (about 5 s on a
+    loaded 2-core CPU), so a 1 s bound fails the run and says why."""
+    import socket
+
+    (tmp_path / "grpo.toml").write_text(CONFIG)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sets = [f"model={json.dumps(str(tiny_model_dir))}", f"adapter={json.dumps(str(tiny_adapter_dir))}",
+            f"data={json.dumps(str(hotpot_train_dir))}", "steps=1", f"eval.data={json.dumps(str(hotpot_dev_dir))}",
+            "eval.limit=40", "eval.wait_s=1", "episode.budgets.max_searches=3", "episode.budgets.policy_tokens=160"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={port}", "-m", "memsearch.cli", "train", "grpo", "--config", str(tmp_path / "grpo.toml"),
+           "--out", str(tmp_path / "run"), *[a for s in sets for a in ("--set", s)]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0
+    assert "rank 1 waited more than 1 s for rank 0 (evaluation at step 1); raise eval.wait_s" in proc.stderr, \
+        proc.stderr[-3000:]
+
+
+def test_rows_generated_are_counted_by_the_policy_backend_not_from_the_trajectories(tiny_model_dir, tiny_adapter_dir,
+                                                                                   hotpot_train_dir, tmp_path):
+    """Row-count contract (docs/design.md §7): "generated" is what the live policy backend
+    answered with a completion, "converted" the rows built from the trajectories. A trained call
+    lost (or duplicated) between the backend and row building breaks the contract; when both
+    were counted over the same trajectories, it could not."""
+    import copy
+
+    from memsearch.data.dataset import load_dataset
+    from memsearch.train.grpo import Rollouts
+    from memsearch.train.policy import load_policy
+    from memsearch.train.rows import RowCountError, build_batch
+
+    cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir)
+    dataset = load_dataset(hotpot_train_dir)
+    policy, tokenizer, _ = load_policy(str(tiny_model_dir), str(tiny_adapter_dir), cfg.lora, device="cpu")
+    rollouts = Rollouts(cfg, dataset, policy, tokenizer)
+    try:
+        groups = rollouts.run(dataset.tasks[:2], step=1)
+        first = rollouts.generated
+        rollouts.run(dataset.tasks[2:3], step=2)  # counted per step: the second run counts only its own calls
+        second = rollouts.generated
+    finally:
+        rollouts.close()
+    calls = [e for grp in groups for t in grp for e in t["events"] if e["type"] == "policy_call" and e["role"] == "memory"]
+    assert all(not c["error"] for c in calls)
+    assert first == len(calls) >= 4  # 2 tasks x group 2, at least one memory call each
+    assert 2 <= second < first
+
+    def counts(trajectory_groups):
+        batch = build_batch(trajectory_groups, [[0.0, 1.0], [1.0, 0.0]], "memory", "share", False, generated=first)
+        batch.counts.consumed = len(batch.rows)  # as the optimizer would: every row it was given
+        return batch.counts
+
+    counts(groups).check()
+    lost = copy.deepcopy(groups)
+    events = lost[1][0]["events"]
+    events.remove(next(e for e in events if e["type"] == "policy_call"))
+    with pytest.raises(RowCountError, match=f"generated {first}, converted {first - 1}, consumed {first - 1}"):
+        counts(lost).check()
+    duplicated = copy.deepcopy(groups)
+    events = duplicated[0][1]["events"]
+    events.append(next(e for e in events if e["type"] == "policy_call"))
+    with pytest.raises(RowCountError, match=f"generated {first}, converted {first + 1}, consumed {first + 1}"):
+        counts(duplicated).check()

@@ -48,7 +48,7 @@ def test_normalize_then_expand_drops_nothing():
     does not weigh more in the group mean, and every row of every trajectory is kept."""
     group = [traj("t", call("memory", 0), call("memory", 1), call("memory", 2), call("reader", 0)),
              traj("t", call("memory", 0))]
-    batch = build_batch([group], [[1.0, 0.0]], role="memory", credit="split", std_scale=False)
+    batch = build_batch([group], [[1.0, 0.0]], role="memory", credit="split", std_scale=False, generated=4)
     assert batch.advantages == [0.5, -0.5]  # mean over trajectories, not rows
     assert [r.advantage for r in batch.rows] == pytest.approx([0.5 / 3] * 3 + [-0.5])
     assert batch.rows_per_trajectory == [3, 1]
@@ -68,7 +68,7 @@ def test_overwrite_role_trains_update_turns_and_final_answer():
 def test_failed_calls_are_counted_not_rows_and_zero_variance_groups_logged():
     groups = [[traj("a", call("memory", 0, error="timeout")), traj("a", call("memory", 0))],
               [traj("b", call("memory", 0)), traj("b", call("memory", 0))]]
-    batch = build_batch(groups, [[0.0, 1.0], [0.5, 0.5]], role="memory", credit="share", std_scale=False)
+    batch = build_batch(groups, [[0.0, 1.0], [0.5, 0.5]], role="memory", credit="share", std_scale=False, generated=3)
     assert batch.counts.failed_calls == 1
     assert batch.counts.generated == batch.counts.converted == 3
     assert batch.zero_variance_groups == 1 and batch.groups == 2

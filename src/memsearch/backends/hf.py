@@ -27,6 +27,7 @@ Not supported
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import queue
@@ -63,6 +64,10 @@ class HFBackend:
         name: the backend's name in records.
         loaded: ``(model, tokenizer)`` already in memory (e.g. the trainer's LoRA policy, whose
             weights change between rollouts): used as is; ``model`` is then only a label.
+
+    ``completed`` counts, per request role, the results returned without an error (each one a
+    completion, possibly empty): the GRPO trainer's count of rows *generated*, taken where the
+    calls are answered rather than re-read from the trajectories (the row-count contract).
     """
 
     def __init__(
@@ -114,6 +119,7 @@ class HFBackend:
         # belongs to the calling thread, so hopping between pool threads would start new teams.
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{name}-decode")
         self._closed = False
+        self.completed: collections.Counter[str] = collections.Counter()
 
     # ------------------------------------------------------------ requests
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
@@ -157,7 +163,14 @@ class HFBackend:
         results, admitted = self._admit(requests, t0)
         for (i, _), res in zip(admitted, self.decoder.generate([job for _, job in admitted]), strict=True):
             results[i] = res
-        return results  # type: ignore[return-value]
+        return self._count(requests, results)  # type: ignore[arg-type]
+
+    def _count(self, requests: Sequence[GenerationRequest], results: list[GenerationResult]) -> list[GenerationResult]:
+        """Count the completions handed back (``completed``), by role."""
+        for req, res in zip(requests, results, strict=True):
+            if res.ok:
+                self.completed[req.role] += 1
+        return results
 
     def _admit(self, requests: Sequence[GenerationRequest], t0: float) -> tuple[list[GenerationResult | None], list[tuple[int, Job]]]:
         """Results already known (bad requests, nothing to generate) and the jobs to decode,
@@ -210,7 +223,7 @@ class HFBackend:
                 if isinstance(res, BaseException):
                     res = error_result(f"{type(res).__name__}: {res}", job.prompt_ids, t0)
                 results[i] = res
-        return results  # type: ignore[return-value]
+        return self._count(requests, results)  # type: ignore[arg-type]
 
     # -------------------------------------------------------------- worker
     def _ensure_worker(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -41,11 +41,19 @@ def token_costs(events: list[dict[str, Any]]) -> dict[str, int]:
     return out
 
 
+def protocol_answer(traj: dict[str, Any]) -> str | None:
+    """The answer the protocol scores with em / f1 / sub_em: the box when the reader was asked
+    for one (``None``, scoring 0, when it gave none), else the engine's tolerant parse. The GRPO
+    reward uses this too, so training optimizes exactly what evaluation measures."""
+    if traj.get("answer_format") == "boxed":
+        return boxed_prediction(traj.get("reader_text"))
+    return traj.get("prediction")
+
+
 def score_trajectory(traj: dict[str, Any], label: Label) -> dict[str, Any]:
     """One metrics row. A failed episode keeps its row (prediction ``None`` scores 0)."""
     pred = traj.get("prediction")
-    # The answer the protocol scores: the box when one was asked for (None scores 0).
-    scored = boxed_prediction(traj.get("reader_text")) if traj.get("answer_format") == "boxed" else pred
+    scored = protocol_answer(traj)
     counts = traj.get("counts", {})
     cites = citation_scores(traj.get("citations", []), label.supporting_facts)
     calls = counts.get("policy_calls", 0)

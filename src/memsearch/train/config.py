@@ -59,14 +59,34 @@ class EvalSettings(_Config):
     limit: int = Field(20, ge=1, description="First N dev tasks")
     every: int = Field(0, ge=0, description="Evaluate every N optimizer steps (0 = only at the end)")
     at_start: bool = Field(False, description="Also evaluate the starting weights before step 1")
+    wait_s: float = Field(
+        3600.0, gt=0, description="torchrun: rank 0 evaluates alone while the other ranks wait for it at an explicit "
+        "barrier, at most this many seconds (then the run fails saying so); raise it for long evaluations")
 
 
 class RewardSettings(_Config):
-    """Trajectory reward: answer metric minus penalties (one number per trajectory)."""
+    """Trajectory reward: answer metric minus penalties, one number per trajectory
+    (``train.reward``)::
 
-    metric: Literal["f1", "em", "sub_em", "boxed_em"] = Field("f1", description="Answer metric against the train label")
-    invalid_penalty: float = Field(0.0, ge=0, description="Subtracted x (invalid calls / calls) of the trained role(s)")
-    search_cost: float = Field(0.0, ge=0, description="Subtracted per search (ablation of search cost)")
+        metric - invalid_penalty x invalid calls / calls of the trained role(s)
+               - citation_penalty x invalid citations / citations of the answer
+               - search_cost x searches
+
+    The defaults are the project's reward: F1, invalid actions and invalid citations penalised,
+    searches free (search cost is an ablation). The MemAgent recipe sets both penalties to 0
+    (boxed exact match alone)."""
+
+    metric: Literal["f1", "em", "sub_em", "boxed_em"] = Field(
+        "f1", description="Answer metric against the train label, as the evaluation scores it (boxed_em: the last "
+        "\\boxed{} of the reader's text; the others: the parsed prediction); a failed episode scores 0")
+    invalid_penalty: float = Field(
+        0.5, ge=0, description="Subtracted x (invalid calls / calls) of the trained role(s): calls whose output the "
+        "engine rejected (unparsable or rejected memory operations, unreadable controller decisions, no answer)")
+    citation_penalty: float = Field(
+        0.5, ge=0, description="Subtracted x (invalid citations / citations) of the final answer: evidence ids the "
+        "reader cites that the episode never showed (the trajectory's invalid_citations); an answer citing nothing "
+        "is not penalised")
+    search_cost: float = Field(0.0, ge=0, description="Subtracted per search the episode made (ablation of search cost)")
 
 
 class GRPOConfig(_Config):
@@ -130,6 +150,9 @@ class GRPOConfig(_Config):
     device: str = Field("auto", description="auto | cpu | cuda (torchrun: one GPU per local rank)")
     dtype: str = Field("float32", description="Weights dtype of the trained model (float32 on CPU)")
     save_rollouts: bool = Field(True, description="Write every step's trajectories to rollouts/")
+    dist_timeout_s: float = Field(
+        1800.0, gt=0, description="torchrun: process-group timeout, the longest one rank waits in a collective for the "
+        "others (e.g. for the slowest rank's rollouts) before the run fails; NCCL's own default is 600 s")
 
     @model_validator(mode="before")
     @classmethod
@@ -206,6 +229,9 @@ class SFTConfig(_Config):
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept")
     device: str = Field("auto", description="auto | cpu | cuda")
     dtype: str = Field("float32", description="Weights dtype")
+    dist_timeout_s: float = Field(
+        1800.0, gt=0, description="torchrun: process-group timeout, the longest one rank waits in a collective for the "
+        "others before the run fails; NCCL's own default is 600 s")
 
     @model_validator(mode="after")
     def _eval_needs_config(self) -> SFTConfig:

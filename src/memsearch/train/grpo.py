@@ -217,6 +217,7 @@ class Rollouts:
 
             self.retriever = BM25Retriever.build(dataset.documents)
         self.trained = set(TRAINED_CALL_ROLES[cfg.role])
+        self.generated = 0  # completions of the trained roles in the last ``run`` (counted by the backend)
         self.policy_backend = HFBackend(model=cfg.model, loaded=(policy, tokenizer), max_batch_size=cfg.max_batch_size,
                                         seed=cfg.seed, name="hf-policy")
         shared: dict[str, Any] = {}
@@ -251,7 +252,11 @@ class Rollouts:
         async def all_episodes():
             return await asyncio.gather(*(run_episode(t, env) for t in tasks for env in envs))
 
+        answered = self.policy_backend.completed
+        before = sum(answered[role] for role in self.trained)
         flat = asyncio.run(all_episodes()) if tasks else []
+        # rows generated, counted where the calls are answered (not re-read from the trajectories)
+        self.generated = sum(answered[role] for role in self.trained) - before
         g = self.cfg.group_size
         return [flat[i * g:(i + 1) * g] for i in range(len(tasks))]
 
@@ -292,7 +297,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
     from memsearch.train.reward import trajectory_reward
 
     out = Path(out)
-    dist = Dist.from_env()
+    dist = Dist.from_env(cfg.dist_timeout_s, cfg.eval.wait_s)
     try:
         prepare_run_folder(cfg, out, resume, dist)
         dataset = load_dataset(cfg.data)
@@ -318,9 +323,11 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
         mask_fn = _mask_fn(tokenizer) if cfg.schema_mode else None
         rollouts = Rollouts(cfg, dataset, policy, tokenizer)
         log = TrainLog(out, enabled=dist.main, resume_step=start if resume else None)
-        if cfg.eval.data and cfg.eval.at_start and start == 0 and dist.main:
-            save_adapter(policy, out / "adapter-step0")
-            log.write({"step": 0, **_evaluate(cfg, out / "adapter-step0", out / "eval" / "step-000000")})
+        if cfg.eval.data and cfg.eval.at_start and start == 0:
+            if dist.main:
+                save_adapter(policy, out / "adapter-step0")
+                log.write({"step": 0, **_evaluate(cfg, out / "adapter-step0", out / "eval" / "step-000000")})
+            dist.wait_for_main("evaluation of the starting adapter")  # bounded by eval.wait_s
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
             positions = step_task_positions(step, cfg.tasks_per_step, len(dataset.tasks), cfg.seed, dist.rank, dist.world)
@@ -328,7 +335,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             groups = rollouts.run(tasks, step)
             t_roll = time.perf_counter() - t0
             rewards = [[trajectory_reward(tr, labels[tr["task_id"]], cfg.reward, cfg.role) for tr in grp] for grp in groups]
-            batch = build_batch(groups, rewards, cfg.role, cfg.credit, cfg.std_scale)
+            batch = build_batch(groups, rewards, cfg.role, cfg.credit, cfg.std_scale, generated=rollouts.generated)
             lr = optimizer.param_groups[0]["lr"]
             stats = update(policy, optimizer, batch, cfg, dist, pad_id, mask_fn, scheduler)
             batch.counts.consumed = stats.consumed
@@ -343,8 +350,10 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 folder = save_checkpoint(out / "checkpoints", step, policy, optimizer, scheduler, dist,
                                          {"tasks_seen": step * cfg.tasks_per_step}, cfg.keep_checkpoints)
-                if cfg.eval.data and dist.main and (step == cfg.steps or (cfg.eval.every and step % cfg.eval.every == 0)):
-                    record.update(_evaluate(cfg, folder / "adapter", out / "eval" / f"step-{step:06d}"))
+                if cfg.eval.data and (step == cfg.steps or (cfg.eval.every and step % cfg.eval.every == 0)):
+                    if dist.main:
+                        record.update(_evaluate(cfg, folder / "adapter", out / "eval" / f"step-{step:06d}"))
+                    dist.wait_for_main(f"evaluation at step {step}")  # bounded by eval.wait_s
             log.write(record)
             if dist.main:
                 echo(f"step {step}/{cfg.steps}: reward {record['reward_mean']:.3f} (std {record['reward_std']:.3f}), "

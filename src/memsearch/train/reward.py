@@ -1,12 +1,24 @@
 """The trajectory reward of GRPO: one number per episode, computed after it (labels join here).
 
     reward = metric(prediction, gold answers)
-             - invalid_penalty * (invalid calls / calls of the trained role)
+             - invalid_penalty * (invalid calls / calls of the trained role(s))
+             - citation_penalty * (invalid citations / citations of the answer)
              - search_cost * searches
 
-``boxed_em`` (MemAgent) scores the reader's full text (the last ``\\boxed{}``); the other
-metrics score the parsed prediction. A failed episode (no prediction) scores 0 before penalties
-and stays in its group.
+- metric: ``boxed_em`` (MemAgent) scores the reader's full text (the last ``\\boxed{}``); the
+  other metrics score the answer the evaluation scores (``eval.score.protocol_answer``: the box
+  when the reader was asked for one, no box scoring 0; else the parsed prediction),
+  docs/design.md §6.
+  A failed episode (no prediction) scores 0 before penalties and stays in its group.
+- invalid calls: policy calls of the trained role(s) the engine judged invalid (``valid`` is
+  false: unparsable or rejected memory operations, unreadable controller decisions, no answer),
+  as a fraction of those calls; a role with no call in the episode is not penalised.
+- invalid citations: evidence ids the reader cites that the episode never showed (the engine's
+  ``invalid_citations``), as a fraction of the ids cited; an answer citing nothing is not
+  penalised (citation recall is an evaluation metric, not a reward term).
+- searches: the episode's retriever calls (``counts.searches``), each costing ``search_cost``.
+
+Defaults (``RewardSettings``): F1, both penalties 0.5, searches free (docs/design.md §7).
 """
 
 from __future__ import annotations
@@ -15,18 +27,23 @@ from typing import Any
 
 from memsearch.data.records import Label
 from memsearch.eval.metrics import answer_metric
+from memsearch.eval.score import protocol_answer
 from memsearch.train.config import RewardSettings
 from memsearch.train.rows import trained_calls
 
 
 def trajectory_reward(trajectory: dict[str, Any], label: Label, settings: RewardSettings, role: str) -> float:
+    """The reward of one trajectory (an engine trajectory dict) for trained ``role`` (module doc)."""
     metric = answer_metric(settings.metric)
-    text = trajectory.get("reader_text") if settings.metric == "boxed_em" else trajectory.get("prediction")
+    text = trajectory.get("reader_text") if settings.metric == "boxed_em" else protocol_answer(trajectory)
     reward = float(metric(text, label.answers))
     calls = trained_calls(trajectory, role)
     if calls and settings.invalid_penalty:
         invalid = sum(1 for c in calls if c.get("valid") is False)
         reward -= settings.invalid_penalty * invalid / len(calls)
+    citations = trajectory.get("citations") or []
+    if citations and settings.citation_penalty:
+        reward -= settings.citation_penalty * len(trajectory.get("invalid_citations") or []) / len(citations)
     if settings.search_cost:
         reward -= settings.search_cost * trajectory.get("counts", {}).get("searches", 0)
     return reward

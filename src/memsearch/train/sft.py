@@ -110,7 +110,7 @@ def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print)
     from memsearch.train.policy import load_policy, make_optimizer, trainable_parameters
 
     out = Path(out)
-    dist = Dist.from_env()
+    dist = Dist.from_env(cfg.dist_timeout_s, cfg.eval.wait_s)
     try:
         prepare_run_folder(cfg, out, resume, dist)
         policy, tokenizer, note = load_policy(cfg.model, cfg.adapter, cfg.lora, dist.device(cfg.device), cfg.dtype, cfg.seed)
@@ -129,13 +129,17 @@ def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
         def run_eval_at(step: int, adapter: Path) -> dict[str, Any]:
-            if not (cfg.eval.data and cfg.eval_config and dist.main):
+            """Rank 0 evaluates; every rank calls this and the others wait (at most eval.wait_s)."""
+            if not (cfg.eval.data and cfg.eval_config):
                 return {}
-            return evaluate_adapter(cfg.eval_config, cfg.role, cfg.model, adapter, cfg.eval.data, cfg.eval.limit,
-                                    out / "eval" / f"step-{step:06d}")
+            got = evaluate_adapter(cfg.eval_config, cfg.role, cfg.model, adapter, cfg.eval.data, cfg.eval.limit,
+                                   out / "eval" / f"step-{step:06d}") if dist.main else {}
+            dist.wait_for_main(f"evaluation at step {step}")
+            return got
 
-        if cfg.eval.at_start and start == 0 and dist.main and cfg.eval.data:
-            policy.save_pretrained(str(out / "adapter-step0"))
+        if cfg.eval.at_start and start == 0 and cfg.eval.data:
+            if dist.main:
+                policy.save_pretrained(str(out / "adapter-step0"))
             log.write({"step": 0, **run_eval_at(0, out / "adapter-step0")})
         for step in range(start + 1, total + 1):
             t0 = time.perf_counter()
@@ -166,8 +170,9 @@ def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print)
                                          cfg.keep_checkpoints)
                 if step == total or (cfg.eval.every and step % cfg.eval.every == 0):
                     record.update(run_eval_at(step, folder / "adapter"))
-            elif cfg.eval.every and step % cfg.eval.every == 0 and dist.main and cfg.eval.data:
-                policy.save_pretrained(str(out / "eval" / f"adapter-step-{step:06d}"))
+            elif cfg.eval.every and step % cfg.eval.every == 0 and cfg.eval.data:
+                if dist.main:
+                    policy.save_pretrained(str(out / "eval" / f"adapter-step-{step:06d}"))
                 record.update(run_eval_at(step, out / "eval" / f"adapter-step-{step:06d}"))
             log.write(record)
             if dist.main and (step == 1 or step % 5 == 0 or step == total):
