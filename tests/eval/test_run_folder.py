@@ -80,6 +80,22 @@ def test_resume_of_a_half_made_folder_says_what_is_missing(damage, problem, hotp
     assert str(exc.value).endswith("delete it and start again")
 
 
+def test_a_folder_killed_before_its_records_were_written_is_started_afresh_by_resume(hotpot_dev_dir, tmp_path):
+    """A kill between the mkdir and the records (or between the two records) leaves a folder with
+    no trajectory: --resume starts the run there instead of calling the folder broken."""
+    cfg = load_config(RULES, ["limit=2"])
+    straight = run_eval(cfg, hotpot_dev_dir, tmp_path / "straight", show_progress=False)
+    for name, leftovers in (("bare", []), ("half", ["config.json"])):
+        out = tmp_path / name
+        out.mkdir()
+        (out / ".lock").write_text("")
+        for record in leftovers:
+            shutil.copy(tmp_path / "straight" / record, out / record)
+        summary = run_eval(cfg, hotpot_dev_dir, out, resume=True, show_progress=False)
+        assert summary["complete"] and summary["metrics"]["f1"] == straight["metrics"]["f1"]
+        assert summary["tasks"] == straight["tasks"]
+
+
 def test_records_are_replaced_whole(tmp_path):
     path = tmp_path / "record.json"
     write_record(path, {"a": 1})

@@ -10,21 +10,35 @@ from memsearch.data.hotpot import convert_hotpot
 from memsearch.samples import HOTPOT_TRAIN, samples_dir
 
 
-@pytest.fixture(scope="session")
-def tiny_adapter_dir(tiny_model_dir, tmp_path_factory):
-    """A LoRA adapter on the tiny model whose B matrices are non-zero (so policy != reference)."""
+def lora_policy(model_dir, seed: int, dropout: float = 0.0, targets=("q_proj", "v_proj")):
+    """``(policy, tokenizer)``: a fresh LoRA on ``model_dir`` whose B matrices are set to seeded
+    non-zero values, so the policy differs from the base (a fresh LoRA starts equal to it)."""
     import torch
 
     from memsearch.train.config import LoraSettings
     from memsearch.train.policy import load_policy
 
-    policy, _, _ = load_policy(str(tiny_model_dir), None, LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
-                               device="cpu", seed=1)
-    gen = torch.Generator().manual_seed(2)
+    policy, tokenizer, _ = load_policy(str(model_dir), None, LoraSettings(r=4, alpha=8, dropout=dropout,
+                                                                          target_modules=list(targets)),
+                                       device="cpu", seed=1)
+    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in policy.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return policy, tokenizer
+
+
+@pytest.fixture(scope="session")
+def nonzero_lora():
+    """``lora_policy`` for tests (conftest functions are reached through fixtures here)."""
+    return lora_policy
+
+
+@pytest.fixture(scope="session")
+def tiny_adapter_dir(tiny_model_dir, tmp_path_factory):
+    """A LoRA adapter on the tiny model whose B matrices are non-zero (so policy != reference)."""
+    policy, _ = lora_policy(tiny_model_dir, seed=2)
     out = tmp_path_factory.mktemp("adapters") / "tiny-lora"
     policy.save_pretrained(str(out))
     return out

@@ -35,23 +35,11 @@ def config(**extra) -> GRPOConfig:
     return GRPOConfig(**{**fields, **extra})
 
 
-def dropout_policy(model_dir, dropout: float):
-    """A fresh adapter with LoRA dropout whose B matrices are non-zero (dropout then changes the output)."""
-    policy, tokenizer, _ = load_policy(str(model_dir), None, LoraSettings(r=4, alpha=8, dropout=dropout, target_modules=TARGETS),
-                                       device="cpu", seed=1)
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, p in policy.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-    return policy, tokenizer
-
-
-def test_first_pass_is_on_policy_with_lora_dropout(tiny_model_dir):
+def test_first_pass_is_on_policy_with_lora_dropout(tiny_model_dir, nonzero_lora):
     """Old and reference log-probs are taken without dropout and the update trains without it
     (``disable_dropout``): before any optimizer step the ratio is exactly 1, nothing is clipped."""
     cfg = config(epochs=2, kl_coef=0.1, lora=LoraSettings(r=4, alpha=8, dropout=0.5, target_modules=TARGETS))
-    policy, tokenizer = dropout_policy(tiny_model_dir, 0.5)
+    policy, tokenizer = nonzero_lora(tiny_model_dir, seed=3, dropout=0.5)
     optimizer, _ = make_optimizer(policy, cfg.optim, 2)
     stats = update(policy, optimizer, Batch(rows=make_rows(len(tokenizer))), cfg, Dist(), tokenizer.eos_token_id)
     assert stats.tokens == 27
@@ -115,9 +103,9 @@ def test_kl_reference_is_the_starting_adapter(tiny_model_dir, tiny_adapter_dir, 
     assert len(saved) == len(trainable) and not any(REFERENCE_ADAPTER in k for k in saved)
 
 
-def test_kl_reference_without_adapter_is_the_base(tiny_model_dir):
+def test_kl_reference_without_adapter_is_the_base(tiny_model_dir, nonzero_lora):
     cfg = config(kl_coef=0.5)
-    policy, tokenizer = dropout_policy(tiny_model_dir, 0.0)  # non-zero B: the policy differs from the base
+    policy, tokenizer = nonzero_lora(tiny_model_dir, seed=3)  # non-zero B: the policy differs from the base
     optimizer, _ = make_optimizer(policy, cfg.optim, 1)
     stats = update(policy, optimizer, Batch(rows=make_rows(len(tokenizer))), cfg, Dist(), tokenizer.eos_token_id)
     assert stats.kl > 1e-3

@@ -69,6 +69,8 @@ def check_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: 
         return
     if not out.is_dir():
         raise InputError(f"{out}: nothing to resume (no such folder)")
+    if never_started(out):
+        return  # killed between creating the folder and writing its records: start it afresh
     saved_config = _read_record(out, "config.json")
     saved_run = _read_record(out, "run.json")
     if saved_config != config:
@@ -80,6 +82,12 @@ def check_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: 
                          if (saved_run.get("models") or {}).get(role) != run_info["models"].get(role))
         raise InputError(f"{out}: the model identity of {', '.join(changed)} differs from the run being resumed "
                          "(run.json: models); resume with the same model files")
+
+
+def never_started(out: Path) -> bool:
+    """True for a folder a run created but was killed in before it wrote both records and any
+    trajectory: nothing in it is worth keeping, so ``--resume`` starts the run there afresh."""
+    return not (out / "trajectories.jsonl").exists() and not all((out / name).is_file() for name in RECORDS)
 
 
 class RunFolderLock:
@@ -122,7 +130,7 @@ def claim_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: 
                              "choose a new folder") from None
     lock = RunFolderLock(out)
     try:
-        if resume:
+        if resume and not never_started(out):
             check_run_folder(out, True, config, run_info)
         else:
             write_record(out / "config.json", config)
