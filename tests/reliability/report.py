@@ -124,17 +124,21 @@ def comparable_metrics(path: Path) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k != "latency_s"} for r in raw_lines(path)]
 
 
+def without_wallclock(obj: Any) -> Any:
+    """``obj`` without wall-clock fields (``*latency*``, ``*_s``, ``timing``) and with the
+    loopback server's port replaced."""
+    if isinstance(obj, dict):
+        return {k: without_wallclock(v) for k, v in obj.items() if "latency" not in k and not k.endswith("_s") and k != "timing"}
+    if isinstance(obj, list):
+        return [without_wallclock(v) for v in obj]
+    if isinstance(obj, str):
+        return re.sub(r"http://127\.0\.0\.1:\d+", "http://127.0.0.1:PORT", obj)
+    return obj
+
+
 def comparable_trajectories(path: Path) -> dict[str, Any]:
     """Trajectories by task id without wall-clock fields (order follows completion, not tasks)."""
-
-    def strip(obj: Any) -> Any:
-        if isinstance(obj, dict):
-            return {k: strip(v) for k, v in obj.items() if "latency" not in k and not k.endswith("_s")}
-        if isinstance(obj, list):
-            return [strip(v) for v in obj]
-        return obj
-
-    return {t["task_id"]: strip(t) for t in raw_lines(path)}
+    return {t["task_id"]: without_wallclock(t) for t in raw_lines(path)}
 
 
 def task_ids(data_dir: Path, limit: int) -> list[str]:
