@@ -22,6 +22,21 @@ def rel():
     return report
 
 
+@pytest.fixture(autouse=True)
+def _ledger_test(request):
+    report.LEDGER.current = request.node.nodeid
+    yield
+    report.LEDGER.current = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.failed and rep.when == "call":
+        report.LEDGER.test_failed(item.nodeid)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not report.LEDGER.rows:
         return

@@ -1,5 +1,6 @@
 """The reliability suite's ledger: every scenario test records what it ran and what it found
-(runs, tasks lost, tasks duplicated, wrong exit codes) here, and ``conftest.py`` prints the table
+(runs, tasks lost, tasks duplicated, wrong exit codes; a test that fails any other check
+counts under "failed tests") here, and ``conftest.py`` prints the table
 at the end of the session:
 
     uv run pytest tests/reliability -q -s
@@ -38,6 +39,7 @@ class Row:
     lost: int = 0
     duplicated: int = 0
     wrong_exit: int = 0
+    failed_tests: int = 0
     seconds: float = 0.0
 
 
@@ -45,10 +47,20 @@ class Ledger:
     def __init__(self) -> None:
         self.rows: OrderedDict[str, Row] = OrderedDict()
         self.started = time.perf_counter()
+        self.by_test: dict[str, set[str]] = {}
+        self.current: str | None = None
+
+    def test_failed(self, nodeid: str) -> None:
+        """A test that recorded into some scenarios failed one of its other checks (records
+        differ from the uninterrupted run, a folder was left behind, ...): count it there."""
+        for scenario in self.by_test.get(nodeid, ()):
+            self.rows[scenario].failed_tests += 1
 
     def record(self, scenario: str, *, runs: int = 1, lost: int = 0, duplicated: int = 0, wrong_exit: int = 0,
                seconds: float = 0.0) -> None:
         row = self.rows.setdefault(scenario, Row())
+        if self.current is not None:
+            self.by_test.setdefault(self.current, set()).add(scenario)
         row.runs += runs
         row.lost += lost
         row.duplicated += duplicated
@@ -56,30 +68,29 @@ class Ledger:
         row.seconds += seconds
 
     def table(self) -> str:
-        head = ("scenario", "runs", "tasks lost", "tasks duplicated", "wrong exit codes")
-        body = [(name, str(r.runs), str(r.lost), str(r.duplicated), str(r.wrong_exit)) for name, r in self.rows.items()]
-        total = Row()
-        for r in self.rows.values():
-            total.runs += r.runs
-            total.lost += r.lost
-            total.duplicated += r.duplicated
-            total.wrong_exit += r.wrong_exit
-        body.append(("TOTAL", str(total.runs), str(total.lost), str(total.duplicated), str(total.wrong_exit)))
+        head = ("scenario", "runs", "tasks lost", "tasks duplicated", "wrong exit codes", "failed tests")
+        rows = [*self.rows.items(), ("TOTAL", self._total())]
+        body = [(name, str(r.runs), str(r.lost), str(r.duplicated), str(r.wrong_exit), str(r.failed_tests)) for name, r in rows]
         widths = [max(len(row[i]) for row in (head, *body)) for i in range(len(head))]
         fmt = lambda row: "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"  # noqa: E731
         lines = [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(fmt, body)]
         return "\n".join(lines)
 
-    def result_line(self) -> str:
+    def _total(self) -> Row:
         t = Row()
         for r in self.rows.values():
             t.runs += r.runs
             t.lost += r.lost
             t.duplicated += r.duplicated
             t.wrong_exit += r.wrong_exit
-        ok = t.lost == t.duplicated == t.wrong_exit == 0
+            t.failed_tests += r.failed_tests
+        return t
+
+    def result_line(self) -> str:
+        t = self._total()
+        ok = t.lost == t.duplicated == t.wrong_exit == t.failed_tests == 0
         return (f"RESULT reliability scenarios={len(self.rows)} runs={t.runs} tasks_lost={t.lost} "
-                f"tasks_duplicated={t.duplicated} wrong_exit_codes={t.wrong_exit} "
+                f"tasks_duplicated={t.duplicated} wrong_exit_codes={t.wrong_exit} failed_tests={t.failed_tests} "
                 f"wall_s={time.perf_counter() - self.started:.1f} {'OK' if ok else 'FAIL'}")
 
 
