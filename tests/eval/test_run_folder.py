@@ -6,15 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from memsearch.cli import EXIT_STORAGE, app
 from memsearch.config import load_config
 from memsearch.errors import InputError, StorageError
 from memsearch.eval.matrix import run_matrix
@@ -26,7 +21,6 @@ from memsearch.testing.agent_server import AgentServer
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "configs" / "rules.toml"
 API = ROOT / "configs" / "api.toml"
-EXE = Path(sys.executable).parent / "memsearch"
 
 
 def _lines(path: Path) -> list[dict]:
@@ -135,73 +129,7 @@ def test_duplicate_task_lines_are_reported_not_taken_silently(hotpot_dev_dir, tm
         run_eval(cfg, hotpot_dev_dir, out, resume=True, show_progress=False)
 
 
-@pytest.mark.slow
-def test_two_concurrent_resumes_never_run_a_task_twice(hotpot_dev_dir, tmp_path):
-    """Two `--resume`s at once used to both run the missing tasks (52 lines for 30 tasks)."""
-    out = tmp_path / "run"
-    with AgentServer(delay_s=0.05) as server:
-        args = ["eval", "--config", str(API), "--data", str(hotpot_dev_dir), "--out", str(out), "--limit", "20"]
-        for o in _api(server.base_url, "concurrency=2"):
-            args += ["--set", o]
-        first = subprocess.Popen([str(EXE), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + 60
-        while time.time() < deadline and not (out / "trajectories.jsonl").is_file():
-            time.sleep(0.02)
-        second = subprocess.run([str(EXE), *args, "--resume"], capture_output=True, text=True, timeout=120)
-        first_out, first_err = first.communicate(timeout=120)
-    assert first.returncode == 0, first_err
-    assert second.returncode == 2 and "is writing this run folder" in second.stderr
-    ids = [t["task_id"] for t in _lines(out / "trajectories.jsonl")]
-    assert len(ids) == len(set(ids)) == 20
-
-
-# ------------------------------------------------------------------ a full disk
-
-
-@pytest.fixture()
-def small_disk(tmp_path):
-    """A 64 KiB tmpfs: real ENOSPC (needs root, which CI and this project's machines have)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip()}); the disk-full test needs root")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-@pytest.mark.slow
-def test_a_full_disk_ends_in_one_line_and_resume_finishes_the_run(hotpot_dev_dir, small_disk, tmp_path):
-    args = ["eval", "--config", str(RULES), "--data", str(hotpot_dev_dir), "--limit", "40"]
-    result = CliRunner().invoke(app, [*args, "--out", str(small_disk / "run")])
-    assert result.exit_code == EXIT_STORAGE, result.output
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in result.output
-    # Whole lines are saved; the line being written when the disk filled may be torn (no final
-    # newline): --resume cuts it off and runs that task again.
-    saved = (small_disk / "run" / "trajectories.jsonl").read_bytes().count(b"\n")
-    assert 0 < saved < 40
-    assert errors[0].startswith(f"error: {small_disk / 'run' / 'trajectories.jsonl'}: No space left on device; "
-                                f"{saved} of 40 task(s) are saved in {small_disk / 'run'}")
-    assert errors[0].endswith("then run the same command with --resume to continue")
-    # Given room, --resume finishes exactly the run an uninterrupted command makes.
-    moved = tmp_path / "moved"
-    shutil.copytree(small_disk / "run", moved)
-    (moved / ".lock").unlink()
-    assert CliRunner().invoke(app, [*args, "--out", str(moved), "--resume"]).exit_code == 0
-    assert CliRunner().invoke(app, [*args, "--out", str(tmp_path / "straight")]).exit_code == 0
-    for name in ("trajectories.jsonl", "metrics.jsonl"):
-        got = sorted(json.dumps(_strip(r), sort_keys=True) for r in _lines(moved / name))
-        want = sorted(json.dumps(_strip(r), sort_keys=True) for r in _lines(tmp_path / "straight" / name))
-        assert got == want
-
-
-def _strip(record: dict) -> dict:
-    """A record without wall-clock fields."""
-    out = {k: v for k, v in record.items() if k != "latency_s"}
-    if "events" in out:
-        out["events"] = [{k: v for k, v in e.items() if k != "latency_s"} for e in out["events"]]
-    return out
+# ------------------------------------------------------------------ a full disk (the run itself: tests/reliability)
 
 
 def test_a_storage_error_is_one_line_naming_the_file():

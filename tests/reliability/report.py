@@ -30,7 +30,7 @@ EXE = Path(sys.executable).parent / "memsearch"
 ROLES = ("memory", "controller", "reader")
 # What legitimately differs between an interrupted-and-resumed run and an uninterrupted one:
 # wall/CPU time, and transport statistics (attempts and retries depend on where a run was cut).
-VOLATILE_SUMMARY_KEYS = ("timing", "backend_stats", "request_stats", "retry_stats", "transport")
+VOLATILE_SUMMARY_KEYS = ("timing", "backend_stats")
 
 
 @dataclass
