@@ -303,3 +303,19 @@ def test_a_folder_given_as_a_file_is_named_as_a_folder(tmp_path):
             list(read(tmp_path))
     with pytest.raises(InputError, match=r": no such file$"):
         list(iter_jsonl(tmp_path / "missing.jsonl"))
+
+
+def test_a_byte_order_mark_is_accepted_in_manifests_and_configs(hotpot_dev_dir, tmp_path):
+    import shutil
+
+    from memsearch.config import load_config
+    from memsearch.data.dataset import load_dataset
+
+    data = tmp_path / "data"
+    shutil.copytree(hotpot_dev_dir, data)
+    manifest = data / "manifest.json"
+    manifest.write_bytes(b"\xef\xbb\xbf" + manifest.read_bytes())
+    assert len(load_dataset(data).tasks) == 40
+    config = tmp_path / "rules.toml"
+    config.write_bytes(b"\xef\xbb\xbf" + (Path(__file__).resolve().parents[1] / "configs" / "rules.toml").read_bytes())
+    assert load_config(config).agent.memory == "decision"

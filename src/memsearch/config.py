@@ -250,7 +250,7 @@ def read_config_file(path: str | Path | None) -> dict[str, Any]:
     if not path.is_file():
         raise InputError(f"{path}: no such config file")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is not part of the TOML
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: invalid TOML ({exc})") from None
 

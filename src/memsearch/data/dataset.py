@@ -90,7 +90,7 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
     import json
 
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is not part of the JSON
     except json.JSONDecodeError as exc:
         raise InputError([Problem(str(path), exc.lineno, "json", f"invalid JSON ({exc.msg}), expected the manifest object")]) from None
     if not isinstance(manifest, dict):
