@@ -20,19 +20,23 @@ def test_two_concurrent_resumes_never_run_a_task_twice(hotpot_dev_dir, tmp_path,
     """Two `--resume`s at once used to both run the missing tasks (52 lines for 30 tasks)."""
     out, tasks = tmp_path / "run", 20
     started = time.perf_counter()
-    with AgentServer(delay_s=0.05) as server:
+    # Slow answers (~0.25 s a call, 2 episodes at once: ~10 s for the run) so the first writer is
+    # still running when the second starts, even on a loaded machine.
+    with AgentServer(delay_s=0.25) as server:
         args = rel.cli_args("eval", rel.API, hotpot_dev_dir, out, tasks, rel.api_sets(server.base_url, "concurrency=2"))
         first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 60
         while time.time() < deadline and not (out / "trajectories.jsonl").is_file():
             time.sleep(0.02)
         second = rel.run_cli([*args, "--resume"])
-        _, first_err = first.communicate(timeout=120)
+        overlapped = first.poll() is None  # the second ran while the first was still writing
+        _, first_err = first.communicate(timeout=180)
     lost, dup = rel.lost_and_duplicated(out, rel.task_ids(hotpot_dev_dir, tasks))
     rel.LEDGER.record("concurrent writers", runs=2, lost=lost, duplicated=dup,
                       wrong_exit=int(first.returncode != 0) + int(second.returncode != 2),
                       seconds=time.perf_counter() - started)
     assert first.returncode == 0, first_err
+    assert overlapped, "the first run ended before the second started: the test did not exercise two writers"
     assert second.returncode == 2 and "is writing this run folder" in second.stderr
     assert (lost, dup) == (0, 0)
 
