@@ -15,7 +15,7 @@ PREFERRED = ("reward_mean", "reward_std", "zero_variance_groups", "invalid_rate"
 
 
 def training_series(logs: list[Path]) -> dict[str, Any]:
-    """``{"logs": [names], "metrics": {key: {"steps": [...], "values": [[per log] per step]}}}``;
+    """``{"logs": [names], "order": [keys], "metrics": {key: {"steps": [...], "values": [[per log] per step]}}}``;
     a log without a value at a step holds ``None`` there."""
     from memsearch.train.log import read_log
 
@@ -30,4 +30,5 @@ def training_series(logs: list[Path]) -> dict[str, Any]:
         per_log = [{r["step"]: r[key] for r in recs if "step" in r and key in r} for recs in records]
         steps = sorted({s for d in per_log for s in d})
         metrics[key] = {"steps": steps, "values": [[d.get(s) for d in per_log] for s in steps]}
-    return {"logs": [str(Path(p).parent.name or Path(p).name) for p in logs], "metrics": metrics}
+    # "order" is explicit: the payload's JSON has sorted keys, so the dict's order does not survive.
+    return {"logs": [str(Path(p).parent.name or Path(p).name) for p in logs], "order": ordered, "metrics": metrics}

@@ -16,7 +16,7 @@
 
   const $ = (id) => document.getElementById(id);
   const esc = (s) => String(s == null ? "" : s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
-  const fmt = (v) => v == null ? "–" : typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toFixed(3)) : String(v);
+  const fmt = (v) => v == null ? "–" : typeof v === "number" ? (Number.isInteger(v) ? String(v) : Math.abs(v) < 0.01 ? v.toExponential(2) : v.toFixed(3)) : String(v);
   const reEsc = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
 
   async function decode() {
@@ -165,6 +165,7 @@
     if (!vp) return;
     const cols = columns(), style = gridStyle(cols);
     spacer.style.height = view.length * ROW_H + "px";
+    vp.style.height = Math.min(440, Math.max(1, view.length) * ROW_H + 2) + "px";  // no empty box under a short list
     const first = Math.max(0, Math.floor(vp.scrollTop / ROW_H) - OVERSCAN);
     const last = Math.min(view.length, Math.ceil((vp.scrollTop + (vp.clientHeight || 440)) / ROW_H) + OVERSCAN);
     let html = "";
@@ -251,7 +252,7 @@
 
   // ---- training view (inline SVG) ----
   function chart(name, series) {
-    const W = 320, H = 170, pad = 32, xs = series.steps, rows = series.values;
+    const W = 320, H = 170, pad = 52, xs = series.steps, rows = series.values;
     const stats = rows.map((vals) => { const v = vals.filter((x) => x != null); return v.length ? [Math.min(...v), v.reduce((a, b) => a + b, 0) / v.length, Math.max(...v)] : null; });
     const all = stats.filter(Boolean).flat();
     if (!all.length) return "";
@@ -261,7 +262,7 @@
     const X = (s) => pad + (s - x0) / (x1 - x0) * (W - pad - 8), Y = (v) => H - 20 - (v - lo) / (hi - lo) * (H - 36);
     const pts = (k) => xs.map((s, i) => stats[i] ? `${X(s).toFixed(1)},${Y(stats[i][k]).toFixed(1)}` : null).filter(Boolean);
     const band = rows[0] && rows[0].length > 1 ? `<polygon fill="#1a73e833" points="${pts(2).concat(pts(0).reverse()).join(" ")}"/>` : "";
-    return `<svg class="chart" data-testid="chart" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><text x="${pad}" y="12" font-size="12">${esc(name)}</text>` +
+    return `<svg class="chart" data-testid="chart" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><text x="${pad}" y="12" font-size="12" font-weight="bold">${esc(name)}</text>` +
       `<text x="2" y="${Y(hi) + 4}" font-size="10">${fmt(hi)}</text><text x="2" y="${Y(lo)}" font-size="10">${fmt(lo)}</text>` +
       `<text x="${W - 40}" y="${H - 4}" font-size="10">step ${x1}</text>${band}<polyline fill="none" stroke="#1a73e8" stroke-width="1.5" points="${pts(1).join(" ")}"/></svg>`;
   }
@@ -269,7 +270,7 @@
     const T = P.training;
     if (!T) { $("training").innerHTML = '<p class="muted">No training log in this report (memsearch report view … --train-log RUN/train_log.jsonl).</p>'; return; }
     $("training").innerHTML = `<p>${T.logs.length} log(s): ${esc(T.logs.join(", "))}${T.logs.length > 1 ? " (line: mean over logs, band: min–max)" : ""}</p>` +
-      `<div class="charts">${Object.keys(T.metrics).map((k) => chart(k, T.metrics[k])).join("")}</div>`;
+      `<div class="charts">${T.order.map((k) => chart(k, T.metrics[k])).join("")}</div>`;
   }
 
   // ---- dispatch ----
