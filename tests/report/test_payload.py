@@ -88,3 +88,13 @@ def test_comparison_sets_and_deltas_by_hand(rules_matrix, short_memory_run, hotp
     back = payload["comparisons"]["short-memory|B"]
     assert back["regressions"] == [t for t in b if t in set(improvements)]
     assert sorted(back["improvements"]) == sorted(regressions)
+
+
+def test_token_arrays_become_lengths():
+    from memsearch.report.payload import _readable
+
+    call = {"type": "policy_call", "text": "x", "prompt_ids": [1, 2, 3], "completion_ids": [4], "logprobs": None}
+    traj = _readable({"task_id": "t", "events": [call, {"type": "search", "query": "q"}]})
+    assert traj["events"][0] == {"type": "policy_call", "text": "x",
+                                 "token_counts": {"prompt_ids": 3, "completion_ids": 1, "logprobs": None}}
+    assert traj["events"][1] == {"type": "search", "query": "q"}

@@ -11,7 +11,8 @@ is named by the caller and refused unless its fingerprint equals the run's ``run
 record: a report never joins a run with labels of other data.
 
 Nothing is cut: every text of every event goes into the payload whole; the page collapses long
-texts behind "show all" instead.
+texts behind "show all" instead. Only the token-level arrays of a policy call (prompt and
+completion ids, log-probs: training data, not text) are replaced by their lengths.
 """
 
 from __future__ import annotations
@@ -111,6 +112,21 @@ def _task_row(row: dict[str, Any], traj: dict[str, Any], label: dict[str, Any] |
     return out
 
 
+# Token-level arrays of a policy call: training data, not text a person reads. The page shows
+# their lengths; trajectories.jsonl keeps them (an hf run's report would otherwise be mostly ids).
+TOKEN_ARRAYS = ("prompt_ids", "completion_ids", "logprobs")
+
+
+def _readable(traj: dict[str, Any]) -> dict[str, Any]:
+    events = []
+    for event in traj.get("events", []):
+        if event.get("type") == "policy_call":
+            counts = {k: None if event.get(k) is None else len(event[k]) for k in TOKEN_ARRAYS}
+            event = {**{k: v for k, v in event.items() if k not in TOKEN_ARRAYS}, "token_counts": counts}
+        events.append(event)
+    return {**traj, "events": events}
+
+
 def load_run(run_dir: Path, labels: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One run's header, task rows (metrics.jsonl order) and full trajectories by task id."""
     summary = _read_json(run_dir / "summary.json")
@@ -121,7 +137,7 @@ def load_run(run_dir: Path, labels: dict[str, dict[str, Any]]) -> dict[str, Any]
         raise InputError(f"{run_dir}: {len(missing)} task(s) have no label in the data folder, e.g. {missing[0]!r}")
     return {"header": _header(run_dir, summary, rows),
             "tasks": [_task_row(r, trajs.get(r["task_id"], {}), labels.get(r["task_id"])) for r in rows],
-            "episodes": {r["task_id"]: trajs.get(r["task_id"], {"events": []}) for r in rows}}
+            "episodes": {r["task_id"]: _readable(trajs.get(r["task_id"], {"events": []})) for r in rows}}
 
 
 def _shown_sentences(runs: dict[str, dict[str, Any]], documents: dict[str, Any]) -> dict[str, str]:

@@ -38,7 +38,8 @@
       if (k === "dir") st.dir = v === "-1" ? -1 : 1; else if (k in st) st[k] = v;
     }
     if (!P.runs[st.run]) st.run = P.run_order[0];
-    if (st.vs && (!P.runs[st.vs] || st.vs === st.run)) st.vs = P.run_order.find((r) => r !== st.run) || "";
+    // vs "-" means "compare with nothing" (an empty value would fall back to the default run).
+    if (st.vs && st.vs !== "-" && (!P.runs[st.vs] || st.vs === st.run)) st.vs = P.run_order.find((r) => r !== st.run) || "";
     if (!FILTERS.includes(st.filter)) st.filter = "all";
     return st;
   }
@@ -68,7 +69,7 @@
   function renderRunbar() {
     const opts = (sel) => P.run_order.map((r) => `<option ${r === sel ? "selected" : ""}>${esc(r)}</option>`).join("");
     $("runbar").innerHTML = `run <select id="runsel">${opts(S.run)}</select>` +
-      (P.run_order.length > 1 ? ` compared with <select id="vssel"><option value="">(none)</option>${opts(S.vs)}</select>` : "");
+      (P.run_order.length > 1 ? ` compared with <select id="vssel"><option value="-">(none)</option>${opts(S.vs)}</select>` : "");
     $("runsel").onchange = (e) => go({ run: e.target.value, task: "" });
     if ($("vssel")) $("vssel").onchange = (e) => go({ vs: e.target.value });
   }
@@ -86,7 +87,7 @@
       `<h3>tokens reported</h3>${kv(h.tokens_reported)}<h3>tokens estimated</h3>${kv(h.tokens_estimated)}</div>` +
       `<div><h3>metrics (mean [95% bootstrap CI])</h3>${kv(metrics)}</div></div></details>`;
   }
-  function comparison() { return S.vs ? P.comparisons[S.run + "|" + S.vs] : null; }
+  function comparison() { return S.vs && S.vs !== "-" ? P.comparisons[S.run + "|" + S.vs] || null : null; }
   function renderCompare() {
     const c = comparison();
     if (!c) { $("compare").innerHTML = ""; return; }
@@ -100,7 +101,8 @@
   // ---- task table (windowed) ----
   function columns() {
     const cols = [["task_id", "id", 1.3], ["question", "question", 4], ["gold", "gold", 1.5], ["prediction", "prediction", 1.5]];
-    for (const c of P.columns) cols.push([c, c.replace(/_/g, " "), 0.8]);
+    const SHORT = { sub_em: "subEM", searches: "srch", invalid_actions: "invalid", request_errors: "req err", memory_truncations: "mem cut", latency_s: "latency" };
+    for (const c of P.columns) cols.push([c, SHORT[c] || c.replace(/_/g, " "), 0.8]);
     if (comparison()) cols.push(["vs_prediction", S.vs + " prediction", 1.5], ["vs_em", S.vs + " em", 0.7], ["d_f1", "ΔF1", 0.7]);
     return cols;
   }
@@ -158,6 +160,7 @@
     const v = r[k];
     if (k === "em" || k === "vs_em") return `<span class="${v === 1 ? "ok" : "bad"}">${fmt(v)}</span>`;
     if (k === "d_f1") return `<span class="${v > 0 ? "ok" : v < 0 ? "bad" : ""}">${v == null ? "–" : (v > 0 ? "+" : "") + fmt(v)}</span>`;
+    if (k === "latency_s" && v != null) return `<span title="${v} s">${v.toPrecision(2)}s</span>`;
     return `<span title="${esc(v)}">${esc(fmt(v))}</span>`;
   }
   function renderTableBody() {
@@ -212,7 +215,7 @@
       const prompt = (e.messages || []).map((m) => `<b>${esc(m.role)}</b>` + longText(m.content, re)).join("");
       return `<div class="card policy_call"><h4>policy call · ${esc(e.role)} · step ${e.step}</h4>${validity(e)} ` +
         `<span class="badge">finish ${esc(e.finish_reason)}</span><span class="badge">${e.latency_s}s</span><span class="badge">attempts ${e.attempts}</span>` +
-        `<span class="badge">usage ${esc(JSON.stringify(e.usage))}</span>${e.error ? `<div class="invalid">error: ${esc(e.error)}</div>` : ""}` +
+        `<span class="badge">usage ${esc(JSON.stringify(e.usage))}</span><span class="badge">token ids ${esc(JSON.stringify(e.token_counts || {}))}</span>${e.error ? `<div class="invalid">error: ${esc(e.error)}</div>` : ""}` +
         `<details><summary>prompt (${(e.messages || []).length} messages)</summary>${prompt}</details>completion:${longText(e.text, re)}` +
         `<details><summary>parsed action</summary><pre>${esc(JSON.stringify(e.action, null, 1))}</pre></details></div>`;
     }
