@@ -35,6 +35,13 @@ def _shot(page, name: str) -> None:
         page.screenshot(Path(folder) / f"report-{name}.png")
 
 
+def _texts(rows, data_dir, run_dir):
+    """(row, question, gold) per metrics row: what the page's free-text search reads."""
+    gold = {r["id"]: r["answers"][0] for _, r in iter_jsonl(data_dir / "labels.jsonl")}
+    question = {t["task_id"]: t["question"] for _, t in iter_jsonl(run_dir / "trajectories.jsonl")}
+    return [(r, question[r["task_id"]], gold[r["task_id"]]) for r in rows]
+
+
 def _clean(page) -> None:
     assert page.console_errors == []
     assert page.eval("document.getElementById('errors').textContent") == ""
@@ -57,6 +64,16 @@ def test_filter_counts_match_metrics(browser, rules_matrix, hotpot_dev_dir, tmp_
                 wanted = [r["task_id"] for r in rows if name == "all" or r["em"] == (name == "correct")]
                 assert visible == wanted[: len(visible)] and 0 < len(visible) <= len(wanted)
             _clean(page)
+    rows = [r for _, r in iter_jsonl(rules_matrix / "A" / "metrics.jsonl")]
+    # Sorting (F1, descending) and free-text search, both from the hash.
+    page = browser.open(f"{report.as_uri()}#run=A&sort=f1&dir=-1")
+    top = page.eval("[...document.querySelectorAll('[data-task-id]')].slice(0, 3).map(e => e.dataset.taskId)")
+    assert top == [r["task_id"] for r in sorted(rows, key=lambda r: -r["f1"])][:3]
+    word = rows[0]["prediction"].split()[0]
+    page = browser.open(f"{report.as_uri()}#run=A&q={word}")
+    expected = sum(word.lower() in "\x01".join(str(x) for x in (r["task_id"], q, lab, r["prediction"])).lower()
+                   for r, q, lab in _texts(rows, hotpot_dev_dir, rules_matrix / "A"))
+    assert int(page.eval(COUNT)) == expected >= 1
     page = browser.open(f"{report.as_uri()}#run=A&filter=incorrect")
     _shot(page, "tasks")
     page = browser.open(f"{report.as_uri()}#view=training")
@@ -80,6 +97,11 @@ def test_episode_shows_memory_diff_and_gold_facts(browser, rules_matrix, hotpot_
     assert marked and marked <= gold
     assert page.eval("document.querySelectorAll('#episode li.gold').length") >= 1  # gold sentences shown as evidence
     assert page.eval("document.querySelectorAll('[data-testid=memory-diff] mark.gold').length") >= 1
+    # No silent truncation: long prompts are collapsed, and "show all" brings back every character.
+    prompts = {m["content"] for e in traj["events"] if e["type"] == "policy_call" for m in e["messages"]}
+    count, full = page.eval("(() => { const b = [...document.querySelectorAll('#episode button.showall')];"
+                            " const box = b[0].parentElement; b[0].click(); return [b.length, box.textContent]; })()")
+    assert count >= 1 and len(full) > 1500 and full in prompts
     page.eval("document.getElementById('episode').scrollIntoView()", await_promise=False)
     _shot(page, "episode")
     _clean(page)
