@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("memsearch.engine",)),
     ("eval", ("memsearch.eval",)),
     ("train", ("memsearch.train",)),
-    ("pipeline", ("memsearch.pipeline", "memsearch.demo", "memsearch.walkthrough")),
+    ("pipeline", ("memsearch.pipeline", "memsearch.demo", "memsearch.walkthrough", "memsearch.report")),
     ("entry points", ("memsearch.cli", "memsearch.testing")),
 ]
 

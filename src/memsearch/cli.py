@@ -21,6 +21,8 @@ train_app = typer.Typer(help="Train policies: LoRA SFT and multi-turn GRPO (torc
 app.add_typer(train_app, name="train")
 pipeline_app = typer.Typer(help="End-to-end pipelines: prepare, train, merge, evaluate, report (resumable).", no_args_is_help=True)
 app.add_typer(pipeline_app, name="pipeline")
+report_app = typer.Typer(help="Browse runs in a self-contained HTML report; write the static plots.", no_args_is_help=True)
+app.add_typer(report_app, name="report")
 
 
 def _friendly(fn):
@@ -227,6 +229,7 @@ def eval_cmd(
                f"invalid-action rate {m['invalid_action_rate'] or 0:.3f}, request errors {summary['request_errors']}")
     if summary["note"]:
         typer.echo(summary["note"], err=True)
+    typer.echo(report_hint(out, data))
     if not summary["complete"]:
         raise typer.Exit(EXIT_INCOMPLETE)
 
@@ -248,6 +251,7 @@ def matrix_cmd(
     typer.echo(result["table"])
     if not result["usable_for_comparison"]:
         typer.echo("NOT USABLE FOR COMPARISON: some group has failed tasks or request errors (see its summary.json)", err=True)
+    typer.echo(report_hint(out, data))
     incomplete = [g for g, s in result["groups"].items() if not s["complete"]]
     if incomplete:
         typer.echo(f"INCOMPLETE: group(s) {', '.join(incomplete)} have missing or failed tasks; not a result", err=True)
@@ -367,6 +371,52 @@ def walkthrough(
     from memsearch.walkthrough import run_walkthrough
 
     run_walkthrough(out, echo=typer.echo)
+
+
+def report_hint(run: Path, data: Path) -> str:
+    """The command that writes (and names) the HTML report of a run or matrix folder."""
+    from memsearch.demo import report_command
+
+    return report_command(run, data)
+
+
+RunPaths = Annotated[list[Path], typer.Argument(help="A run folder or a matrix folder; a second run folder turns on compare mode.")]
+ReportData = Annotated[Path, typer.Option("--data", help="The data folder the run(s) were made on (its fingerprint must match run.json).")]
+TrainLogs = Annotated[Optional[list[Path]], typer.Option("--train-log", help="A train_log.jsonl (repeatable: several seeds form a band).")]
+
+
+@report_app.command("view")
+@_friendly
+def report_view(
+    runs: RunPaths,
+    data: ReportData,
+    out: Annotated[Path, typer.Option("--out", help="The HTML file to write.")],
+    train_log: TrainLogs = None,
+) -> None:
+    """One self-contained HTML file: run header, task table, episodes, compare mode, training curves."""
+    from memsearch.report.html import write_report
+
+    if len(runs) > 2:
+        raise ValueError(f"expected RUN [RUN_B], got {len(runs)} runs")
+    path = write_report(runs, data, out, train_log)
+    typer.echo(f"report: {path} ({path.stat().st_size / 1e6:.2f} MB); open it in a browser (file://{path.resolve()})")
+
+
+@report_app.command("plots")
+@_friendly
+def report_plots(
+    out: Annotated[Path, typer.Option("--out", help="Folder for the PNG files.")],
+    runs: Annotated[Optional[list[Path]], typer.Argument(help="Run or matrix folders (optional).")] = None,
+    data: Annotated[Optional[Path], typer.Option("--data", help="With runs: the data folder they were made on.")] = None,
+    train_log: TrainLogs = None,
+) -> None:
+    """Static PNG plots (matplotlib) for docs/results: metrics with CIs per run, reward curves."""
+    from memsearch.report.plots import write_plots
+
+    if runs and data is None:
+        raise ValueError("runs need --data, the data folder they were made on")
+    for path in write_plots(runs or [], data, out, train_log):
+        typer.echo(f"wrote {path}")
 
 
 def main() -> None:  # pragma: no cover - console entry for `python -m memsearch`

@@ -26,6 +26,11 @@ def fresh_run_dir(prefix: str) -> Path:
     return path
 
 
+def report_command(run: Path, data: Path) -> str:
+    """The line eval, matrix and the demo end with: how to write and open the run's report."""
+    return f"report: memsearch report view {run} --data {data} --out {Path(run) / 'report.html'}"
+
+
 def run_demo(backend: str = "hf", limit: int = 4, out: Path | None = None, echo: Callable[[str], None] = print,
              show_progress: bool = True) -> dict:
     from memsearch.config import load_config
@@ -52,6 +57,11 @@ def run_demo(backend: str = "hf", limit: int = 4, out: Path | None = None, echo:
     seconds = time.perf_counter() - started
     echo(f"done in {seconds:.0f}s. Per-group trajectories, metrics and summaries: {out / 'matrix'}/<group>/; "
          f"table: {out / 'matrix' / 'matrix.md'}")
+    from memsearch.report.html import write_report
+
+    # The demo writes its report itself (a second or so): the end of the demo is a file to open.
+    report = write_report([out / "matrix"], data_dir, out / "report.html")
+    echo(f"report (open in a browser, works offline): {report}")
     if not result["usable_for_comparison"]:
         echo("NOT USABLE FOR COMPARISON: some group has failed tasks or request errors (see its summary.json)")
     result["seconds"] = seconds

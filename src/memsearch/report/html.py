@@ -1,0 +1,60 @@
+"""The report as one self-contained HTML file: inline CSS and JavaScript, the payload embedded as
+gzip + base64 (the page decodes it with the browser's ``DecompressionStream``), no network.
+
+Deterministic: the same payload gives the same bytes (canonical JSON, gzip with mtime 0), so a
+report can be diffed, cached and checked in.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import html
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+
+PAYLOAD_TAG = '<script id="payload" type="application/octet-stream">'
+
+
+def encode_payload(payload: dict[str, Any]) -> str:
+    """Canonical JSON, gzip (mtime 0, so no timestamp in the bytes), base64."""
+    raw = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return base64.b64encode(gzip.compress(raw, compresslevel=9, mtime=0)).decode("ascii")
+
+
+def decode_payload(text: str) -> dict[str, Any]:
+    """The inverse of ``encode_payload`` (what the page does), for tests and tools."""
+    return json.loads(gzip.decompress(base64.b64decode(text)).decode("utf-8"))
+
+
+def _static(name: str) -> str:
+    return resources.files("memsearch.report").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def render_html(payload: dict[str, Any], title: str) -> str:
+    """The page: template + CSS + JS + encoded payload. Replacement order matters: the payload
+    goes in last so that nothing in it can be taken for a placeholder."""
+    page = _static("report.html").replace("__TITLE__", html.escape(title))
+    page = page.replace("__CSS__", _static("report.css")).replace("__JS__", _static("report.js"))
+    return page.replace("__PAYLOAD__", encode_payload(payload))
+
+
+def payload_of_html(page: str) -> dict[str, Any]:
+    """The payload embedded in a written report."""
+    start = page.index(PAYLOAD_TAG) + len(PAYLOAD_TAG)
+    return decode_payload(page[start: page.index("</script>", start)])
+
+
+def write_report(paths: list[Path], data_dir: Path, out: Path, train_logs: list[Path] | None = None) -> Path:
+    """Build the payload from run folders (and training logs) and write the HTML file."""
+    from memsearch.report.payload import build_payload
+
+    payload = build_payload([Path(p) for p in paths], Path(data_dir), [Path(p) for p in train_logs or []])
+    title = " vs ".join(Path(p).name for p in paths)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(payload, title), encoding="utf-8")
+    return out

@@ -1,0 +1,191 @@
+"""What a report shows, as one JSON-able dict (the payload the page decodes).
+
+    payload = build_payload([Path("runs/eval-1")], data_dir=Path("data/hotpot-dev"))
+
+A run is an eval run folder (``summary.json``, ``run.json``, ``trajectories.jsonl``,
+``metrics.jsonl``) or a matrix folder (``matrix.json`` and one such folder per group, each
+becoming a run named after its group). Labels (gold answers, supporting facts) are joined by
+task id here, from the data folder the run was made on, never inside the engine (docs/design.md
+§6). Run folders do not record where their data folder is, only its fingerprint, so the folder
+is named by the caller and refused unless its fingerprint equals the run's ``run.json`` ``data``
+record: a report never joins a run with labels of other data.
+
+Nothing is cut: every text of every event goes into the payload whole; the page collapses long
+texts behind "show all" instead. Only the token-level arrays of a policy call (prompt and
+completion ids, log-probs: training data, not text) are replaced by their lengths.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from memsearch.errors import InputError
+from memsearch.io import iter_jsonl
+
+SCHEMA = "memsearch-report/1"
+# Columns of the task table, in order; each is a key of a metrics.jsonl row (or derived below).
+TABLE_COLUMNS = ("em", "f1", "sub_em", "searches", "chunks", "invalid_actions", "request_errors",
+                 "memory_truncations", "tokens", "latency_s")
+CI_METRICS = ("em", "f1", "sub_em", "retrieval_support_recall", "memory_support_recall", "citation_precision",
+              "citation_recall")
+
+
+def run_folders(path: Path) -> dict[str, Path]:
+    """Run name -> eval run folder: a matrix folder gives one run per group, in matrix order."""
+    path = Path(path)
+    if (path / "matrix.json").is_file():
+        groups = [p.name for p in sorted(path.iterdir()) if (p / "summary.json").is_file()]
+        return {g: path / g for g in groups}
+    if (path / "summary.json").is_file():
+        return {path.name: path}
+    raise InputError(f"{path}: not a run folder (no summary.json) nor a matrix folder (no matrix.json)")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: missing; a report needs a finished run folder") from None
+
+
+def check_data(data_dir: Path, run_dir: Path) -> None:
+    """Refuse a data folder whose fingerprint is not the one the run recorded."""
+    from memsearch.data.dataset import load_dataset
+    from memsearch.eval.runner import data_fingerprint
+
+    recorded = _read_json(run_dir / "run.json").get("data")
+    actual = data_fingerprint(Path(data_dir), load_dataset(data_dir))
+    if recorded != actual:
+        raise InputError(f"{data_dir}: data fingerprint differs from {run_dir / 'run.json'} (data); "
+                         "pass --data the folder this run was made on")
+
+
+def bootstrap_ci(values: list[float], resamples: int = 2000, seed: int = 0) -> list[float] | None:
+    """95 % percentile bootstrap interval of a mean (seeded: the same run gives the same bytes)."""
+    import numpy as np
+
+    if not values:
+        return None
+    arr = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    means = arr[rng.integers(0, len(arr), size=(resamples, len(arr)))].mean(axis=1)
+    return [round(float(np.percentile(means, 2.5)), 6), round(float(np.percentile(means, 97.5)), 6)]
+
+
+def _tokens(row: dict[str, Any]) -> int:
+    # Reported and estimated counts are never added together; the table shows whichever the run has.
+    reported = sum(v for k, v in row.items() if k.endswith("_tokens") and not k.startswith("estimated_"))
+    return reported or sum(v for k, v in row.items() if k.startswith("estimated_") and k.endswith("_tokens"))
+
+
+def _header(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    run_info = _read_json(run_dir / "run.json")
+    ci = {k: bootstrap_ci([r[k] for r in rows if r.get(k) is not None]) for k in CI_METRICS}
+    tokens = summary.get("tokens", {})
+    return {
+        "group": summary.get("group"), "agent": summary.get("agent"), "budgets": summary.get("budgets"),
+        "backends": summary.get("backends"), "models": run_info.get("models"), "tokenizer": summary.get("tokenizer"),
+        "data": summary.get("data"), "evaluator_version": summary.get("evaluator_version"),
+        "engine_version": summary.get("engine_version"), "prompt_version": summary.get("prompt_version"),
+        "complete": summary.get("complete"), "usable_for_comparison": summary.get("usable_for_comparison"),
+        "note": summary.get("note"), "tasks": summary.get("tasks"), "request_errors": summary.get("request_errors"),
+        "metrics": summary.get("metrics"), "ci": ci,
+        "tokens_reported": {k: v for k, v in tokens.items() if not k.startswith("estimated_")},
+        "tokens_estimated": {k: v for k, v in tokens.items() if k.startswith("estimated_")},
+        "software": run_info.get("software"),
+    }
+
+
+def _task_row(row: dict[str, Any], traj: dict[str, Any], label: dict[str, Any] | None) -> dict[str, Any]:
+    calls = [e for e in traj.get("events", []) if e.get("type") == "policy_call"]
+    out = {k: row.get(k) for k in ("task_id", "status", "prediction", "em", "f1", "sub_em", "searches", "chunks",
+                                   "chunks_cut", "invalid_actions", "request_errors", "memory_truncations", "latency_s",
+                                   "retrieval_support_recall", "memory_support_recall", "citation_precision",
+                                   "citation_recall", "invalid_citations")}
+    out["question"] = traj.get("question", "")
+    out["gold"] = label["answers"][0] if label else None
+    out["tokens"] = _tokens(row)
+    # finish_reason=length on any call: a completion cut by its token budget (a filter of the table).
+    out["length_cut"] = any(c.get("finish_reason") == "length" for c in calls)
+    return out
+
+
+# Token-level arrays of a policy call: training data, not text a person reads. The page shows
+# their lengths; trajectories.jsonl keeps them (an hf run's report would otherwise be mostly ids).
+TOKEN_ARRAYS = ("prompt_ids", "completion_ids", "logprobs")
+
+
+def _readable(traj: dict[str, Any]) -> dict[str, Any]:
+    events = []
+    for event in traj.get("events", []):
+        if event.get("type") == "policy_call":
+            counts = {k: None if event.get(k) is None else len(event[k]) for k in TOKEN_ARRAYS}
+            event = {**{k: v for k, v in event.items() if k not in TOKEN_ARRAYS}, "token_counts": counts}
+        events.append(event)
+    return {**traj, "events": events}
+
+
+def load_run(run_dir: Path, labels: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One run's header, task rows (metrics.jsonl order) and full trajectories by task id."""
+    summary = _read_json(run_dir / "summary.json")
+    rows = [row for _, row in iter_jsonl(run_dir / "metrics.jsonl")]
+    trajs = {t["task_id"]: t for _, t in iter_jsonl(run_dir / "trajectories.jsonl")}
+    missing = [r["task_id"] for r in rows if r["task_id"] not in labels]
+    if missing:
+        raise InputError(f"{run_dir}: {len(missing)} task(s) have no label in the data folder, e.g. {missing[0]!r}")
+    return {"header": _header(run_dir, summary, rows),
+            "tasks": [_task_row(r, trajs.get(r["task_id"], {}), labels.get(r["task_id"])) for r in rows],
+            "episodes": {r["task_id"]: _readable(trajs.get(r["task_id"], {"events": []})) for r in rows}}
+
+
+def _shown_sentences(runs: dict[str, dict[str, Any]], documents: dict[str, Any]) -> dict[str, str]:
+    """Text of every evidence id any episode was shown (or cites), so the page can show evidence."""
+    ids: set[str] = set()
+    for run in runs.values():
+        for traj in run["episodes"].values():
+            ids.update(traj.get("shown_evidence", []))
+            ids.update(traj.get("citations", []))
+    out = {}
+    for eid in sorted(ids):
+        doc_id, _, index = eid.rpartition(":")
+        doc = documents.get(doc_id)
+        if doc is not None and index.isdigit() and int(index) < len(doc.sentences):
+            out[eid] = f"{doc.title}: {doc.sentences[int(index)]}"
+    return out
+
+
+def build_payload(paths: list[Path], data_dir: Path, train_logs: list[Path] | None = None) -> dict[str, Any]:
+    """The whole report: runs, labels, shown evidence text, comparisons, training curves."""
+    from memsearch.data.dataset import load_dataset
+    from memsearch.report.compare import compare_runs
+
+    folders: dict[str, Path] = {}
+    for path in paths:
+        for name, folder in run_folders(path).items():
+            # Two single runs of the same folder name stay apart: prefix the second with its parent.
+            key = name if name not in folders else f"{folder.parent.name}/{name}"
+            folders[key] = folder
+    for folder in folders.values():
+        check_data(data_dir, folder)
+    dataset = load_dataset(data_dir)
+    all_labels = {lab.id: lab.model_dump(include={"answers", "supporting_facts", "gold_doc_ids", "type"})
+                  for lab in dataset.labels}
+    runs = {name: load_run(folder, all_labels) for name, folder in folders.items()}
+    used = sorted({t["task_id"] for run in runs.values() for t in run["tasks"]})
+    names = list(runs)
+    comparisons = {f"{a}|{b}": compare_runs(runs[a]["tasks"], runs[b]["tasks"])
+                   for a in names for b in names if a != b}
+    from memsearch.report.training import training_series
+
+    return {
+        "schema": SCHEMA,
+        "runs": runs,
+        "run_order": names,
+        "labels": {tid: all_labels[tid] for tid in used},
+        "evidence": _shown_sentences(runs, dataset.documents_by_id()),
+        "comparisons": comparisons,
+        "columns": list(TABLE_COLUMNS),
+        "training": training_series(train_logs) if train_logs else None,
+    }
