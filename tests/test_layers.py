@@ -25,7 +25,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("memsearch.engine",)),
     ("eval", ("memsearch.eval",)),
     ("train", ("memsearch.train",)),
-    ("pipeline", ("memsearch.pipeline", "memsearch.demo", "memsearch.walkthrough", "memsearch.report")),
+    ("pipeline", ("memsearch.pipeline", "memsearch.demo", "memsearch.walkthrough", "memsearch.report",
+                  "memsearch.integrations")),
     ("entry points", ("memsearch.cli", "memsearch.testing")),
 ]
 

@@ -23,6 +23,9 @@ pipeline_app = typer.Typer(help="End-to-end pipelines: prepare, train, merge, ev
 app.add_typer(pipeline_app, name="pipeline")
 report_app = typer.Typer(help="Browse runs in a self-contained HTML report; write the static plots.", no_args_is_help=True)
 app.add_typer(report_app, name="report")
+verl_app = typer.Typer(help="Scale out on upstream verl: export the parquet, print the Hydra overrides (docs/verl.md).",
+                       no_args_is_help=True)
+app.add_typer(verl_app, name="verl")
 
 
 def _friendly(fn):
@@ -417,6 +420,43 @@ def report_plots(
         raise ValueError("runs need --data, the data folder they were made on")
     for path in write_plots(runs or [], data, out, train_log):
         typer.echo(f"wrote {path}")
+
+
+@verl_app.command("export-data")
+@_friendly
+def verl_export_data_cmd(
+    data: DataDir,
+    out: Annotated[Path, typer.Option("--out", help="The parquet file to write (data.train_files / val_files).")],
+) -> None:
+    """The parquet verl reads: the question as prompt, labels only in reward_model, no documents."""
+    from memsearch.integrations.verl.data import export_parquet
+
+    typer.echo(f"wrote {out}: {export_parquet(data, out)} rows")
+
+
+@verl_app.command("config")
+@_friendly
+def verl_config_cmd(
+    config: Annotated[Path, typer.Option("--config", help="GRPO config (configs/train/*.toml) or a MemAgent pipeline config.")],
+    train_files: Annotated[str, typer.Option("--train-files", help="The train parquet (export-data).")] = "train.parquet",
+    val_files: Annotated[Optional[str], typer.Option("--val-files", help="The validation parquet.")] = None,
+    data: Annotated[Optional[Path], typer.Option("--data", help="The prepared train folder the parquet came from.")] = None,
+    agent_loops: Annotated[Path, typer.Option("--agent-loops", help="Write the agent-loop YAML here.")] = Path("agent_loops.yaml"),
+    gpus: Annotated[int, typer.Option(help="GPUs per node.")] = 8,
+    nodes: Annotated[int, typer.Option(help="Nodes.")] = 1,
+    set_: Overrides = None,
+) -> None:
+    """verl Hydra overrides for a memsearch GRPO config (one per line); refuses options verl cannot run."""
+    from memsearch.integrations.verl.config import agent_loop_yaml, load_grpo_config, verl_overrides
+
+    cfg = load_grpo_config(config, set_, str(data) if data else None)
+    overrides, notes = verl_overrides(cfg, str(agent_loops.resolve()), train_files, val_files, gpus, nodes)
+    # Ray workers may start elsewhere: the YAML names the config and data by absolute path.
+    agent_loops.parent.mkdir(parents=True, exist_ok=True)
+    agent_loops.write_text(agent_loop_yaml(str(config.resolve()), str(Path(cfg.data).resolve()), set_), encoding="utf-8")
+    for note in notes:
+        typer.echo(f"# differs from memsearch's trainer: {note}", err=True)
+    typer.echo("\n".join(overrides))
 
 
 def main() -> None:  # pragma: no cover - console entry for `python -m memsearch`

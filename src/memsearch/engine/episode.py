@@ -1,4 +1,6 @@
-"""The episode engine: one code path for evaluation, SFT export, RL rollouts and the verl loop.
+"""The episode engine: one code path for evaluation, SFT export and RL rollouts, those of
+memsearch's own trainer and those of verl (``memsearch.integrations.verl`` runs this function
+unchanged as a verl agent loop, docs/verl.md).
 
 An episode runs one agent on one task and returns its trajectory (a JSON-able dict holding
 every event). Three orthogonal choices make the agent (docs/design.md §3): the evidence source

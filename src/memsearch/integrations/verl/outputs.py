@@ -1,0 +1,59 @@
+"""Trajectory -> the rows verl trains on, and the episode summary the reward reads.
+
+One trained policy call is one verl output (``AgentLoopOutput`` fields, as plain dicts so this
+module needs no verl): the prompt ids the server saw, the raw completion ids it sampled, a
+response mask of ones (memsearch puts observations in the next call's *prompt*, never in a
+response, so every response token is generated) and the rollout log-probs. The calls are the
+ones ``memsearch.train.rows`` turns into rows (``rows_from_trajectory``: failed calls dropped,
+missing ids refused), in episode order, so the last output is the last trained call: the
+reader's answer when the reader is trained (``overwrite``), the last memory update otherwise.
+
+verl's v1 trainer reads the reward and the GRPO advantage from the *last* output of a session
+and broadcasts them to the others (memsearch's ``credit = "share"``); it reads the advantage at
+the last output's first mask-1 token, so ``session_outputs`` refuses a last output without a
+generated token instead of silently giving the whole session advantage 0.
+
+The summary travels in the last output's ``extra_fields["memsearch"]`` (verl's reward manager
+merges it into ``extra_info``): exactly the trajectory fields ``train.reward.trajectory_reward``
+reads, and no label.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memsearch.train.rows import rows_from_trajectory, trained_calls
+
+
+def session_outputs(trajectory: dict[str, Any], role: str) -> list[dict[str, Any]]:
+    """The trained calls of ``trajectory`` as verl output fields, in episode order (module doc)."""
+    rows, _failed = rows_from_trajectory(trajectory, role, index=0, group=0)
+    outputs = [{"prompt_ids": list(r.prompt_ids), "response_ids": list(r.completion_ids),
+                "response_mask": list(r.loss_mask), "response_logprobs": list(r.rollout_logprobs)} for r in rows]
+    if outputs and not any(outputs[-1]["response_mask"]):
+        raise ValueError(f"task {trajectory.get('task_id')}: the last trained call generated no token; verl would "
+                         "read its session's advantage from an all-masked row (advantage 0 for every row)")
+    return outputs
+
+
+def reward_summary(trajectory: dict[str, Any], role: str) -> dict[str, Any]:
+    """What the reward needs of a trajectory (``train.reward.trajectory_reward``), small and label-free.
+
+    The trained calls keep only role and validity (the invalid-action penalty); documents,
+    memory and prompts stay out, because verl copies every field into every row.
+    """
+    counts = trajectory.get("counts", {})
+    return {
+        "task_id": trajectory["task_id"],
+        "role": role,
+        "prediction": trajectory.get("prediction"),
+        "reader_text": trajectory.get("reader_text"),
+        "answer_format": trajectory.get("answer_format", "free"),
+        "citations": list(trajectory.get("citations") or []),
+        "invalid_citations": list(trajectory.get("invalid_citations") or []),
+        "counts": {"searches": counts.get("searches", 0), "policy_calls": counts.get("policy_calls", 0),
+                   "request_errors": counts.get("request_errors", 0)},
+        "events": [{"type": "policy_call", "role": c["role"], "valid": c.get("valid")}
+                   for c in trained_calls(trajectory, role)],
+        "status": trajectory.get("status"),
+    }

@@ -1,0 +1,48 @@
+"""``compute_score`` for verl's ``reward.custom_reward_function`` (path ``pkg://memsearch.integrations.verl.reward``).
+
+It computes memsearch's own trajectory reward (``memsearch.train.reward.trajectory_reward``:
+the configured answer metric of ``memsearch.eval`` minus the invalid-action, invalid-citation and
+search penalties) from the episode summary the agent loop puts in the last output's
+``extra_fields["memsearch"]``; verl's reward manager merges those fields into ``extra_info``.
+``solution_str`` (the decoded last output) is not read: when the memory role alone is trained
+the last output is a memory update, not the answer, and the engine's parse of the reader's
+text is the prediction evaluation scores.
+
+The reward settings arrive as keyword arguments (``reward.custom_reward_function.reward_kwargs``,
+written by ``memsearch verl config``); their defaults are ``RewardSettings``'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memsearch.data.records import Label
+from memsearch.eval.metrics import answer_metric
+from memsearch.eval.score import protocol_answer
+from memsearch.train.config import RewardSettings
+from memsearch.train.reward import trajectory_reward
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None,
+                  metric: str = "f1", invalid_penalty: float = 0.5, citation_penalty: float = 0.5,
+                  search_cost: float = 0.0, **kwargs: Any) -> dict[str, Any]:
+    """The memsearch reward of one session, with the raw metric beside it (``reward_extra_info``).
+
+    Returns ``{"score": reward, "metric": raw answer metric, "answered": 0/1}``. A row without the
+    loop's summary (another agent loop's data) is refused: scoring the decoded text instead would
+    silently train on a different reward.
+    """
+    del data_source, solution_str, kwargs  # the summary carries the prediction (module doc)
+    summary = (extra_info or {}).get("memsearch")
+    if not isinstance(summary, dict):
+        raise ValueError("extra_info has no 'memsearch' summary: this row was not rolled out by MemsearchAgentLoop")
+    if hasattr(ground_truth, "tolist"):  # a parquet list column arrives as a numpy array
+        ground_truth = ground_truth.tolist()
+    answers = [str(a) for a in ground_truth] if isinstance(ground_truth, (list, tuple)) else [str(ground_truth)]
+    label = Label(id=summary["task_id"], answers=answers, supporting_facts=[], gold_doc_ids=[])
+    settings = RewardSettings(metric=metric, invalid_penalty=invalid_penalty, citation_penalty=citation_penalty,
+                              search_cost=search_cost)
+    score = trajectory_reward(summary, label, settings, summary["role"])
+    text = summary.get("reader_text") if metric == "boxed_em" else protocol_answer(summary)
+    return {"score": score, "metric": float(answer_metric(metric)(text, answers)),
+            "answered": int(summary.get("prediction") is not None)}

@@ -1,0 +1,68 @@
+"""Fixtures of the verl integration tests (main environment and verl lane alike): two real sessions,
+a 2-chunk MemAgent task (role ``overwrite``: memory updates + boxed answer trained) and a
+group-B task (role ``memory``: decision memory over one BM25 search, reader on the rules backend).
+Written as GRPO TOML files, the way a user hands them to ``memsearch verl config``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+MEMAGENT = """
+role = "overwrite"
+model = "embedded"
+data = "{data}"
+group_size = 2
+tasks_per_step = 2
+credit = "share"
+aggregation = "token"
+[reward]
+metric = "boxed_em"
+invalid_penalty = 0.0
+citation_penalty = 0.0
+[episode]
+tokenizer = "embedded"
+[episode.agent]
+evidence = "stream"
+memory = "overwrite"
+controller = "exhaust"
+[episode.budgets]
+chunk_tokens = 256
+max_chunks = 2
+memory_tokens = 64
+policy_tokens = 48
+answer_tokens = 24
+"""
+
+GROUP_B = """
+role = "memory"
+model = "embedded"
+data = "{data}"
+episode_config = "{repo}/configs/train/group_b_cpu.toml"
+group_size = 2
+tasks_per_step = 2
+credit = "share"
+aggregation = "token"
+[episode.budgets]
+max_searches = 2
+[episode.backends.reader]
+kind = "rules"
+"""
+
+
+@pytest.fixture(scope="session")
+def verl_case(tmp_path_factory, hotpot_dev_dir):
+    """``verl_case(name)``: the GRPO config ``name`` (``memagent`` | ``group_b``) over the
+    40-question dev folder, written as a TOML file; returns its path."""
+    tmp = tmp_path_factory.mktemp("verl-configs")
+    return lambda name: _write_case(tmp, name, hotpot_dev_dir)
+
+
+def _write_case(tmp: Path, name: str, data: Path) -> Path:
+    text = {"memagent": MEMAGENT, "group_b": GROUP_B}[name].format(data=data.as_posix(), repo=REPO.as_posix())
+    path = tmp / f"{name}.toml"
+    path.write_text(text, encoding="utf-8")
+    return path

@@ -1,0 +1,263 @@
+"""The verl integration without verl (main environment): real episodes through ``run_episode``
+with the trained role on ``VerlPolicyBackend`` over a scripted server (real tokenizer ids),
+outputs, reward, parquet, config mapping and refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from memsearch.integrations.verl.backend import VerlPolicyBackend
+from memsearch.integrations.verl.config import (VerlMappingError, agent_loop_yaml, budgets, load_grpo_config,
+                                                refusals, verl_overrides)
+from memsearch.integrations.verl.outputs import session_outputs
+from memsearch.integrations.verl.reward import compute_score
+from memsearch.integrations.verl.session import run_session, worker_setup
+from memsearch.testing.scripted_server import ScriptedServer
+from memsearch.train.config import RewardSettings
+from memsearch.train.reward import trajectory_reward
+from memsearch.train.sft import chat_prompt_ids
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer():
+    from transformers import AutoTokenizer
+
+    from memsearch.embedded import tokenizer_dir
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir()))
+
+
+def _session(setup, task_id, tokenizer, reader=None, prompt_length=4096, response_length=512):
+    server = ScriptedServer(tokenizer, reader=reader)
+
+    async def encode(messages):
+        return chat_prompt_ids(tokenizer, messages)  # the reference trainer's prompt ids
+
+    policy = VerlPolicyBackend(server, encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), SAMPLING,
+                               prompt_length=prompt_length, response_length=response_length)
+    trajectory, outputs, summary = asyncio.run(run_session(setup, task_id, policy))
+    return server, policy, trajectory, outputs, summary
+
+
+def _check_aligned(outputs, server_calls):
+    # Every output is exactly one server call: the prompt it saw, the ids it returned, one mask
+    # bit and one log-prob per id.
+    assert len(outputs) == len(server_calls)
+    for out, (prompt, _params, ids) in zip(outputs, server_calls, strict=True):
+        assert out["prompt_ids"] == prompt
+        assert out["response_ids"] == ids
+        assert out["response_mask"] == [1] * len(ids)
+        assert out["response_logprobs"] == pytest.approx([-0.01 * (k + 1) for k in range(len(ids))])
+
+
+def test_memagent_session_outputs_answer_last_and_reward(verl_case, hf_tokenizer, hotpot_dev_dir):
+    from memsearch.data.dataset import load_dataset
+
+    setup = worker_setup(str(verl_case("memagent")))
+    task = load_dataset(hotpot_dev_dir).tasks[0]
+    gold = load_dataset(hotpot_dev_dir).labels_by_id()[task.id].answers[0]
+    server, policy, traj, outputs, summary = _session(setup, task.id, hf_tokenizer, reader=f"So \\boxed{{{gold}}}")
+    # 2 chunks -> 2 memory updates, then the reader: 3 outputs, the answer last.
+    assert traj["counts"]["chunks"] == 2
+    assert [e["role"] for e in traj["events"] if e["type"] == "policy_call"] == ["memory", "memory", "reader"]
+    assert len(outputs) == 3
+    _check_aligned(outputs, server.calls)
+    assert hf_tokenizer.decode(outputs[-1]["response_ids"], skip_special_tokens=True) == f"So \\boxed{{{gold}}}"
+    assert outputs[-1]["response_ids"][-1] == hf_tokenizer.eos_token_id
+    # The engine's caps reach the server: policy budget for updates, answer budget for the reader.
+    assert [c[1]["max_tokens"] for c in server.calls] == [48, 48, 24]
+    assert policy.completed == {"memory": 2, "reader": 1} and policy.overflows == 0
+    # The reward through compute_score equals the reference trainer's reward of the trajectory.
+    settings = setup.cfg.reward
+    got = compute_score("memsearch/hotpotqa", "ignored", [gold], {"memsearch": summary}, **settings.model_dump())
+    assert got == {"score": 1.0, "metric": 1.0, "answered": 1}
+    assert got["score"] == trajectory_reward(traj, load_dataset(hotpot_dev_dir).labels_by_id()[task.id], settings,
+                                             "overwrite")
+    # The summary travels in every row: no documents, no memory, no label.
+    assert set(summary) == {"task_id", "role", "prediction", "reader_text", "answer_format", "citations",
+                            "invalid_citations", "counts", "events", "status"}
+    assert len(json.dumps(summary)) < 2000
+
+
+def test_group_b_memory_session_untrained_reader_keeps_its_backend(verl_case, hf_tokenizer, hotpot_dev_dir):
+    from memsearch.data.dataset import load_dataset
+
+    setup = worker_setup(str(verl_case("group_b")))
+    assert setup.backends["reader"].name == "rules" and "memory" not in setup.backends
+    dataset = load_dataset(hotpot_dev_dir)
+    task = dataset.tasks[1]
+    server, policy, traj, outputs, summary = _session(setup, task.id, hf_tokenizer)
+    # Two searches, one memory decision each; the reader (rules) is not a row: 2 outputs.
+    assert traj["counts"]["searches"] == 2
+    assert len(outputs) == 2 and policy.completed == {"memory": 2}
+    _check_aligned(outputs, server.calls)
+    assert all(json.loads(hf_tokenizer.decode(o["response_ids"], skip_special_tokens=True))["ops"] for o in outputs)
+    label = dataset.labels_by_id()[task.id]
+    got = compute_score("memsearch/hotpotqa", "", label.answers, {"memsearch": summary}, **setup.cfg.reward.model_dump())
+    assert got["score"] == pytest.approx(trajectory_reward(traj, label, setup.cfg.reward, "memory"))
+    assert got["answered"] == int(traj["prediction"] is not None)
+
+
+def test_overlong_prompt_is_refused_and_counted_not_truncated(verl_case, hf_tokenizer, hotpot_dev_dir):
+    from memsearch.data.dataset import load_dataset
+
+    setup = worker_setup(str(verl_case("memagent")))
+    task = load_dataset(hotpot_dev_dir).tasks[0]
+    # 200 tokens cannot hold a 256-token chunk plus the prompt: both updates are refused before
+    # the server (verl would have cut the question off); the reader's short prompt still fits.
+    server, policy, traj, outputs, summary = _session(setup, task.id, hf_tokenizer, prompt_length=200)
+    assert len(server.calls) == 1 and policy.overflows == 2 and policy.completed == {"reader": 1}
+    assert traj["counts"]["request_errors"] == 2 and traj["status"] == "error"
+    assert all("exceeds rollout.prompt_length = 200" in e["error"] for e in traj["events"][:4] if e.get("error"))
+    assert len(outputs) == 1 and len(outputs[0]["prompt_ids"]) <= 200  # the reader's row only, answer last
+    got = compute_score("s", "", ["x"], {"memsearch": summary}, metric="boxed_em", invalid_penalty=0.0,
+                        citation_penalty=0.0)
+    assert got == {"score": 0.0, "metric": 0.0, "answered": 1}
+
+
+def test_outputs_refuse_a_last_call_without_tokens():
+    call = {"type": "policy_call", "role": "reader", "step": 0, "completion_ids": [], "logprobs": [],
+            "prompt_ids": [1, 2], "error": None}
+    with pytest.raises(ValueError, match="generated no token"):
+        session_outputs({"task_id": "t", "events": [call]}, "overwrite")
+
+
+def test_compute_score_values_and_refusal():
+    def summary(**kw):
+        base = {"task_id": "t", "role": "memory", "prediction": "Paris", "reader_text": "Answer: Paris",
+                "answer_format": "free", "citations": [], "invalid_citations": [], "counts": {"searches": 2},
+                "events": [{"type": "policy_call", "role": "memory", "valid": True}] * 4, "status": "ok"}
+        return {"memsearch": {**base, **kw}}
+
+    assert compute_score("s", "", ["Paris"], summary())["score"] == 1.0
+    # a numpy array (how a parquet list column arrives) works like a list
+    import numpy as np
+
+    assert compute_score("s", "", np.array(["paris", "x"]), summary(), metric="em")["score"] == 1.0
+    # 1 of 4 memory calls invalid: 1 - 0.5 * 1/4; 1 of 2 citations never shown: - 0.5 * 1/2; 2 searches at 0.1
+    events = [{"type": "policy_call", "role": "memory", "valid": v} for v in (True, False, True, True)]
+    got = compute_score("s", "", ["Paris"], summary(events=events, citations=["a:0", "b:1"], invalid_citations=["b:1"]),
+                        search_cost=0.1)
+    assert got["score"] == pytest.approx(1.0 - 0.125 - 0.25 - 0.2) and got["metric"] == 1.0
+    # F1 of "Paris France" vs "Paris": precision 1/2, recall 1 -> 2/3
+    assert compute_score("s", "", ["Paris"], summary(prediction="Paris France"))["score"] == pytest.approx(2 / 3)
+    # boxed protocol: no box scores 0 on f1 even when the text has the answer
+    assert compute_score("s", "", ["Paris"], summary(answer_format="boxed", reader_text="Paris"))["score"] == 0.0
+    assert compute_score("s", "", ["Paris"], summary(answer_format="boxed", reader_text="\\boxed{Paris}"),
+                         metric="boxed_em")["score"] == 1.0
+    assert RewardSettings().metric == "f1"  # the defaults compute_score mirrors
+    with pytest.raises(ValueError, match="MemsearchAgentLoop"):
+        compute_score("s", "Paris", ["Paris"], {"index": 0})
+
+
+def test_export_parquet_schema_labels_only_in_reward_model(tmp_path, hotpot_dev_dir):
+    pq = pytest.importorskip("pyarrow.parquet")
+    from memsearch.data.dataset import load_dataset
+    from memsearch.data.records import LABEL_KEYS
+    from memsearch.integrations.verl.data import COLUMNS, export_parquet
+    from memsearch.io import sha256_file
+
+    out = tmp_path / "train.parquet"
+    assert export_parquet(hotpot_dev_dir, out) == 40
+    rows = pq.read_table(out).to_pylist()
+    dataset = load_dataset(hotpot_dev_dir)
+    labels = dataset.labels_by_id()
+    assert len(rows) == 40 and tuple(rows[0]) == COLUMNS
+    for i, (row, task) in enumerate(zip(rows, dataset.tasks, strict=True)):
+        assert row["prompt"] == [{"role": "user", "content": task.question}]
+        assert row["agent_name"] == "memsearch_agent" and row["data_source"] == "memsearch/hotpotqa"
+        assert row["reward_model"] == {"style": "rule", "ground_truth": labels[task.id].answers}
+        assert row["extra_info"] == {"index": i, "split": "dev", "task_id": task.id, "doc_ids": task.doc_ids,
+                                     "data_dir": str(hotpot_dev_dir.resolve()),
+                                     "dataset_sha256": sha256_file(hotpot_dev_dir / "manifest.json")}
+        assert not (LABEL_KEYS & set(row["extra_info"])) and not (LABEL_KEYS & set(row))
+    # documents stay out: the file is small next to the corpus
+    assert out.stat().st_size < (hotpot_dev_dir / "corpus.jsonl").stat().st_size / 4
+
+
+def test_a_row_reads_its_own_folder_and_a_changed_folder_is_refused(verl_case, hotpot_dev_dir, tmp_path):
+    from memsearch.integrations.verl.data import parquet_rows
+    from memsearch.integrations.verl.session import setup_for_row
+
+    extra = parquet_rows(hotpot_dev_dir)[0]["extra_info"]
+    path = str(verl_case("group_b"))
+    assert setup_for_row(path, extra).cfg.data == extra["data_dir"]
+    # the row's folder is not on this machine: the loop's `data` argument is read instead
+    moved = {**extra, "data_dir": str(tmp_path / "elsewhere")}
+    assert setup_for_row(path, moved, data=str(hotpot_dev_dir)).fingerprint == extra["dataset_sha256"]
+    with pytest.raises(ValueError, match="another data folder"):
+        setup_for_row(path, {**extra, "dataset_sha256": "0" * 64})
+
+
+def _overrides(cfg):
+    overrides, notes = verl_overrides(cfg, "loops.yaml", "train.parquet")
+    return dict(o.split("=", 1) for o in overrides), notes
+
+
+def test_config_maps_the_gpu_recipe_and_refuses_what_verl_cannot_run():
+    gpu = REPO / "configs/train/grpo_gpu.toml"
+    with pytest.raises(VerlMappingError) as err:
+        verl_overrides(load_grpo_config(gpu), "loops.yaml", "train.parquet")
+    assert [r.split(":")[0] for r in err.value.reasons] == ["aggregation = 'trajectory'"]
+    cfg = load_grpo_config(gpu, ["aggregation=token", "std_scale=true"])
+    got, notes = _overrides(cfg)
+    expected = {
+        "algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": "True", "trainer.use_v1": "True",
+        "data.train_batch_size": "32", "actor_rollout_ref.rollout.n": "8",
+        "actor_rollout_ref.rollout.temperature": "1.0", "actor_rollout_ref.actor.clip_ratio_low": "0.2",
+        "actor_rollout_ref.actor.clip_ratio_high": "0.28", "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
+        "actor_rollout_ref.actor.use_kl_loss": "True", "actor_rollout_ref.actor.kl_loss_coef": "0.001",
+        "actor_rollout_ref.actor.kl_loss_type": "low_var_kl", "actor_rollout_ref.actor.ppo_mini_batch_size": "32",
+        "actor_rollout_ref.model.lora_rank": "64", "actor_rollout_ref.model.lora_alpha": "128",
+        "actor_rollout_ref.actor.optim.lr": "1e-06", "actor_rollout_ref.actor.optim.lr_warmup_steps": "5",
+        "actor_rollout_ref.model.path": "/path/to/local/model", "trainer.total_training_steps": "200",
+        # memory 512 + evidence 512 + 1024 slack; the longest completion is the 512-token policy budget
+        "data.max_prompt_length": "2048", "data.max_response_length": "512",
+        "reward.custom_reward_function.path": "pkg://memsearch.integrations.verl.reward",
+        "+reward.custom_reward_function.reward_kwargs.metric": "f1",
+        "+reward.custom_reward_function.reward_kwargs.invalid_penalty": "0.5",
+        "actor_rollout_ref.rollout.agent.default_agent_loop": "memsearch_agent",
+    }
+    assert {k: got[k] for k in expected} == expected
+    assert any("advantage = reward" in n for n in notes) and any("memsearch eval" in n for n in notes)
+    assert budgets(cfg) == (2048, 512)
+
+
+def test_config_refusals_each_with_a_reason(tmp_path, hotpot_dev_dir):
+    memagent = REPO / "configs/memagent.toml"
+    with pytest.raises(ValueError, match="--data"):
+        load_grpo_config(memagent)
+    cfg = load_grpo_config(memagent, None, str(hotpot_dev_dir))
+    # the MemAgent recipe: split credit, the embedded model
+    assert [r.split(":")[0] for r in refusals(cfg)] == ["credit = 'split'", "model = 'embedded'"]
+    fixed = load_grpo_config(memagent, ["train.credit=share", "model=/models/qwen"], str(hotpot_dev_dir))
+    got, _ = _overrides(fixed)
+    # chunk 2048 + memory 1024 + 1024 slack; policy budget 1024; 16 tasks / 16 mini-batches
+    assert got["data.max_prompt_length"] == "4096" and got["data.max_response_length"] == "1024"
+    assert got["actor_rollout_ref.actor.ppo_mini_batch_size"] == "1"
+    assert got["actor_rollout_ref.actor.loss_agg_mode"] == "seq-mean-token-mean"
+    assert got["+reward.custom_reward_function.reward_kwargs.metric"] == "boxed_em"
+    cpu = REPO / "configs/train/grpo_cpu.toml"
+    bad = load_grpo_config(cpu, ["schema_mode=true", "credit=split", "adapter=runs/sft/adapter", "dual_clip=0",
+                                 "lora.dropout=0.1", "optim.schedule=linear"])
+    bad = bad.model_copy(update={"optim": bad.optim.model_copy(update={"max_grad_norm": None})})  # no TOML null
+    reasons = refusals(bad)
+    assert [r.split(" ")[0].rstrip(":") for r in reasons] == ["credit", "aggregation", "schema_mode", "model", "adapter",
+                                                  "optim.schedule", "optim.max_grad_norm", "dual_clip", "lora.dropout"]
+    assert all(":" in r and len(r.split(":", 1)[1].strip()) > 10 for r in reasons)  # every refusal says why
+
+
+def test_agent_loop_yaml_names_the_loop_and_its_arguments():
+    import yaml
+
+    text = agent_loop_yaml("cfg/train.toml", "data/train", ["steps=3"])
+    assert yaml.safe_load(text) == [{"name": "memsearch_agent",
+                                     "_target_": "memsearch.integrations.verl.loop.MemsearchAgentLoop",
+                                     "train_config": "cfg/train.toml", "data": "data/train", "overrides": ["steps=3"]}]

@@ -1,0 +1,190 @@
+"""The verl lane: ``MemsearchAgentLoop`` run exactly as verl 0.9.1's CPU tests run agent loops.
+
+Needs the verl environment (``UV_PROJECT_ENVIRONMENT=.venv-verl uv sync --frozen --extra verl
+--no-dev``, then ``.venv-verl/bin/pytest -m verl``; ``.ci/run`` does both); skipped only where
+verl cannot be imported. The loop is built from the YAML ``memsearch verl config`` writes,
+through ``hydra.utils.instantiate`` as verl's ``AgentLoopWorker`` does, with verl's config
+wrappers; the LLM server is a scripted fake answering through the embedded model's real
+tokenizer (verl's own tests fake it the same way). Reward through verl's naive reward manager
+with ``compute_score`` loaded the way verl loads it; advantages through verl's
+``compute_advantage_for_multi_trajectories``, compared with memsearch's ``build_batch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+pytest.importorskip("verl.experimental.agent_loop.agent_loop", reason="verl is not installed (the verl lane)")
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from hydra.utils import instantiate  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from verl import DataProto  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, DictConfigWrap  # noqa: E402
+from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager  # noqa: E402
+from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.trainer.ppo.reward import get_custom_reward_fn  # noqa: E402
+from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  # noqa: E402
+from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
+from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+
+from memsearch.data.dataset import load_dataset  # noqa: E402
+from memsearch.integrations.verl.config import agent_loop_yaml  # noqa: E402
+from memsearch.integrations.verl.data import parquet_rows  # noqa: E402
+from memsearch.testing.scripted_server import ScriptedServer  # noqa: E402
+from memsearch.train.rows import build_batch  # noqa: E402
+from memsearch.train.sft import chat_prompt_ids  # noqa: E402
+
+pytestmark = [pytest.mark.verl, pytest.mark.slow]
+
+PROMPT_LENGTH = 1024
+RESPONSE_LENGTH = 64
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from memsearch.embedded import tokenizer_dir
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir()))
+
+
+def _verl_config(reward_kwargs: dict):
+    # The keys verl's own CPU agent-loop tests set, plus the reward function the way
+    # `memsearch verl config` names it.
+    return OmegaConf.create({
+        "actor_rollout_ref": {"rollout": {"prompt_length": PROMPT_LENGTH, "response_length": RESPONSE_LENGTH,
+                                          "multi_turn": {"tool_config_path": None}},
+                              "model": {"path": "dummy-model", "tokenizer_path": "dummy-model"}},
+        "data": {"tool_config_path": None, "apply_chat_template_kwargs": {}},
+        "reward": {"custom_reward_function": {"path": "pkg://memsearch.integrations.verl.reward",
+                                              "name": "compute_score", "reward_kwargs": reward_kwargs}},
+    })
+
+
+def _loop(config_path, tokenizer, server, verl_cfg):
+    (entry,) = yaml.safe_load(agent_loop_yaml(str(config_path)))
+    return instantiate(entry, trainer_config=DictConfigWrap(verl_cfg), server_manager=server, tokenizer=tokenizer,
+                       processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(verl_cfg.data))
+
+
+def _rollout(config_path, tokenizer, row, verl_cfg, reader=None):
+    """One session and its reward, inside one event loop (verl builds loops and managers in its running loop)."""
+
+    async def session():
+        server = ScriptedServer(tokenizer, reader=reader, output_cls=TokenOutput)
+        loop = _loop(config_path, tokenizer, server, verl_cfg)
+        kwargs = {**row, "raw_prompt": row["prompt"], "index": row["extra_info"]["index"]}
+        outputs = await loop.run(sampling_params={"temperature": 1.0, "top_p": 1.0, "logprobs": True}, **kwargs)
+        return loop, server, outputs, await _score(outputs, row, tokenizer, verl_cfg)
+
+    return asyncio.run(session())
+
+
+async def _score(outputs, row, tokenizer, verl_cfg) -> dict:
+    # The DataProto verl's AgentLoopWorker._compute_score hands the reward worker for one session.
+    n = len(outputs)
+    pad = torch.nn.utils.rnn.pad_sequence
+    responses = [torch.tensor(o.response_ids) for o in outputs]
+    data = DataProto.from_dict(
+        tensors={"prompts": pad([torch.tensor(o.prompt_ids) for o in outputs], batch_first=True),
+                 "responses": pad(responses, batch_first=True),
+                 "attention_mask": pad([torch.ones(len(o.prompt_ids) + len(o.response_ids), dtype=torch.long)
+                                        for o in outputs], batch_first=True)},
+        non_tensors={**{k: np.array([row[k]] * n, dtype=object) for k in ("data_source", "reward_model")},
+                     "extra_info": np.array([dict(row["extra_info"]) for _ in range(n)], dtype=object),
+                     "tool_extra_fields": np.array([o.extra_fields for o in outputs], dtype=object),
+                     "__num_turns__": np.array([o.num_turns for o in outputs])})
+    manager = NaiveRewardManager(verl_cfg, tokenizer, get_custom_reward_fn(verl_cfg))
+    return await manager.run_single(data)
+
+
+def _check_rows(outputs, server, tokenizer):
+    assert all(isinstance(o, AgentLoopOutput) for o in outputs)
+    assert len(outputs) == len(server.calls)
+    for o, (prompt, params, ids) in zip(outputs, server.calls, strict=True):
+        assert o.prompt_ids == prompt and len(o.prompt_ids) <= PROMPT_LENGTH
+        assert o.response_ids == ids and len(ids) <= min(params["max_tokens"], RESPONSE_LENGTH)
+        assert o.response_mask == [1] * len(ids) and len(o.response_logprobs) == len(ids)
+    assert sum(outputs[-1].response_mask) >= 1  # verl reads the session's advantage there
+
+
+def test_memagent_two_chunks_on_verl(verl_case, hotpot_dev_dir, tokenizer):
+    path = verl_case("memagent")
+    rows = parquet_rows(hotpot_dev_dir)
+    labels = load_dataset(hotpot_dev_dir).labels_by_id()
+    row = rows[0]
+    gold = labels[row["extra_info"]["task_id"]].answers[0]
+    verl_cfg = _verl_config({"metric": "boxed_em", "invalid_penalty": 0.0, "citation_penalty": 0.0})
+    sessions = []
+    for reader in (f"\\boxed{{{gold}}}", "\\boxed{no idea}"):  # one right, one wrong: a group with variance
+        loop, server, outputs, scored = _rollout(path, tokenizer, row, verl_cfg, reader)
+        # 2 chunks: two memory updates then the boxed answer, the answer last
+        assert [e["role"] for e in loop.trajectory["events"] if e["type"] == "policy_call"] == ["memory", "memory", "reader"]
+        assert len(outputs) == 3
+        _check_rows(outputs, server, tokenizer)
+        assert tokenizer.decode(outputs[-1].response_ids, skip_special_tokens=True) == reader
+        # verl's continuous-token builder gives the prompt ids memsearch's trainer builds
+        for o, e in zip(outputs, [e for e in loop.trajectory["events"] if e["type"] == "policy_call"], strict=True):
+            assert o.prompt_ids == chat_prompt_ids(tokenizer, e["messages"])
+        assert outputs[-1].extra_fields["memsearch_counts"] == {"rows": 3, "prompt_overflows": 0, "request_errors": 0,
+                                                                "invalid_actions": 0}
+        sessions.append((loop.trajectory, outputs, scored))
+    assert [s[2]["reward_score"] for s in sessions] == [1.0, 0.0]
+    assert sessions[0][2]["reward_extra_info"] == {"score": 1.0, "metric": 1.0, "answered": 1}
+    _check_advantages(sessions, "overwrite")
+
+
+def test_group_b_memory_task_on_verl(verl_case, hotpot_dev_dir, tokenizer):
+    path = verl_case("group_b")
+    rows = parquet_rows(hotpot_dev_dir)
+    verl_cfg = _verl_config({"metric": "f1", "invalid_penalty": 0.5, "citation_penalty": 0.5})
+    sessions = []
+    for row in rows[1:3]:  # two tasks stand in for two sessions of one group (different rewards)
+        loop, server, outputs, scored = _rollout(path, tokenizer, row, verl_cfg)
+        assert loop.trajectory["counts"]["searches"] == 2 and len(outputs) == 2  # one memory row per search
+        _check_rows(outputs, server, tokenizer)
+        label = load_dataset(hotpot_dev_dir).labels_by_id()[row["extra_info"]["task_id"]]
+        from memsearch.train.reward import trajectory_reward
+
+        # verl's reward manager gives memsearch's reward of the whole trajectory
+        assert scored["reward_score"] == pytest.approx(trajectory_reward(loop.trajectory, label, loop.setup.cfg.reward,
+                                                                          "memory"))
+        sessions.append((loop.trajectory, outputs, scored))
+    _check_advantages(sessions, "memory")
+
+
+def _check_advantages(sessions, role):
+    # verl's advantages over the sessions' rows (keys {uid}_{session}_{index}, one uid) equal
+    # memsearch's build_batch(credit="share") over the same trajectories, std on and off.
+    keys, masks, rewards, responses = [], [], [], []
+    width = max(len(o.response_ids) for _, outs, _ in sessions for o in outs)
+    for s, (_, outs, scored) in enumerate(sessions):
+        for i, o in enumerate(outs):
+            keys.append(f"g_{s}_{i}")
+            responses.append(list(o.response_ids))
+            n = len(o.response_ids)
+            masks.append([1] * n + [0] * (width - n))
+            row_reward = [0.0] * width
+            if i == len(outs) - 1:
+                row_reward[n - 1] = scored["reward_score"]
+            rewards.append(row_reward)
+    for std in (True, False):
+        data = DataProto.from_dict(tensors={"response_mask": torch.tensor(masks, dtype=torch.float32),
+                                            "token_level_rewards": torch.tensor(rewards)},
+                                   non_tensors={"uid": np.array(["g"] * len(keys), dtype=object)})
+        adv = compute_advantage_for_multi_trajectories(data, keys, core_algos.AdvantageEstimator.GRPO,
+                                                       norm_adv_by_std_in_grpo=std).batch["advantages"]
+        batch = build_batch([[t for t, _, _ in sessions]], [[s[2]["reward_score"] for s in sessions]], role, "share",
+                            std, generated=len(keys))
+        assert len(batch.rows) == len(keys)  # one memsearch row per verl output
+        for k, row in enumerate(batch.rows):
+            assert row.completion_ids == responses[k]  # the same tokens in the same row
+            n = sum(masks[k])
+            assert adv[k, :n].tolist() == pytest.approx([row.advantage] * n, abs=1e-5)
+            assert not adv[k, n:].any()
