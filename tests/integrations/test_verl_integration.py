@@ -226,6 +226,9 @@ def test_config_maps_the_gpu_recipe_and_refuses_what_verl_cannot_run():
         "actor_rollout_ref.rollout.agent.default_agent_loop": "memsearch_agent",
     }
     assert {k: got[k] for k in expected} == expected
+    # no validation files: verl must not validate on the train file
+    assert got["data.val_files"] == "train.parquet" and got["trainer.test_freq"] == "-1"
+    assert "trainer.test_freq" not in dict(o.split("=", 1) for o in verl_overrides(cfg, "l", "t", "v.parquet")[0])
     assert any("advantage = reward" in n for n in notes) and any("memsearch eval" in n for n in notes)
     assert budgets(cfg) == (2048, 512)
 

@@ -24,7 +24,7 @@ import yaml  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from verl import DataProto  # noqa: E402
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, DictConfigWrap  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker, DictConfigWrap  # noqa: E402
 from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.trainer.ppo.reward import get_custom_reward_fn  # noqa: E402
@@ -68,7 +68,8 @@ def _verl_config(reward_kwargs: dict):
 
 
 def _loop(config_path, tokenizer, server, verl_cfg):
-    (entry,) = yaml.safe_load(agent_loop_yaml(str(config_path)))
+    # `overrides` reaches the loop as an OmegaConf list, as from verl's YAML
+    (entry,) = yaml.safe_load(agent_loop_yaml(str(config_path), None, ["steps=3"]))
     return instantiate(entry, trainer_config=DictConfigWrap(verl_cfg), server_manager=server, tokenizer=tokenizer,
                        processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(verl_cfg.data))
 
@@ -81,6 +82,8 @@ def _rollout(config_path, tokenizer, row, verl_cfg, reader=None):
         loop = _loop(config_path, tokenizer, server, verl_cfg)
         kwargs = {**row, "raw_prompt": row["prompt"], "index": row["extra_info"]["index"]}
         outputs = await loop.run(sampling_params={"temperature": 1.0, "top_p": 1.0, "logprobs": True}, **kwargs)
+        for o in outputs:  # copies: postprocessing adds fields to extra_fields
+            await _check_padded(o.model_copy(deep=True), tokenizer, row["prompt"])
         return loop, server, outputs, await _score(outputs, row, tokenizer, verl_cfg)
 
     return asyncio.run(session())
@@ -102,6 +105,40 @@ async def _score(outputs, row, tokenizer, verl_cfg) -> dict:
                      "__num_turns__": np.array([o.num_turns for o in outputs])})
     manager = NaiveRewardManager(verl_cfg, tokenizer, get_custom_reward_fn(verl_cfg))
     return await manager.run_single(data)
+
+
+class _PostprocessWorker:
+    # The parts of AgentLoopWorker its _agent_loop_postprocess uses, as verl's own CPU test
+    # builds them (no reward workers, no distillation).
+    _compute_multi_modal_inputs = AgentLoopWorker._compute_multi_modal_inputs
+    _compute_position_ids = AgentLoopWorker._compute_position_ids
+    _get_mm_processor_kwargs = AgentLoopWorker._get_mm_processor_kwargs
+    _compute_score = AgentLoopWorker._compute_score
+    _compute_teacher_logprobs = AgentLoopWorker._compute_teacher_logprobs
+    _pad_token_ids = AgentLoopWorker._pad_token_ids
+    distillation_enabled = False
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.rollout_config = OmegaConf.create({"prompt_length": PROMPT_LENGTH, "response_length": RESPONSE_LENGTH})
+        self.processor = None
+        self.mm_processor_kwargs = {}
+        self.reward_loop_worker_handles = None
+
+
+async def _check_padded(output, tokenizer, raw_prompt):
+    # verl pads every row to (prompt_length, response_length) before batching: a longer prompt
+    # would give a wider tensor and break the batch; a row fits exactly, its mask and log-probs aligned.
+    n_prompt, n_resp = len(output.prompt_ids), len(output.response_ids)
+    internal = await AgentLoopWorker._agent_loop_postprocess(_PostprocessWorker(tokenizer), output, validate=False,
+                                                             raw_prompt=raw_prompt)
+    assert internal.prompt_ids.shape == (1, PROMPT_LENGTH) and internal.response_ids.shape == (1, RESPONSE_LENGTH)
+    assert internal.input_ids.shape == (1, PROMPT_LENGTH + RESPONSE_LENGTH)
+    assert int(internal.attention_mask.sum()) == n_prompt + n_resp
+    assert internal.response_mask[0].tolist() == [1] * n_resp + [0] * (RESPONSE_LENGTH - n_resp)
+    assert internal.response_logprobs.shape == (1, RESPONSE_LENGTH)
+    assert internal.response_logprobs[0, :n_resp].tolist() == pytest.approx(output.response_logprobs)
+    assert internal.prompt_ids[0, PROMPT_LENGTH - n_prompt:].tolist() == output.prompt_ids  # left-padded, whole
 
 
 def _check_rows(outputs, server, tokenizer):
@@ -135,6 +172,7 @@ def test_memagent_two_chunks_on_verl(verl_case, hotpot_dev_dir, tokenizer):
         assert outputs[-1].extra_fields["memsearch_counts"] == {"rows": 3, "prompt_overflows": 0, "request_errors": 0,
                                                                 "invalid_actions": 0}
         sessions.append((loop.trajectory, outputs, scored))
+    assert loop.setup.cfg.steps == 3  # the YAML's overrides were applied
     assert [s[2]["reward_score"] for s in sessions] == [1.0, 0.0]
     assert sessions[0][2]["reward_extra_info"] == {"score": 1.0, "metric": 1.0, "answered": 1}
     _check_advantages(sessions, "overwrite")

@@ -117,6 +117,7 @@ def verl_overrides(cfg: GRPOConfig, agent_loops: str, train_files: str, val_file
         f"data.train_files={train_files}",
         f"data.val_files={val_files or train_files}",
         f"data.train_batch_size={cfg.tasks_per_step}",
+        f"data.seed={cfg.seed}",  # task order
         f"data.max_prompt_length={prompt_len}",
         f"data.max_response_length={response_len}",
         "data.filter_overlong_prompts=False",  # the parquet prompt is the question only; the loop checks lengths
@@ -161,6 +162,8 @@ def verl_overrides(cfg: GRPOConfig, agent_loops: str, train_files: str, val_file
         f"trainer.nnodes={nodes}",
         "trainer.resume_mode=auto",
     ]
+    if val_files is None:  # verl needs val_files; without real ones it must not validate on train
+        out += ["trainer.val_before_train=False", "trainer.test_freq=-1"]
     notes = [
         "groups of one session (a failed sibling, or n = 1) get advantage = reward in verl, 0 in memsearch",
         "verl's PPO mini-batch counts rows (ppo_mini_batch_size x n rows, and a session has one row per trained "
