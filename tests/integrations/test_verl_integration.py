@@ -264,3 +264,28 @@ def test_agent_loop_yaml_names_the_loop_and_its_arguments():
     assert yaml.safe_load(text) == [{"name": "memsearch_agent",
                                      "_target_": "memsearch.integrations.verl.loop.MemsearchAgentLoop",
                                      "train_config": "cfg/train.toml", "data": "data/train", "overrides": ["steps=3"]}]
+
+
+def test_cli_export_data_and_config(tmp_path, hotpot_dev_dir):
+    pytest.importorskip("pyarrow")
+    import yaml
+    from typer.testing import CliRunner
+
+    from memsearch.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "train.parquet"
+    result = runner.invoke(app, ["verl", "export-data", "--data", str(hotpot_dev_dir), "--out", str(out)])
+    assert result.exit_code == 0 and result.output.strip() == f"wrote {out}: 40 rows"
+    gpu = str(REPO / "configs/train/grpo_gpu.toml")
+    loops = tmp_path / "loops.yaml"
+    refused = runner.invoke(app, ["verl", "config", "--config", gpu, "--agent-loops", str(loops)])
+    # refused with the reason as an `error:` line and status 2, nothing written
+    assert refused.exit_code == 2 and "error: - aggregation = 'trajectory'" in refused.output and not loops.exists()
+    ok = runner.invoke(app, ["verl", "config", "--config", gpu, "--set", "aggregation=token", "--data",
+                             str(hotpot_dev_dir), "--train-files", str(out), "--agent-loops", str(loops)])
+    assert ok.exit_code == 0, ok.output
+    lines = [ln for ln in ok.stdout.splitlines() if not ln.startswith("#")]
+    assert "actor_rollout_ref.actor.loss_agg_mode=token-mean" in lines
+    assert f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops.resolve()}" in lines
+    assert yaml.safe_load(loops.read_text())[0]["overrides"] == ["aggregation=token"]
