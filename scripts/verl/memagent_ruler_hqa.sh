@@ -31,8 +31,8 @@ paths = prepare_stage(load_config(config, overrides, model=MemAgentPipeline), Pa
 Path(out, "train_data.txt").write_text(str(paths["train_data"]))
 PY
 TRAIN=$(cat "$OUT/train_data.txt")
-memsearch verl export-data --data "$TRAIN" --out "$OUT/train.parquet"
-memsearch verl export-data --data "$OUT/prepare/ruler/docs50" --out "$OUT/dev.parquet"
+memsearch verl export-data --data "$TRAIN" --out "$OUT/train.parquet" --role overwrite
+memsearch verl export-data --data "$OUT/prepare/ruler/docs50" --out "$OUT/dev.parquet" --role overwrite
 
 memsearch verl config --config "$CONFIG" --data "$TRAIN" \
   --train-files "$OUT/train.parquet" --val-files "$OUT/dev.parquet" --agent-loops "$OUT/agent_loops.yaml" \

@@ -18,8 +18,8 @@ GPUS=${GPUS:-8}
 
 [ -d "$OUT/data/train" ] || memsearch prepare-hotpot --input "${HOTPOT_TRAIN:?}" --split train --out "$OUT/data/train"
 [ -d "$OUT/data/dev" ] || memsearch prepare-hotpot --input "${HOTPOT_DEV:?}" --split dev --limit 200 --out "$OUT/data/dev"
-memsearch verl export-data --data "$OUT/data/train" --out "$OUT/train.parquet"
-memsearch verl export-data --data "$OUT/data/dev" --out "$OUT/dev.parquet"
+memsearch verl export-data --data "$OUT/data/train" --out "$OUT/train.parquet" --role memory
+memsearch verl export-data --data "$OUT/data/dev" --out "$OUT/dev.parquet" --role memory
 
 # verl aggregates per token or per row (not per trajectory): token-mean is the closest.
 memsearch verl config --config "$CONFIG" --data "$OUT/data/train" \

@@ -427,11 +427,16 @@ def report_plots(
 def verl_export_data_cmd(
     data: DataDir,
     out: Annotated[Path, typer.Option("--out", help="The parquet file to write (data.train_files / val_files).")],
+    role: Annotated[Optional[str], typer.Option(help="Record the trained role (memory, controller, overwrite); the "
+                                                     "loop refuses a config that trains another.")] = None,
 ) -> None:
     """The parquet verl reads: the question as prompt, labels only in reward_model, no documents."""
     from memsearch.integrations.verl.data import export_parquet
+    from memsearch.train.rows import TRAINED_CALL_ROLES
 
-    typer.echo(f"wrote {out}: {export_parquet(data, out)} rows")
+    if role is not None and role not in TRAINED_CALL_ROLES:
+        raise ValueError(f"--role {role!r}: expected one of {', '.join(TRAINED_CALL_ROLES)}")
+    typer.echo(f"wrote {out}: {export_parquet(data, out, role)} rows")
 
 
 @verl_app.command("config")

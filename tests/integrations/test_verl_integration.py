@@ -194,6 +194,10 @@ def test_a_row_reads_its_own_folder_and_a_changed_folder_is_refused(verl_case, h
     assert setup_for_row(path, moved, data=str(hotpot_dev_dir)).fingerprint == extra["dataset_sha256"]
     with pytest.raises(ValueError, match="another data folder"):
         setup_for_row(path, {**extra, "dataset_sha256": "0" * 64})
+    # exported for MemAgent, trained as the memory policy: refused
+    with pytest.raises(ValueError, match="role 'overwrite'"):
+        setup_for_row(path, parquet_rows(hotpot_dev_dir, role="overwrite")[0]["extra_info"])
+    assert setup_for_row(path, parquet_rows(hotpot_dev_dir, role="memory")[0]["extra_info"]).cfg.role == "memory"
 
 
 def _overrides(cfg):
@@ -277,6 +281,8 @@ def test_cli_export_data_and_config(tmp_path, hotpot_dev_dir):
     out = tmp_path / "train.parquet"
     result = runner.invoke(app, ["verl", "export-data", "--data", str(hotpot_dev_dir), "--out", str(out)])
     assert result.exit_code == 0 and result.output.strip() == f"wrote {out}: 40 rows"
+    bad = runner.invoke(app, ["verl", "export-data", "--data", str(hotpot_dev_dir), "--out", str(out), "--role", "reader"])
+    assert bad.exit_code == 2 and "--role 'reader'" in bad.output
     gpu = str(REPO / "configs/train/grpo_gpu.toml")
     loops = tmp_path / "loops.yaml"
     refused = runner.invoke(app, ["verl", "config", "--config", gpu, "--agent-loops", str(loops)])

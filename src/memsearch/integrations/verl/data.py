@@ -11,7 +11,8 @@ One row per task:
 - ``extra_info``: ``index``, ``split``, ``task_id``, ``doc_ids``, ``data_dir`` (the folder the
   loop reads the task's documents from, so train and validation files may come from different
   folders) and the data fingerprint (``dataset_sha256``: the manifest's SHA-256), which the loop
-  checks, so a run can prove which folder it read.
+  checks, so a run can prove which folder it read; with ``role``, also the trained role the
+  file is meant for (the loop refuses a config that trains another).
 
 Documents stay out of the rows: verl copies every column into every output row of a session,
 and the loop reads them from the prepared folder (cached per worker).
@@ -27,7 +28,7 @@ from memsearch.integrations.verl import AGENT_NAME
 COLUMNS = ("prompt", "data_source", "agent_name", "reward_model", "extra_info")
 
 
-def parquet_rows(data_dir: str | Path) -> list[dict[str, Any]]:
+def parquet_rows(data_dir: str | Path, role: str | None = None) -> list[dict[str, Any]]:
     """The rows of ``data_dir`` (module doc), tasks in folder order."""
     from memsearch.data.dataset import load_dataset
     from memsearch.io import sha256_file
@@ -46,12 +47,12 @@ def parquet_rows(data_dir: str | Path) -> list[dict[str, Any]]:
             "agent_name": AGENT_NAME,
             "reward_model": {"style": "rule", "ground_truth": list(labels[task.id].answers)},
             "extra_info": {"index": i, "split": split, "task_id": task.id, "doc_ids": list(task.doc_ids),
-                           "data_dir": folder, "dataset_sha256": fingerprint},
+                           "data_dir": folder, "dataset_sha256": fingerprint, **({"role": role} if role else {})},
         })
     return rows
 
 
-def export_parquet(data_dir: str | Path, out: str | Path) -> int:
+def export_parquet(data_dir: str | Path, out: str | Path, role: str | None = None) -> int:
     """Write ``parquet_rows(data_dir)`` to ``out`` (needs pyarrow; verl installs it); returns the row count."""
     try:
         import pyarrow as pa
@@ -59,7 +60,7 @@ def export_parquet(data_dir: str | Path, out: str | Path) -> int:
     except ImportError as exc:  # the base package does not depend on pyarrow
         raise RuntimeError("export-data writes parquet with pyarrow: install the verl extra "
                            "(uv sync --extra verl --no-dev) or pip install pyarrow") from exc
-    rows = parquet_rows(data_dir)
+    rows = parquet_rows(data_dir, role)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows)

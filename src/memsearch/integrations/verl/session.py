@@ -89,6 +89,9 @@ def setup_for_row(train_config: str, extra_info: dict[str, Any], data: str | Non
     if expected and expected != setup.fingerprint:
         raise ValueError(f"task {extra_info.get('task_id')}: the parquet was exported from another data folder than "
                          f"{setup.cfg.data} (manifest SHA-256 differs); export it again or give that folder")
+    if extra_info.get("role") and extra_info["role"] != setup.cfg.role:
+        raise ValueError(f"task {extra_info.get('task_id')}: the parquet was exported for role {extra_info['role']!r}, "
+                         f"the config trains {setup.cfg.role!r}")
     return setup
 
 
