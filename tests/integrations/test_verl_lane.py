@@ -226,3 +226,30 @@ def _check_advantages(sessions, role):
             n = sum(masks[k])
             assert adv[k, :n].tolist() == pytest.approx([row.advantage] * n, abs=1e-5)
             assert not adv[k, n:].any()
+
+
+def test_config_overrides_compose_with_verls_trainer_config(hotpot_dev_dir, tmp_path):
+    # Every override `memsearch verl config` prints must name a key of verl's real ppo_trainer
+    # config (Hydra's struct mode refuses unknown ones) and parse to the intended value.
+    from pathlib import Path
+
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    from memsearch.integrations.verl.config import load_grpo_config, verl_overrides
+
+    repo = Path(__file__).resolve().parents[2]
+    configs = [load_grpo_config(repo / "configs/train/grpo_gpu.toml", ["aggregation=token"]),
+               load_grpo_config(repo / "configs/memagent.toml", ["train.credit=share", "model=/models/qwen"],
+                                str(hotpot_dev_dir))]
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    for cfg in configs:
+        overrides, _ = verl_overrides(cfg, str(tmp_path / "loops.yaml"), "train.parquet", "dev.parquet")
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            composed = compose("ppo_trainer", overrides=overrides)
+        assert composed.algorithm.norm_adv_by_std_in_grpo is cfg.std_scale and composed.trainer.use_v1 is True
+        assert composed.actor_rollout_ref.rollout.n == cfg.group_size
+        assert list(composed.actor_rollout_ref.model.target_modules) == cfg.lora.target_modules
+        assert composed.actor_rollout_ref.actor.use_kl_loss is (cfg.kl_coef > 0)
+        assert dict(composed.reward.custom_reward_function.reward_kwargs) == cfg.reward.model_dump()
+        assert composed.actor_rollout_ref.rollout.prompt_length == composed.data.max_prompt_length
