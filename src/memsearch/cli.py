@@ -21,6 +21,9 @@ train_app = typer.Typer(help="Train policies: LoRA SFT and multi-turn GRPO (torc
 app.add_typer(train_app, name="train")
 pipeline_app = typer.Typer(help="End-to-end pipelines: prepare, train, merge, evaluate, report (resumable).", no_args_is_help=True)
 app.add_typer(pipeline_app, name="pipeline")
+from memsearch.retrieval_cli import retrieval_app  # noqa: E402 - typer only; commands import lazily
+
+app.add_typer(retrieval_app, name="retrieval")
 
 
 def _friendly(fn):
