@@ -281,10 +281,11 @@ def load_service(index: str, method: str | None = None, settings: ServiceSetting
     return RetrievalService(retriever, settings, info)
 
 
-async def _serve(service: RetrievalService, host: str, port: int, ready=None, stop: asyncio.Event | None = None) -> None:
+async def _serve(service: RetrievalService, host: str, port: int, ready=None, stop: asyncio.Event | None = None,
+                 app: Any = None) -> None:
     from aiohttp import web
 
-    runner = web.AppRunner(service.app(), handle_signals=False)
+    runner = web.AppRunner(app if app is not None else service.app(), handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -315,9 +316,9 @@ def serve(service: RetrievalService, host: str = "127.0.0.1", port: int = 8000, 
 
 
 @contextlib.contextmanager
-def running_service(service: RetrievalService, host: str = "127.0.0.1") -> Iterator[str]:
+def running_service(service: RetrievalService, host: str = "127.0.0.1", app: Any = None) -> Iterator[str]:
     """The service on an ephemeral loopback port in a background thread; yields its base url
-    (tests and benchmarks)."""
+    (tests and benchmarks). ``app``: the service's application with routes added (tests)."""
     started = threading.Event()
     state: dict[str, Any] = {}
 
@@ -327,7 +328,7 @@ def running_service(service: RetrievalService, host: str = "127.0.0.1") -> Itera
 
     def run():
         try:
-            asyncio.run(_serve(service, host, 0, ready))
+            asyncio.run(_serve(service, host, 0, ready, app=app))
         except BaseException as exc:  # noqa: BLE001 - surfaced to the caller below
             state["error"] = exc
             started.set()
