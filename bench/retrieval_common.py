@@ -15,8 +15,8 @@ def dev_dataset():
     return convert_hotpot(samples_dir() / HOTPOT_DEV, split="dev")
 
 
-def dense_index(documents) -> tuple[object, float | None]:
-    """The dense retriever over ``documents`` and its build seconds (``None`` when cached)."""
+def dense_index(documents) -> tuple[object, float | None, Path]:
+    """The dense retriever over ``documents``, its build seconds (``None`` when cached) and its folder."""
     import time
 
     from memsearch.embedded import cache_root
@@ -27,9 +27,9 @@ def dense_index(documents) -> tuple[object, float | None]:
     encoder = MiniLMEncoder()
     folder = Path(cache_root()) / "bench" / f"dense-{documents_sha256(documents)[:16]}-{encoder.weights_sha256[:12]}"
     if folder.is_dir():
-        return DenseRetriever.load(folder, encoder=encoder), None
+        return DenseRetriever.load(folder, encoder=encoder), None, folder
     start = time.perf_counter()
     retriever = DenseRetriever.build(documents, encoder=encoder, show_progress=True)
     build_s = time.perf_counter() - start
     retriever.save(folder)
-    return retriever, build_s
+    return retriever, build_s, folder

@@ -42,7 +42,7 @@ def main() -> None:
     tasks = [t for t in dataset.tasks]
     labels = {lab.id: lab for lab in dataset.labels}
     print(f"{len(tasks)} questions, {len(dataset.documents)} paragraphs")
-    dense, build_s = dense_index(dataset.documents)
+    dense, build_s, _ = dense_index(dataset.documents)
     print(f"dense index: {'built in %.0fs' % build_s if build_s else 'cached'}")
     bm25 = dense.bm25 or BM25Retriever.build(dataset.documents)
     methods = {"bm25": bm25, "dense": dense, "hybrid": HybridRetriever(bm25, dense)}

@@ -202,3 +202,31 @@ def test_matrix_refuses_groups_with_different_retrieval():
     other = load_config(RULES, ["retrieval.method=dense"])
     with pytest.raises(InputError, match="retrieval settings"):
         check_comparable({"A": base, "B": other})
+
+
+@pytest.mark.slow
+def test_cli_builds_and_serves_and_sigterm_stops_gracefully(hotpot_dev_dir, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    cli = [sys.executable, "-m", "memsearch.cli", "retrieval"]
+    built = subprocess.run(cli + ["build", "--data", str(hotpot_dev_dir), "--method", "bm25", "--out", str(tmp_path / "ix")],
+                           capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0 and "bm25 index of 391 documents" in built.stdout, built.stderr
+    refused = subprocess.run(cli + ["build", "--data", str(hotpot_dev_dir), "--method", "tfidf", "--out", str(tmp_path / "x")],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--method 'tfidf'" in refused.stderr
+    server = subprocess.Popen(cli + ["serve", "--index", str(tmp_path / "ix"), "--port", "0"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("serving on http://127.0.0.1:"), (line, server.stderr.read() if server.poll() is not None else "")
+        url = line.split()[-1]
+        assert post(url, {"queries": ["Ed Wood"], "topk": 1})[1]["result"][0][0]["id"] in {"d0", "d4"}
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) == 0
+        assert "stopped" in server.stdout.read()
+    finally:
+        if server.poll() is None:
+            server.kill()
