@@ -29,9 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from memsearch.retrieval.bm25 import index_text
+from memsearch.retrieval.base import passage_from_document
 
 Key = tuple[str, int, tuple[str, ...] | None]
+Hits = tuple[tuple[str, float], ...]  # (doc id, score), best first
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class RetrievalService:
         self.settings = settings or ServiceSettings()
         self._info = info or {}
         self._rows = {doc.doc_id: doc for doc in retriever.documents}
-        self._cache: collections.OrderedDict[Key, list[Any]] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[Key, Hits] = collections.OrderedDict()
         self._pending: dict[Key, asyncio.Future] = {}
         self._queue: asyncio.Queue | None = None
         self._worker: asyncio.Task | None = None
@@ -99,8 +100,9 @@ class RetrievalService:
 
     # ------------------------------------------------------------------ searching
 
-    async def search(self, keys: list[Key]) -> list[list[Any]]:
-        """Passages for each ``(query, k, candidates)``: from the cache, a search in flight, or the batcher."""
+    async def search(self, keys: list[Key]) -> list[Hits]:
+        """``(doc id, score)`` hits for each ``(query, k, candidates)``: from the cache, a search in
+        flight, or the batcher."""
         loop = asyncio.get_running_loop()
         futures = []
         for key in keys:
@@ -153,15 +155,17 @@ class RetrievalService:
                 if not future.done():
                     future.set_result(passages)
 
-    def _search_batch(self, batch: list[Key]) -> list[list[Any]]:
+    def _search_batch(self, batch: list[Key]) -> list[Hits]:
         """One ``search_many`` for the whole batch (worker thread); each key cut to its own k."""
         self.counts["batches"] += 1
         self.counts["searched"] += len(batch)
         k = max(key[1] for key in batch)
         found = self.retriever.search_many([key[0] for key in batch], k, [key[2] for key in batch])
-        return [hits[: key[1]] for key, hits in zip(batch, found)]
+        # Only (doc id, score) pairs are kept and cached: a cached Passage list costs ~40 KB, which
+        # made the RSS of a long load test grow by a third; passages are rebuilt when answering.
+        return [tuple((p.doc_id, p.score) for p in hits[: key[1]]) for key, hits in zip(batch, found)]
 
-    def _remember(self, key: Key, passages: list[Any]) -> None:
+    def _remember(self, key: Key, passages: Hits) -> None:
         if self.settings.cache_size <= 0:
             return
         self._cache[key] = passages
@@ -204,8 +208,9 @@ class RetrievalService:
             return web.json_response({"error": f"search failed: {type(exc).__name__}: {exc}"}, status=500)
         result = []
         for hits, exclude in zip(found, excl):
-            kept = [p for p in hits if p.doc_id not in exclude][:topk]
-            result.append([render_hit(p, body["format"], body["return_scores"]) for p in kept])
+            kept = [(doc_id, score) for doc_id, score in hits if doc_id not in exclude][:topk]
+            result.append([render_hit(passage_from_document(self._rows[doc_id], score, rank), body["format"],
+                                      body["return_scores"]) for rank, (doc_id, score) in enumerate(kept)])
         self.counts["answered"] += 1
         self.counts["latency_ms_total"] += int((time.perf_counter() - started) * 1000)
         return web.json_response({"result": result})

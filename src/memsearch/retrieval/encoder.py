@@ -78,6 +78,29 @@ class MiniLMEncoder:
                 "weights_sha256": self.weights_sha256, "pooling": POOLING, "normalized": True,
                 "max_length": self.max_length, "dim": self.dim}
 
+    @staticmethod
+    def _bucketed(batch):
+        """The batch padded to a power-of-two row count and a multiple of 32 tokens.
+
+        Every new input shape makes torch's CPU kernels allocate (and keep) buffers of that shape:
+        a service encoding batches of every size grew its RSS by ~50 % over 10,000 requests. With
+        shapes bucketed there are at most ~60 of them. Padded tokens are masked out of attention
+        and of the mean, padded rows are dropped, so the vectors do not change.
+        """
+        import torch
+
+        rows, length = batch["input_ids"].shape
+        want_rows = 1 << (rows - 1).bit_length()
+        want_length = -(-length // 32) * 32
+        if (want_rows, want_length) == (rows, length):
+            return batch
+        out = {}
+        for name, tensor in batch.items():
+            padded = torch.zeros((want_rows, want_length), dtype=tensor.dtype)
+            padded[:rows, :length] = tensor
+            out[name] = padded
+        return out
+
     def encode(self, texts: Sequence[str], show_progress: bool = False) -> np.ndarray:
         """Unit-length vectors for ``texts``, shape ``(len(texts), dim)``, float32."""
         import torch
@@ -93,12 +116,12 @@ class MiniLMEncoder:
             starts = range(0, len(texts), self.batch_size)
             for start in tqdm(starts, desc="encode", disable=not show_progress):
                 rows = order[start:start + self.batch_size]
-                batch = self._tokenizer([texts[i] for i in rows], padding=True, truncation=True,
-                                        max_length=self.max_length, return_tensors="pt")
+                batch = self._bucketed(self._tokenizer([texts[i] for i in rows], padding=True, truncation=True,
+                                                       max_length=self.max_length, return_tensors="pt"))
                 with torch.inference_mode():
                     hidden = self._model(**batch).last_hidden_state
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
                 pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-                out[rows] = pooled.numpy()
+                out[rows] = pooled[: len(rows)].numpy()
         return out
