@@ -230,3 +230,18 @@ def test_cli_builds_and_serves_and_sigterm_stops_gracefully(hotpot_dev_dir, tmp_
     finally:
         if server.poll() is None:
             server.kill()
+
+
+def test_client_survives_a_new_event_loop_per_step(bm25_dir):
+    # GRPO runs each step's episodes in a fresh event loop: the pool of the old loop is dropped
+    # (not reported as leaked) and a new one answers.
+    import warnings
+
+    with running_service(load_service(str(bm25_dir))) as url:
+        client = HttpRetriever(url)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ResourceWarning)
+            first = asyncio.run(client.asearch("Ed Wood", k=2))
+            second = asyncio.run(client.asearch("Ed Wood", k=2))
+            asyncio.run(client.aclose())
+    assert first == second and client.stats()["searches"] == 2

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from memsearch.io import abandon_session
 from memsearch.retrieval.base import Passage
 
 
@@ -113,16 +114,22 @@ class HttpRetriever:
 
     async def aclose(self) -> None:
         """Close the connection pool (a later search opens a new one)."""
-        if self._session is not None:
-            await self._session.close()
+        session, loop = self._session, self._loop
         self._session = self._loop = None
+        if session is None:
+            return
+        if loop is asyncio.get_running_loop():
+            await session.close()
+        else:
+            abandon_session(session)  # its loop is gone; it cannot be awaited here
 
     def _ensure_session(self):
         import aiohttp
 
         loop = asyncio.get_running_loop()
         if self._session is None or self._loop is not loop:
-            # A pool from an earlier event loop is unusable on this one; it is dropped, not awaited.
+            if self._session is not None:
+                abandon_session(self._session)  # from an earlier event loop (a GRPO step): unusable here
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.max_concurrency),
                                                   timeout=aiohttp.ClientTimeout(total=None))
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
