@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("train", ("memsearch.train",)),
     ("pipeline", ("memsearch.pipeline", "memsearch.demo", "memsearch.walkthrough", "memsearch.report",
                   "memsearch.integrations")),
-    ("entry points", ("memsearch.cli", "memsearch.testing")),
+    ("entry points", ("memsearch.cli", "memsearch.retrieval_cli", "memsearch.retrieval_server", "memsearch.testing")),
 ]
 
 # (importer, imported) pairs allowed to point up for now, each with the reason it is still there.

@@ -26,6 +26,9 @@ app.add_typer(report_app, name="report")
 verl_app = typer.Typer(help="Scale out on upstream verl: export the parquet, print the Hydra overrides (docs/verl.md).",
                        no_args_is_help=True)
 app.add_typer(verl_app, name="verl")
+from memsearch.retrieval_cli import retrieval_app  # noqa: E402 - typer only; commands import lazily
+
+app.add_typer(retrieval_app, name="retrieval")
 
 
 def _friendly(fn):
@@ -160,9 +163,10 @@ def search(
     k: Annotated[int, typer.Option("-k", help="Number of passages.")] = 5,
     data: Annotated[Optional[Path], typer.Option(help="With --task: the prepared folder holding the task.")] = None,
     task: Annotated[Optional[str], typer.Option(help="Restrict to this task's candidate documents (scope 'candidates').")] = None,
+    method: Annotated[Optional[str], typer.Option(help="bm25, dense or hybrid (a dense folder serves all three); default: the folder's own.")] = None,
 ) -> None:
-    """Search an index and print passages with their evidence ids."""
-    from memsearch.retrieval import BM25Retriever
+    """Search an index (BM25 or dense folder) and print passages with their evidence ids."""
+    from memsearch.retrieval.index import open_index
 
     candidates = None
     if task is not None:
@@ -174,7 +178,7 @@ def search(
         if not found:
             raise ValueError(f"--task {task!r}: not in {data}/tasks.jsonl")
         candidates = found[0].doc_ids
-    retriever = BM25Retriever.load(index)
+    retriever = open_index(index, method)
     for passage in retriever.search(query, k=k, candidates=candidates):
         typer.echo(f"#{passage.rank + 1}  {passage.doc_id}  {passage.title}  (score {passage.score:.2f})")
         for eid, sentence in passage.sentences:

@@ -70,6 +70,17 @@ class Agent(_Config):
     retrieval_scope: Literal["candidates", "corpus"] = Field("candidates", description="search the task's candidates or the whole corpus")
 
 
+class Retrieval(_Config):
+    """Which retriever answers ``search`` evidence (docs/design.md §8); identical for all groups of a matrix."""
+
+    method: Literal["bm25", "dense", "hybrid"] = Field("bm25", description="bm25 (bm25s), dense (MiniLM + faiss) "
+                                                       "or hybrid (both, reciprocal-rank fusion)")
+    index: str | None = Field(None, description="a folder from `memsearch retrieval build` (built from the run's "
+                              "data folder); none: the index is built in process")
+    url: str | None = Field(None, description="a `memsearch retrieval serve` service, e.g. http://127.0.0.1:8000; "
+                            "the service's index and method answer (method and index are then unused)")
+
+
 class Backends(_Config):
     """One backend per role; roles may differ (a trained memory policy + a fixed reader)."""
 
@@ -146,6 +157,7 @@ class RunConfig(_Config):
     limit: int | None = Field(None, ge=1, description="Evaluate only the first N tasks")
     matrix: Matrix = Field(default_factory=Matrix, description="Groups for `memsearch matrix`")
     prompts: Prompts = Field(default_factory=Prompts, description="Wording of the overwrite (MemAgent) prompts")
+    retrieval: Retrieval = Field(default_factory=Retrieval, description="Retriever of search evidence")
 
     @model_validator(mode="after")
     def _consistent_agent(self) -> RunConfig:

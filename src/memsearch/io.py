@@ -153,3 +153,16 @@ def atomic_output_dir(path: str | Path) -> Iterator[Path]:
         tmp.rename(path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def abandon_session(session: Any) -> None:
+    """Drop an aiohttp ``ClientSession`` whose event loop is gone without awaiting it (that loop
+    cannot run the close). Its sockets went with that loop; detaching marks it closed so it is
+    not reported as leaked. Shared by the HTTP clients (OpenAI backend, retrieval service)."""
+    connector = session.connector
+    session.detach()
+    if connector is not None and not connector.closed:
+        try:
+            connector._close()  # the synchronous part of close(): forget pooled connections
+        except Exception:  # noqa: BLE001 - best effort; at worst aiohttp warns of a leak
+            pass

@@ -40,6 +40,7 @@ from memsearch.backends.base import (
     SamplingParams,
     Usage,
 )
+from memsearch.io import abandon_session
 from memsearch.safe_text import replace_lone_surrogates
 from memsearch.tokenizer import Tokenizer
 
@@ -216,7 +217,7 @@ class OpenAIBackend:
         if loop is asyncio.get_running_loop():
             await session.close()
         else:
-            _abandon(session)
+            abandon_session(session)
 
     # ------------------------------------------------------------------------- request body
 
@@ -250,7 +251,7 @@ class OpenAIBackend:
         loop = asyncio.get_running_loop()
         if self._session is None or self._loop is not loop:
             if self._session is not None:
-                _abandon(self._session)  # from an earlier event loop; unusable on this one
+                abandon_session(self._session)  # from an earlier event loop; unusable on this one
             aiohttp = _aiohttp()
             # One keep-alive pool as large as the concurrency bound. The whole attempt
             # (connect + send + full body) is bounded by ``asyncio.timeout`` in _generate_one.
@@ -440,19 +441,6 @@ def _env_proxy(url: str) -> str | None:
     if not parts.hostname or urllib.request.proxy_bypass_environment(parts.hostname, proxies):
         return None
     return proxies.get(parts.scheme) or proxies.get("all")
-
-
-def _abandon(session: Any) -> None:
-    """Drop a session whose event loop is gone without awaiting it (that loop cannot run the
-    close). Its sockets went with that loop; detaching marks it closed so it is not reported
-    as leaked."""
-    connector = session.connector
-    session.detach()
-    if connector is not None and not connector.closed:
-        try:
-            connector._close()  # the synchronous part of close(): forget pooled connections
-        except Exception:  # noqa: BLE001 - best effort; at worst aiohttp warns of a leak
-            pass
 
 
 def _logprobs(block: Any, chat: bool) -> tuple[list[str] | None, tuple[float, ...] | None]:

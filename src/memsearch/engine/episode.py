@@ -30,12 +30,14 @@ from memsearch.engine import prompts
 from memsearch.engine.evidence import chunk_context, render_evidence
 from memsearch.engine.memory_modes import make_memory
 from memsearch.engine.parsing import parse_controller, parse_reader
-from memsearch.retrieval import Retriever
+from memsearch.retrieval import Passage, Retriever
+from memsearch.retrieval.http import RetrievalRequestError
 from memsearch.tokenizer import Tokenizer
 
 # engine-2: trajectories record answer_format (what the reader was asked for; eval.score reads it).
 # engine-3: a call whose request failed is not judged (valid None) and not an invalid action.
-ENGINE_VERSION = "engine-3"
+# engine-4: a search the retrieval service failed to answer is a request error (search event "error").
+ENGINE_VERSION = "engine-4"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
@@ -113,6 +115,14 @@ class _Episode:
             self.invalid += 1
 
 
+async def _search(retriever: Retriever, query: str, k: int, candidates) -> list[Passage]:
+    """A search through the service's client (awaited: other episodes run meanwhile) or in process."""
+    asearch = getattr(retriever, "asearch", None)
+    if asearch is not None:
+        return await asearch(query, k=k, candidates=candidates)
+    return retriever.search(query, k=k, candidates=candidates)
+
+
 async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
     """Run one task to the end and return its trajectory."""
     cfg, budgets, tok = env.config, env.config.budgets, env.tokenizer
@@ -159,7 +169,15 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
                 query = task.question
             queries.append(query)
             scope = task.doc_ids if cfg.agent.retrieval_scope == "candidates" else None
-            found = env.retriever.search(query, k=budgets.passages_per_search + len(shown_docs), candidates=scope)
+            try:
+                found = await _search(env.retriever, query, budgets.passages_per_search + len(shown_docs), scope)
+            except RetrievalRequestError as exc:
+                # The service failed after its retries: a request error, never a crash; nothing is shown.
+                ep.request_errors += 1
+                counts["searches"] += 1
+                ep.events.append({"type": "search", "step": step, "query": query, "doc_ids": [], "shown": [],
+                                  "evidence_tokens": 0, "cut_sentences": 0, "error": str(exc)})
+                break
             fresh = [p for p in found if p.doc_id not in shown_docs][: budgets.passages_per_search]
             evidence = render_evidence(fresh, tok, budgets.evidence_tokens)
             counts["searches"] += 1

@@ -22,13 +22,16 @@ TABLE_METRICS = ("f1", "em", "retrieval_support_recall", "memory_support_recall"
 
 
 def check_comparable(configs: dict[str, RunConfig]) -> None:
-    """Refuse a matrix whose groups differ in budgets or tokenizer."""
+    """Refuse a matrix whose groups differ in budgets, tokenizer or retrieval settings."""
     first_group, first = next(iter(configs.items()))
     for group, cfg in configs.items():
         if cfg.budgets != first.budgets:
             raise InputError(f"group {group}: budgets differ from group {first_group}; a matrix compares groups under identical budgets")
         if cfg.tokenizer != first.tokenizer:
             raise InputError(f"group {group}: tokenizer {cfg.tokenizer!r} differs from group {first_group}'s {first.tokenizer!r}")
+        if cfg.retrieval != first.retrieval:
+            raise InputError(f"group {group}: retrieval settings {cfg.retrieval.model_dump()} differ from group "
+                             f"{first_group}'s {first.retrieval.model_dump()}; a matrix compares groups that see the same evidence")
 
 
 def _per_task(out: Path, group: str, key: str) -> dict[str, float]:

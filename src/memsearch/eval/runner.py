@@ -44,7 +44,7 @@ SUMMARY_KEYS = (
 
 def software_versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version()}
-    for pkg in ("memsearch", "torch", "transformers", "bm25s", "tokenizers", "aiohttp"):
+    for pkg in ("memsearch", "torch", "transformers", "bm25s", "faiss-cpu", "tokenizers", "aiohttp"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -91,9 +91,9 @@ def build_environment(config: RunConfig, dataset: Dataset, group: str = ""):
     tokenizer = load_tokenizer(config.tokenizer)
     retriever = None
     if config.agent.evidence == "search":
-        from memsearch.retrieval import BM25Retriever
+        from memsearch.retrieval.index import make_retriever
 
-        retriever = BM25Retriever.build(dataset.documents)
+        retriever = make_retriever(config.retrieval, dataset.documents)
     shared: dict[str, Any] = {}
     backends = {}
     for role in ("memory", "controller", "reader"):
@@ -142,6 +142,8 @@ async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, des
 async def _close_backends(env) -> None:
     for backend in {id(b): b for b in env.backends.values()}.values():
         await backend.aclose()
+    if hasattr(env.retriever, "aclose"):  # the retrieval service's connection pool
+        await env.retriever.aclose()
 
 
 def _trajectory_line(traj: dict[str, Any]) -> str:
@@ -238,6 +240,10 @@ def run_eval(config: RunConfig, data_dir: str | Path, out_dir: str | Path, resum
     check_run_folder(out, resume, resolved, run_info)
     started = time.perf_counter()
     env = build_environment(config, dataset, group)
+    if env.retriever is not None:
+        from memsearch.retrieval.index import describe
+
+        run_info["retrieval"] = describe(env.retriever)  # which index (or service) answered
     try:
         lock = claim_run_folder(out, resume, resolved, run_info)
     except BaseException:

@@ -57,6 +57,33 @@ def scope_of(candidates: Sequence[str] | None) -> Scope:
     return "corpus" if candidates is None else "candidates"
 
 
+def check_search_args(queries: Sequence[str], k: int,
+                      candidates: Sequence[Sequence[str] | None] | None) -> tuple[list[str], list[Sequence[str] | None]]:
+    """The queries as a list and one candidate list (or ``None``) per query, after the checks
+    every ``search_many`` makes (``TypeError`` / ``ValueError`` naming the problem)."""
+    if isinstance(queries, str):
+        raise TypeError("queries must be a sequence of strings, not one string (use search())")
+    queries = list(queries)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    if candidates is None:
+        return queries, [None] * len(queries)
+    per_query = list(candidates)
+    if len(per_query) != len(queries):
+        raise ValueError(f"candidates has {len(per_query)} entries for {len(queries)} queries; give one list (or None) per query")
+    for c in per_query:
+        if isinstance(c, str):
+            raise TypeError("candidates must be a list of doc ids, not one string")
+    return queries, per_query
+
+
+def unknown_ids_error(unknown: Sequence[str], size: int, limit: int = 10) -> ValueError:
+    """The ``ValueError`` for candidate ids an index does not hold."""
+    shown = ", ".join(repr(x) for x in unknown[:limit])
+    more = f" and {len(unknown) - limit} more" if len(unknown) > limit else ""
+    return ValueError(f"unknown candidate doc ids (not in this index of {size} documents): {shown}{more}")
+
+
 @runtime_checkable
 class Retriever(Protocol):
     """A searchable index of documents.

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from memsearch.data.records import Document
 from memsearch.errors import InputError, Problem
 from memsearch.io import atomic_output_dir, dumps_line, iter_jsonl, sha256_file, write_json
-from memsearch.retrieval.base import Passage, passage_from_document
+from memsearch.retrieval.base import Passage, check_search_args, passage_from_document, unknown_ids_error
 
 FORMAT = "memsearch-bm25-index"
 FORMAT_VERSION = 1
@@ -179,6 +179,38 @@ def _documents_bytes(documents: Sequence[Document]) -> Iterable[bytes]:
         yield (dumps_line(doc.model_dump(mode="json")) + "\n").encode("utf-8")
 
 
+def write_documents(path: Path, documents: Sequence[Document]) -> None:
+    """``documents.jsonl`` of an index folder: canonical JSON lines in index order."""
+    with open(path, "wb") as fh:
+        fh.writelines(_documents_bytes(documents))
+
+
+def documents_sha256(documents: Sequence[Document]) -> str:
+    """SHA-256 of ``documents`` as written by ``write_documents`` (an index's corpus fingerprint)."""
+    digest = hashlib.sha256()
+    for line in _documents_bytes(documents):
+        digest.update(line)
+    return digest.hexdigest()
+
+
+def read_documents(index_dir: Path, expected_sha256: str) -> tuple[list[Document], str]:
+    """The documents of an index folder and their SHA-256, refused (``InputError``) when the
+    file is missing, changed since the build, or holds an invalid document."""
+    docs_path = index_dir / DOCUMENTS_FILE
+    if not docs_path.is_file():
+        raise InputError(f"{docs_path}: missing; the index folder is incomplete, rebuild it")
+    fingerprint = sha256_file(docs_path)
+    if fingerprint != expected_sha256:
+        raise InputError(f"{docs_path}: content does not match the SHA-256 recorded in {META_FILE}; the file was changed after the index was built")
+    documents = []
+    for lineno, obj in iter_jsonl(docs_path):
+        try:
+            documents.append(Document.model_validate(obj))
+        except ValidationError as exc:
+            raise InputError([Problem(str(docs_path), lineno, "document", _first_error(exc))]) from None
+    return documents, fingerprint
+
+
 class BM25Retriever:
     """A bm25s index plus the documents it returns and the settings that tokenize queries.
 
@@ -244,8 +276,7 @@ class BM25Retriever:
         out_dir = Path(out_dir)
         with atomic_output_dir(out_dir) as tmp:
             self._model.save(tmp, show_progress=False)
-            with open(tmp / DOCUMENTS_FILE, "wb") as fh:
-                fh.writelines(_documents_bytes(self._documents))
+            write_documents(tmp / DOCUMENTS_FILE, self._documents)
             write_json(tmp / META_FILE, {
                 "format": FORMAT,
                 "format_version": FORMAT_VERSION,
@@ -282,18 +313,7 @@ class BM25Retriever:
             model = bm25s.BM25.load(index_dir, mmap=mmap, load_corpus=False, show_progress=False)
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise InputError(f"{index_dir}: unreadable bm25s index files ({type(exc).__name__}: {exc}); rebuild the index") from None
-        docs_path = index_dir / DOCUMENTS_FILE
-        if not docs_path.is_file():
-            raise InputError(f"{docs_path}: missing; the index folder is incomplete, rebuild it")
-        fingerprint = sha256_file(docs_path)
-        if fingerprint != meta["documents_sha256"]:
-            raise InputError(f"{docs_path}: content does not match the SHA-256 recorded in {META_FILE}; the file was changed after the index was built")
-        documents = []
-        for lineno, obj in iter_jsonl(docs_path):
-            try:
-                documents.append(Document.model_validate(obj))
-            except ValidationError as exc:
-                raise InputError([Problem(str(docs_path), lineno, "document", _first_error(exc))]) from None
+        documents, fingerprint = read_documents(index_dir, meta["documents_sha256"])
         counts = {META_FILE: meta["num_docs"], DOCUMENTS_FILE: len(documents),
                   "params.index.json": model.scores["num_docs"]}
         if len(set(counts.values())) != 1:
@@ -307,10 +327,7 @@ class BM25Retriever:
         """SHA-256 of the documents as canonical JSON lines in index order (= of the saved
         ``documents.jsonl``)."""
         if self._fingerprint is None:
-            digest = hashlib.sha256()
-            for line in _documents_bytes(self._documents):
-                digest.update(line)
-            self._fingerprint = digest.hexdigest()
+            self._fingerprint = documents_sha256(self._documents)
         return self._fingerprint
 
     @property
@@ -343,17 +360,7 @@ class BM25Retriever:
     def search_many(self, queries: Sequence[str], k: int = 5,
                     candidates: Sequence[Sequence[str] | None] | None = None) -> list[list[Passage]]:
         """``search`` for each query; ``candidates`` is None or one list (or None) per query."""
-        if isinstance(queries, str):
-            raise TypeError("queries must be a sequence of strings, not one string (use search())")
-        queries = list(queries)
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
-        if candidates is None:
-            per_query: list[Sequence[str] | None] = [None] * len(queries)
-        else:
-            per_query = list(candidates)
-            if len(per_query) != len(queries):
-                raise ValueError(f"candidates has {len(per_query)} entries for {len(queries)} queries; give one list (or None) per query")
+        queries, per_query = check_search_args(queries, k, candidates)
         masks = [None if c is None else self._mask(c) for c in per_query]  # all checked before any search
         results = []
         for query, mask in zip(queries, masks):
@@ -370,11 +377,9 @@ class BM25Retriever:
         return results
 
     def _mask(self, candidates: Sequence[str]) -> np.ndarray:
-        if isinstance(candidates, str):
-            raise TypeError("candidates must be a list of doc ids, not one string")
         unknown = sorted({c for c in candidates if c not in self._row})
         if unknown:
-            raise ValueError(f"unknown candidate doc ids (not in this index of {len(self._documents)} documents): {_preview(unknown)}")
+            raise unknown_ids_error(unknown, len(self._documents))
         mask = np.zeros(len(self._documents), dtype=self._model.dtype)
         mask[[self._row[c] for c in candidates]] = 1
         return mask

@@ -213,9 +213,11 @@ class Rollouts:
         self.documents = dataset.documents_by_id()
         self.retriever = None
         if episode.agent.evidence == "search":
-            from memsearch.retrieval import BM25Retriever
+            from memsearch.retrieval.index import make_retriever
 
-            self.retriever = BM25Retriever.build(dataset.documents)
+            # The episode's [retrieval] table: bm25/dense/hybrid in process, a built index, or the
+            # shared service (rollout workers on many nodes searching one index).
+            self.retriever = make_retriever(episode.retrieval, dataset.documents)
         self.trained = set(TRAINED_CALL_ROLES[cfg.role])
         self.generated = 0  # completions of the trained roles in the last ``run`` (counted by the backend)
         self.policy_backend = HFBackend(model=cfg.model, loaded=(policy, tokenizer), max_batch_size=cfg.max_batch_size,
