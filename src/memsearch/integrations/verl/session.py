@@ -1,8 +1,9 @@
 """One verl session = one memsearch episode: what a worker shares, and how one task is rolled out.
 
 verl builds an agent loop *per sample*, so everything expensive (the GRPO config, the prepared
-data folder, the BM25 index, the untrained roles' backends, the budget tokenizer) is built once
-per worker process by ``worker_setup`` (cached by its arguments) and shared by every session.
+data folder, the retriever of the episode's [retrieval] table, the untrained roles' backends,
+the budget tokenizer) is built once per worker process by ``worker_setup`` (cached by its
+arguments) and shared by every session.
 
 ``run_session`` runs ``memsearch.engine.episode.run_episode`` unchanged: the trained role(s)
 (``train.rows.TRAINED_CALL_ROLES``) answer through the given policy backend (verl's server), the
@@ -58,9 +59,12 @@ def worker_setup(train_config: str, data: str | None = None, overrides: tuple[st
     tokenizer = load_tokenizer(episode.tokenizer)
     retriever = None
     if episode.agent.evidence == "search":
-        from memsearch.retrieval import BM25Retriever
+        from memsearch.retrieval.index import make_retriever
 
-        retriever = BM25Retriever.build(dataset.documents)
+        # The episode's [retrieval] table, as in `memsearch eval` and GRPO: BM25/dense/hybrid in
+        # process, a built index, or the shared service (`retrieval.url`), which lets hundreds of
+        # rollout workers on many nodes search one index.
+        retriever = make_retriever(episode.retrieval, dataset.documents)
     trained = set(TRAINED_CALL_ROLES[cfg.role])
     shared: dict[str, Any] = {}
     backends: dict[str, Any] = {}
