@@ -118,7 +118,7 @@ def test_changed_inputs_are_refused_naming_the_fields(with_stage2, tiny_model_di
         run_memory_policy_pipeline(config(tiny_model_dir, "stage2.enabled=true", "data.dev_questions=4"), out, echo=lambda _: None)
 
 
-def test_without_stage2_a_crashed_matrix_resumes_and_the_report_says_base_controller(tiny_model_dir, tmp_path):
+def test_without_stage2_crashed_stages_resume_and_the_report_says_base_controller(tiny_model_dir, tmp_path):
     out = tmp_path / "off"
     run_memory_policy_pipeline(config(tiny_model_dir), out, echo=lambda _: None)
     seed = out / "seed-7"
@@ -137,6 +137,18 @@ def test_without_stage2_a_crashed_matrix_resumes_and_the_report_says_base_contro
     # The finished groups are resumed (no episode rerun), only D runs again.
     assert (seed / "matrix" / "A" / "trajectories.jsonl").read_bytes() == a_before
     assert [r["questions"] for r in report["seeds"][0]["rows"]] == [3, 3, 3, 3]
+    # A crash of GRPO stage 1 after its last checkpoint, before the final adapter was saved: the
+    # trainer resumes from the checkpoint and writes the same adapter, so the merge and the
+    # matrix downstream are still valid and skipped.
+    adapter = (seed / "grpo1" / "adapter" / "adapter_model.safetensors").read_bytes()
+    shutil.rmtree(seed / "grpo1" / "adapter")
+    stage = record(seed / "grpo1.stage.json")
+    (seed / "grpo1.stage.json").write_text(json.dumps({**stage, "complete": False}))
+    lines = []
+    run_memory_policy_pipeline(config(tiny_model_dir), out, echo=lines.append)
+    assert any(line.startswith("grpo1: GRPO role=memory") and line.endswith("(resuming)") for line in lines)
+    assert (seed / "grpo1" / "adapter" / "adapter_model.safetensors").read_bytes() == adapter
+    assert "merge: done" in "\n".join(lines) and "seed 7 matrix: done" in "\n".join(lines)
 
 
 def test_train_dev_overlap_is_refused(tiny_model_dir, tmp_path):
