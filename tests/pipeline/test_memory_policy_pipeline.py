@@ -28,10 +28,14 @@ SAMPLES = ROOT / "data" / "samples" / "hotpotqa"
 def settings(model: Path, *extra: str) -> list[str]:
     return [f"model={json.dumps(str(model))}", "seeds=[7]", f"data.train={json.dumps(str(SAMPLES / 'train_sample.json'))}",
             f"data.dev={json.dumps(str(SAMPLES / 'dev_distractor_sample.json'))}", "data.train_questions=3",
-            "data.dev_questions=3", "episode.budgets.policy_tokens=12", "episode.budgets.max_searches=2",
+            "data.dev_questions=3", "data.val_questions=0", "grpo.eval.every=0", "episode.budgets.policy_tokens=12", "episode.budgets.max_searches=2",
             "sft.epochs=1.0", "sft.micro_batch_rows=8", "sft.grad_accumulation=1", "grpo.steps=1", "grpo.tasks_per_step=1",
             "grpo.group_size=2", "grpo.checkpoint_every=1", "stage2.train.steps=1", "stage2.train.tasks_per_step=1",
             "stage2.train.group_size=2", "report.bootstrap_resamples=200", *extra]
+
+
+# Stage 2 on, and a validation split of 2 questions that GRPO evaluates on at its end.
+ON = ("stage2.enabled=true", "data.val_questions=2")
 
 
 def config(model: Path, *extra: str) -> MemoryPolicyPipeline:
@@ -50,7 +54,7 @@ def outputs_snapshot(out: Path) -> dict[str, float]:
 def with_stage2(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("mp") / "on"
     lines: list[str] = []
-    report = run_memory_policy_pipeline(config(tiny_model_dir, "stage2.enabled=true"), out, echo=lines.append)
+    report = run_memory_policy_pipeline(config(tiny_model_dir, *ON), out, echo=lines.append)
     return out, report, lines
 
 
@@ -60,6 +64,16 @@ def test_every_stage_runs_with_stage2_and_the_report_equals_the_metrics_files(wi
     for stage in ("sft", "grpo1", "merged1", "grpo2", "merged2", "matrix"):
         assert record(seed / f"{stage}.stage.json")["complete"] is True, stage
     assert (out / "teacher" / "sft.jsonl").read_text().count("\n") > 0
+    # The validation split is the 2 dev questions after the 3 held-out ones, and only GRPO reads it.
+    from memsearch.data.dataset import load_dataset
+
+    held_out = [t.id for t in load_dataset(out / "prepare" / "dev").tasks]
+    val = [t.id for t in load_dataset(out / "prepare" / "val").tasks]
+    dev_file = [r["_id"] for r in json.loads((SAMPLES / "dev_distractor_sample.json").read_text())[:5]]
+    assert (held_out, val) == (dev_file[:3], dev_file[3:])
+    for stage in ("grpo1", "grpo2"):
+        last = [json.loads(x) for x in (seed / stage / "train_log.jsonl").read_text().splitlines()][-1]
+        assert "eval_f1" in last and record(seed / stage / "config.json")["eval"]["data"] == str(out / "prepare" / "val")
     assert (seed / "merged1" / "config.json").is_file() and (seed / "merged2" / "config.json").is_file()
     (section,) = report["seeds"]
     for row in section["rows"]:
@@ -102,7 +116,7 @@ def test_rerun_skips_every_stage_and_leaves_outputs_untouched(with_stage2, tiny_
     out, report, _ = with_stage2
     before = outputs_snapshot(out)
     lines: list[str] = []
-    again = run_memory_policy_pipeline(config(tiny_model_dir, "stage2.enabled=true"), out, echo=lines.append)
+    again = run_memory_policy_pipeline(config(tiny_model_dir, *ON), out, echo=lines.append)
     after = outputs_snapshot(out)
     changed = sorted(k for k in before if before[k] != after.get(k) and not k.startswith("report") and k != "curves.png")
     assert changed == [] and set(after) == set(before)
@@ -113,9 +127,9 @@ def test_rerun_skips_every_stage_and_leaves_outputs_untouched(with_stage2, tiny_
 def test_changed_inputs_are_refused_naming_the_fields(with_stage2, tiny_model_dir):
     out, _, _ = with_stage2
     with pytest.raises(InputError, match=r"grpo1.*changed: grpo\.optim\.lr"):
-        run_memory_policy_pipeline(config(tiny_model_dir, "stage2.enabled=true", "grpo.optim.lr=1e-3"), out, echo=lambda _: None)
+        run_memory_policy_pipeline(config(tiny_model_dir, *ON, "grpo.optim.lr=1e-3"), out, echo=lambda _: None)
     with pytest.raises(InputError, match=r"changed: data\.dev_questions"):
-        run_memory_policy_pipeline(config(tiny_model_dir, "stage2.enabled=true", "data.dev_questions=4"), out, echo=lambda _: None)
+        run_memory_policy_pipeline(config(tiny_model_dir, *ON, "data.dev_questions=4"), out, echo=lambda _: None)
 
 
 def test_without_stage2_crashed_stages_resume_and_the_report_says_base_controller(tiny_model_dir, tmp_path):
@@ -166,5 +180,9 @@ def test_train_dev_overlap_is_refused(tiny_model_dir, tmp_path):
 def test_http_memory_serving_and_owned_fields_are_refused(tiny_model_dir):
     with pytest.raises(Exception, match="memory_serving = 'http' is not implemented"):
         config(tiny_model_dir, 'stage2.memory_serving="http"')
-    with pytest.raises(Exception, match="grpo: eval set by the pipeline"):
-        config(tiny_model_dir, 'grpo.eval.data="x"')
+    with pytest.raises(Exception, match="grpo: eval.data set by the pipeline"):
+        config(tiny_model_dir, 'grpo.eval.data="x"', "data.val_questions=2")
+    with pytest.raises(Exception, match="grpo.eval.every needs data.val_questions > 0"):
+        config(tiny_model_dir, "grpo.eval.every=1")
+    with pytest.raises(Exception, match="sft: eval set by the pipeline"):
+        config(tiny_model_dir, "sft.eval.every=1")

@@ -5,8 +5,9 @@
 Stages and folders under ``OUT`` (each stage's fingerprinted record is ``<folder>.stage.json``
 beside its folder; ``pipeline.stages`` explains skip / resume / refuse):
 
-1. ``prepare/{train,dev}``: HotpotQA train and the held-out dev questions (``data.dev_questions``,
-   the first N of the dev file); any question shared by train and dev is refused;
+1. ``prepare/{train,dev,val}``: HotpotQA train, the held-out dev questions (``data.dev_questions``,
+   the first N of the dev file) and, with ``data.val_questions``, the validation split GRPO's
+   periodic evaluation reads (the next N); any question shared by two of them is refused;
 2. ``teacher/``: an eval run of ``[teacher]`` (the oracle by default) as memory backend on train,
    then ``teacher/sft.jsonl`` (``export-sft --role memory``);
 3. per seed, ``seed-N/sft/``: LoRA SFT on the teacher rows;
@@ -43,7 +44,7 @@ def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str,
     folder = out / "prepare"
     stage = Stage(folder, "prepare", {"data": cfg.data.model_dump(mode="json"), "train_sha256": _source_sha(cfg.data.train),
                                       "dev_sha256": _source_sha(cfg.data.dev)}, out / "prepare.stage.json")
-    paths = {"train": folder / "train", "dev": folder / "dev"}
+    paths = {"train": folder / "train", "dev": folder / "dev", "val": folder / "val"}
     if stage.done():
         echo(f"prepare: done ({folder})")
     else:
@@ -53,12 +54,36 @@ def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str,
             save_dataset(convert_hotpot(cfg.data.train, split="train", limit=cfg.data.train_questions), paths["train"])
         if not paths["dev"].exists():
             save_dataset(convert_hotpot(cfg.data.dev, split="dev", limit=cfg.data.dev_questions), paths["dev"])
+        if cfg.data.val_questions and not paths["val"].exists():
+            save_dataset(validation_split(cfg), paths["val"])
         problems = validate_data(paths["train"], paths["dev"])
+        if cfg.data.val_questions:
+            problems += validate_data(paths["train"], paths["val"])
+            problems += _shared_questions(paths["dev"], paths["val"])
         if problems:
             raise InputError("\n".join(str(p) for p in problems[:20]) + f"\n{len(problems)} problem(s) between train and "
                              "dev: the held-out questions must never be trained on")
         stage.finish({"train_dev_overlap": 0})
     return {**paths, "fingerprint": stage.fingerprint}
+
+
+def validation_split(cfg: MemoryPolicyPipeline):
+    """The ``data.val_questions`` dev questions that follow the held-out ones (file order), with
+    the documents of the whole converted slice (a superset of what their tasks use)."""
+    from memsearch.data.dataset import Dataset
+    from memsearch.data.hotpot import convert_hotpot
+
+    n = cfg.data.dev_questions
+    full = convert_hotpot(cfg.data.dev, split="dev", limit=n + cfg.data.val_questions)
+    manifest = {**full.manifest, "options": {"offset": n, "limit": cfg.data.val_questions}}
+    return Dataset(full.documents, full.tasks[n:], full.labels[n:], manifest)
+
+
+def _shared_questions(dev: Path, val: Path) -> list[str]:
+    from memsearch.data.dataset import load_dataset
+
+    shared = {t.id for t in load_dataset(dev).tasks} & {t.id for t in load_dataset(val).tasks}
+    return [f"question {q} is both held out and in the validation split" for q in sorted(shared)]
 
 
 def eval_run(folder: Path, record: Path, run_config, data: Path, upstream: dict[str, Any], echo=print) -> dict[str, Any]:
@@ -108,13 +133,14 @@ def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str
 
     root = out / f"seed-{seed}"
     train = str(paths["train"])
+    val = str(paths["val"]) if cfg.data.val_questions else None
     sft = sft_stage(root / "sft", root / "sft.stage.json", cfg.sft_config([str(rows)], seed), {"rows": rows_fp}, echo)
-    stage1 = grpo_stage(root / "grpo1", root / "grpo1.stage.json", cfg.grpo_config(train, seed, str(sft)),
+    stage1 = grpo_stage(root / "grpo1", root / "grpo1.stage.json", cfg.grpo_config(train, seed, str(sft), val),
                         {"prepare": paths["fingerprint"], "sft_sha256": folder_sha256(sft)}, echo)
     merged1, fp1 = merge_stage(root / "merged1", root / "merged1.stage.json", cfg.model, stage1, cfg.merge_dtype, echo)
     controller, fp2 = None, None
     if cfg.stage2.enabled:
-        stage2 = grpo_stage(root / "grpo2", root / "grpo2.stage.json", cfg.stage2_config(train, seed, str(merged1)),
+        stage2 = grpo_stage(root / "grpo2", root / "grpo2.stage.json", cfg.stage2_config(train, seed, str(merged1), val),
                             {"prepare": paths["fingerprint"], "stage1": fp1}, echo)
         merged2, fp2 = merge_stage(root / "merged2", root / "merged2.stage.json", cfg.model, stage2, cfg.merge_dtype, echo)
         controller = str(merged2)

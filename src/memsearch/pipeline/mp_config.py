@@ -18,9 +18,12 @@ from memsearch.pipeline.config import PipelineReport, _Config, validated
 from memsearch.train.config import GRPOConfig, SFTConfig
 
 # Trainer fields the pipeline sets itself: the model, data, role, seed and episode come from the
-# pipeline, and periodic evaluation is off because the only held-out questions are the final
-# comparison's (they must never steer training, early stopping or tuning).
+# pipeline; periodic evaluation reads only the validation split (data.val_questions), never the
+# final comparison's questions, which must not steer training, early stopping or tuning. SFT
+# has no periodic evaluation here.
 _OWNED = ("role", "model", "data", "episode", "episode_config", "eval", "eval_config", "adapter", "seed")
+# The pipeline sets eval.data itself (the validation split); the rest of a GRPO eval table is the user's.
+_OWNED_EVAL = ("data",)
 
 
 class MPData(_Config):
@@ -32,6 +35,9 @@ class MPData(_Config):
     train_questions: int | None = Field(None, ge=1, description="Train questions (first N of the file; None = all)")
     dev_questions: int = Field(..., ge=1, description="The held-out comparison questions: the first N of the dev file. "
                                "Used only by the final A-D matrix, never for training, early stopping or tuning")
+    val_questions: int = Field(0, ge=0, description="Validation questions for the periodic evaluation of GRPO "
+                               "(grpo.eval.every / stage2.train.eval.every): the next N of the dev file after the "
+                               "held-out ones, disjoint from them; 0 = no periodic evaluation")
 
 
 class Stage2(_Config):
@@ -88,7 +94,11 @@ class MemoryPolicyPipeline(_Config):
             raise ValueError("stage2.memory_serving = 'http' is not implemented yet: serve the merged stage-1 folder with "
                              "`transformers serve` or vLLM and run `memsearch train grpo` by hand (docs/memory_policy.md)")
         for table, fields in (("sft", self.sft), ("grpo", self.grpo), ("stage2.train", self.stage2.train)):
-            bad = sorted(set(fields) & set(_OWNED))
+            owned = _OWNED if table == "sft" else tuple(k for k in _OWNED if k != "eval")
+            bad = sorted(set(fields) & set(owned)) + sorted(f"eval.{k}" for k in set(fields.get("eval") or {}) & set(_OWNED_EVAL))
+            if table != "sft" and (fields.get("eval") or {}).get("every") and not self.data.val_questions:
+                raise ValueError(f"{table}.eval.every needs data.val_questions > 0: periodic evaluation reads the "
+                                 "validation split only, never the held-out comparison questions")
             if bad:
                 raise ValueError(f"{table}: {', '.join(bad)} set by the pipeline itself; remove them")
         if len(set(self.seeds)) != len(self.seeds):
@@ -125,17 +135,21 @@ class MemoryPolicyPipeline(_Config):
         """The ``memsearch train sft`` config of one seed."""
         return validated(SFTConfig, {**self.sft, "model": self.model, "data": rows, "role": "memory", "seed": seed}, "sft")
 
-    def grpo_config(self, train: str, seed: int, adapter: str | None) -> GRPOConfig:
-        """Stage 1: GRPO of the memory role from the SFT adapter."""
+    def _eval(self, table: dict[str, Any], val: str | None) -> dict[str, Any]:
+        return {**(table.get("eval") or {}), "data": val if self.data.val_questions else None}
+
+    def grpo_config(self, train: str, seed: int, adapter: str | None, val: str | None = None) -> GRPOConfig:
+        """Stage 1: GRPO of the memory role from the SFT adapter; periodic evaluation on ``val``."""
         episode = self._episode(memory=self.base_backend())
         return validated(GRPOConfig, {**self.grpo, "role": "memory", "model": self.model, "data": train, "seed": seed,
-                                       "adapter": adapter, "episode": episode}, "grpo")
+                                       "adapter": adapter, "episode": episode, "eval": self._eval(self.grpo, val)}, "grpo")
 
-    def stage2_config(self, train: str, seed: int, stage1: str) -> GRPOConfig:
+    def stage2_config(self, train: str, seed: int, stage1: str, val: str | None = None) -> GRPOConfig:
         """Stage 2: GRPO of the controller, the merged stage-1 model frozen as memory backend."""
         episode = self._episode(memory=self.base_backend(stage1), controller=self.base_backend(), agent_controller="policy")
         return validated(GRPOConfig, {**self.stage2.train, "role": "controller", "model": self.model, "data": train,
-                                       "seed": seed, "episode": episode}, "stage2.train")
+                                       "seed": seed, "episode": episode, "eval": self._eval(self.stage2.train, val)},
+                         "stage2.train")
 
     def matrix_config(self, stage1: str, controller: str | None) -> RunConfig:
         """The A-D matrix: A/C summarize with the untrained base (``backends.baseline_memory``,

@@ -64,12 +64,19 @@ def _backend(b: dict[str, Any]) -> str:
     return b["kind"] if b["kind"] in ("rules", "oracle", "fixed") else f"{b['kind']}:{Path(b['model']).name}"
 
 
+def _reward(table: dict[str, Any]) -> str:
+    from memsearch.train.config import RewardSettings
+
+    return ", ".join(f"{k} = {v}" for k, v in RewardSettings.model_validate(table.get("reward") or {}).model_dump().items())
+
+
 def render(cfg, sections: list[dict[str, Any]]) -> str:
     """The markdown of the report (also returned as ``table``)."""
     lines = ["# Memory-policy pipeline", "",
              f"Base model `{cfg.model}`, seeds {cfg.seeds}; held-out dev: the first {cfg.data.dev_questions} questions of "
              f"`{cfg.data.dev}` (never used for training or early stopping). A/C write memory with the untrained base "
              "(`backends.baseline_memory`), B/D with the stage-1 model.", "",
+             f"GRPO stage 1 reward: {_reward(cfg.grpo)}.", "",
              "Stage 2 (controller GRPO): " + ("on: C/D use the stage-2 controller." if cfg.stage2.enabled else
                                              "**skipped**: C/D use the untrained base controller."), ""]
     cols = ("group", "memory backend", "controller", *METRICS, "questions", "request errors", "memory truncations",
@@ -98,7 +105,8 @@ def render(cfg, sections: list[dict[str, Any]]) -> str:
 
 
 def plot_curves(logs: dict[str, list[Path]], png: Path) -> Path:
-    """One panel per trainer: SFT loss, GRPO reward per step; mean over seeds, min-max band."""
+    """One panel per entry of ``logs`` (``name`` or ``name:key``): SFT loss, GRPO reward per step
+    and, with a validation split, GRPO's periodic validation metric; mean over seeds, min-max band."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -108,8 +116,8 @@ def plot_curves(logs: dict[str, list[Path]], png: Path) -> Path:
 
     fig, axes = plt.subplots(1, len(logs), figsize=(5 * len(logs), 3.6), dpi=110, squeeze=False)
     for ax, (name, paths) in zip(axes[0], logs.items()):
-        key = "loss" if name == "sft" else "reward_mean"
-        runs = [{r["step"]: r[key] for r in read_log(p) if key in r} for p in paths if p.is_file()]
+        name, key = name.split(":") if ":" in name else (name, "loss" if name == "sft" else "reward_mean")
+        runs = [{r["step"]: r[key] for r in read_log(p) if r.get(key) is not None} for p in paths if p.is_file()]
         steps = sorted(set.intersection(*(set(r) for r in runs))) if runs else []
         values = [[r[s] for r in runs] for s in steps]
         ax.plot(steps, [sum(v) / len(v) for v in values], marker="o", label=f"mean of {len(runs)} seed(s)")
@@ -127,8 +135,12 @@ def plot_curves(logs: dict[str, list[Path]], png: Path) -> Path:
 def write_mp_report(cfg, out: Path, seeds: list[dict[str, Any]]) -> dict[str, Any]:
     """Write ``report.md``, ``report.json`` and ``curves.png``; returns the report."""
     sections = [seed_section(cfg, s) for s in seeds]
-    names = list(seeds[0]["logs"])
-    plot_curves({n: [s["logs"][n] for s in seeds] for n in names}, out / "curves.png")
+    panels = {n: [s["logs"][n] for s in seeds] for n in seeds[0]["logs"]}
+    if cfg.data.val_questions:  # the periodic evaluation on the validation split, per GRPO stage
+        for n in [n for n in panels if n.startswith("grpo")]:
+            for key in ("eval_memory_support_recall", "eval_f1"):
+                panels[f"{n}:{key}"] = panels[n]
+    plot_curves(panels, out / "curves.png")
     table = render(cfg, sections)
     report = {"seeds": sections, "stage2": cfg.stage2.enabled,
               "usable_for_comparison": all(r["usable_for_comparison"] for s in sections for r in s["rows"])}
