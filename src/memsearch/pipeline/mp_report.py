@@ -114,15 +114,19 @@ def plot_curves(logs: dict[str, list[Path]], png: Path) -> Path:
 
     from memsearch.train.log import read_log
 
-    fig, axes = plt.subplots(1, len(logs), figsize=(5 * len(logs), 3.6), dpi=110, squeeze=False)
-    for ax, (name, paths) in zip(axes[0], logs.items()):
+    cols = min(3, len(logs))  # a grid, so seven panels stay readable
+    rows = -(-len(logs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), dpi=110, squeeze=False)
+    for ax in axes.flat[len(logs):]:
+        ax.set_visible(False)
+    for ax, (name, paths) in zip(axes.flat, logs.items()):
         name, key = name.split(":") if ":" in name else (name, "loss" if name == "sft" else "reward_mean")
         runs = [{r["step"]: r[key] for r in read_log(p) if r.get(key) is not None} for p in paths if p.is_file()]
         steps = sorted(set.intersection(*(set(r) for r in runs))) if runs else []
         values = [[r[s] for r in runs] for s in steps]
         ax.plot(steps, [sum(v) / len(v) for v in values], marker="o", label=f"mean of {len(runs)} seed(s)")
         ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.25, label="min-max")
-        ax.set_title(name)
+        ax.set_title(name if key in ("loss", "reward_mean") else f"{name}: validation {key.removeprefix('eval_')}")
         ax.set_xlabel("step")
         ax.set_ylabel(key)
         ax.legend(loc="best")
