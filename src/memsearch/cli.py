@@ -342,6 +342,21 @@ def pipeline_memagent_cmd(
     run_memagent_pipeline(load_config(config, set_, model=MemAgentPipeline), out, echo=typer.echo)
 
 
+@pipeline_app.command("memory-policy")
+@_friendly
+def pipeline_memory_policy_cmd(
+    config: Annotated[Path, typer.Option("--config", help="Pipeline config, e.g. configs/memory_policy_cpu.toml.")],
+    out: Annotated[Path, typer.Option("--out", help="Pipeline folder: created, or continued (finished stages are skipped).")],
+    set_: Overrides = None,
+) -> None:
+    """Memory policy: teacher + SFT, GRPO stage 1, merge, optional stage 2 (controller), A-D on held-out dev, report."""
+    from memsearch.config import load_config
+    from memsearch.pipeline.memory_policy import run_memory_policy_pipeline
+    from memsearch.pipeline.mp_config import MemoryPolicyPipeline
+
+    run_memory_policy_pipeline(load_config(config, set_, model=MemoryPolicyPipeline), out, echo=typer.echo)
+
+
 @app.command("merge-adapter")
 @_friendly
 def merge_adapter_cmd(

@@ -52,6 +52,17 @@ def run_config_tables(path: str | Path) -> dict[str, Any]:
     return episode_table(data) if "pipeline" in data else data
 
 
+def validated(model: type[BaseModel], fields: dict[str, Any], table: str) -> Any:
+    """``model`` validated from ``fields`` (a trainer table of a pipeline config); problems are
+    named by their place in the pipeline config (``table.field``), not the trainer's."""
+    try:
+        return model.model_validate(fields)
+    except ValidationError as exc:
+        problems = "; ".join(f"{table}.{'.'.join(str(p) for p in e['loc'])}: "
+                             f"{'unknown field' if e['type'] == 'extra_forbidden' else e['msg']}" for e in exc.errors())
+        raise ValueError(problems) from None
+
+
 class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -127,12 +138,7 @@ class MemAgentPipeline(_Config):
         """The ``memsearch train grpo`` config of the training stage."""
         fields = {**self.train, "role": "overwrite", "model": self.model, "data": train_data,
                   "episode": self.episode.model_dump(mode="json")}
-        try:
-            return GRPOConfig.model_validate(fields)
-        except ValidationError as exc:
-            problems = "; ".join(f"train.{'.'.join(str(p) for p in e['loc'])}: "
-                                 f"{'unknown field' if e['type'] == 'extra_forbidden' else e['msg']}" for e in exc.errors())
-            raise ValueError(problems) from None
+        return validated(GRPOConfig, fields, "train")
 
     def eval_config(self, model: str, limit: int | None = None) -> RunConfig:
         """The run config evaluating ``model`` (the base, or a merged checkpoint): the episode

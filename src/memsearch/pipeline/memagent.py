@@ -34,7 +34,8 @@ from memsearch.errors import InputError
 from memsearch.io import dumps_line, sha256_file
 from memsearch.pipeline.config import MemAgentPipeline
 from memsearch.pipeline.report import HOTPOT_SET
-from memsearch.pipeline.stages import Stage, folder_sha256
+from memsearch.pipeline.stages import Stage, grpo_stage
+from memsearch.pipeline.stages import merge_stage as merge_stages
 
 CHECKPOINTS = ("base", "trained")
 
@@ -93,27 +94,7 @@ def prepare_stage(cfg: MemAgentPipeline, out: Path, echo=print) -> dict[str, Any
 
 def train_stage(cfg: MemAgentPipeline, out: Path, train_data: Path, upstream: str, echo=print) -> Path:
     """GRPO (role overwrite) into ``OUT/train``; returns the final adapter folder."""
-    from memsearch.train.grpo import train_grpo
-
-    folder = out / "train"
-    grpo = cfg.grpo_config(str(train_data))
-    stage = Stage(folder, "train", {"grpo": grpo.model_dump(mode="json"), "prepare": upstream}, out / "train.stage.json")
-    if stage.done():
-        if folder_sha256(folder / "adapter") != stage.record()["outputs"]["adapter_sha256"]:
-            raise InputError(f"{folder / 'adapter'}: missing or changed since training finished; delete {folder} and "
-                             f"{stage.record_path} to train again, or choose a new --out")
-        echo(f"train: done ({folder})")
-        return folder / "adapter"
-    resume = stage.started() and (folder / "config.json").is_file()
-    stage.start()
-    echo(f"train: GRPO role=overwrite, {grpo.steps} steps x {grpo.tasks_per_step} questions x group {grpo.group_size}"
-         + (" (resuming)" if resume else ""))
-    # The trainer owns the folder's config.json / checkpoints; it refuses a changed config on resume.
-    train_grpo(grpo, folder, resume=resume, echo=echo)
-    if not (folder / "adapter" / "adapter_config.json").is_file():
-        raise InputError(f"{folder}: training ended without an adapter")
-    stage.finish({"adapter": "adapter", "adapter_sha256": folder_sha256(folder / "adapter")})
-    return folder / "adapter"
+    return grpo_stage(out / "train", out / "train.stage.json", cfg.grpo_config(str(train_data)), {"prepare": upstream}, echo)
 
 
 def reward_summary(train_dir: Path, out: Path) -> dict[str, Any]:
@@ -142,21 +123,8 @@ def reward_summary(train_dir: Path, out: Path) -> dict[str, Any]:
 
 def merge_stage(cfg: MemAgentPipeline, out: Path, adapter: Path, echo=print) -> tuple[Path, str]:
     """The trained adapter merged into the base; returns (folder, stage fingerprint)."""
-    from memsearch.train.merge import merge_adapter
-
-    folder = out / "merged"
     dtype = cfg.grpo_config("-").dtype  # the trained weights' dtype (bfloat16 on a GPU keeps a 7B merge at 15 GB)
-    stage = Stage(folder, "merge", {"model": cfg.model, "adapter_sha256": folder_sha256(adapter), "dtype": dtype},
-                  out / "merge.stage.json")
-    if stage.done():
-        echo(f"merge: done ({folder})")
-        return folder, stage.fingerprint
-    stage.start()
-    if not (folder / "config.json").is_file():  # merge_adapter writes atomically: present = finished
-        merge_adapter(cfg.model, adapter, folder, dtype=dtype)
-    stage.finish({"merged": str(folder.relative_to(out))})
-    echo(f"merge: {folder}")
-    return folder, stage.fingerprint
+    return merge_stages(out / "merged", out / "merge.stage.json", cfg.model, adapter, dtype, echo)
 
 
 def eval_stage(cfg: MemAgentPipeline, out: Path, checkpoint: str, model: str, model_fingerprint: str, set_name: str,

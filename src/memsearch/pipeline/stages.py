@@ -97,3 +97,64 @@ class Stage:
         record = self.record() or {}
         write_json(self.record_path, {**record, "complete": True, "outputs": outputs,
                                       "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+
+def grpo_stage(folder: Path, record: Path, grpo: Any, upstream: dict[str, Any], echo=print) -> Path:
+    """A fingerprinted ``train_grpo`` run into ``folder`` (resumed after a crash); returns the
+    final adapter. Shared by every pipeline: ``grpo`` is the trainer config, ``upstream`` the
+    fingerprints and hashes of what it was made from."""
+    from memsearch.train.grpo import train_grpo
+
+    label = f"GRPO role={grpo.role}, {grpo.steps} steps x {grpo.tasks_per_step} questions x group {grpo.group_size}"
+    return _trainer_stage(folder, record, "grpo", grpo, upstream, train_grpo, label, echo)
+
+
+def sft_stage(folder: Path, record: Path, sft: Any, upstream: dict[str, Any], echo=print) -> Path:
+    """A fingerprinted ``train_sft`` run into ``folder`` (resumed after a crash); returns the adapter."""
+    from memsearch.train.sft import train_sft
+
+    return _trainer_stage(folder, record, "sft", sft, upstream, train_sft, "LoRA SFT", echo)
+
+
+def _trainer_stage(folder: Path, record: Path, key: str, cfg: Any, upstream: dict[str, Any], train, label: str,
+                   echo) -> Path:
+    stage = Stage(folder, folder.name, {key: cfg.model_dump(mode="json"), **upstream}, record)
+    if stage.done():
+        _check_adapter(folder, stage)
+        echo(f"{folder.name}: done ({folder})")
+        return folder / "adapter"
+    resume = stage.started() and (folder / "config.json").is_file()
+    stage.start()
+    echo(f"{folder.name}: {label}" + (" (resuming)" if resume else ""))
+    # The trainer owns the folder's config.json / checkpoints; it refuses a changed config on resume.
+    train(cfg, folder, resume=resume, echo=echo)
+    return _finish_adapter(folder, stage)
+
+
+def _check_adapter(folder: Path, stage: Stage) -> None:
+    if folder_sha256(folder / "adapter") != stage.record()["outputs"]["adapter_sha256"]:
+        raise InputError(f"{folder / 'adapter'}: missing or changed since training finished; delete {folder} and "
+                         f"{stage.record_path} to train again, or choose a new --out")
+
+
+def _finish_adapter(folder: Path, stage: Stage) -> Path:
+    if not (folder / "adapter" / "adapter_config.json").is_file():
+        raise InputError(f"{folder}: training ended without an adapter")
+    stage.finish({"adapter": "adapter", "adapter_sha256": folder_sha256(folder / "adapter")})
+    return folder / "adapter"
+
+
+def merge_stage(folder: Path, record: Path, model: str, adapter: Path, dtype: str, echo=print) -> tuple[Path, str]:
+    """``adapter`` merged into ``model`` as a plain Hugging Face folder; returns (folder, fingerprint)."""
+    from memsearch.train.merge import merge_adapter
+
+    stage = Stage(folder, "merge", {"model": model, "adapter_sha256": folder_sha256(adapter), "dtype": dtype}, record)
+    if stage.done():
+        echo(f"merge: done ({folder})")
+        return folder, stage.fingerprint
+    stage.start()
+    if not (folder / "config.json").is_file():  # merge_adapter writes atomically: present = finished
+        merge_adapter(model, adapter, folder, dtype=dtype)
+    stage.finish({"merged": folder.name})
+    echo(f"merge: {folder}")
+    return folder, stage.fingerprint

@@ -289,7 +289,8 @@ def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path) -> dict[str, Any]:
     data = trained_role_backends(cfg, cfg.episode.model_dump(mode="json"), adapter)
     data["limit"] = cfg.eval.limit
     summary = run_eval(RunConfig.model_validate(data), cfg.eval.data, out, show_progress=False)
-    return {"eval_" + k: v for k, v in summary["metrics"].items() if k in ("f1", "em", "sub_em", "boxed_em", "invalid_action_rate")}
+    return {"eval_" + k: v for k, v in summary["metrics"].items() if k in ("f1", "em", "sub_em", "boxed_em", "invalid_action_rate",
+                                                                          "memory_support_recall")}
 
 
 def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=print) -> dict[str, Any]:

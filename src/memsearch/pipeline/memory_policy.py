@@ -1,0 +1,180 @@
+"""``memsearch pipeline memory-policy``: the memory-policy track end to end, resumable stage by stage.
+
+    memsearch pipeline memory-policy --config configs/memory_policy_cpu.toml --out runs/mp
+
+Stages and folders under ``OUT`` (each stage's fingerprinted record is ``<folder>.stage.json``
+beside its folder; ``pipeline.stages`` explains skip / resume / refuse):
+
+1. ``prepare/{train,dev,val}``: HotpotQA train, the held-out dev questions (``data.dev_questions``,
+   the first N of the dev file) and, with ``data.val_questions``, the validation split GRPO's
+   periodic evaluation reads (the next N); any question shared by two of them is refused;
+2. ``teacher/``: an eval run of ``[teacher]`` (the oracle by default) as memory backend on train,
+   then ``teacher/sft.jsonl`` (``export-sft --role memory``);
+3. per seed, ``seed-N/sft/``: LoRA SFT on the teacher rows;
+4. ``seed-N/grpo1/``: GRPO stage 1 (memory role) from the SFT adapter;
+5. ``seed-N/merged1/``: stage 1 merged into the base (a plain Hugging Face folder);
+6. ``seed-N/grpo2/`` + ``seed-N/merged2/`` (``stage2.enabled``): GRPO of the controller with the
+   merged stage-1 model frozen as memory backend (in process);
+7. ``seed-N/matrix/{A,B,C,D}``: the A-D matrix on the held-out dev questions; A/C summarize with
+   the untrained base (``backends.baseline_memory``), B/D with stage 1, C/D with the stage-2
+   controller (the base controller when stage 2 is off);
+8. ``report.md`` / ``report.json`` / ``curves.png`` (``pipeline.mp_report``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from memsearch.errors import InputError
+from memsearch.io import dumps_line, sha256_file
+from memsearch.pipeline.memagent import _source_sha
+from memsearch.pipeline.mp_config import MemoryPolicyPipeline
+from memsearch.pipeline.stages import Stage, folder_sha256, grpo_stage, merge_stage, sft_stage
+
+
+def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str, Any]:
+    """Prepared train and held-out dev folders; refuses a question shared by both."""
+    from memsearch.data.dataset import save_dataset
+    from memsearch.data.hotpot import convert_hotpot
+    from memsearch.data.validate import validate_data
+
+    folder = out / "prepare"
+    stage = Stage(folder, "prepare", {"data": cfg.data.model_dump(mode="json"), "train_sha256": _source_sha(cfg.data.train),
+                                      "dev_sha256": _source_sha(cfg.data.dev)}, out / "prepare.stage.json")
+    paths = {"train": folder / "train", "dev": folder / "dev", "val": folder / "val"}
+    if stage.done():
+        echo(f"prepare: done ({folder})")
+    else:
+        stage.start()
+        # save_dataset writes each folder atomically: after a crash the finished one is kept.
+        if not paths["train"].exists():
+            save_dataset(convert_hotpot(cfg.data.train, split="train", limit=cfg.data.train_questions), paths["train"])
+        if not paths["dev"].exists():
+            save_dataset(convert_hotpot(cfg.data.dev, split="dev", limit=cfg.data.dev_questions), paths["dev"])
+        if cfg.data.val_questions and not paths["val"].exists():
+            save_dataset(validation_split(cfg), paths["val"])
+        problems = validate_data(paths["train"], paths["dev"])
+        if cfg.data.val_questions:
+            problems += validate_data(paths["train"], paths["val"])
+            problems += _shared_questions(paths["dev"], paths["val"])
+        if problems:
+            raise InputError("\n".join(str(p) for p in problems[:20]) + f"\n{len(problems)} problem(s) between train and "
+                             "dev: the held-out questions must never be trained on")
+        stage.finish({"train_dev_overlap": 0})
+    return {**paths, "fingerprint": stage.fingerprint}
+
+
+def validation_split(cfg: MemoryPolicyPipeline):
+    """The ``data.val_questions`` dev questions that follow the held-out ones (file order), with
+    the documents of the whole converted slice (a superset of what their tasks use)."""
+    from memsearch.data.dataset import Dataset
+    from memsearch.data.hotpot import convert_hotpot
+
+    n = cfg.data.dev_questions
+    full = convert_hotpot(cfg.data.dev, split="dev", limit=n + cfg.data.val_questions)
+    manifest = {**full.manifest, "options": {"offset": n, "limit": cfg.data.val_questions}}
+    return Dataset(full.documents, full.tasks[n:], full.labels[n:], manifest)
+
+
+def _shared_questions(dev: Path, val: Path) -> list[str]:
+    from memsearch.data.dataset import load_dataset
+
+    shared = {t.id for t in load_dataset(dev).tasks} & {t.id for t in load_dataset(val).tasks}
+    return [f"question {q} is both held out and in the validation split" for q in sorted(shared)]
+
+
+def eval_run(folder: Path, record: Path, run_config, data: Path, upstream: dict[str, Any], echo=print) -> dict[str, Any]:
+    """One fingerprinted ``run_eval`` (resumed after a crash); returns its summary."""
+    from memsearch.eval.runner import run_eval
+
+    stage = Stage(folder, folder.name, {"run_config": run_config.model_dump(mode="json"),
+                                        "data_manifest_sha256": sha256_file(data / "manifest.json"), **upstream}, record)
+    if stage.done() and (folder / "summary.json").is_file():
+        echo(f"{folder.name}: done")
+        return json.loads((folder / "summary.json").read_text())
+    resume = stage.started() and folder.exists()
+    stage.start()
+    summary = run_eval(run_config, data, folder, resume=resume, group=folder.name, show_progress=False)
+    stage.finish({"summary": "summary.json"})
+    return summary
+
+
+def teacher_stage(cfg: MemoryPolicyPipeline, out: Path, paths: dict[str, Any], echo=print) -> tuple[Path, str]:
+    """Teacher trajectories on train and their memory-role SFT rows; returns (rows file, fingerprint)."""
+    from memsearch.train.export import export_sft
+
+    folder = out / "teacher"
+    run = folder / "run"
+    summary = eval_run(run, folder / "run.stage.json", cfg.teacher_config(), paths["train"],
+                       {"prepare": paths["fingerprint"]}, echo)
+    if not summary["usable_for_comparison"]:
+        raise InputError(f"{run}: the teacher run is incomplete or had request errors ({summary.get('note')}); not training on it")
+    rows = folder / "sft.jsonl"
+    stage = Stage(folder / "export", "export-sft", {"trajectories_sha256": sha256_file(run / "trajectories.jsonl")},
+                  folder / "export.stage.json")
+    if not stage.done():
+        stage.start()
+        rows.unlink(missing_ok=True)  # a crash mid-export leaves a partial file; export_sft wants a new one
+        report = export_sft(run / "trajectories.jsonl", run / "metrics.jsonl", "memory", rows)
+        stage.finish({"rows": str(rows.relative_to(out)), "rows_sha256": sha256_file(rows), "report": report.lines()})
+        echo("\n".join(report.lines()))
+    elif sha256_file(rows) != stage.record()["outputs"]["rows_sha256"]:
+        raise InputError(f"{rows}: changed since export; delete {folder} and {out / 'teacher.stage.json'} to redo it")
+    return rows, stage.fingerprint
+
+
+def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str, Any], rows: Path, rows_fp: str,
+                echo=print) -> dict[str, Any]:
+    """SFT, stage 1, merge, optional stage 2 and the matrix of one seed under ``OUT/seed-N``."""
+    from memsearch.eval.matrix import run_matrix
+
+    root = out / f"seed-{seed}"
+    train = str(paths["train"])
+    val = str(paths["val"]) if cfg.data.val_questions else None
+    sft = sft_stage(root / "sft", root / "sft.stage.json", cfg.sft_config([str(rows)], seed), {"rows": rows_fp}, echo)
+    stage1 = grpo_stage(root / "grpo1", root / "grpo1.stage.json", cfg.grpo_config(train, seed, str(sft), val),
+                        {"prepare": paths["fingerprint"], "sft_sha256": folder_sha256(sft)}, echo)
+    merged1, fp1 = merge_stage(root / "merged1", root / "merged1.stage.json", cfg.model, stage1, cfg.merge_dtype, echo)
+    controller, fp2 = None, None
+    if cfg.stage2.enabled:
+        stage2 = grpo_stage(root / "grpo2", root / "grpo2.stage.json", cfg.stage2_config(train, seed, str(merged1), val),
+                            {"prepare": paths["fingerprint"], "stage1": fp1}, echo)
+        merged2, fp2 = merge_stage(root / "merged2", root / "merged2.stage.json", cfg.model, stage2, cfg.merge_dtype, echo)
+        controller = str(merged2)
+    matrix_cfg = cfg.matrix_config(str(merged1), controller)
+    folder = root / "matrix"
+    stage = Stage(folder, "matrix", {"run_config": matrix_cfg.model_dump(mode="json"), "prepare": paths["fingerprint"],
+                                     "stage1": fp1, "stage2": fp2}, root / "matrix.stage.json")
+    if stage.done():
+        echo(f"seed {seed} matrix: done")
+        matrix = json.loads((folder / "matrix.json").read_text())
+    else:
+        resume = stage.started() and folder.exists()
+        stage.start()
+        echo(f"seed {seed} matrix: {'resuming' if resume else 'running'} A-D on {paths['dev']}")
+        matrix = run_matrix(matrix_cfg, paths["dev"], folder, resume=resume, show_progress=False)
+        stage.finish({"matrix": "matrix/matrix.json"})
+    return {"seed": seed, "root": root, "matrix": matrix, "stage2": cfg.stage2.enabled,
+            "logs": {"sft": root / "sft" / "train_log.jsonl", "grpo1": root / "grpo1" / "train_log.jsonl",
+                     **({"grpo2": root / "grpo2" / "train_log.jsonl"} if cfg.stage2.enabled else {})}}
+
+
+def run_memory_policy_pipeline(cfg: MemoryPolicyPipeline, out: str | Path, echo=print) -> dict[str, Any]:
+    """Run every stage of every seed (skipping finished ones); returns the report (also ``OUT/report.json``)."""
+    from memsearch.pipeline.mp_report import write_mp_report
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    # Every invocation's resolved config, appended: what each re-run asked for stays on record.
+    with open(out / "invocations.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.model_dump(mode="json")}) + "\n")
+    paths = prepare_stage(cfg, out, echo)
+    rows, rows_fp = teacher_stage(cfg, out, paths, echo)
+    seeds = [seed_stages(cfg, out, seed, paths, rows, rows_fp, echo) for seed in cfg.seeds]
+    report = write_mp_report(cfg, out, seeds)
+    echo(report["table"])
+    echo(f"report: {out / 'report.md'}")
+    return report

@@ -1,0 +1,162 @@
+"""The config of ``memsearch pipeline memory-policy``: the memory-policy track in one TOML file.
+
+``configs/memory_policy_cpu.toml`` holds it: ``model`` (the base of every trained stage and the
+untrained baseline), ``[data]`` (train and the named held-out dev questions), ``[episode]`` (the
+run config of every episode: agent, budgets, reader, retrieval), ``[teacher]`` (the backend that
+writes the SFT trajectories), ``[sft]``, ``[grpo]`` (stage 1, memory role), ``[stage2]`` (optional
+GRPO of the controller with the stage-1 model frozen as memory backend) and ``seeds``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from memsearch.config import BackendConfig, RunConfig
+from memsearch.pipeline.config import PipelineReport, _Config, validated
+from memsearch.train.config import GRPOConfig, SFTConfig
+
+# Trainer fields the pipeline sets itself: the model, data, role, seed and episode come from the
+# pipeline; periodic evaluation reads only the validation split (data.val_questions), never the
+# final comparison's questions, which must not steer training, early stopping or tuning. SFT
+# has no periodic evaluation here.
+_OWNED = ("role", "model", "data", "episode", "episode_config", "eval", "eval_config", "adapter", "seed")
+# The pipeline sets eval.data itself (the validation split); the rest of a GRPO eval table is the user's.
+_OWNED_EVAL = ("data",)
+
+
+class MPData(_Config):
+    """Train and held-out dev questions (``prepare`` stage)."""
+
+    train: str = Field("data/samples/hotpotqa/train_sample.json", description="HotpotQA train file: teacher, SFT and GRPO")
+    dev: str = Field("data/samples/hotpotqa/dev_distractor_sample.json",
+                     description="HotpotQA dev file the held-out comparison questions come from")
+    train_questions: int | None = Field(None, ge=1, description="Train questions (first N of the file; None = all)")
+    dev_questions: int = Field(..., ge=1, description="The held-out comparison questions: the first N of the dev file. "
+                               "Used only by the final A-D matrix, never for training, early stopping or tuning")
+    val_questions: int = Field(0, ge=0, description="Validation questions for the periodic evaluation of GRPO "
+                               "(grpo.eval.every / stage2.train.eval.every): the next N of the dev file after the "
+                               "held-out ones, disjoint from them; 0 = no periodic evaluation")
+
+
+class Stage2(_Config):
+    """Optional stage 2: GRPO of the search controller (``agent.controller = 'policy'``) with the
+    stage-1 model frozen as the memory backend."""
+
+    enabled: bool = Field(False, description="Train the controller; false: C/D use the untrained base controller")
+    memory_serving: Literal["in_process", "http"] = Field(
+        "in_process", description="How the frozen stage-1 model serves memory calls: in_process (hf backend); "
+        "http (transformers serve / vLLM through the openai backend) is documented but refused for now")
+    train: dict[str, Any] = Field(default_factory=dict, description="memsearch train grpo fields of stage 2 (role, model, "
+                                  "data, episode, seed are set by the pipeline)")
+
+
+class MemoryPolicyPipeline(_Config):
+    """``memsearch pipeline memory-policy``: prepare, teacher + export-sft, SFT, GRPO stage 1,
+    merge, optional stage 2, the A-D matrix on held-out dev, report."""
+
+    pipeline: Literal["memory-policy"] = Field(..., description="Marks a pipeline config (its [episode] is a run config)")
+    model: str = Field("embedded", description="'embedded' or a local Hugging Face folder: the base of every trained "
+                       "stage, the untrained A/C baseline memory and the budget tokenizer")
+    seeds: list[int] = Field([0], min_length=1, description="One trained model per seed (same data; sampling and "
+                             "initialisation seeds differ); curves are drawn as mean with a min-max band")
+    data: MPData = Field(..., description="Sources and the held-out dev questions")
+    episode: RunConfig = Field(..., description="Every episode's run config (decision memory, fixed plan, reader, budgets); "
+                               "backends.memory/controller are replaced per stage by the pipeline")
+    teacher: BackendConfig = Field(default_factory=lambda: BackendConfig(kind="oracle"),
+                                   description="Memory backend of the teacher trajectories on train (oracle by default)")
+    sft: dict[str, Any] = Field(default_factory=dict, description="memsearch train sft fields (model, data, role, seed set by the pipeline)")
+    grpo: dict[str, Any] = Field(default_factory=dict, description="memsearch train grpo fields of stage 1 (memory role)")
+    stage2: Stage2 = Field(default_factory=Stage2, description="Optional GRPO of the controller")
+    merge_dtype: str = Field("float32", description="dtype of the merged checkpoints (bfloat16 on a GPU)")
+    report: PipelineReport = Field(default_factory=PipelineReport, description="Paired bootstrap settings of the report")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_fills_episode(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("episode"), dict):
+            episode = dict(data["episode"])
+            episode.setdefault("tokenizer", data.get("model", "embedded"))
+            data = {**data, "episode": episode}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MemoryPolicyPipeline:
+        agent = self.episode.agent
+        if (agent.evidence, agent.memory, agent.controller) != ("search", "decision", "fixed"):
+            raise ValueError("episode.agent: the memory-policy pipeline trains decision memory on a fixed plan "
+                             "(evidence 'search', memory 'decision', controller 'fixed'); stage 2 switches to 'policy' itself")
+        if self.episode.tokenizer != self.model:
+            raise ValueError(f"episode.tokenizer {self.episode.tokenizer!r} differs from model {self.model!r}: budgets "
+                             "must be counted with the trained model's tokenizer (leave it unset)")
+        if self.stage2.memory_serving == "http":
+            raise ValueError("stage2.memory_serving = 'http' is not implemented yet: serve the merged stage-1 folder with "
+                             "`transformers serve` or vLLM and run `memsearch train grpo` by hand (docs/memory_policy.md)")
+        for table, fields in (("sft", self.sft), ("grpo", self.grpo), ("stage2.train", self.stage2.train)):
+            owned = _OWNED if table == "sft" else tuple(k for k in _OWNED if k != "eval")
+            bad = sorted(set(fields) & set(owned)) + sorted(f"eval.{k}" for k in set(fields.get("eval") or {}) & set(_OWNED_EVAL))
+            if table != "sft" and (fields.get("eval") or {}).get("every") and not self.data.val_questions:
+                raise ValueError(f"{table}.eval.every needs data.val_questions > 0: periodic evaluation reads the "
+                                 "validation split only, never the held-out comparison questions")
+            if bad:
+                raise ValueError(f"{table}: {', '.join(bad)} set by the pipeline itself; remove them")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds {self.seeds}: expected distinct seeds")
+        # Validate every trainer table now, with its field names, before any stage runs.
+        self.sft_config(["<rows>"], self.seeds[0])
+        self.grpo_config("<train>", self.seeds[0], None)
+        if self.stage2.enabled:
+            self.stage2_config("<train>", self.seeds[0], "<stage-1 model>")
+        return self
+
+    def _episode(self, memory: dict[str, Any] | None = None, controller: dict[str, Any] | None = None,
+                 agent_controller: str | None = None) -> dict[str, Any]:
+        data = self.episode.model_dump(mode="json")
+        if memory is not None:
+            data["backends"]["memory"] = memory
+        if controller is not None:
+            data["backends"]["controller"] = controller
+        if agent_controller is not None:
+            data["agent"]["controller"] = agent_controller
+        return data
+
+    def base_backend(self, model: str | None = None) -> dict[str, Any]:
+        """An hf backend on ``model`` (the base by default), with the episode memory backend's other settings."""
+        data = self.episode.backends.memory.model_dump(mode="json")
+        data.update(kind="hf", model=model or self.model, adapter=None, schema_mode=False)
+        return data
+
+    def teacher_config(self) -> RunConfig:
+        """The run config of the teacher trajectories on train."""
+        return RunConfig.model_validate(self._episode(memory=self.teacher.model_dump(mode="json")))
+
+    def sft_config(self, rows: list[str], seed: int) -> SFTConfig:
+        """The ``memsearch train sft`` config of one seed."""
+        return validated(SFTConfig, {**self.sft, "model": self.model, "data": rows, "role": "memory", "seed": seed}, "sft")
+
+    def _eval(self, table: dict[str, Any], val: str | None) -> dict[str, Any]:
+        return {**(table.get("eval") or {}), "data": val if self.data.val_questions else None}
+
+    def grpo_config(self, train: str, seed: int, adapter: str | None, val: str | None = None) -> GRPOConfig:
+        """Stage 1: GRPO of the memory role from the SFT adapter; periodic evaluation on ``val``."""
+        episode = self._episode(memory=self.base_backend())
+        return validated(GRPOConfig, {**self.grpo, "role": "memory", "model": self.model, "data": train, "seed": seed,
+                                       "adapter": adapter, "episode": episode, "eval": self._eval(self.grpo, val)}, "grpo")
+
+    def stage2_config(self, train: str, seed: int, stage1: str, val: str | None = None) -> GRPOConfig:
+        """Stage 2: GRPO of the controller, the merged stage-1 model frozen as memory backend."""
+        episode = self._episode(memory=self.base_backend(stage1), controller=self.base_backend(), agent_controller="policy")
+        return validated(GRPOConfig, {**self.stage2.train, "role": "controller", "model": self.model, "data": train,
+                                       "seed": seed, "episode": episode, "eval": self._eval(self.stage2.train, val)},
+                         "stage2.train")
+
+    def matrix_config(self, stage1: str, controller: str | None) -> RunConfig:
+        """The A-D matrix: A/C summarize with the untrained base (``backends.baseline_memory``,
+        set explicitly so a stage-1 checkpoint can never reach them), B/D with the stage-1
+        model, C/D with the stage-2 controller (``controller``; None = the base model)."""
+        data = self._episode(memory=self.base_backend(stage1), controller=self.base_backend(controller))
+        data["backends"]["baseline_memory"] = self.base_backend()
+        data["limit"] = None
+        data["matrix"] = {"groups": ["A", "B", "C", "D"], "bootstrap_resamples": self.report.bootstrap_resamples}
+        return RunConfig.model_validate(data)

@@ -1,0 +1,153 @@
+"""The report of ``memsearch pipeline memory-policy``: ``report.md``, ``report.json`` and ``curves.png``.
+
+Every number is read from the runs' own files (each group's ``summary.json`` and
+``metrics.jsonl``, each trainer's ``train_log.jsonl``), nothing typed by hand. Per seed: the
+A-D table (memory backend that wrote each group's memory, metrics, disclosures: incomplete runs,
+request errors, truncation, memory-call invalid rate) and the paired bootstrap difference of
+every pair that isolates one change (B-A, D-C: trained vs base memory; C-A, D-B: controller).
+A run that is incomplete or had request errors is marked NOT USABLE and its differences are
+not a result. ``curves.png``: SFT loss and GRPO reward per step, mean over seeds with a
+min-max band.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from memsearch.io import write_json
+from memsearch.pipeline.report import _per_task, paired_difference
+
+GROUPS = ("A", "B", "C", "D")
+PAIRS = (("B", "A"), ("D", "C"), ("C", "A"), ("D", "B"))
+METRICS = ("memory_support_recall", "f1", "em", "invalid_action_rate", "searches")
+DIFF_METRICS = ("memory_support_recall", "f1", "em")
+
+
+def _group_row(folder: Path, group: str) -> dict[str, Any]:
+    s = json.loads((folder / group / "summary.json").read_text())
+    run = json.loads((folder / group / "run.json").read_text())
+    # The backend that wrote the memory as the summary records it, and its weights by content (run.json).
+    return {"group": group, "memory_backend": s["memory_backend"], "memory_identity": run["models"]["memory"],
+            # Only a policy controller consults its backend; fixed-plan groups (A/B) show "fixed".
+            "controller_backend": s["config"]["backends"]["controller"] if s["agent"]["controller"] == "policy" else {"kind": "fixed"},
+            **{m: s["metrics"].get(m) for m in METRICS}, "questions": s["tasks"]["scored"], "expected": s["tasks"]["expected"],
+            "request_errors": s["request_errors"], "memory_truncations": s["truncation"]["memory_truncations"],
+            "complete": s["complete"], "usable_for_comparison": s["usable_for_comparison"], "note": s.get("note")}
+
+
+def seed_section(cfg, seed: dict[str, Any]) -> dict[str, Any]:
+    """The rows and paired differences of one seed's matrix."""
+    folder = seed["root"] / "matrix"
+    rows = [_group_row(folder, g) for g in GROUPS]
+    per_task = {g: _per_task(folder / g / "metrics.jsonl") for g in GROUPS}
+    usable = {r["group"]: r["usable_for_comparison"] for r in rows}
+    diffs = []
+    for a, b in PAIRS:
+        for metric in DIFF_METRICS:
+            d = paired_difference(per_task[b], per_task[a], metric, cfg.report.bootstrap_resamples, cfg.report.confidence,
+                                  cfg.report.seed)
+            diffs.append({"pair": f"{a}-{b}", "metric": metric, "usable": usable[a] and usable[b], **(d or {})})
+    return {"seed": seed["seed"], "rows": rows, "diffs": diffs, "stage2": seed["stage2"]}
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def _backend(b: dict[str, Any]) -> str:
+    return b["kind"] if b["kind"] in ("rules", "oracle", "fixed") else f"{b['kind']}:{Path(b['model']).name}"
+
+
+def _reward(table: dict[str, Any]) -> str:
+    from memsearch.train.config import RewardSettings
+
+    return ", ".join(f"{k} = {v}" for k, v in RewardSettings.model_validate(table.get("reward") or {}).model_dump().items())
+
+
+def render(cfg, sections: list[dict[str, Any]]) -> str:
+    """The markdown of the report (also returned as ``table``)."""
+    lines = ["# Memory-policy pipeline", "",
+             f"Base model `{cfg.model}`, seeds {cfg.seeds}; held-out dev: the first {cfg.data.dev_questions} questions of "
+             f"`{cfg.data.dev}` (never used for training or early stopping). A/C write memory with the untrained base "
+             "(`backends.baseline_memory`), B/D with the stage-1 model.", "",
+             f"GRPO stage 1 reward: {_reward(cfg.grpo)}.", "",
+             "Stage 2 (controller GRPO): " + ("on: C/D use the stage-2 controller." if cfg.stage2.enabled else
+                                             "**skipped**: C/D use the untrained base controller."), ""]
+    cols = ("group", "memory backend", "controller", *METRICS, "questions", "request errors", "memory truncations",
+            "complete", "usable")
+    for sec in sections:
+        lines += [f"## Seed {sec['seed']}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for r in sec["rows"]:
+            lines.append("| " + " | ".join([r["group"], _backend(r["memory_backend"]), _backend(r["controller_backend"]),
+                                            *(_cell(r[m]) for m in METRICS), f"{r['questions']}/{r['expected']}",
+                                            str(r["request_errors"]), str(r["memory_truncations"]),
+                                            _cell(r["complete"]), _cell(r["usable_for_comparison"])]) + " |")
+        notes = [f"- {r['group']}: {r['note']}" for r in sec["rows"] if r["note"]]
+        lines += ["", *notes, "" if notes else "",
+                  f"Paired bootstrap differences ({cfg.report.confidence:.0%} CI, {cfg.report.bootstrap_resamples} resamples):", "",
+                  "| pair | metric | a | b | a - b | CI | n | usable |", "|---|---|---|---|---|---|---|---|"]
+        for d in sec["diffs"]:
+            if "diff" not in d:
+                lines.append(f"| {d['pair']} | {d['metric']} | - | - | - | - | 0 | {_cell(d['usable'])} |")
+                continue
+            lines.append(f"| {d['pair']} | {d['metric']} | {d['mean_a']:.3f} | {d['mean_b']:.3f} | {d['diff']:+.3f} | "
+                         f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | {d['n']} | "
+                         f"{'yes' if d['usable'] else 'NOT USABLE'} |")
+        lines.append("")
+    lines += ["![training curves](curves.png)", "", "Curves: mean over seeds with a min-max band."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(logs: dict[str, list[Path]], png: Path) -> Path:
+    """One panel per entry of ``logs`` (``name`` or ``name:key``): SFT loss, GRPO reward per step
+    and, with a validation split, GRPO's periodic validation metric; mean over seeds, min-max band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from memsearch.train.log import read_log
+
+    cols = min(3, len(logs))  # a grid, so seven panels stay readable
+    rows = -(-len(logs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), dpi=110, squeeze=False)
+    for ax in axes.flat[len(logs):]:
+        ax.set_visible(False)
+    for ax, (name, paths) in zip(axes.flat, logs.items()):
+        name, key = name.split(":") if ":" in name else (name, "loss" if name == "sft" else "reward_mean")
+        runs = [{r["step"]: r[key] for r in read_log(p) if r.get(key) is not None} for p in paths if p.is_file()]
+        steps = sorted(set.intersection(*(set(r) for r in runs))) if runs else []
+        values = [[r[s] for r in runs] for s in steps]
+        ax.plot(steps, [sum(v) / len(v) for v in values], marker="o", label=f"mean of {len(runs)} seed(s)")
+        ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.25, label="min-max")
+        ax.set_title(name if key in ("loss", "reward_mean") else f"{name}: validation {key.removeprefix('eval_')}")
+        ax.set_xlabel("step")
+        ax.set_ylabel(key)
+        ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
+    return png
+
+
+def write_mp_report(cfg, out: Path, seeds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write ``report.md``, ``report.json`` and ``curves.png``; returns the report."""
+    sections = [seed_section(cfg, s) for s in seeds]
+    panels = {n: [s["logs"][n] for s in seeds] for n in seeds[0]["logs"]}
+    if cfg.data.val_questions:  # the periodic evaluation on the validation split, per GRPO stage
+        for n in [n for n in panels if n.startswith("grpo")]:
+            for key in ("eval_memory_support_recall", "eval_f1"):
+                panels[f"{n}:{key}"] = panels[n]
+    plot_curves(panels, out / "curves.png")
+    table = render(cfg, sections)
+    report = {"seeds": sections, "stage2": cfg.stage2.enabled,
+              "usable_for_comparison": all(r["usable_for_comparison"] for s in sections for r in s["rows"])}
+    write_json(out / "report.json", report)
+    (out / "report.md").write_text(table, encoding="utf-8")
+    return {**report, "table": table}

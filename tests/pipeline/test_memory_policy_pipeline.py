@@ -1,0 +1,188 @@
+"""``memsearch pipeline memory-policy`` end to end on a tiny real Llama (random weights, the
+embedded tokenizer) and the shipped HotpotQA samples: prepare, oracle teacher + export-sft, SFT,
+GRPO stage 1, merge, stage 2 (controller GRPO with stage 1 frozen), the A-D matrix on held-out
+dev and the report all run for real; a re-run skips every stage, a crashed stage resumes,
+changed inputs and train/dev overlap are refused, and a stage-1 checkpoint never writes the
+memory of A/C."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from memsearch.config import load_config
+from memsearch.errors import InputError
+from memsearch.pipeline.memory_policy import run_memory_policy_pipeline
+from memsearch.pipeline.mp_config import MemoryPolicyPipeline
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "memory_policy_cpu.toml"
+SAMPLES = ROOT / "data" / "samples" / "hotpotqa"
+
+
+def settings(model: Path, *extra: str) -> list[str]:
+    return [f"model={json.dumps(str(model))}", "seeds=[7]", f"data.train={json.dumps(str(SAMPLES / 'train_sample.json'))}",
+            f"data.dev={json.dumps(str(SAMPLES / 'dev_distractor_sample.json'))}", "data.train_questions=3",
+            "data.dev_questions=3", "data.val_questions=0", "grpo.eval.every=0", "episode.budgets.policy_tokens=12", "episode.budgets.max_searches=2",
+            "sft.epochs=1.0", "sft.micro_batch_rows=8", "sft.grad_accumulation=1", "grpo.steps=1", "grpo.tasks_per_step=1",
+            "grpo.group_size=2", "grpo.checkpoint_every=1", "stage2.train.steps=1", "stage2.train.tasks_per_step=1",
+            "stage2.train.group_size=2", "report.bootstrap_resamples=200", *extra]
+
+
+# Stage 2 on, and a validation split of 2 questions that GRPO evaluates on at its end.
+ON = ("stage2.enabled=true", "data.val_questions=2")
+
+
+def config(model: Path, *extra: str) -> MemoryPolicyPipeline:
+    return load_config(CONFIG, settings(model, *extra), model=MemoryPolicyPipeline)
+
+
+def record(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def outputs_snapshot(out: Path) -> dict[str, float]:
+    return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "invocations.jsonl"}
+
+
+@pytest.fixture(scope="module")
+def with_stage2(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("mp") / "on"
+    lines: list[str] = []
+    report = run_memory_policy_pipeline(config(tiny_model_dir, *ON), out, echo=lines.append)
+    return out, report, lines
+
+
+def test_every_stage_runs_with_stage2_and_the_report_equals_the_metrics_files(with_stage2, tiny_model_dir):
+    out, report, _ = with_stage2
+    seed = out / "seed-7"
+    for stage in ("sft", "grpo1", "merged1", "grpo2", "merged2", "matrix"):
+        assert record(seed / f"{stage}.stage.json")["complete"] is True, stage
+    assert (out / "teacher" / "sft.jsonl").read_text().count("\n") > 0
+    # The validation split is the 2 dev questions after the 3 held-out ones, and only GRPO reads it.
+    from memsearch.data.dataset import load_dataset
+
+    held_out = [t.id for t in load_dataset(out / "prepare" / "dev").tasks]
+    val = [t.id for t in load_dataset(out / "prepare" / "val").tasks]
+    dev_file = [r["_id"] for r in json.loads((SAMPLES / "dev_distractor_sample.json").read_text())[:5]]
+    assert (held_out, val) == (dev_file[:3], dev_file[3:])
+    for stage in ("grpo1", "grpo2"):
+        last = [json.loads(x) for x in (seed / stage / "train_log.jsonl").read_text().splitlines()][-1]
+        assert "eval_f1" in last and record(seed / stage / "config.json")["eval"]["data"] == str(out / "prepare" / "val")
+    assert (seed / "merged1" / "config.json").is_file() and (seed / "merged2" / "config.json").is_file()
+    (section,) = report["seeds"]
+    for row in section["rows"]:
+        metrics = [json.loads(line) for line in (seed / "matrix" / row["group"] / "metrics.jsonl").read_text().splitlines()]
+        assert row["questions"] == len(metrics) == 3
+        for key in ("f1", "memory_support_recall"):
+            values = [m[key] for m in metrics if m.get(key) is not None]
+            expected = sum(values) / len(values) if values else None
+            assert row[key] == (pytest.approx(expected) if expected is not None else None), (row["group"], key)
+    diff = next(d for d in section["diffs"] if d["pair"] == "B-A" and d["metric"] == "f1")
+    b = [json.loads(x)["f1"] for x in (seed / "matrix" / "B" / "metrics.jsonl").read_text().splitlines()]
+    a = [json.loads(x)["f1"] for x in (seed / "matrix" / "A" / "metrics.jsonl").read_text().splitlines()]
+    assert diff["n"] == 3 and diff["diff"] == pytest.approx(sum(b) / 3 - sum(a) / 3)
+    text = (out / "report.md").read_text()
+    assert "Stage 2 (controller GRPO): on" in text and "| B-A | f1 |" in text
+    assert (out / "curves.png").stat().st_size > 1000
+
+
+def test_stage1_weights_never_reach_a_or_c(with_stage2, tiny_model_dir):
+    """A/C summarize with the untrained base; B/D with the merged stage-1 folder; C/D's
+    controller is the merged stage-2 folder (checked in each group's run.json)."""
+    out, _, _ = with_stage2
+    matrix = out / "seed-7" / "matrix"
+    summaries = {g: record(matrix / g / "summary.json") for g in "ABCD"}
+    models = {g: record(matrix / g / "run.json")["models"]["memory"] for g in "ABCD"}
+    configs = {g: record(matrix / g / "config.json") for g in "ABCD"}
+    for g in "AC":
+        assert summaries[g]["memory_backend"]["model"] == str(tiny_model_dir)
+        assert summaries[g]["memory_backend"]["adapter"] is None
+        assert "merged" not in json.dumps(configs[g]["backends"]["memory"])
+    for g in "BD":
+        assert summaries[g]["memory_backend"]["model"] == str(out / "seed-7" / "merged1")
+    # By content, too: A and C ran the base weights, B and D the stage-1 weights, which differ.
+    assert models["A"] == models["C"] and models["B"] == models["D"] and models["A"] != models["B"]
+    for g in "CD":
+        assert configs[g]["backends"]["controller"]["model"] == str(out / "seed-7" / "merged2")
+
+
+def test_rerun_skips_every_stage_and_leaves_outputs_untouched(with_stage2, tiny_model_dir):
+    out, report, _ = with_stage2
+    before = outputs_snapshot(out)
+    lines: list[str] = []
+    again = run_memory_policy_pipeline(config(tiny_model_dir, *ON), out, echo=lines.append)
+    after = outputs_snapshot(out)
+    changed = sorted(k for k in before if before[k] != after.get(k) and not k.startswith("report") and k != "curves.png")
+    assert changed == [] and set(after) == set(before)
+    assert "prepare: done" in "\n".join(lines) and "grpo2: done (" in "\n".join(lines)
+    assert again["seeds"][0]["rows"] == report["seeds"][0]["rows"]
+
+
+def test_changed_inputs_are_refused_naming_the_fields(with_stage2, tiny_model_dir):
+    out, _, _ = with_stage2
+    with pytest.raises(InputError, match=r"grpo1.*changed: grpo\.optim\.lr"):
+        run_memory_policy_pipeline(config(tiny_model_dir, *ON, "grpo.optim.lr=1e-3"), out, echo=lambda _: None)
+    with pytest.raises(InputError, match=r"changed: data\.dev_questions"):
+        run_memory_policy_pipeline(config(tiny_model_dir, *ON, "data.dev_questions=4"), out, echo=lambda _: None)
+
+
+def test_without_stage2_crashed_stages_resume_and_the_report_says_base_controller(tiny_model_dir, tmp_path):
+    out = tmp_path / "off"
+    run_memory_policy_pipeline(config(tiny_model_dir), out, echo=lambda _: None)
+    seed = out / "seed-7"
+    assert not (seed / "grpo2").exists()
+    assert "**skipped**: C/D use the untrained base controller" in (out / "report.md").read_text()
+    assert record(seed / "matrix" / "C" / "config.json")["backends"]["controller"]["model"] == str(tiny_model_dir)
+    # A crash during group D: its folder and the comparison are gone, the stage record is incomplete.
+    shutil.rmtree(seed / "matrix" / "D")
+    (seed / "matrix" / "matrix.json").unlink()
+    stage = record(seed / "matrix.stage.json")
+    (seed / "matrix.stage.json").write_text(json.dumps({**stage, "complete": False}))
+    a_before = (seed / "matrix" / "A" / "trajectories.jsonl").read_bytes()
+    lines: list[str] = []
+    report = run_memory_policy_pipeline(config(tiny_model_dir), out, echo=lines.append)
+    assert any("matrix: resuming" in line for line in lines)
+    # The finished groups are resumed (no episode rerun), only D runs again.
+    assert (seed / "matrix" / "A" / "trajectories.jsonl").read_bytes() == a_before
+    assert [r["questions"] for r in report["seeds"][0]["rows"]] == [3, 3, 3, 3]
+    # A crash of GRPO stage 1 after its last checkpoint, before the final adapter was saved: the
+    # trainer resumes from the checkpoint and writes the same adapter, so the merge and the
+    # matrix downstream are still valid and skipped.
+    adapter = (seed / "grpo1" / "adapter" / "adapter_model.safetensors").read_bytes()
+    shutil.rmtree(seed / "grpo1" / "adapter")
+    stage = record(seed / "grpo1.stage.json")
+    (seed / "grpo1.stage.json").write_text(json.dumps({**stage, "complete": False}))
+    lines = []
+    run_memory_policy_pipeline(config(tiny_model_dir), out, echo=lines.append)
+    assert any(line.startswith("grpo1: GRPO role=memory") and line.endswith("(resuming)") for line in lines)
+    assert (seed / "grpo1" / "adapter" / "adapter_model.safetensors").read_bytes() == adapter
+    assert "merge: done" in "\n".join(lines) and "seed 7 matrix: done" in "\n".join(lines)
+
+
+def test_train_dev_overlap_is_refused(tiny_model_dir, tmp_path):
+    """A train file holding a dev question: prepare stops before any training."""
+    dev = json.loads((SAMPLES / "dev_distractor_sample.json").read_text())
+    train = json.loads((SAMPLES / "train_sample.json").read_text())[:2] + dev[:1]
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(train))
+    with pytest.raises(InputError, match="held-out questions must never be trained on"):
+        run_memory_policy_pipeline(config(tiny_model_dir, f"data.train={json.dumps(str(path))}"), tmp_path / "o",
+                                   echo=lambda _: None)
+    assert not (tmp_path / "o" / "teacher").exists()
+
+
+def test_http_memory_serving_and_owned_fields_are_refused(tiny_model_dir):
+    with pytest.raises(Exception, match="memory_serving = 'http' is not implemented"):
+        config(tiny_model_dir, 'stage2.memory_serving="http"')
+    with pytest.raises(Exception, match="grpo: eval.data set by the pipeline"):
+        config(tiny_model_dir, 'grpo.eval.data="x"', "data.val_questions=2")
+    with pytest.raises(Exception, match="grpo.eval.every needs data.val_questions > 0"):
+        config(tiny_model_dir, "grpo.eval.every=1")
+    with pytest.raises(Exception, match="sft: eval set by the pipeline"):
+        config(tiny_model_dir, "sft.eval.every=1")
