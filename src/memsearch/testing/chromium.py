@@ -3,7 +3,7 @@ for the report's browser tests and benchmark. No browser download, no network, n
 package: messages are NUL-terminated JSON on file descriptors 3 (to the browser) and 4 (from it).
 
     with Chromium() as browser:
-        page = browser.open("file:///tmp/report.html#filter=incorrect")
+        page = browser.open(Path("runs/demo/report.html").resolve().as_uri() + "#filter=incorrect")
         page.eval("document.querySelector('[data-testid=task-count]').textContent")
 """
 
