@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import random
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -153,6 +154,13 @@ def atomic_output_dir(path: str | Path) -> Iterator[Path]:
         tmp.rename(path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def backoff_delay_s(rng: random.Random, retry: int, base_s: float, max_s: float) -> float:
+    """Seconds to wait before retry number ``retry`` (1-based): exponential backoff with full
+    jitter, uniform in [0, min(max_s, base_s * 2**(retry-1))], so clients that failed together do
+    not retry together. Shared by the HTTP clients (OpenAI backend, retrieval service)."""
+    return rng.uniform(0.0, min(max_s, base_s * 2 ** (retry - 1)))
 
 
 def abandon_session(session: Any) -> None:

@@ -50,3 +50,25 @@ def hotpot_train_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("data") / "hotpot-train-12"
     save_dataset(convert_hotpot(samples_dir() / HOTPOT_TRAIN, split="train", limit=12), out)
     return out
+
+
+def _run_torchrun(*args: str, n: int = 2, timeout: float = 300):
+    """``python -m torch.distributed.run --nproc_per_node n ... ARGS`` on a free loopback port, one
+    thread per rank (two ranks share this machine's cores); the completed process is returned."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--master_addr=127.0.0.1",
+           f"--master_port={port}", *[str(a) for a in args]]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="session")
+def torchrun():
+    """``torchrun(*args, n=2, timeout=300)``: launch a script (or ``-m module ...``) on n gloo ranks."""
+    return _run_torchrun

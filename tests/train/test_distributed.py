@@ -4,10 +4,7 @@ global denominator (``train.distributed``)."""
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,17 +13,9 @@ import torch
 WORKER = Path(__file__).with_name("gloo_worker.py")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(n: int, model: Path, adapter: Path, out: Path, aggregations: str) -> None:
+def run_workers(torchrun, n: int, model: Path, adapter: Path, out: Path, aggregations: str) -> None:
     out.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", str(WORKER), str(model), str(adapter), str(out), aggregations]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = torchrun(WORKER, model, adapter, out, aggregations, n=n)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -34,7 +23,7 @@ AGGREGATIONS = ("trajectory", "token", "sequence")
 
 
 @pytest.mark.slow
-def test_two_gloo_ranks_equal_one_process_on_the_union(tiny_model_dir, tiny_adapter_dir, tmp_path):
+def test_two_gloo_ranks_equal_one_process_on_the_union(tiny_model_dir, tiny_adapter_dir, tmp_path, torchrun):
     from safetensors.torch import load_file
 
     import importlib.util
@@ -44,7 +33,7 @@ def test_two_gloo_ranks_equal_one_process_on_the_union(tiny_model_dir, tiny_adap
     spec.loader.exec_module(worker)
     (tmp_path / "one").mkdir()
     worker.main(str(tiny_model_dir), str(tiny_adapter_dir), str(tmp_path / "one"), ",".join(AGGREGATIONS))  # world of one
-    torchrun(2, tiny_model_dir, tiny_adapter_dir, tmp_path / "two", ",".join(AGGREGATIONS))
+    run_workers(torchrun, 2, tiny_model_dir, tiny_adapter_dir, tmp_path / "two", ",".join(AGGREGATIONS))
     init = load_file(str(tiny_adapter_dir / "adapter_model.safetensors"))
     for agg in AGGREGATIONS:
         one = torch.load(tmp_path / "one" / f"rank0-{agg}.pt")
@@ -66,20 +55,18 @@ def test_two_gloo_ranks_equal_one_process_on_the_union(tiny_model_dir, tiny_adap
 COLLECTIVES = Path(__file__).with_name("collectives_worker.py")
 
 
-def run_collectives(out: Path, *args: str) -> subprocess.CompletedProcess:
+def run_collectives(torchrun, out: Path, *args: str) -> subprocess.CompletedProcess:
     out.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", str(COLLECTIVES), str(out), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return torchrun(COLLECTIVES, out, *args)
 
 
-def test_collectives_on_cpu_tensors_work_in_a_cuda_only_process_group(tmp_path):
+def test_collectives_on_cpu_tensors_work_in_a_cuda_only_process_group(tmp_path, torchrun):
     """A NCCL group serves CUDA tensors only; ``cuda:gloo`` has the same device map on a CPU
     machine. Statistics, barriers (and gradients held on the CPU) must still reduce: they go to a
     gloo group that serves the CPU (before: "No backend type associated with device type cpu")."""
     import json
 
-    proc = run_collectives(tmp_path / "run", "collectives", "cuda:gloo")
+    proc = run_collectives(torchrun, tmp_path / "run", "collectives", "cuda:gloo")
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):
         got = json.loads((tmp_path / "run" / f"rank{rank}.json").read_text())
@@ -90,19 +77,19 @@ def test_collectives_on_cpu_tensors_work_in_a_cuda_only_process_group(tmp_path):
 
 
 @pytest.mark.slow
-def test_rank_zero_work_is_waited_for_explicitly_and_with_a_bound(tmp_path):
+def test_rank_zero_work_is_waited_for_explicitly_and_with_a_bound(tmp_path, torchrun):
     """While rank 0 evaluates alone, the other ranks wait in ``Dist.wait_for_main`` (bounded by
     ``wait_s``), not inside a collective bounded by the process-group timeout: 5 s of rank-0 work
     pass with a 2 s timeout; 20 s exceed the 8 s bound and the waiting rank fails saying so."""
     import json
 
-    proc = run_collectives(tmp_path / "ok", "wait:5")
+    proc = run_collectives(torchrun, tmp_path / "ok", "wait:5")
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):
         got = json.loads((tmp_path / "ok" / f"rank{rank}.json").read_text())
         assert got["sum"] == [2.0]
         assert got["waited_s"] >= 5.0
-    proc = run_collectives(tmp_path / "late", "wait:20")
+    proc = run_collectives(torchrun, tmp_path / "late", "wait:20")
     assert proc.returncode != 0
     assert "waited more than 8 s for rank 0 (the test's work on rank 0)" in proc.stderr
     assert not (tmp_path / "late" / "rank1.json").exists()

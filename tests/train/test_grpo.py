@@ -4,9 +4,6 @@ exact resume, the row-count contract in the log, refusals, and two gloo ranks vi
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -142,21 +139,14 @@ def test_task_positions_cover_each_epoch_once_and_split_ranks():
 
 
 @pytest.mark.slow
-def test_torchrun_two_gloo_ranks_end_to_end(tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, tmp_path):
+def test_torchrun_two_gloo_ranks_end_to_end(tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, tmp_path, torchrun):
     """`memsearch train grpo` under torchrun: each rank rolls out its own tasks; rows are counted
     over both ranks; one adapter comes out."""
-    import socket
-
     (tmp_path / "grpo.toml").write_text(CONFIG)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={port}", "-m", "memsearch.cli", "train", "grpo", "--config", str(tmp_path / "grpo.toml"),
-           "--out", str(tmp_path / "run"), "--set", f"model={json.dumps(str(tiny_model_dir))}",
-           "--set", f"adapter={json.dumps(str(tiny_adapter_dir))}", "--set", f"data={json.dumps(str(hotpot_train_dir))}",
-           "--set", "steps=2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = torchrun("-m", "memsearch.cli", "train", "grpo", "--config", tmp_path / "grpo.toml",
+                    "--out", tmp_path / "run", "--set", f"model={json.dumps(str(tiny_model_dir))}",
+                    "--set", f"adapter={json.dumps(str(tiny_adapter_dir))}", "--set", f"data={json.dumps(str(hotpot_train_dir))}",
+                    "--set", "steps=2", timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2]
@@ -189,24 +179,17 @@ def test_overwrite_role_trains_every_update_turn_and_the_final_answer(tiny_model
 
 @pytest.mark.slow
 def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(tiny_model_dir, tiny_adapter_dir, hotpot_train_dir,
-                                                                 hotpot_dev_dir, tmp_path):
+                                                                 hotpot_dev_dir, tmp_path, torchrun):
     """Rank 0 evaluates alone after the last step; the other rank waits for it at an explicit
     barrier bounded by eval.wait_s (docs/design.md §7), not inside a collective: evaluating 40
     tasks of 3 memory calls of 160 sampled tokens each takes several seconds (about 5 s on a
     loaded 2-core CPU), so a 1 s bound fails the run and says why."""
-    import socket
-
     (tmp_path / "grpo.toml").write_text(CONFIG)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     sets = [f"model={json.dumps(str(tiny_model_dir))}", f"adapter={json.dumps(str(tiny_adapter_dir))}",
             f"data={json.dumps(str(hotpot_train_dir))}", "steps=1", f"eval.data={json.dumps(str(hotpot_dev_dir))}",
             "eval.limit=40", "eval.wait_s=1", "episode.budgets.max_searches=3", "episode.budgets.policy_tokens=160"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={port}", "-m", "memsearch.cli", "train", "grpo", "--config", str(tmp_path / "grpo.toml"),
-           "--out", str(tmp_path / "run"), *[a for s in sets for a in ("--set", s)]]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = torchrun("-m", "memsearch.cli", "train", "grpo", "--config", tmp_path / "grpo.toml",
+                    "--out", tmp_path / "run", *[a for s in sets for a in ("--set", s)], timeout=400)
     assert proc.returncode != 0
     assert "rank 1 waited more than 1 s for rank 0 (evaluation at step 1); raise eval.wait_s" in proc.stderr, \
         proc.stderr[-3000:]

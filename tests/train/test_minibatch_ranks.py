@@ -5,10 +5,6 @@ when its mini-batches are the unions of the ranks' parts (``grpo.update``)."""
 from __future__ import annotations
 
 import importlib.util
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,19 +14,14 @@ WORKER = Path(__file__).with_name("minibatch_worker.py")
 
 
 @pytest.mark.slow
-def test_two_ranks_with_an_empty_mini_batch_equal_one_process(tiny_model_dir, tiny_adapter_dir, tmp_path):
+def test_two_ranks_with_an_empty_mini_batch_equal_one_process(tiny_model_dir, tiny_adapter_dir, tmp_path, torchrun):
     spec = importlib.util.spec_from_file_location("minibatch_worker", WORKER)
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
     worker.main(str(tiny_model_dir), str(tiny_adapter_dir), str(tmp_path / "one"))  # world of one
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={port}", str(WORKER), str(tiny_model_dir), str(tiny_adapter_dir), str(tmp_path / "two")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = torchrun(WORKER, tiny_model_dir, tiny_adapter_dir, tmp_path / "two")
     assert proc.returncode == 0, proc.stderr[-3000:]
     one = torch.load(tmp_path / "one" / "rank0.pt")
     r0, r1 = torch.load(tmp_path / "two" / "rank0.pt"), torch.load(tmp_path / "two" / "rank1.pt")

@@ -120,21 +120,14 @@ def test_periodic_evaluation_goes_through_the_eval_runner(tiny_model_dir, sft_ro
 
 
 @pytest.mark.slow
-def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(tiny_model_dir, sft_rows_file, hotpot_dev_dir, tmp_path):
+def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(tiny_model_dir, sft_rows_file, hotpot_dev_dir, tmp_path,
+                                                                torchrun):
     """Rank 0 evaluates alone; the other rank waits at an explicit barrier bounded by
     eval.wait_s (docs/design.md §7): evaluating 3 memory calls of 512 sampled tokens per task
     takes several seconds, so a 1 s bound fails the run and says why (before, rank 1 went on and
     waited inside the next collective)."""
-    import os
-    import socket
-    import subprocess
-    import sys
-
     from memsearch.samples import config_path
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     eval_config = tmp_path / "eval.toml"  # the rules config, with long memory calls
     eval_config.write_text(config_path("rules.toml").read_text().replace("policy_tokens = 256", "policy_tokens = 512"))
     assert "policy_tokens = 512" in eval_config.read_text()
@@ -142,11 +135,8 @@ def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(tiny_model_dir,
             "micro_batch_rows=2", "grad_accumulation=2", "lora.r=4", f"eval_config={json.dumps(str(eval_config))}",
             f"eval.data={json.dumps(str(hotpot_dev_dir))}", "eval.limit=4", "eval.at_start=true", "eval.wait_s=1"]
     (tmp_path / "sft.toml").write_text("")  # every field from --set
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={port}", "-m", "memsearch.cli", "train", "sft", "--config", str(tmp_path / "sft.toml"),
-           "--out", str(tmp_path / "run"),
-           *[a for s in sets for a in ("--set", s)]]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = torchrun("-m", "memsearch.cli", "train", "sft", "--config", tmp_path / "sft.toml", "--out", tmp_path / "run",
+                    *[a for s in sets for a in ("--set", s)], timeout=400)
     assert proc.returncode != 0
     assert "rank 1 waited more than 1 s for rank 0 (evaluation at step 0); raise eval.wait_s" in proc.stderr, \
         proc.stderr[-3000:]

@@ -40,7 +40,7 @@ from memsearch.backends.base import (
     SamplingParams,
     Usage,
 )
-from memsearch.io import abandon_session
+from memsearch.io import abandon_session, backoff_delay_s
 from memsearch.safe_text import replace_lone_surrogates
 from memsearch.tokenizer import Tokenizer
 
@@ -269,7 +269,7 @@ class OpenAIBackend:
     def _backoff_s(self, retry: int, retry_after: float | None) -> float:
         if retry_after is not None:
             return min(retry_after, self.backoff_max_s)
-        return self._rng.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * 2 ** (retry - 1)))
+        return backoff_delay_s(self._rng, retry, self.backoff_base_s, self.backoff_max_s)
 
     async def _generate_one(self, request: GenerationRequest) -> GenerationResult:
         self._counts["requests"] += 1

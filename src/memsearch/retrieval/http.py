@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from memsearch.io import abandon_session
+from memsearch.io import abandon_session, backoff_delay_s
 from memsearch.retrieval.base import Passage
 
 
@@ -145,7 +145,7 @@ class HttpRetriever:
         for attempt in range(self.max_retries + 1):
             if attempt:
                 self._counts["retries"] += 1
-                await asyncio.sleep(self._rng.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))))
+                await asyncio.sleep(backoff_delay_s(self._rng, attempt, self.backoff_base_s, self.backoff_max_s))
             self._counts["attempts"] += 1
             try:
                 async with semaphore, asyncio.timeout(self.timeout_s):
