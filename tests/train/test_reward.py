@@ -82,6 +82,21 @@ def test_search_cost_is_subtracted_per_search(rules_run, labels):
         assert got == pytest.approx(row["f1"] - 0.05 * 2)
 
 
+def test_memory_recall_term_adds_the_evaluators_memory_support_recall(rules_run, labels):
+    """reward.memory_recall x the share of gold supporting facts the final memory cites: the very
+    figure the evaluation reports as memory_support_recall (train labels)."""
+    recalls = [row["memory_support_recall"] for _, row in rules_run]
+    assert min(recalls) < max(recalls)  # the rules memory keeps some gold facts and misses others
+    for t, row in rules_run:
+        label = labels[t["task_id"]]
+        got = trajectory_reward(t, label, NO_PENALTY.model_copy(update={"memory_recall": 0.5}), "memory")
+        assert got == pytest.approx(row["f1"] + 0.5 * (row["memory_support_recall"] or 0.0))
+        # the term reads only the memory's evidence ids: an emptied memory loses it
+        empty = {**t, "memory_sources": []}
+        assert trajectory_reward(empty, label, NO_PENALTY.model_copy(update={"memory_recall": 0.5}), "memory") == \
+            pytest.approx(row["f1"])
+
+
 def test_invalid_calls_of_the_trained_role_are_penalised_by_their_fraction(tiny_memory_run, rules_run, labels):
     for t, row in tiny_memory_run:
         memory_calls = [e for e in t["events"] if e["type"] == "policy_call" and e["role"] == "memory"]

@@ -32,7 +32,7 @@ from memsearch.errors import InputError
 from memsearch.io import dumps_line, sha256_file
 from memsearch.pipeline.memagent import _source_sha
 from memsearch.pipeline.mp_config import MemoryPolicyPipeline
-from memsearch.pipeline.stages import Stage, folder_sha256, grpo_stage, merge_stage, sft_stage
+from memsearch.pipeline.stages import Stage, eval_run, folder_sha256, grpo_stage, merge_stage, sft_stage
 
 
 def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str, Any]:
@@ -86,22 +86,6 @@ def _shared_questions(dev: Path, val: Path) -> list[str]:
     return [f"question {q} is both held out and in the validation split" for q in sorted(shared)]
 
 
-def eval_run(folder: Path, record: Path, run_config, data: Path, upstream: dict[str, Any], echo=print) -> dict[str, Any]:
-    """One fingerprinted ``run_eval`` (resumed after a crash); returns its summary."""
-    from memsearch.eval.runner import run_eval
-
-    stage = Stage(folder, folder.name, {"run_config": run_config.model_dump(mode="json"),
-                                        "data_manifest_sha256": sha256_file(data / "manifest.json"), **upstream}, record)
-    if stage.done() and (folder / "summary.json").is_file():
-        echo(f"{folder.name}: done")
-        return json.loads((folder / "summary.json").read_text())
-    resume = stage.started() and folder.exists()
-    stage.start()
-    summary = run_eval(run_config, data, folder, resume=resume, group=folder.name, show_progress=False)
-    stage.finish({"summary": "summary.json"})
-    return summary
-
-
 def teacher_stage(cfg: MemoryPolicyPipeline, out: Path, paths: dict[str, Any], echo=print) -> tuple[Path, str]:
     """Teacher trajectories on train and their memory-role SFT rows; returns (rows file, fingerprint)."""
     from memsearch.train.export import export_sft
@@ -123,7 +107,30 @@ def teacher_stage(cfg: MemoryPolicyPipeline, out: Path, paths: dict[str, Any], e
         echo("\n".join(report.lines()))
     elif sha256_file(rows) != stage.record()["outputs"]["rows_sha256"]:
         raise InputError(f"{rows}: changed since export; delete {folder} and {out / 'teacher.stage.json'} to redo it")
-    return rows, stage.fingerprint
+    if cfg.teacher_rows.other_noop_share is None:
+        return rows, stage.fingerprint
+    return select_stage(cfg, folder, rows, stage.fingerprint, paths, echo)
+
+
+def select_stage(cfg: MemoryPolicyPipeline, folder: Path, rows: Path, rows_fp: str, paths: dict[str, Any],
+                 echo=print) -> tuple[Path, str]:
+    """``teacher/selected.jsonl``: the rows SFT trains on (``train.row_selection``)."""
+    from memsearch.data.dataset import load_dataset
+    from memsearch.train.row_selection import describe, select_memory_rows
+
+    selected = folder / "selected.jsonl"
+    stage = Stage(folder / "select", "select-rows", {"rows": rows_fp, **cfg.teacher_rows.model_dump(mode="json")},
+                  folder / "select.stage.json")
+    if not stage.done():
+        stage.start()
+        selected.unlink(missing_ok=True)
+        report = select_memory_rows(rows, load_dataset(paths["train"]).labels_by_id(), selected,
+                                    cfg.teacher_rows.other_noop_share, cfg.teacher_rows.seed)
+        stage.finish({"rows": str(selected.relative_to(folder.parent)), "rows_sha256": sha256_file(selected), "report": report})
+        echo(describe(report))
+    elif sha256_file(selected) != stage.record()["outputs"]["rows_sha256"]:
+        raise InputError(f"{selected}: changed since selection; delete it and {folder / 'select.stage.json'} to redo it")
+    return selected, stage.fingerprint
 
 
 def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str, Any], rows: Path, rows_fp: str,
@@ -138,12 +145,20 @@ def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str
     stage1 = grpo_stage(root / "grpo1", root / "grpo1.stage.json", cfg.grpo_config(train, seed, str(sft), val),
                         {"prepare": paths["fingerprint"], "sft_sha256": folder_sha256(sft)}, echo)
     merged1, fp1 = merge_stage(root / "merged1", root / "merged1.stage.json", cfg.model, stage1, cfg.merge_dtype, echo)
+    from memsearch.pipeline import heldout
+
+    heldout_rows = heldout.run_seed(cfg, root, paths, sft, merged1, {"sft_sha256": folder_sha256(sft), "stage1": fp1}, echo)
     controller, fp2 = None, None
     if cfg.stage2.enabled:
         stage2 = grpo_stage(root / "grpo2", root / "grpo2.stage.json", cfg.stage2_config(train, seed, str(merged1), val),
                             {"prepare": paths["fingerprint"], "stage1": fp1}, echo)
         merged2, fp2 = merge_stage(root / "merged2", root / "merged2.stage.json", cfg.model, stage2, cfg.merge_dtype, echo)
         controller = str(merged2)
+    base = {"seed": seed, "root": root, "heldout": heldout_rows, "stage2": cfg.stage2.enabled,
+            "logs": {"sft": root / "sft" / "train_log.jsonl", "grpo1": root / "grpo1" / "train_log.jsonl",
+                     **({"grpo2": root / "grpo2" / "train_log.jsonl"} if cfg.stage2.enabled else {})}}
+    if cfg.matrix_seeds is not None and seed not in cfg.matrix_seeds:
+        return {**base, "matrix": None}
     matrix_cfg = cfg.matrix_config(str(merged1), controller)
     folder = root / "matrix"
     stage = Stage(folder, "matrix", {"run_config": matrix_cfg.model_dump(mode="json"), "prepare": paths["fingerprint"],
@@ -157,13 +172,12 @@ def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str
         echo(f"seed {seed} matrix: {'resuming' if resume else 'running'} A-D on {paths['dev']}")
         matrix = run_matrix(matrix_cfg, paths["dev"], folder, resume=resume, show_progress=False)
         stage.finish({"matrix": "matrix/matrix.json"})
-    return {"seed": seed, "root": root, "matrix": matrix, "stage2": cfg.stage2.enabled,
-            "logs": {"sft": root / "sft" / "train_log.jsonl", "grpo1": root / "grpo1" / "train_log.jsonl",
-                     **({"grpo2": root / "grpo2" / "train_log.jsonl"} if cfg.stage2.enabled else {})}}
+    return {**base, "matrix": matrix}
 
 
 def run_memory_policy_pipeline(cfg: MemoryPolicyPipeline, out: str | Path, echo=print) -> dict[str, Any]:
     """Run every stage of every seed (skipping finished ones); returns the report (also ``OUT/report.json``)."""
+    from memsearch.pipeline import heldout
     from memsearch.pipeline.mp_report import write_mp_report
 
     out = Path(out)
@@ -173,8 +187,11 @@ def run_memory_policy_pipeline(cfg: MemoryPolicyPipeline, out: str | Path, echo=
         fh.write(dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.model_dump(mode="json")}) + "\n")
     paths = prepare_stage(cfg, out, echo)
     rows, rows_fp = teacher_stage(cfg, out, paths, echo)
+    shared = heldout.run_shared(cfg, out, paths, echo)
     seeds = [seed_stages(cfg, out, seed, paths, rows, rows_fp, echo) for seed in cfg.seeds]
-    report = write_mp_report(cfg, out, seeds)
+    comparison = heldout.compare(cfg, shared, {s["seed"]: s["heldout"] for s in seeds})
+    heldout.write_summary(out, comparison)
+    report = write_mp_report(cfg, out, seeds, comparison)
     echo(report["table"])
     echo(f"report: {out / 'report.md'}")
     return report

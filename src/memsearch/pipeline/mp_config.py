@@ -40,6 +40,16 @@ class MPData(_Config):
                                "held-out ones, disjoint from them; 0 = no periodic evaluation")
 
 
+class TeacherRows(_Config):
+    """Which teacher rows SFT trains on (``train.row_selection``): every operation row, every
+    NOOP row where a gold sentence was shown but not kept, and a share of the other NOOP rows."""
+
+    other_noop_share: float | None = Field(
+        None, ge=0, le=1, description="Share of the NOOP rows without a new gold sentence to keep (sampled with "
+        "`seed`); None = keep every exported row (no selection)")
+    seed: int = Field(0, description="Seeds the sample of NOOP rows")
+
+
 class Stage2(_Config):
     """Optional stage 2: GRPO of the search controller (``agent.controller = 'policy'``) with the
     stage-1 model frozen as the memory backend."""
@@ -64,6 +74,13 @@ class MemoryPolicyPipeline(_Config):
     data: MPData = Field(..., description="Sources and the held-out dev questions")
     episode: RunConfig = Field(..., description="Every episode's run config (decision memory, fixed plan, reader, budgets); "
                                "backends.memory/controller are replaced per stage by the pipeline")
+    schema_mode: bool = Field(False, description="The trained memory policy decodes in schema mode (constrained JSON): "
+                              "GRPO rollouts and periodic evaluation, the held-out sft/grpo rows and B/D of the matrix "
+                              "(the held-out 'base' row always uses schema mode)")
+    teacher_rows: TeacherRows = Field(default_factory=TeacherRows, description="Selection of the teacher's SFT rows")
+    matrix_seeds: list[int] | None = Field(None, description="Seeds whose A-D matrix runs on the held-out questions "
+                                           "(None = every seed; [] = none: the held-out comparison of memory policies "
+                                           "runs for every seed regardless)")
     teacher: BackendConfig = Field(default_factory=lambda: BackendConfig(kind="oracle"),
                                    description="Memory backend of the teacher trajectories on train (oracle by default)")
     sft: dict[str, Any] = Field(default_factory=dict, description="memsearch train sft fields (model, data, role, seed set by the pipeline)")
@@ -101,6 +118,11 @@ class MemoryPolicyPipeline(_Config):
                                  "validation split only, never the held-out comparison questions")
             if bad:
                 raise ValueError(f"{table}: {', '.join(bad)} set by the pipeline itself; remove them")
+        if self.matrix_seeds and not set(self.matrix_seeds) <= set(self.seeds):
+            raise ValueError(f"matrix_seeds {self.matrix_seeds}: expected a subset of seeds {self.seeds}")
+        if "schema_mode" in self.grpo:
+            raise ValueError("grpo.schema_mode: set the pipeline's top-level schema_mode (it also sets the held-out "
+                             "evaluations and B/D); remove it from [grpo]")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds {self.seeds}: expected distinct seeds")
         # Validate every trainer table now, with its field names, before any stage runs.
@@ -121,10 +143,13 @@ class MemoryPolicyPipeline(_Config):
             data["agent"]["controller"] = agent_controller
         return data
 
-    def base_backend(self, model: str | None = None) -> dict[str, Any]:
-        """An hf backend on ``model`` (the base by default), with the episode memory backend's other settings."""
+    def base_backend(self, model: str | None = None, schema_mode: bool | None = None) -> dict[str, Any]:
+        """An hf backend on ``model`` (the base by default), with the episode memory backend's other
+        settings; decoding in ``schema_mode`` (the pipeline's by default; summary memory and the
+        controller decode freely)."""
         data = self.episode.backends.memory.model_dump(mode="json")
-        data.update(kind="hf", model=model or self.model, adapter=None, schema_mode=False)
+        data.update(kind="hf", model=model or self.model, adapter=None,
+                    schema_mode=self.schema_mode if schema_mode is None else schema_mode)
         return data
 
     def teacher_config(self) -> RunConfig:
@@ -142,11 +167,13 @@ class MemoryPolicyPipeline(_Config):
         """Stage 1: GRPO of the memory role from the SFT adapter; periodic evaluation on ``val``."""
         episode = self._episode(memory=self.base_backend())
         return validated(GRPOConfig, {**self.grpo, "role": "memory", "model": self.model, "data": train, "seed": seed,
+                                       "schema_mode": self.schema_mode,
                                        "adapter": adapter, "episode": episode, "eval": self._eval(self.grpo, val)}, "grpo")
 
     def stage2_config(self, train: str, seed: int, stage1: str, val: str | None = None) -> GRPOConfig:
         """Stage 2: GRPO of the controller, the merged stage-1 model frozen as memory backend."""
-        episode = self._episode(memory=self.base_backend(stage1), controller=self.base_backend(), agent_controller="policy")
+        episode = self._episode(memory=self.base_backend(stage1), controller=self.base_backend(schema_mode=False),
+                                agent_controller="policy")
         return validated(GRPOConfig, {**self.stage2.train, "role": "controller", "model": self.model, "data": train,
                                        "seed": seed, "episode": episode, "eval": self._eval(self.stage2.train, val)},
                          "stage2.train")
@@ -155,8 +182,9 @@ class MemoryPolicyPipeline(_Config):
         """The A-D matrix: A/C summarize with the untrained base (``backends.baseline_memory``,
         set explicitly so a stage-1 checkpoint can never reach them), B/D with the stage-1
         model, C/D with the stage-2 controller (``controller``; None = the base model)."""
-        data = self._episode(memory=self.base_backend(stage1), controller=self.base_backend(controller))
-        data["backends"]["baseline_memory"] = self.base_backend()
+        data = self._episode(memory=self.base_backend(stage1), controller=self.base_backend(controller, schema_mode=False))
+        # Summary mode has no operations to constrain: the baseline decodes freely.
+        data["backends"]["baseline_memory"] = self.base_backend(schema_mode=False)
         data["limit"] = None
         data["matrix"] = {"groups": ["A", "B", "C", "D"], "bootstrap_resamples": self.report.bootstrap_resamples}
         return RunConfig.model_validate(data)

@@ -70,7 +70,50 @@ def _reward(table: dict[str, Any]) -> str:
     return ", ".join(f"{k} = {v}" for k, v in RewardSettings.model_validate(table.get("reward") or {}).model_dump().items())
 
 
-def render(cfg, sections: list[dict[str, Any]]) -> str:
+def _diff_line(name: str, metric: str, d: dict[str, Any] | None, usable: bool = True) -> str:
+    if not d or "diff" not in d:
+        return f"| {name} | {metric} | - | - | - | - | 0 | {_cell(usable)} |"
+    return (f"| {name} | {metric} | {d['mean_a']:.3f} | {d['mean_b']:.3f} | {d['diff']:+.3f} | "
+            f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | {d['n']} | {'yes' if usable else 'NOT USABLE'} |")
+
+
+def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
+    """The held-out comparison of memory policies (``pipeline.heldout``) as markdown lines."""
+    from memsearch.pipeline.heldout import DIFF_METRICS, INVALID_CAUSES
+
+    cols = ("policy", "memory support recall", "retrieval support recall", "F1", "EM", "memory-call invalid rate",
+            *(f"invalid: {c}" for c in INVALID_CAUSES), "ADD / UPDATE / DELETE / NOOP", "questions", "usable")
+    lines = ["## Memory policies on the held-out questions (group B)", "",
+             f"Decision memory, fixed plan, the same reader and budgets; {comparison['questions']} held-out dev questions. "
+             "base = the untrained model in schema mode; rules = the rules memory heuristic; sft / grpo = the seed's SFT "
+             f"adapter / merged stage-1 model (schema mode: {_cell(comparison['schema_mode'])}). GRPO reward: "
+             + ", ".join(f"{k} = {v}" for k, v in comparison["reward"].items()) + ".", ""]
+    shared = comparison["policies"]["shared"]
+    for seed, rows in comparison["policies"]["seeds"].items():
+        lines += [f"### Seed {seed}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for policy, r in {**shared, **rows}.items():
+            calls = r["memory_calls"]
+            ops = " / ".join(str(calls["ops_executed"][k]) for k in ("ADD", "UPDATE", "DELETE", "NOOP"))
+            lines.append("| " + " | ".join([policy, *(_cell(r[m]) for m in ("memory_support_recall", "retrieval_support_recall",
+                                                                           "f1", "em")),
+                                            _cell(calls["invalid_rate"]), *(str(calls["invalid"][c]) for c in INVALID_CAUSES),
+                                            ops, str(r["questions"]), _cell(r["usable_for_comparison"])]) + " |")
+        lines += ["", "| pair | metric | a | b | a - b | CI | n | usable |", "|---|---|---|---|---|---|---|---|"]
+        for pair, metrics in comparison["per_seed"][seed].items():
+            lines += [_diff_line(pair, m, metrics[m], metrics[m]["usable"]) for m in DIFF_METRICS]
+        lines.append("")
+    lines += ["### Over seeds (per-question mean over the seeds)", "",
+              "| pair | metric | a | b | a - b | CI | n | usable |", "|---|---|---|---|---|---|---|---|"]
+    for pair, metrics in comparison["over_seeds"].items():
+        lines += [_diff_line(pair, m, metrics[m]) for m in DIFF_METRICS]
+    bar = comparison["bar"]
+    lines += ["", f"Bar ({bar['criterion']}): **{'holds' if bar['holds'] else 'does not hold'}** "
+              f"(per seed: {', '.join(f'{s}: {_cell(v)}' for s, v in bar['per_seed'].items())}); GRPO improves on SFT "
+              f"over seeds with a CI above 0: {_cell(bar['grpo_improves_on_sft'])}.", ""]
+    return lines
+
+
+def render(cfg, sections: list[dict[str, Any]], comparison: dict[str, Any] | None = None) -> str:
     """The markdown of the report (also returned as ``table``)."""
     lines = ["# Memory-policy pipeline", "",
              f"Base model `{cfg.model}`, seeds {cfg.seeds}; held-out dev: the first {cfg.data.dev_questions} questions of "
@@ -79,10 +122,12 @@ def render(cfg, sections: list[dict[str, Any]]) -> str:
              f"GRPO stage 1 reward: {_reward(cfg.grpo)}.", "",
              "Stage 2 (controller GRPO): " + ("on: C/D use the stage-2 controller." if cfg.stage2.enabled else
                                              "**skipped**: C/D use the untrained base controller."), ""]
+    if comparison is not None:
+        lines += render_heldout(cfg, comparison)
     cols = ("group", "memory backend", "controller", *METRICS, "questions", "request errors", "memory truncations",
             "complete", "usable")
     for sec in sections:
-        lines += [f"## Seed {sec['seed']}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += [f"## Seed {sec['seed']}: the A-D matrix", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for r in sec["rows"]:
             lines.append("| " + " | ".join([r["group"], _backend(r["memory_backend"]), _backend(r["controller_backend"]),
                                             *(_cell(r[m]) for m in METRICS), f"{r['questions']}/{r['expected']}",
@@ -92,13 +137,7 @@ def render(cfg, sections: list[dict[str, Any]]) -> str:
         lines += ["", *notes, "" if notes else "",
                   f"Paired bootstrap differences ({cfg.report.confidence:.0%} CI, {cfg.report.bootstrap_resamples} resamples):", "",
                   "| pair | metric | a | b | a - b | CI | n | usable |", "|---|---|---|---|---|---|---|---|"]
-        for d in sec["diffs"]:
-            if "diff" not in d:
-                lines.append(f"| {d['pair']} | {d['metric']} | - | - | - | - | 0 | {_cell(d['usable'])} |")
-                continue
-            lines.append(f"| {d['pair']} | {d['metric']} | {d['mean_a']:.3f} | {d['mean_b']:.3f} | {d['diff']:+.3f} | "
-                         f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | {d['n']} | "
-                         f"{'yes' if d['usable'] else 'NOT USABLE'} |")
+        lines += [_diff_line(d["pair"], d["metric"], d, d["usable"]) for d in sec["diffs"]]
         lines.append("")
     lines += ["![training curves](curves.png)", "", "Curves: mean over seeds with a min-max band."]
     return "\n".join(lines) + "\n"
@@ -136,18 +175,22 @@ def plot_curves(logs: dict[str, list[Path]], png: Path) -> Path:
     return png
 
 
-def write_mp_report(cfg, out: Path, seeds: list[dict[str, Any]]) -> dict[str, Any]:
+def write_mp_report(cfg, out: Path, seeds: list[dict[str, Any]], comparison: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write ``report.md``, ``report.json`` and ``curves.png``; returns the report."""
-    sections = [seed_section(cfg, s) for s in seeds]
+    sections = [seed_section(cfg, s) for s in seeds if s.get("matrix") is not None]
     panels = {n: [s["logs"][n] for s in seeds] for n in seeds[0]["logs"]}
     if cfg.data.val_questions:  # the periodic evaluation on the validation split, per GRPO stage
         for n in [n for n in panels if n.startswith("grpo")]:
             for key in ("eval_memory_support_recall", "eval_f1"):
                 panels[f"{n}:{key}"] = panels[n]
     plot_curves(panels, out / "curves.png")
-    table = render(cfg, sections)
-    report = {"seeds": sections, "stage2": cfg.stage2.enabled,
-              "usable_for_comparison": all(r["usable_for_comparison"] for s in sections for r in s["rows"])}
+    table = render(cfg, sections, comparison)
+    heldout_usable = comparison is None or all(
+        r["usable_for_comparison"] for rows in (comparison["policies"]["shared"], *comparison["policies"]["seeds"].values())
+        for r in rows.values())
+    report = {"seeds": sections, "stage2": cfg.stage2.enabled, "heldout": comparison and {
+                  k: comparison[k] for k in ("per_seed", "over_seeds", "bar")},
+              "usable_for_comparison": heldout_usable and all(r["usable_for_comparison"] for s in sections for r in s["rows"])}
     write_json(out / "report.json", report)
     (out / "report.md").write_text(table, encoding="utf-8")
     return {**report, "table": table}

@@ -158,3 +158,19 @@ def merge_stage(folder: Path, record: Path, model: str, adapter: Path, dtype: st
     stage.finish({"merged": folder.name})
     echo(f"merge: {folder}")
     return folder, stage.fingerprint
+
+
+def eval_run(folder: Path, record: Path, run_config, data: Path, upstream: dict[str, Any], echo=print) -> dict[str, Any]:
+    """One fingerprinted ``run_eval`` (resumed after a crash); returns its summary."""
+    from memsearch.eval.runner import run_eval
+
+    stage = Stage(folder, folder.name, {"run_config": run_config.model_dump(mode="json"),
+                                        "data_manifest_sha256": sha256_file(data / "manifest.json"), **upstream}, record)
+    if stage.done() and (folder / "summary.json").is_file():
+        echo(f"{folder.name}: done")
+        return json.loads((folder / "summary.json").read_text())
+    resume = stage.started() and folder.exists()
+    stage.start()
+    summary = run_eval(run_config, data, folder, resume=resume, group=folder.name, show_progress=False)
+    stage.finish({"summary": "summary.json"})
+    return summary

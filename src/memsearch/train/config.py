@@ -71,6 +71,7 @@ class RewardSettings(_Config):
         metric - invalid_penalty x invalid calls / calls of the trained role(s)
                - citation_penalty x invalid citations / citations of the answer
                - search_cost x searches
+               + memory_recall x memory support recall (train labels)
 
     The defaults are the project's reward: F1, invalid actions and invalid citations penalised,
     searches free (search cost is an ablation). The MemAgent recipe sets both penalties to 0
@@ -87,6 +88,10 @@ class RewardSettings(_Config):
         "reader cites that the episode never showed (the trajectory's invalid_citations); an answer citing nothing "
         "is not penalised")
     search_cost: float = Field(0.0, ge=0, description="Subtracted per search the episode made (ablation of search cost)")
+    memory_recall: float = Field(
+        0.0, ge=0, description="Added x memory support recall of the final memory (share of the train label's "
+        "supporting facts whose evidence ids the memory cites): a label-based term for the memory role where the "
+        "answer metric barely moves with memory quality (small readers); 0 = answer metric only")
 
 
 class GRPOConfig(_Config):

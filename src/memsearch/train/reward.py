@@ -4,6 +4,7 @@
              - invalid_penalty * (invalid calls / calls of the trained role(s))
              - citation_penalty * (invalid citations / citations of the answer)
              - search_cost * searches
+             + memory_recall * memory support recall
 
 - metric: ``boxed_em`` (MemAgent) scores the reader's full text (the last ``\\boxed{}``); the
   other metrics score the answer the evaluation scores (``eval.score.protocol_answer``: the box
@@ -17,6 +18,11 @@
   ``invalid_citations``), as a fraction of the ids cited; an answer citing nothing is not
   penalised (citation recall is an evaluation metric, not a reward term).
 - searches: the episode's retriever calls (``counts.searches``), each costing ``search_cost``.
+- memory support recall: the share of the label's supporting facts whose evidence ids the final
+  memory cites (``memory_sources``, as the evaluation scores it), weighted by ``memory_recall``
+  (0 by default). Train labels only, like every reward term; a question without supporting
+  facts adds 0. On the CPU recipe answer F1 barely moves with memory quality, so this term
+  gives the memory role a signal that sees which evidence was kept (docs/memory_policy.md).
 
 Defaults (``RewardSettings``): F1, both penalties 0.5, searches free (docs/design.md §7).
 """
@@ -26,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from memsearch.data.records import Label
-from memsearch.eval.metrics import answer_metric
+from memsearch.eval.metrics import answer_metric, support_recall
 from memsearch.eval.score import protocol_answer
 from memsearch.train.config import RewardSettings
 from memsearch.train.rows import trained_calls
@@ -46,4 +52,6 @@ def trajectory_reward(trajectory: dict[str, Any], label: Label, settings: Reward
         reward -= settings.citation_penalty * len(trajectory.get("invalid_citations") or []) / len(citations)
     if settings.search_cost:
         reward -= settings.search_cost * trajectory.get("counts", {}).get("searches", 0)
+    if settings.memory_recall:
+        reward += settings.memory_recall * (support_recall(trajectory.get("memory_sources") or [], label.supporting_facts) or 0.0)
     return reward

@@ -51,6 +51,7 @@ def reward_summary(trajectory: dict[str, Any], role: str) -> dict[str, Any]:
         "answer_format": trajectory.get("answer_format", "free"),
         "citations": list(trajectory.get("citations") or []),
         "invalid_citations": list(trajectory.get("invalid_citations") or []),
+        "memory_sources": list(trajectory.get("memory_sources") or []),
         "counts": {"searches": counts.get("searches", 0), "policy_calls": counts.get("policy_calls", 0),
                    "request_errors": counts.get("request_errors", 0)},
         "events": [{"type": "policy_call", "role": c["role"], "valid": c.get("valid")}
