@@ -26,7 +26,7 @@ SAMPLES = ROOT / "data" / "samples" / "hotpotqa"
 
 
 def settings(model: Path, *extra: str) -> list[str]:
-    return [f"model={json.dumps(str(model))}", "seeds=[7]", f"data.train={json.dumps(str(SAMPLES / 'train_sample.json'))}",
+    return [f"model={json.dumps(str(model))}", "seeds=[7]", "matrix_seeds=[7]", f"data.train={json.dumps(str(SAMPLES / 'train_sample.json'))}",
             f"data.dev={json.dumps(str(SAMPLES / 'dev_distractor_sample.json'))}", "data.train_questions=3",
             "data.dev_questions=3", "data.val_questions=0", "grpo.eval.every=0", "episode.budgets.policy_tokens=12", "episode.budgets.max_searches=2",
             "sft.epochs=1.0", "sft.micro_batch_rows=8", "sft.grad_accumulation=1", "grpo.steps=1", "grpo.tasks_per_step=1",
@@ -92,6 +92,44 @@ def test_every_stage_runs_with_stage2_and_the_report_equals_the_metrics_files(wi
     assert (out / "curves.png").stat().st_size > 1000
 
 
+def test_heldout_comparison_of_memory_policies_equals_the_metrics_files(with_stage2, tiny_model_dir):
+    """base / rules run once, sft / grpo per seed, on the held-out questions with the same episode;
+    summary.json's means and paired differences are those of the runs' metrics files."""
+    out, report, _ = with_stage2
+    runs = {"base": out / "heldout" / "base", "rules": out / "heldout" / "rules",
+            "sft": out / "seed-7" / "heldout" / "sft", "grpo": out / "seed-7" / "heldout" / "grpo"}
+    configs = {p: record(r / "config.json") for p, r in runs.items()}
+    memory = {p: c["backends"]["memory"] for p, c in configs.items()}
+    assert memory["rules"]["kind"] == "rules"
+    assert (memory["base"]["model"], memory["base"]["adapter"], memory["base"]["schema_mode"]) == (str(tiny_model_dir), None, True)
+    assert memory["sft"]["adapter"] == str(out / "seed-7" / "sft" / "adapter") and memory["sft"]["model"] == str(tiny_model_dir)
+    assert memory["grpo"]["model"] == str(out / "seed-7" / "merged1") and memory["sft"]["schema_mode"] is True
+    for c in configs.values():  # everything but the memory backend is the same episode
+        assert {k: v for k, v in c.items() if k != "backends"} == {k: v for k, v in configs["base"].items() if k != "backends"}
+        assert c["backends"]["reader"] == configs["base"]["backends"]["reader"]
+    summary = record(out / "heldout" / "summary.json")
+    per_task = {p: {m["task_id"]: m for m in map(json.loads, (r / "metrics.jsonl").read_text().splitlines())}
+                for p, r in runs.items()}
+    for policy, rows in per_task.items():
+        row = summary["policies"]["shared" if policy in ("base", "rules") else "seeds"]
+        row = row[policy] if policy in ("base", "rules") else row["7"][policy]
+        assert row["f1"] == pytest.approx(sum(m["f1"] for m in rows.values()) / 3)
+        calls = sum(1 for line in (runs[policy] / "trajectories.jsonl").read_text().splitlines()
+                    for e in json.loads(line)["events"] if e.get("type") == "policy_call" and e["role"] == "memory")
+        assert row["memory_calls"]["calls"] == calls > 0
+    d = summary["per_seed"]["7"]["grpo-rules"]["memory_support_recall"]
+    expected = sum(per_task["grpo"][t]["memory_support_recall"] - per_task["rules"][t]["memory_support_recall"]
+                   for t in per_task["rules"]) / 3
+    assert d["n"] == 3 and d["diff"] == pytest.approx(expected)
+    assert summary["bar"]["per_seed"] == {"7": d["ci_low"] > 0} and summary["reward"]["memory_recall"] == 1.0
+    text = (out / "report.md").read_text()
+    assert "## Memory policies on the held-out questions (group B)" in text and "| grpo-rules | memory_support_recall |" in text
+    # the SFT rows are the selection: every op row and unfit NOOP, a share of the other NOOP rows
+    sel = record(out / "teacher" / "select.stage.json")["outputs"]["report"]
+    assert sel["kept"]["op"] == sel["read"]["op"] and sel["kept"]["other_noop"] == round(0.2 * sel["read"]["other_noop"])
+    assert record(out / "seed-7" / "sft" / "config.json")["data"] == [str(out / "teacher" / "selected.jsonl")]
+
+
 def test_stage1_weights_never_reach_a_or_c(with_stage2, tiny_model_dir):
     """A/C summarize with the untrained base; B/D with the merged stage-1 folder; C/D's
     controller is the merged stage-2 folder (checked in each group's run.json)."""
@@ -118,7 +156,8 @@ def test_rerun_skips_every_stage_and_leaves_outputs_untouched(with_stage2, tiny_
     lines: list[str] = []
     again = run_memory_policy_pipeline(config(tiny_model_dir, *ON), out, echo=lines.append)
     after = outputs_snapshot(out)
-    changed = sorted(k for k in before if before[k] != after.get(k) and not k.startswith("report") and k != "curves.png")
+    changed = sorted(k for k in before if before[k] != after.get(k) and not k.startswith("report")
+                     and k not in ("curves.png", "heldout/summary.json"))
     assert changed == [] and set(after) == set(before)
     assert "prepare: done" in "\n".join(lines) and "grpo2: done (" in "\n".join(lines)
     assert again["seeds"][0]["rows"] == report["seeds"][0]["rows"]
@@ -186,3 +225,5 @@ def test_http_memory_serving_and_owned_fields_are_refused(tiny_model_dir):
         config(tiny_model_dir, "grpo.eval.every=1")
     with pytest.raises(Exception, match="sft: eval set by the pipeline"):
         config(tiny_model_dir, "sft.eval.every=1")
+    with pytest.raises(Exception, match="grpo.schema_mode: set the pipeline's top-level schema_mode"):
+        config(tiny_model_dir, "grpo.schema_mode=true")

@@ -79,8 +79,9 @@ class MemoryPolicyPipeline(_Config):
                               "(the held-out 'base' row always uses schema mode)")
     teacher_rows: TeacherRows = Field(default_factory=TeacherRows, description="Selection of the teacher's SFT rows")
     matrix_seeds: list[int] | None = Field(None, description="Seeds whose A-D matrix runs on the held-out questions "
-                                           "(None = every seed; [] = none: the held-out comparison of memory policies "
-                                           "runs for every seed regardless)")
+                                           "(None = every seed; [] = none; a seed not in `seeds` is not run: a session may train "
+                                           "`seeds = [2]` alone); the held-out comparison of memory policies runs for every "
+                                           "seed regardless")
     teacher: BackendConfig = Field(default_factory=lambda: BackendConfig(kind="oracle"),
                                    description="Memory backend of the teacher trajectories on train (oracle by default)")
     sft: dict[str, Any] = Field(default_factory=dict, description="memsearch train sft fields (model, data, role, seed set by the pipeline)")
@@ -118,8 +119,6 @@ class MemoryPolicyPipeline(_Config):
                                  "validation split only, never the held-out comparison questions")
             if bad:
                 raise ValueError(f"{table}: {', '.join(bad)} set by the pipeline itself; remove them")
-        if self.matrix_seeds and not set(self.matrix_seeds) <= set(self.seeds):
-            raise ValueError(f"matrix_seeds {self.matrix_seeds}: expected a subset of seeds {self.seeds}")
         if "schema_mode" in self.grpo:
             raise ValueError("grpo.schema_mode: set the pipeline's top-level schema_mode (it also sets the held-out "
                              "evaluations and B/D); remove it from [grpo]")
