@@ -204,6 +204,15 @@ def test_without_stage2_crashed_stages_resume_and_the_report_says_base_controlle
     assert "merge: done" in "\n".join(lines) and "seed 7 matrix: done" in "\n".join(lines)
 
 
+def test_a_seed_outside_matrix_seeds_gets_the_heldout_comparison_but_no_matrix(tiny_model_dir, tmp_path):
+    report = run_memory_policy_pipeline(config(tiny_model_dir, "matrix_seeds=[]"), tmp_path / "o", echo=lambda _: None)
+    seed = tmp_path / "o" / "seed-7"
+    assert not (seed / "matrix").exists() and report["seeds"] == []
+    assert record(seed / "heldout" / "grpo.stage.json")["complete"] is True
+    assert list(record(tmp_path / "o" / "heldout" / "summary.json")["per_seed"]) == ["7"]
+    assert "the A-D matrix" not in (tmp_path / "o" / "report.md").read_text()
+
+
 def test_train_dev_overlap_is_refused(tiny_model_dir, tmp_path):
     """A train file holding a dev question: prepare stops before any training."""
     dev = json.loads((SAMPLES / "dev_distractor_sample.json").read_text())
