@@ -68,6 +68,11 @@ class Agent(_Config):
     memory: Literal["summary", "decision", "overwrite"] = Field("decision", description="how memory changes")
     controller: Literal["fixed", "policy", "exhaust"] = Field("fixed", description="who decides the next search / when to stop")
     retrieval_scope: Literal["candidates", "corpus"] = Field("candidates", description="search the task's candidates or the whole corpus")
+    memory_sources: Literal["shown", "hidden"] = Field(
+        "shown", description="Decision memory: 'shown' renders each item with its evidence ids; 'hidden' renders "
+        "items without them to the memory policy, controller and reader (and counts the budget on that rendering), "
+        "while the store still records them, so memory support recall is scored as before (the no-sources control, "
+        "docs/design.md §5). Summary and overwrite notes are unaffected")
 
 
 class Retrieval(_Config):
