@@ -59,6 +59,19 @@ class BackendConfig(_Config):
     schema_mode: bool = Field(
         False, description="hf: sample memory operations (decision mode) from the distribution renormalized on the "
         "tokens the memory-ops JSON schema allows; the mask is recorded so training replays it")
+    open_items: bool = Field(
+        False, description="oracle (decision memory): also write open sub-questions (kind 'open') from the train "
+        "labels, each citing the shown evidence it was inferred from, and DELETE one once it is resolved. HotpotQA: "
+        "'Find: <title>' for a gold paragraph the question does not name and no evidence of it was shown yet, once a "
+        "shown gold sentence names that title (the bridge entity); MuSiQue: the next decomposition sub-question whose "
+        "earlier answers ('#1', ...) a shown gold paragraph holds, with those answers filled in. Facts come first: an "
+        "open item is written only if it still fits the memory budget (the open-items control, docs/memory_policy.md)")
+
+    @model_validator(mode="after")
+    def _oracle_only(self) -> BackendConfig:
+        if self.open_items and self.kind != "oracle":
+            raise ValueError(f"open_items is an option of the oracle teacher (it reads labels); kind is {self.kind!r}")
+        return self
 
 
 class Agent(_Config):
