@@ -332,3 +332,18 @@ def test_open_items_on_musique_train_are_the_next_decomposition_subquestions(mus
 def test_open_items_is_an_oracle_option():
     with pytest.raises(Exception, match="open_items is an option of the oracle teacher"):
         load_config(RULES, ['backends.memory.open_items=true'])
+
+
+def test_hidden_sources_budget_is_judged_on_the_hidden_rendering(hotpot_train):
+    """The no-sources control: the oracle's scratch copy renders as the agent's memory does."""
+    dataset, tok = load_dataset(hotpot_train), load_tokenizer("lexical")
+    oracle = OracleBackend(dataset, tok)
+    obs = _obs(dataset)
+    gold = [(eid, s) for eid, s in obs["evidence"] if eid in set(dataset.labels[0].supporting_facts)][:1]
+    (add,) = parse_ops(_generate(oracle, "memory", {**obs, "evidence": gold}).text).ops
+    hidden_line = tok.count(f"[m1] (fact) {add.text}")
+    left = hidden_line - tok.count("(empty)")  # room for the item without its "; d..:.." tag only
+    assert tok.count(f"[m1] (fact; {add.sources[0]}) {add.text}") > hidden_line
+    tight = {**obs, "evidence": gold, "budget_left": left}
+    assert parse_ops(_generate(oracle, "memory", tight).text).ops[0].name == "NOOP"
+    assert parse_ops(_generate(oracle, "memory", {**tight, "sources_shown": False}).text).ops == (add,)
