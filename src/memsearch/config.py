@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from memsearch.errors import InputError, Problem
 
@@ -21,6 +21,17 @@ from memsearch.errors import InputError, Problem
 class _Config(BaseModel):
     # strict: `--set concurrency=true` must be an error, not 1 (no silent bool->int or str->number).
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _omit_defaults(data: dict[str, Any], model: BaseModel, fields: tuple[str, ...]) -> dict[str, Any]:
+    """``data`` (a dump of ``model``) without ``fields`` that hold their defaults. The fields of the
+    controls (issue 12 section 3) came after runs were recorded: left out at their defaults, the
+    resolved configs, run folders and pipeline stage fingerprints of every earlier run stay
+    byte-identical, so those runs still resume and compare; set, they are recorded."""
+    for name in fields:
+        if getattr(model, name) == type(model).model_fields[name].default:
+            data.pop(name, None)
+    return data
 
 
 class Budgets(_Config):
@@ -73,6 +84,10 @@ class BackendConfig(_Config):
             raise ValueError(f"open_items is an option of the oracle teacher (it reads labels); kind is {self.kind!r}")
         return self
 
+    @model_serializer(mode="wrap")
+    def _omit_default_controls(self, handler):
+        return _omit_defaults(handler(self), self, ("open_items",))
+
 
 class Agent(_Config):
     """The three orthogonal choices of an episode (see docs/design.md §3)."""
@@ -86,6 +101,10 @@ class Agent(_Config):
         "items without them to the memory policy, controller and reader (and counts the budget on that rendering), "
         "while the store still records them, so memory support recall is scored as before (the no-sources control, "
         "docs/design.md §5). Summary and overwrite notes are unaffected")
+
+    @model_serializer(mode="wrap")
+    def _omit_default_controls(self, handler):
+        return _omit_defaults(handler(self), self, ("memory_sources",))
 
 
 class Retrieval(_Config):

@@ -102,3 +102,18 @@ def test_search_cost_reaches_the_stage2_reward():
         traj = {"prediction": "Paris", "answer_format": "free", "events": [], "counts": {"searches": searches}}
         assert trajectory_reward(traj, label, free, "controller") == 1.0
         assert trajectory_reward(traj, label, priced, "controller") == pytest.approx(1.0 - 0.05 * searches)
+
+
+def test_the_recipe_records_no_control_field_so_earlier_runs_still_resume():
+    """At their defaults the control fields are left out of every dump (config._omit_defaults):
+    the stage configs of the CPU recipe, and with them its stage fingerprints, are the ones
+    recorded before the controls existed."""
+    cfg = load_config(CPU, ["stage2.enabled=true"], model=MemoryPolicyPipeline)
+    dumps = [cfg.teacher_config(), cfg.grpo_config("t", 1, "a").episode, cfg.stage2_config("t", 1, "m").episode,
+             cfg.matrix_config("m", None)]
+    for run in dumps:
+        text = run.model_dump_json()
+        assert "memory_sources" not in text and "open_items" not in text
+        assert type(run).model_validate(run.model_dump(mode="json")) == run
+    assert ablation("no_sources").teacher_config().model_dump()["agent"]["memory_sources"] == "hidden"
+    assert ablation("open_items").teacher_config().model_dump()["backends"]["memory"]["open_items"] is True
