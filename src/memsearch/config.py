@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from memsearch.errors import InputError, Problem
 
@@ -21,6 +21,17 @@ from memsearch.errors import InputError, Problem
 class _Config(BaseModel):
     # strict: `--set concurrency=true` must be an error, not 1 (no silent bool->int or str->number).
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _omit_defaults(data: dict[str, Any], model: BaseModel, fields: tuple[str, ...]) -> dict[str, Any]:
+    """``data`` (a dump of ``model``) without ``fields`` that hold their defaults. The fields of the
+    controls (issue 12 section 3) came after runs were recorded: left out at their defaults, the
+    resolved configs, run folders and pipeline stage fingerprints of every earlier run stay
+    byte-identical, so those runs still resume and compare; set, they are recorded."""
+    for name in fields:
+        if getattr(model, name) == type(model).model_fields[name].default:
+            data.pop(name, None)
+    return data
 
 
 class Budgets(_Config):
@@ -59,6 +70,23 @@ class BackendConfig(_Config):
     schema_mode: bool = Field(
         False, description="hf: sample memory operations (decision mode) from the distribution renormalized on the "
         "tokens the memory-ops JSON schema allows; the mask is recorded so training replays it")
+    open_items: bool = Field(
+        False, description="oracle (decision memory): also write open sub-questions (kind 'open') from the train "
+        "labels, each citing the shown evidence it was inferred from, and DELETE one once it is resolved. HotpotQA: "
+        "'Find: <title>' for a gold paragraph the question does not name and no evidence of it was shown yet, once a "
+        "shown gold sentence names that title (the bridge entity); MuSiQue: the next decomposition sub-question whose "
+        "earlier answers ('#1', ...) a shown gold paragraph holds, with those answers filled in. Facts come first: an "
+        "open item is written only if it still fits the memory budget (the open-items control, docs/memory_policy.md)")
+
+    @model_validator(mode="after")
+    def _oracle_only(self) -> BackendConfig:
+        if self.open_items and self.kind != "oracle":
+            raise ValueError(f"open_items is an option of the oracle teacher (it reads labels); kind is {self.kind!r}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_default_controls(self, handler):
+        return _omit_defaults(handler(self), self, ("open_items",))
 
 
 class Agent(_Config):
@@ -68,6 +96,15 @@ class Agent(_Config):
     memory: Literal["summary", "decision", "overwrite"] = Field("decision", description="how memory changes")
     controller: Literal["fixed", "policy", "exhaust"] = Field("fixed", description="who decides the next search / when to stop")
     retrieval_scope: Literal["candidates", "corpus"] = Field("candidates", description="search the task's candidates or the whole corpus")
+    memory_sources: Literal["shown", "hidden"] = Field(
+        "shown", description="Decision memory: 'shown' renders each item with its evidence ids; 'hidden' renders "
+        "items without them to the memory policy, controller and reader (and counts the budget on that rendering), "
+        "while the store still records them, so memory support recall is scored as before (the no-sources control, "
+        "docs/design.md §5). Summary and overwrite notes are unaffected")
+
+    @model_serializer(mode="wrap")
+    def _omit_default_controls(self, handler):
+        return _omit_defaults(handler(self), self, ("memory_sources",))
 
 
 class Retrieval(_Config):

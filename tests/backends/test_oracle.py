@@ -233,3 +233,117 @@ def test_duplicate_question_is_resolved_by_candidate_documents(hotpot_train, tmp
     result = _generate(oracle, "reader", {"question": tasks[0]["question"], "memory_items": [], "mode": "decision"})
     assert result.finish_reason == "error"
     assert tasks[0]["id"] in result.error and tasks[j]["id"] in result.error
+
+
+# --- open sub-questions (backends.memory.open_items, the open-items control) ---------------------
+
+OPEN = ['backends.memory.open_items=true']
+RULES_CONTROLLER = ['agent.controller="policy"', 'backends.controller.kind="rules"']
+
+
+def _memory_steps(traj: dict) -> list[tuple[int, list, set[str]]]:
+    """(step, ops, doc ids shown up to and including that step) of each memory call."""
+    shown_by_step, docs = {}, set()
+    for event in traj["events"]:
+        if event["type"] == "search":
+            docs |= {eid.rsplit(":", 1)[0] for eid in event["shown"]}
+            shown_by_step[event["step"]] = set(docs)
+    return [(c["step"], list(parse_ops(c["text"]).ops), shown_by_step[c["step"]]) for c in _calls(traj, "memory")]
+
+
+def test_open_items_on_hotpot_train_name_the_bridge_paragraph_and_steer_the_rules_controller(hotpot_train, tmp_path):
+    """On the shipped HotpotQA train sample: "Find: <title>" for the gold paragraph the question does
+    not name, citing the shown gold sentence that names it, deleted once that paragraph is shown;
+    the rules controller queries it next, which finds more gold evidence than without open items."""
+    dataset = load_dataset(hotpot_train)
+    labels, docs, tasks = dataset.labels_by_id(), dataset.documents_by_id(), {t.id: t for t in dataset.tasks}
+    by_title = {d.title: d for d in docs.values()}
+    trajectories, rows, summary = _run(hotpot_train, tmp_path / "open", *ROOMY, *OPEN, *RULES_CONTROLLER)
+    assert summary["complete"] and summary["metrics"]["invalid_action_rate"] == 0
+    written = deleted = queried = 0
+    for traj in trajectories:
+        label, question = labels[traj["task_id"]], tasks[traj["task_id"]].question
+        open_items: dict[str, str] = {}  # text -> id, following the store's numbering
+        next_id = 1
+        queries = [e["query"] for e in traj["events"] if e["type"] == "search"]
+        for step, ops, shown_docs in _memory_steps(traj):
+            for op in ops:
+                if op.name == "ADD" and op.kind == "open":
+                    title = op.text.removeprefix("Find: ")
+                    target = by_title[title]
+                    assert op.text.startswith("Find: ") and target.doc_id in label.gold_doc_ids
+                    assert not mentions_title(question, title) and target.doc_id not in shown_docs
+                    (source,) = op.sources
+                    source_doc, index = source.rsplit(":", 1)
+                    assert source in label.supporting_facts and source_doc != target.doc_id
+                    assert mentions_title(docs[source_doc].sentences[int(index)], title)  # the evidence it was inferred from
+                    open_items[op.text] = f"m{next_id}"
+                    written += 1
+                    # The rules controller's next query is the open item (unless the plan is over).
+                    if step + 1 < len(queries):
+                        assert queries[step + 1] == op.text.rstrip(")")
+                        queried += 1
+                if op.name == "DELETE":
+                    text = next(t for t, i in open_items.items() if i == op.id)
+                    assert by_title[text.removeprefix("Find: ")].doc_id in shown_docs  # resolved: its paragraph was shown
+                    del open_items[text]
+                    deleted += 1
+                next_id += op.name == "ADD"
+    # 18 of the 60 questions get one: each is the controller's next query and is resolved by it.
+    assert written == queried == deleted == 18
+    without = _run(hotpot_train, tmp_path / "closed", *ROOMY, *RULES_CONTROLLER)[2]["metrics"]
+    assert summary["metrics"]["retrieval_support_recall"] == pytest.approx(0.8986, abs=1e-4)
+    assert without["retrieval_support_recall"] == pytest.approx(0.8597, abs=1e-4)
+    assert summary["metrics"]["memory_support_recall"] == summary["metrics"]["retrieval_support_recall"]
+
+
+def test_open_items_leave_the_facts_of_a_fixed_plan_unchanged(hotpot_train, tmp_path):
+    """Same plan, roomy budget: with or without open items the oracle adds the same facts."""
+    def facts(trajectories):
+        return {t["task_id"]: [op.sources for _, ops, _ in _memory_steps(t) for op in ops if op.name == "ADD" and op.kind == "fact"]
+                for t in trajectories}
+
+    with_open = _run(hotpot_train, tmp_path / "open", *ROOMY, *OPEN)[0]
+    assert facts(with_open) == facts(_run(hotpot_train, tmp_path / "closed", *ROOMY)[0])
+    assert any(op.kind == "open" for t in with_open for _, ops, _ in _memory_steps(t) for op in ops if op.name == "ADD")
+
+
+def test_open_items_on_musique_train_are_the_next_decomposition_subquestions(musique_train, tmp_path):
+    dataset = load_dataset(musique_train)
+    labels, docs = dataset.labels_by_id(), dataset.documents_by_id()
+    trajectories, _, summary = _run(musique_train, tmp_path / "open", *ROOMY, *OPEN, *RULES_CONTROLLER)
+    assert summary["complete"] and summary["metrics"]["invalid_action_rate"] == 0
+    written = 0
+    for traj in trajectories:
+        steps = labels[traj["task_id"]].decomposition
+        for _, ops, _ in _memory_steps(traj):
+            for op in (o for o in ops if o.name == "ADD" and o.kind == "open"):
+                # A later sub-question with the earlier answers filled in, citing the paragraph holding one.
+                filled = [s for s in steps[1:] if "#" in s["question"] and all(
+                    a["answer"] in op.text for a in steps if f"#{steps.index(a) + 1}" in s["question"])]
+                assert filled, (op.text, steps)
+                (source,) = op.sources
+                assert source in labels[traj["task_id"]].supporting_facts
+                assert any(a["answer"].lower() in docs[source.rsplit(":", 1)[0]].text.lower() for a in steps)
+                written += 1
+    assert written == 40
+
+
+def test_open_items_is_an_oracle_option():
+    with pytest.raises(Exception, match="open_items is an option of the oracle teacher"):
+        load_config(RULES, ['backends.memory.open_items=true'])
+
+
+def test_hidden_sources_budget_is_judged_on_the_hidden_rendering(hotpot_train):
+    """The no-sources control: the oracle's scratch copy renders as the agent's memory does."""
+    dataset, tok = load_dataset(hotpot_train), load_tokenizer("lexical")
+    oracle = OracleBackend(dataset, tok)
+    obs = _obs(dataset)
+    gold = [(eid, s) for eid, s in obs["evidence"] if eid in set(dataset.labels[0].supporting_facts)][:1]
+    (add,) = parse_ops(_generate(oracle, "memory", {**obs, "evidence": gold}).text).ops
+    hidden_line = tok.count(f"[m1] (fact) {add.text}")
+    left = hidden_line - tok.count("(empty)")  # room for the item without its "; d..:.." tag only
+    assert tok.count(f"[m1] (fact; {add.sources[0]}) {add.text}") > hidden_line
+    tight = {**obs, "evidence": gold, "budget_left": left}
+    assert parse_ops(_generate(oracle, "memory", tight).text).ops[0].name == "NOOP"
+    assert parse_ops(_generate(oracle, "memory", {**tight, "sources_shown": False}).text).ops == (add,)

@@ -303,3 +303,38 @@ def test_budget_with_embedded_tokenizer():
         f"memory after the batch would be {tokenizer.count(two_lines)} tokens, over the budget of {budget} tokens",
     )
     assert memory.render() == one_line and memory.tokens() <= budget
+
+
+# --- the no-sources control (agent.memory_sources = "hidden") ---------------------------------
+
+def test_hidden_sources_render_without_ids_count_that_rendering_and_keep_provenance():
+    hidden = Memory(LexicalTokenizer(), 200, show_sources=False)
+    assert hidden.apply(list(filled_ops()), SHOWN).applied
+    assert hidden.render() == (
+        "[m1] (fact) Paris is the capital of France.\n"
+        "[m2] (open) Which river flows through Paris?\n"
+        "[m3] (fact) The Seine flows through Paris."
+    )
+    # The budget is counted on what the agent sees: "; d3 : 0 , d5 : 2" and "; d7 : 1" are gone.
+    assert hidden.tokens() == LexicalTokenizer().count(hidden.render()) == 49 - 12
+    # Provenance is still recorded (memory support recall reads it) and survives a snapshot.
+    assert hidden.snapshot() == filled().snapshot()
+    assert [i.sources for i in hidden.items] == [("d3:0", "d5:2"), (), ("d7:1",)]
+    again = Memory.from_snapshot(hidden.snapshot(), LexicalTokenizer(), 200, show_sources=False)
+    assert again == hidden and again.render() == hidden.render() and again != filled()
+
+
+def test_hidden_sources_fit_a_budget_the_shown_rendering_would_exceed():
+    ops = [Add("Paris is the capital of France.", ("d3:0",))]
+    assert Memory(LexicalTokenizer(), 16).apply(ops, SHOWN).status == "rejected"  # 17 tokens with "; d3 : 0"
+    hidden = Memory(LexicalTokenizer(), 16, show_sources=False)
+    assert hidden.apply(ops, SHOWN).applied and hidden.tokens() == 13
+    # A fact must still cite a source, and only shown evidence: the rules are the same.
+    assert hidden.apply([Delete("m1"), Add("Lyon.", ())], SHOWN).reasons == ("op 1 (ADD): a fact must cite at least one source",)
+    assert hidden.apply([Delete("m1"), Add("Lyon.", ("d9:9",))], SHOWN).reasons == (
+        "op 1 (ADD): source 'd9:9' was not shown to the agent",)
+
+
+def filled_ops():
+    return (Add("Paris is the capital of France.", ("d3:0", "d5:2")), Add("Which river flows through Paris?", (), "open"),
+            Add("The Seine flows through Paris.", ("d7:1",)))

@@ -236,3 +236,41 @@ def test_http_memory_serving_and_owned_fields_are_refused(tiny_model_dir):
         config(tiny_model_dir, "sft.eval.every=1")
     with pytest.raises(Exception, match="grpo.schema_mode: set the pipeline's top-level schema_mode"):
         config(tiny_model_dir, "grpo.schema_mode=true")
+
+
+def test_cold_start_trains_stage1_from_the_base_without_teacher_or_sft(tiny_model_dir, tmp_path):
+    """grpo_start = "base" (configs/ablations/cold_start.toml): no teacher, export or SFT stage;
+    GRPO stage 1 starts from a fresh adapter on the base model in schema mode; the held-out
+    comparison has base, rules and grpo, and every difference that needs sft is left out."""
+    out = tmp_path / "cold"
+    lines: list[str] = []
+    cfg = load_config(ROOT / "configs" / "ablations" / "cold_start.toml", settings(tiny_model_dir, "matrix_seeds=[]"),
+                      model=MemoryPolicyPipeline)
+    report = run_memory_policy_pipeline(cfg, out, echo=lines.append)
+    seed = out / "seed-7"
+    assert not (out / "teacher").exists() and not (seed / "sft").exists() and not (seed / "heldout" / "sft").exists()
+    assert "seed 7 sft: skipped (grpo_start = 'base'" in "\n".join(lines)
+    grpo1 = record(seed / "grpo1" / "config.json")
+    assert grpo1["adapter"] is None and grpo1["schema_mode"] is True
+    assert record(seed / "grpo1.stage.json")["complete"] is True and (seed / "merged1" / "config.json").is_file()
+    summary = record(out / "heldout" / "summary.json")
+    assert summary["grpo_start"] == "base" and summary["not_run"] == ["sft"]
+    assert set(summary["policies"]["seeds"]["7"]) == {"grpo"}
+    assert set(summary["per_seed"]["7"]) == {"grpo-rules", "grpo-base"}
+    assert set(summary["over_seeds"]) == {"grpo-rules"} and summary["bar"]["grpo_improves_on_sft"] is None
+    # The grpo row is the merged stage-1 model's run on the 3 held-out questions, read from its files.
+    row = summary["policies"]["seeds"]["7"]["grpo"]
+    metrics = [json.loads(x) for x in (seed / "heldout" / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert row["questions"] == len(metrics) == 3
+    assert record(seed / "heldout" / "grpo" / "config.json")["backends"]["memory"]["model"] == str(seed / "merged1")
+    diff = summary["per_seed"]["7"]["grpo-rules"]["f1"]
+    rules = [json.loads(x)["f1"] for x in (out / "heldout" / "rules" / "metrics.jsonl").read_text().splitlines()]
+    assert diff["n"] == 3 and diff["diff"] == pytest.approx(sum(m["f1"] for m in metrics) / 3 - sum(rules) / 3)
+    text = (out / "report.md").read_text()
+    assert "**the base model** (cold start" in text and "not run: sft" in text and "over seeds with a CI above 0: not run (no SFT)" in text
+    assert "| sft |" not in text and "| grpo |" in text and "| grpo-sft |" not in text
+    assert report["seeds"] == [] and (out / "curves.png").stat().st_size > 1000
+    # A re-run skips every stage.
+    lines = []
+    run_memory_policy_pipeline(cfg, out, echo=lines.append)
+    assert "grpo1: done (" in "\n".join(lines) and not (out / "teacher").exists()

@@ -39,7 +39,7 @@ def make_backend(cfg, tokenizer, dataset=None) -> PolicyBackend:
 
         if dataset is None:
             raise ValueError("backend kind 'oracle' needs the dataset (its train labels)")
-        return OracleBackend(dataset, tokenizer)
+        return OracleBackend(dataset, tokenizer, open_items=cfg.open_items)
     raise ValueError(f"unknown backend kind {cfg.kind!r}: expected one of {', '.join(BACKEND_KINDS)}")
 
 

@@ -12,8 +12,17 @@ data (docs/design.md §9): the backend refuses any dataset whose manifest split 
   of the store, the same accounting the environment uses) or the completion over
   ``max_tokens`` are dropped; ``{"ops": [{"op": "NOOP"}]}`` when nothing is left. Summary and
   overwrite modes are not supported (error result): their outputs are not operation batches.
+  With ``open_items`` (``BackendConfig.open_items``) it also keeps the open sub-questions the
+  labels imply, as items of kind ``open`` citing the shown evidence they were inferred from:
+  HotpotQA, ``Find: <title>`` for a gold paragraph the question does not name and no evidence of
+  which was shown yet, once a shown gold sentence names its title (the bridge entity); MuSiQue,
+  the next sub-question of the decomposition whose earlier answers (``#1``, ...) a shown gold
+  paragraph holds, with those answers filled in. An open item that is resolved (its paragraph
+  shown; its answer shown) is DELETEd first, then the facts are added, then new open items if
+  they still fit (in a teacher run the oracle writes every item, so every open item is its own).
 - controller: ``SEARCH: <title>`` of the first gold paragraph that has no supporting fact in
-  memory and was not searched for yet, else ``FINISH``.
+  memory and was not searched for yet, else ``FINISH`` (it knows the gold titles, so it needs no
+  open item; the rules controller is the one that queries them).
 - reader: ``Answer: <gold answer>`` and ``Evidence: [ids]`` citing the supporting facts present
   in the memory (``\\boxed{answer}`` in overwrite mode, like the rules reader).
 
@@ -38,11 +47,13 @@ from memsearch.backends.base import GenerationRequest, GenerationResult, Usage
 from memsearch.data.dataset import Dataset
 from memsearch.data.records import Document, Label, Task, split_evidence_id
 from memsearch.memory import Memory
-from memsearch.memory.ops import Add, Noop, format_ops
+from memsearch.memory.ops import Add, Delete, Noop, Op, format_ops
 from memsearch.tokenizer import Tokenizer
 
 _TRAILING_PAREN = re.compile(r"\s*\([^)]*\)\s*$")
 _SCRATCH_BUDGET = 10**9  # for measuring the current memory before its real budget is known
+_REF = re.compile(r"#(\d+)")  # a MuSiQue sub-question's reference to an earlier answer
+FIND = "Find: "  # the HotpotQA open item's text: FIND + the title of the paragraph still to find
 
 
 class OracleError(Exception):
@@ -60,7 +71,7 @@ class OracleBackend:
 
     name = "oracle"
 
-    def __init__(self, dataset: Dataset, tokenizer: Tokenizer) -> None:
+    def __init__(self, dataset: Dataset, tokenizer: Tokenizer, open_items: bool = False) -> None:
         split = dataset.manifest.get("split")
         if split != "train":
             raise ValueError(
@@ -68,6 +79,7 @@ class OracleBackend:
                 "trajectories, and labels of an evaluation split must never produce training data "
                 "(docs/design.md §9); prepare the train split (e.g. prepare-hotpot --split train)")
         self.tokenizer = tokenizer
+        self.open_items = open_items
         self.documents: dict[str, Document] = dataset.documents_by_id()
         self.labels: dict[str, Label] = dataset.labels_by_id()
         self.by_question: dict[str, list[Task]] = {}
@@ -121,24 +133,95 @@ class OracleBackend:
         if obs.get("mode") != "decision":
             raise OracleError(f"oracle supports decision mode only (memory mode is {obs.get('mode')!r}): "
                               "summary and overwrite outputs are not operation batches")
-        gold = set(self._label(obs).supporting_facts)
+        label = self._label(obs)
+        gold = set(label.supporting_facts)
         items = obs.get("memory_items", [])
-        kept = {s for item in items for s in item.get("sources", ())}
-        # Scratch copy of the store with the real budget (rendered size + what is left), so the
-        # batch is judged by the same accounting the environment will apply.
+        kept = {s for item in items if item.get("kind", "fact") == "fact" for s in item.get("sources", ())}
+        # Scratch copy of the store with the real budget (rendered size + what is left) and the
+        # same rendering (sources shown or hidden), so the batch is judged by the same accounting
+        # the environment will apply.
         snapshot = {"items": items, "next_id": _next_id(items)}
-        size = Memory.from_snapshot(snapshot, self.tokenizer, _SCRATCH_BUDGET).tokens()
-        scratch = Memory.from_snapshot(snapshot, self.tokenizer, size + obs.get("budget_left", 0))
-        ops: list[Add] = []
+        shown = obs.get("sources_shown", True)
+        size = Memory.from_snapshot(snapshot, self.tokenizer, _SCRATCH_BUDGET, shown).tokens()
+        scratch = Memory.from_snapshot(snapshot, self.tokenizer, size + obs.get("budget_left", 0), shown)
+        ops: list[Op] = []
+
+        def offer(op: Op, source: str | None = None) -> bool:
+            fits_output = self.tokenizer.count(format_ops([*ops, op])) <= max_tokens
+            if fits_output and scratch.apply([op], {source} if source else set()).applied:  # unchanged if not
+                ops.append(op)
+                return True
+            return False
+
+        targets = self._open_targets(label, obs) if self.open_items else {}
+        opens = {item["text"]: item["id"] for item in items if item.get("kind") == "open"} if self.open_items else {}
+        for text, item_id in opens.items():
+            if text not in targets:  # resolved: free its room before the new facts
+                offer(Delete(item_id))
         for eid, sentence in obs.get("evidence", []):
             if eid is None or eid not in gold or eid in kept:
                 continue
-            add = Add(text=self._fact_text(eid, sentence), sources=(eid,), kind="fact")
-            fits_output = self.tokenizer.count(format_ops([*ops, add])) <= max_tokens
-            if fits_output and scratch.apply([add], {eid}).applied:  # apply leaves it unchanged if not
-                ops.append(add)
+            if offer(Add(text=self._fact_text(eid, sentence), sources=(eid,), kind="fact"), eid):
                 kept.add(eid)
+        for text, source in targets.items():
+            if text not in opens:
+                offer(Add(text=text, sources=(source,), kind="open"), source)
         return format_ops(ops or [Noop()])
+
+    # -- open sub-questions (open_items) -----------------------------------------------------
+
+    def _known(self, label: Label, obs: dict[str, Any]) -> list[tuple[str, str]]:
+        """``(evidence id, text)`` of the gold evidence the agent holds or sees now: the memory's
+        facts (their first source) and this step's gold sentences, memory first."""
+        gold = set(label.supporting_facts)
+        known = [(item["sources"][0], item["text"]) for item in obs.get("memory_items", [])
+                 if item.get("kind") == "fact" and item.get("sources")]
+        return known + [(eid, s) for eid, s in obs.get("evidence", []) if eid in gold]
+
+    def _open_targets(self, label: Label, obs: dict[str, Any]) -> dict[str, str]:
+        """The open items the memory should hold after this step: text -> the evidence id it cites."""
+        known = self._known(label, obs)
+        if label.decomposition:
+            return self._next_subquestion(label.decomposition, known)
+        seen_docs = {split[0] for split in map(split_evidence_id, _mentioned_ids(obs)) if split}
+        question = obs.get("question", "")
+        targets = {}
+        for doc_id in label.gold_doc_ids:
+            doc = self.documents.get(doc_id)
+            if doc is None or doc_id in seen_docs or mentions_title(question, doc.title):
+                continue
+            # The bridge: a shown gold sentence of another paragraph names this one's title.
+            source = next((eid for eid, text in known if not eid.startswith(f"{doc_id}:") and mentions_title(text, doc.title)),
+                          None)
+            if source is not None:
+                targets[f"{FIND}{doc.title}"] = source
+        return targets
+
+    @staticmethod
+    def _next_subquestion(steps: list[dict[str, str]], known: list[tuple[str, str]]) -> dict[str, str]:
+        """The first unanswered sub-question whose references (``#k``) are all answered by the
+        known evidence, with the answers filled in, citing the evidence of its first reference.
+        A sub-question without references is inferred from no evidence: never written."""
+        def holding(answer: str) -> str | None:
+            needle = " ".join(answer.lower().split())
+            if not needle:
+                return None
+            # As a whole word or phrase: the answer "35" is not held by "1935".
+            pattern = re.compile(rf"(?<!\w){re.escape(needle)}(?!\w)")
+            return next((eid for eid, text in known if pattern.search(" ".join(text.lower().split()))), None)
+
+        for step in steps:
+            if holding(step["answer"]) is not None:
+                continue  # answered already
+            refs = [int(k) for k in _REF.findall(step["question"])]
+            if not refs or any(not 1 <= k <= len(steps) for k in refs):
+                return {}
+            sources = [holding(steps[k - 1]["answer"]) for k in refs]
+            if None in sources:
+                return {}  # an earlier answer is still missing: that sub-question comes first
+            text = _REF.sub(lambda m: steps[int(m.group(1)) - 1]["answer"], step["question"])
+            return {" ".join(text.split()): sources[0]}
+        return {}
 
     def _fact_text(self, eid: str, sentence: str) -> str:
         split = split_evidence_id(eid)
@@ -178,7 +261,8 @@ class OracleBackend:
 
 
 def _next_id(items: list[dict[str, Any]]) -> int:
-    """The store's id counter as far as the observation shows it (the oracle never deletes)."""
+    """The store's id counter as far as the observation shows it (after a DELETE the store's may be
+    higher; the scratch copy only judges this batch, whose DELETEs name items the observation shows)."""
     numbers = [int(item["id"][1:]) for item in items if item.get("id", "")[1:].isdigit()]
     return max(numbers, default=0) + 1
 

@@ -6,10 +6,12 @@ goes through the same parsers.
 - memory (decision): ADD the new evidence sentences that share the most content words with the
   question, best first, while the memory stays within budget; NOOP when none overlaps.
 - memory (summary / overwrite): the best sentences with their evidence ids, as notes.
-- controller: first the question; then a query built from memory words not in the question
-  (the bridge entity of a multi-hop question); FINISH when there is nothing new to ask.
+- controller: first the question; then the text of the first open item (``kind = "open"``) not
+  asked yet; else a query built from memory words not in the question (the bridge entity of a
+  multi-hop question); FINISH when there is nothing new to ask.
 - reader: yes/no questions get "yes"; otherwise the capitalized or numeric span from the memory
-  fact that best matches the question, with that fact's sources as citations.
+  fact that best matches the question, with that fact's sources as citations (none when the
+  observation says ``sources_shown: false``, the no-sources control).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import re
 import time
 from collections.abc import Sequence
 
+from memsearch.actions import parse_controller
 from memsearch.backends.base import GenerationRequest, GenerationResult, Usage
 from memsearch.tokenizer import Tokenizer
 
@@ -99,7 +102,8 @@ class RulesBackend:
         if not past:
             return f"SEARCH: {question}"
         for item in obs.get("memory_items", []):
-            if item.get("kind") == "open" and item["text"] not in past:
+            # Compared as the engine records the query (the parser trims a closing parenthesis).
+            if item.get("kind") == "open" and parse_controller(f"SEARCH: {item['text']}").query not in past:
                 return f"SEARCH: {item['text']}"
         asked = content_words(question)
         for q in past:
@@ -115,7 +119,9 @@ class RulesBackend:
             answer, sources = "yes", []
         else:
             q_words = content_words(question)
-            facts = [(item["text"], item.get("sources", [])) for item in obs.get("memory_items", [])]
+            # The no-sources control (sources_shown false): the reader sees no evidence ids to cite.
+            shown = obs.get("sources_shown", True)
+            facts = [(item["text"], item.get("sources", []) if shown else []) for item in obs.get("memory_items", [])]
             if not facts and obs.get("memory_text"):
                 facts = [(line, re.findall(r"\[([^\]]+:\d+)\]", line)) for line in obs["memory_text"].splitlines()]
             best, answer, sources = -1.0, None, []

@@ -130,7 +130,8 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
         raise ValueError(f"backends.memory.schema_mode = true needs backends.memory.kind = 'hf' (constrained "
                          f"decoding runs in the local model); got kind {cfg.backends.memory.kind!r}")
     ep = _Episode(env, task)
-    memory = make_memory(cfg.agent.memory, tok, budgets.memory_tokens, cfg.prompts)
+    memory = make_memory(cfg.agent.memory, tok, budgets.memory_tokens, cfg.prompts,
+                         show_sources=cfg.agent.memory_sources == "shown")
     # Schema mode (docs/design.md §7): memory ops are sampled under the JSON constraint, masks replayable.
     ops_constraint = MEMORY_OPS if cfg.backends.memory.schema_mode and memory.mode == "decision" else None
     started = time.perf_counter()

@@ -20,19 +20,26 @@ from memsearch.tokenizer import Tokenizer
 
 
 class DecisionMemory:
+    """``show_sources=False`` (``agent.memory_sources = "hidden"``): the memory policy, the
+    controller and the reader see the items without their evidence ids, while the store keeps
+    them (memory support recall is still scored); the observation says ``sources_shown: false``
+    so rule-based backends can play by the same rule (docs/design.md §5)."""
+
     mode = "decision"
 
-    def __init__(self, tokenizer: Tokenizer, budget: int) -> None:
-        self.store = Memory(tokenizer, budget)
+    def __init__(self, tokenizer: Tokenizer, budget: int, show_sources: bool = True) -> None:
+        self.store = Memory(tokenizer, budget, show_sources)
 
     def render(self) -> str:
         return self.store.render()
 
     def observation(self) -> dict[str, Any]:
-        return {"memory_items": [item.to_dict() for item in self.store.items], "budget_left": self.store.remaining_tokens()}
+        obs = {"memory_items": [item.to_dict() for item in self.store.items], "budget_left": self.store.remaining_tokens()}
+        return obs if self.store.show_sources else {**obs, "sources_shown": False}
 
     def messages(self, question: str, evidence: str) -> tuple[dict[str, str], ...]:
-        return prompts.memory_decision(question, self.render(), evidence, self.store.remaining_tokens())
+        return prompts.memory_decision(question, self.render(), evidence, self.store.remaining_tokens(),
+                                       sources=self.store.show_sources)
 
     def update(self, text: str, shown: set[str]) -> dict[str, Any]:
         before = self.render()
@@ -80,11 +87,13 @@ class RewriteMemory:
         return list(evidence_ids_in(self.text))
 
 
-def make_memory(mode: str, tokenizer: Tokenizer, budget: int, wording=None):
+def make_memory(mode: str, tokenizer: Tokenizer, budget: int, wording=None, show_sources: bool = True):
     """The memory strategy for ``mode`` (``decision``, ``summary`` or ``overwrite``);
-    ``wording`` (``config.Prompts``) sets the overwrite mode's initial memory and update prompt."""
+    ``wording`` (``config.Prompts``) sets the overwrite mode's initial memory and update prompt;
+    ``show_sources`` (decision mode only; ``agent.memory_sources``) whether items render with
+    their evidence ids. Summary and overwrite notes are free text the model writes: unaffected."""
     if mode == "decision":
-        return DecisionMemory(tokenizer, budget)
+        return DecisionMemory(tokenizer, budget, show_sources)
     if mode == "summary":
         return RewriteMemory(mode, tokenizer, budget)
     if mode == "overwrite":

@@ -16,11 +16,15 @@ def _chat(user: str) -> tuple[dict[str, str], ...]:
     return ({"role": "system", "content": _SYSTEM}, {"role": "user", "content": user})
 
 
-def memory_decision(question: str, memory: str, evidence: str, budget_left: int) -> tuple[dict[str, str], ...]:
-    """Decision mode: emit ADD / UPDATE / DELETE / NOOP operations as one JSON object."""
+def memory_decision(question: str, memory: str, evidence: str, budget_left: int,
+                    sources: bool = True) -> tuple[dict[str, str], ...]:
+    """Decision mode: emit ADD / UPDATE / DELETE / NOOP operations as one JSON object.
+    ``sources=False``: the memory is rendered without its items' evidence ids (the no-sources
+    control, ``agent.memory_sources = "hidden"``) and its header says so."""
+    header = "id, kind, sources, text" if sources else "id, kind, text"
     return _chat(
         f"Question: {question}\n\n"
-        f"Memory (id, kind, sources, text):\n{memory}\n\n"
+        f"Memory ({header}):\n{memory}\n\n"
         f"New evidence (each sentence has an evidence id in brackets):\n{evidence}\n\n"
         f"Memory budget left: {budget_left} tokens.\n"
         "Update the memory so it keeps the facts needed to answer the question, each with the "

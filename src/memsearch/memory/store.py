@@ -16,6 +16,11 @@ in parentheses, lines joined by ``\\n`` with no trailing newline. An ``open`` it
 sources renders as ``(open)``. The empty memory renders as ``(empty)``, so a prompt never shows
 a blank, and the budget must be large enough to hold that text.
 
+A memory built with ``show_sources=False`` (the no-sources control, ``agent.memory_sources =
+"hidden"``) renders every item without its sources (``[m1] (fact) Paris is ...``) and counts its
+budget on that rendering, while the items keep their sources: provenance is still recorded and
+scored, only the agent no longer sees it.
+
 Stored text is the op's text with white space runs collapsed to single spaces: a newline in
 an item would otherwise forge extra ``[m..]`` lines in the rendering.
 
@@ -56,9 +61,10 @@ class MemoryItem:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
 
-    def render(self) -> str:
-        """The item's line, e.g. ``[m1] (fact; d3:0, d5:2) Paris is the capital of France.``"""
-        tag = f"{self.kind}; {', '.join(self.sources)}" if self.sources else self.kind
+    def render(self, show_sources: bool = True) -> str:
+        """The item's line, e.g. ``[m1] (fact; d3:0, d5:2) Paris is the capital of France.``
+        (``[m1] (fact) Paris is ...`` without ``show_sources``)."""
+        tag = f"{self.kind}; {', '.join(self.sources)}" if self.sources and show_sources else self.kind
         return f"[{self.id}] ({tag}) {self.text}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -128,8 +134,8 @@ class ApplyResult:
         }
 
 
-def _render(items: Iterable[MemoryItem]) -> str:
-    lines = [item.render() for item in items]
+def _render(items: Iterable[MemoryItem], show_sources: bool = True) -> str:
+    lines = [item.render(show_sources) for item in items]
     return "\n".join(lines) if lines else EMPTY_RENDER
 
 
@@ -144,9 +150,10 @@ class Memory:
     The budget is counted with ``tokenizer`` on ``render()``. Ids are ``m1``, ``m2``, ... from
     a counter that only grows, so an id is never reused within an episode, even after DELETE.
     Two memories are equal when their snapshots, budgets and tokenizer names are equal.
+    ``show_sources=False`` renders (and counts) items without their sources (module docstring).
     """
 
-    def __init__(self, tokenizer: Tokenizer, budget_tokens: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, budget_tokens: int, show_sources: bool = True) -> None:
         empty = tokenizer.count(EMPTY_RENDER)
         if budget_tokens < empty:
             raise ValueError(
@@ -155,6 +162,7 @@ class Memory:
             )
         self.tokenizer = tokenizer
         self.budget_tokens = budget_tokens
+        self.show_sources = show_sources
         self._items: tuple[MemoryItem, ...] = ()
         self._next_id = 1
         self._tokens = empty
@@ -180,7 +188,7 @@ class Memory:
 
     def render(self) -> str:
         """The memory exactly as a policy sees it (format in the module docstring)."""
-        return _render(self._items)
+        return _render(self._items, self.show_sources)
 
     def tokens(self) -> int:
         """Tokens of ``render()`` with this memory's tokenizer (always ``<= budget_tokens``)."""
@@ -195,12 +203,13 @@ class Memory:
         return {"items": [item.to_dict() for item in self._items], "next_id": self._next_id}
 
     @classmethod
-    def from_snapshot(cls, snapshot: dict[str, Any], tokenizer: Tokenizer, budget_tokens: int) -> Memory:
+    def from_snapshot(cls, snapshot: dict[str, Any], tokenizer: Tokenizer, budget_tokens: int,
+                      show_sources: bool = True) -> Memory:
         """Rebuild a memory from ``snapshot()``; raises ``ValueError`` if it is inconsistent
         (duplicate or malformed ids, an id at or above ``next_id``, a fact without sources,
         or over budget). Sources cannot be checked against what was shown: that is episode
         state the snapshot does not hold."""
-        memory = cls(tokenizer, budget_tokens)
+        memory = cls(tokenizer, budget_tokens, show_sources)
         items = tuple(MemoryItem.from_dict(d) for d in snapshot["items"])
         next_id = int(snapshot["next_id"])
         seen: set[str] = set()
@@ -211,7 +220,7 @@ class Memory:
             if item.kind == "fact" and not item.sources:
                 raise ValueError(f"snapshot: fact {item.id!r} has no sources")
             seen.add(item.id)
-        tokens = tokenizer.count(_render(items))
+        tokens = tokenizer.count(_render(items, show_sources))
         if tokens > budget_tokens:
             raise ValueError(f"snapshot: memory is {tokens} tokens, over the budget of {budget_tokens}")
         memory._items, memory._next_id, memory._tokens = items, next_id, tokens
@@ -221,7 +230,7 @@ class Memory:
         if not isinstance(other, Memory):
             return NotImplemented
         return (self.snapshot() == other.snapshot() and self.budget_tokens == other.budget_tokens
-                and self.tokenizer.name == other.tokenizer.name)
+                and self.tokenizer.name == other.tokenizer.name and self.show_sources == other.show_sources)
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 
@@ -308,7 +317,7 @@ class Memory:
                 del items[k]
                 deleted_by[op.id] = i
 
-        proposed = self.tokenizer.count(_render(items))
+        proposed = self.tokenizer.count(_render(items, self.show_sources))
         if proposed > self.budget_tokens:
             reasons.append(f"memory after the batch would be {proposed} tokens, "
                            f"over the budget of {self.budget_tokens} tokens")

@@ -8,6 +8,9 @@ memory, the fixed plan, the same reader, budgets and held-out dev questions):
     sft     the base model with the seed's SFT adapter
     grpo    the seed's merged stage-1 model (SFT + GRPO)
 
+A cold start (``grpo_start = "base"``) trains no SFT: the ``sft`` row is not run, and every pair
+and over-seeds difference that needs it is left out (``not_run`` names it).
+
 ``base`` and ``rules`` do not depend on the seed and run once (``OUT/heldout/{base,rules}``);
 ``sft`` and ``grpo`` run per seed (``OUT/seed-N/heldout/{sft,grpo}``). Trained policies decode
 as ``schema_mode`` says (the same for GRPO's rollouts). Each run is an ordinary fingerprinted
@@ -105,11 +108,18 @@ def run_shared(cfg, out: Path, paths: dict[str, Any], echo=print) -> dict[str, d
     return rows
 
 
-def run_seed(cfg, root: Path, paths: dict[str, Any], sft: Path, stage1: Path, upstream: dict[str, str],
+def trained_policies(cfg) -> tuple[str, ...]:
+    """The seed's trained policies: sft and grpo, or grpo alone after a cold start."""
+    return ("sft", "grpo") if cfg.grpo_start == "sft" else ("grpo",)
+
+
+def run_seed(cfg, root: Path, paths: dict[str, Any], sft: Path | None, stage1: Path, upstream: dict[str, str],
              echo=print) -> dict[str, dict[str, Any]]:
-    """The seed's trained policies (sft, grpo) on the held-out dev questions."""
+    """The seed's trained policies (sft unless a cold start, grpo) on the held-out dev questions."""
     rows = {}
-    for policy, kwargs in (("sft", {"sft": sft}), ("grpo", {"stage1": stage1})):
+    kwargs_of = {"sft": {"sft": sft}, "grpo": {"stage1": stage1}}
+    for policy in trained_policies(cfg):
+        kwargs = kwargs_of[policy]
         folder = root / "heldout" / policy
         summary = eval_run(folder, root / "heldout" / f"{policy}.stage.json", policy_config(cfg, policy, **kwargs),
                            paths["dev"], {"prepare": paths["fingerprint"], **upstream}, echo)
@@ -137,24 +147,29 @@ def compare(cfg, shared: dict[str, dict[str, Any]], seeds: dict[int, dict[str, d
     def diff(a_rows, b_rows, metric):
         return paired_difference(b_rows, a_rows, metric, r.bootstrap_resamples, r.confidence, r.seed)
 
+    policies = (*SHARED, *trained_policies(cfg))
+    pairs = [(a, b) for a, b in PAIRS if a in policies and b in policies]
     per_seed = {}
     for seed, rows in seeds.items():
         runs = {**shared, **rows}
-        per_task = {p: _per_task(Path(runs[p]["run"]) / "metrics.jsonl") for p in POLICIES}
-        usable = all(runs[p]["usable_for_comparison"] for p in POLICIES)
+        per_task = {p: _per_task(Path(runs[p]["run"]) / "metrics.jsonl") for p in policies}
+        usable = all(runs[p]["usable_for_comparison"] for p in policies)
         per_seed[seed] = {f"{a}-{b}": {m: {**(diff(per_task[a], per_task[b], m) or {}), "usable": usable}
-                                       for m in DIFF_METRICS} for a, b in PAIRS}
-    means = {p: _mean_rows([Path(rows[p]["run"]) for rows in seeds.values()]) for p in ("sft", "grpo")}
+                                       for m in DIFF_METRICS} for a, b in pairs}
+    means = {p: _mean_rows([Path(rows[p]["run"]) for rows in seeds.values()]) for p in trained_policies(cfg)}
     rules = _per_task(Path(shared["rules"]["run"]) / "metrics.jsonl")
-    over = {"grpo-sft": {m: diff(means["grpo"], means["sft"], m) for m in DIFF_METRICS},
+    over = {**({"grpo-sft": {m: diff(means["grpo"], means["sft"], m) for m in DIFF_METRICS}} if "sft" in means else {}),
             "grpo-rules": {m: diff(means["grpo"], rules, m) for m in DIFF_METRICS}}
     key = "memory_support_recall"
     bar = {"criterion": "for every seed, grpo - rules on memory_support_recall has a paired bootstrap CI above 0",
            "per_seed": {s: bool(d["grpo-rules"][key].get("ci_low", 0) > 0 and d["grpo-rules"][key]["usable"])
                         for s, d in per_seed.items()}}
     bar["holds"] = bool(per_seed) and all(bar["per_seed"].values())
-    bar["grpo_improves_on_sft"] = bool((over["grpo-sft"][key] or {}).get("ci_low", 0) > 0)
+    # None after a cold start: there is no SFT model to improve on.
+    bar["grpo_improves_on_sft"] = bool((over["grpo-sft"][key] or {}).get("ci_low", 0) > 0) if "grpo-sft" in over else None
+    not_run = [p for p in POLICIES if p not in policies]
     return {"policies": {"shared": shared, "seeds": seeds}, "per_seed": per_seed, "over_seeds": over, "bar": bar,
+            "grpo_start": cfg.grpo_start, "not_run": not_run,
             "reward": RewardSettings.model_validate(cfg.grpo.get("reward") or {}).model_dump(), "schema_mode": cfg.schema_mode,
             "questions": cfg.data.dev_questions, "confidence": r.confidence, "resamples": r.bootstrap_resamples}
 

@@ -11,7 +11,8 @@ beside its folder; ``pipeline.stages`` explains skip / resume / refuse):
 2. ``teacher/``: an eval run of ``[teacher]`` (the oracle by default) as memory backend on train,
    then ``teacher/sft.jsonl`` (``export-sft --role memory``);
 3. per seed, ``seed-N/sft/``: LoRA SFT on the teacher rows;
-4. ``seed-N/grpo1/``: GRPO stage 1 (memory role) from the SFT adapter;
+4. ``seed-N/grpo1/``: GRPO stage 1 (memory role) from the SFT adapter, or from the base model
+   with ``grpo_start = "base"`` (a cold start: stages 2 and 3 are skipped);
 5. ``seed-N/merged1/``: stage 1 merged into the base (a plain Hugging Face folder);
 6. ``seed-N/grpo2/`` + ``seed-N/merged2/`` (``stage2.enabled``): GRPO of the controller with the
    merged stage-1 model frozen as memory backend (in process);
@@ -133,21 +134,28 @@ def select_stage(cfg: MemoryPolicyPipeline, folder: Path, rows: Path, rows_fp: s
     return selected, stage.fingerprint
 
 
-def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str, Any], rows: Path, rows_fp: str,
-                echo=print) -> dict[str, Any]:
-    """SFT, stage 1, merge, optional stage 2 and the matrix of one seed under ``OUT/seed-N``."""
+def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str, Any], rows: Path | None,
+                rows_fp: str | None, echo=print) -> dict[str, Any]:
+    """SFT (unless ``grpo_start = 'base'``), stage 1, merge, optional stage 2 and the matrix of one
+    seed under ``OUT/seed-N``."""
     from memsearch.eval.matrix import run_matrix
 
     root = out / f"seed-{seed}"
     train = str(paths["train"])
     val = str(paths["val"]) if cfg.data.val_questions else None
-    sft = sft_stage(root / "sft", root / "sft.stage.json", cfg.sft_config([str(rows)], seed), {"rows": rows_fp}, echo)
-    stage1 = grpo_stage(root / "grpo1", root / "grpo1.stage.json", cfg.grpo_config(train, seed, str(sft), val),
-                        {"prepare": paths["fingerprint"], "sft_sha256": folder_sha256(sft)}, echo)
+    if cfg.grpo_start == "sft":
+        sft = sft_stage(root / "sft", root / "sft.stage.json", cfg.sft_config([str(rows)], seed), {"rows": rows_fp}, echo)
+        start = {"sft_sha256": folder_sha256(sft)}
+    else:  # cold start: stage 1 from the base model, no SFT (grpo_start = "base")
+        sft, start = None, {"start": "base"}
+        echo(f"seed {seed} sft: skipped (grpo_start = 'base': GRPO stage 1 starts from the base model)")
+    stage1 = grpo_stage(root / "grpo1", root / "grpo1.stage.json",
+                        cfg.grpo_config(train, seed, str(sft) if sft else None, val),
+                        {"prepare": paths["fingerprint"], **start}, echo)
     merged1, fp1 = merge_stage(root / "merged1", root / "merged1.stage.json", cfg.model, stage1, cfg.merge_dtype, echo)
     from memsearch.pipeline import heldout
 
-    heldout_rows = heldout.run_seed(cfg, root, paths, sft, merged1, {"sft_sha256": folder_sha256(sft), "stage1": fp1}, echo)
+    heldout_rows = heldout.run_seed(cfg, root, paths, sft, merged1, {**start, "stage1": fp1}, echo)
     controller, fp2 = None, None
     if cfg.stage2.enabled:
         stage2 = grpo_stage(root / "grpo2", root / "grpo2.stage.json", cfg.stage2_config(train, seed, str(merged1), val),
@@ -155,7 +163,7 @@ def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str
         merged2, fp2 = merge_stage(root / "merged2", root / "merged2.stage.json", cfg.model, stage2, cfg.merge_dtype, echo)
         controller = str(merged2)
     base = {"seed": seed, "root": root, "heldout": heldout_rows, "stage2": cfg.stage2.enabled,
-            "logs": {"sft": root / "sft" / "train_log.jsonl", "grpo1": root / "grpo1" / "train_log.jsonl",
+            "logs": {**({"sft": root / "sft" / "train_log.jsonl"} if sft else {}), "grpo1": root / "grpo1" / "train_log.jsonl",
                      **({"grpo2": root / "grpo2" / "train_log.jsonl"} if cfg.stage2.enabled else {})}}
     if cfg.matrix_seeds is not None and seed not in cfg.matrix_seeds:
         return {**base, "matrix": None}
@@ -186,7 +194,8 @@ def run_memory_policy_pipeline(cfg: MemoryPolicyPipeline, out: str | Path, echo=
     with open(out / "invocations.jsonl", "a", encoding="utf-8") as fh:
         fh.write(dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.model_dump(mode="json")}) + "\n")
     paths = prepare_stage(cfg, out, echo)
-    rows, rows_fp = teacher_stage(cfg, out, paths, echo)
+    # A cold start (grpo_start = "base") trains no SFT, so it needs no teacher rows either.
+    rows, rows_fp = teacher_stage(cfg, out, paths, echo) if cfg.grpo_start == "sft" else (None, None)
     shared = heldout.run_shared(cfg, out, paths, echo)
     seeds = [seed_stages(cfg, out, seed, paths, rows, rows_fp, echo) for seed in cfg.seeds]
     comparison = heldout.compare(cfg, shared, {s["seed"]: s["heldout"] for s in seeds})

@@ -77,6 +77,10 @@ class MemoryPolicyPipeline(_Config):
     schema_mode: bool = Field(False, description="The trained memory policy decodes in schema mode (constrained JSON): "
                               "GRPO rollouts and periodic evaluation, the held-out sft/grpo rows and B/D of the matrix "
                               "(the held-out 'base' row always uses schema mode)")
+    grpo_start: Literal["sft", "base"] = Field(
+        "sft", description="Where GRPO stage 1 starts: 'sft' (the seed's SFT adapter on the teacher rows) or 'base' "
+        "(a cold start: a fresh LoRA on the untrained base in schema mode; the teacher, export and SFT stages are "
+        "skipped and the held-out comparison has no 'sft' row). The cold-start control of issue 12 section 3")
     teacher_rows: TeacherRows = Field(default_factory=TeacherRows, description="Selection of the teacher's SFT rows")
     matrix_seeds: list[int] | None = Field(None, description="Seeds whose A-D matrix runs on the held-out questions "
                                            "(None = every seed; [] = none; a seed not in `seeds` is not run: a session may train "
@@ -119,6 +123,9 @@ class MemoryPolicyPipeline(_Config):
                                  "validation split only, never the held-out comparison questions")
             if bad:
                 raise ValueError(f"{table}: {', '.join(bad)} set by the pipeline itself; remove them")
+        if self.grpo_start == "base" and not self.schema_mode:
+            raise ValueError("grpo_start = 'base' needs schema_mode = true: without SFT the untrained base model "
+                             "hardly ever writes a readable operation batch, so GRPO would have nothing to compare")
         if "schema_mode" in self.grpo:
             raise ValueError("grpo.schema_mode: set the pipeline's top-level schema_mode (it also sets the held-out "
                              "evaluations and B/D); remove it from [grpo]")
@@ -163,7 +170,8 @@ class MemoryPolicyPipeline(_Config):
         return {**(table.get("eval") or {}), "data": val if self.data.val_questions else None}
 
     def grpo_config(self, train: str, seed: int, adapter: str | None, val: str | None = None) -> GRPOConfig:
-        """Stage 1: GRPO of the memory role from the SFT adapter; periodic evaluation on ``val``."""
+        """Stage 1: GRPO of the memory role from the SFT adapter (``adapter``; None: from the base
+        model, ``grpo_start = 'base'``); periodic evaluation on ``val``."""
         episode = self._episode(memory=self.base_backend())
         return validated(GRPOConfig, {**self.grpo, "role": "memory", "model": self.model, "data": train, "seed": seed,
                                        "schema_mode": self.schema_mode,

@@ -88,6 +88,9 @@ def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
              "base = the untrained model in schema mode; rules = the rules memory heuristic; sft / grpo = the seed's SFT "
              f"adapter / merged stage-1 model (schema mode: {_cell(comparison['schema_mode'])}). GRPO reward: "
              + ", ".join(f"{k} = {v}" for k, v in comparison["reward"].items()) + ".", ""]
+    if comparison.get("not_run"):  # a cold start: stage 1 from the base model, no SFT
+        lines += [f"Cold start (grpo_start = {comparison['grpo_start']}): GRPO stage 1 started from the base model; "
+                  f"not run: {', '.join(comparison['not_run'])} (its rows and the differences that need it are absent).", ""]
     shared = comparison["policies"]["shared"]
     for seed, rows in comparison["policies"]["seeds"].items():
         lines += [f"### Seed {seed}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -107,9 +110,10 @@ def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
     for pair, metrics in comparison["over_seeds"].items():
         lines += [_diff_line(pair, m, metrics[m]) for m in DIFF_METRICS]
     bar = comparison["bar"]
+    on_sft = "not run (no SFT)" if bar["grpo_improves_on_sft"] is None else _cell(bar["grpo_improves_on_sft"])
     lines += ["", f"Bar ({bar['criterion']}): **{'holds' if bar['holds'] else 'does not hold'}** "
               f"(per seed: {', '.join(f'{s}: {_cell(v)}' for s, v in bar['per_seed'].items())}); GRPO improves on SFT "
-              f"over seeds with a CI above 0: {_cell(bar['grpo_improves_on_sft'])}.", ""]
+              f"over seeds with a CI above 0: {on_sft}.", ""]
     return lines
 
 
@@ -120,6 +124,8 @@ def render(cfg, sections: list[dict[str, Any]], comparison: dict[str, Any] | Non
              f"`{cfg.data.dev}` (never used for training or early stopping). A/C write memory with the untrained base "
              "(`backends.baseline_memory`), B/D with the stage-1 model.", "",
              f"GRPO stage 1 reward: {_reward(cfg.grpo)}.", "",
+             "GRPO stage 1 starts from: " + ("the seed's SFT adapter." if cfg.grpo_start == "sft" else
+                                             "**the base model** (cold start, grpo_start = base: no teacher, no SFT)."), "",
              "Stage 2 (controller GRPO): " + ("on: C/D use the stage-2 controller." if cfg.stage2.enabled else
                                              "**skipped**: C/D use the untrained base controller."), ""]
     if comparison is not None:
