@@ -61,3 +61,30 @@ def _rewrite_data_file(folder, name: str, records) -> None:
     manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
     manifest["files"][name] = sha256_file(folder / name)
     write_json(folder / "manifest.json", manifest)
+
+
+def make_embedded_lora_adapter(out, seed: int = 0):
+    """A real PEFT LoRA adapter for the embedded model (r=2 on the trainer's target modules,
+    random init: A random, B zero, so the model starts as the base), saved with the fingerprint
+    ``memsearch.shipped.write_fingerprint`` writes: a stand-in for the shipped adapter."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from memsearch.backends.hf_model import load_model
+    from memsearch.shipped import write_fingerprint
+    from memsearch.train.config import LoraSettings
+
+    base, _, _ = load_model("embedded", device="cpu", dtype="float32")
+    torch.manual_seed(seed)
+    peft = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, target_modules=list(LoraSettings().target_modules),
+                                           bias="none", task_type="CAUSAL_LM"))
+    peft.save_pretrained(str(out))
+    (out / "README.md").unlink(missing_ok=True)  # peft's model card: not an adapter file
+    write_fingerprint(out, "embedded", {"test": "random-init LoRA r=2", "seed": seed})
+    return out
+
+
+@pytest.fixture(scope="session")
+def embedded_lora_adapter(tmp_path_factory):
+    """A fingerprinted random-init LoRA adapter for the embedded model (``make_embedded_lora_adapter``)."""
+    return make_embedded_lora_adapter(tmp_path_factory.mktemp("adapters") / "memory-policy-test")

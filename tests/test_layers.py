@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "memsearch"
 # Bottom first. A module's layer is the one of its longest listed prefix.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("memsearch", "memsearch.errors", "memsearch.io", "memsearch.config", "memsearch.tokenizer",
-                    "memsearch.embedded", "memsearch.samples", "memsearch.answers", "memsearch.actions",
+                    "memsearch.embedded", "memsearch.samples", "memsearch.shipped", "memsearch.answers", "memsearch.actions",
                     "memsearch.safe_text")),
     ("data", ("memsearch.data",)),
     ("memory/retrieval", ("memsearch.memory", "memsearch.retrieval")),

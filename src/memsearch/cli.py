@@ -377,11 +377,15 @@ def demo(
     backend: Annotated[str, typer.Option(help="hf (the embedded model, CPU) or rules (seconds).")] = "hf",
     limit: Annotated[int, typer.Option(help="Number of dev questions (about 45 s each on a 2-core CPU).")] = 4,
     out: Annotated[Optional[Path], typer.Option(help="New output folder (default: a fresh runs/demo-* folder).")] = None,
+    adapter: Annotated[Optional[Path], typer.Option(
+        help="hf: the trained memory-policy adapter of the B-trained row (default: models/memory-policy-cpu, "
+             "or MEMSEARCH_MEMORY_POLICY_ADAPTER); must match its fingerprint.json.")] = None,
 ) -> None:
-    """The four-group matrix (A-D) on real HotpotQA questions with the embedded model."""
+    """The four-group matrix (A-D) on real HotpotQA questions with the embedded model, plus B-trained
+    (group B with the shipped trained memory-policy adapter)."""
     from memsearch.demo import run_demo
 
-    run_demo(backend=backend, limit=limit, out=out, echo=typer.echo)
+    run_demo(backend=backend, limit=limit, out=out, echo=typer.echo, adapter=adapter)
 
 
 @app.command("walkthrough")

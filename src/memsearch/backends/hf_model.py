@@ -67,6 +67,11 @@ def load_model(
     _offline()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if adapter is not None and Path(adapter).is_dir():
+        from memsearch.shipped import verify_adapter
+
+        # Before the base loads: a fingerprinted (shipped) adapter whose files changed is refused at once.
+        verify_adapter(adapter, base_model=str(model))
     folder = resolve_model_path(model)
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)

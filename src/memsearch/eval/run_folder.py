@@ -183,6 +183,9 @@ def model_identity(config) -> dict[str, Any]:
                 adapter = Path(backend.adapter)
                 if not adapter.is_dir():
                     raise InputError(f"{adapter}: no such adapter folder")
+                from memsearch.shipped import verify_adapter
+
+                verify_adapter(adapter, base_model=backend.model)  # refused before any run folder exists
                 entry["adapter_files"] = _folder_identity(adapter)
         elif backend.kind == "openai":
             # A served model's weights are not ours to read: its name and URL are all we know.

@@ -44,6 +44,9 @@ def load_policy(model: str, adapter: str | None, lora: LoraSettings, device: str
         path = Path(adapter)
         if not (path / "adapter_config.json").is_file():
             raise FileNotFoundError(f"{adapter}: not a LoRA adapter folder (no adapter_config.json)")
+        from memsearch.shipped import verify_adapter
+
+        verify_adapter(path, base_model=model)  # a fingerprinted (shipped) adapter must match its fingerprint
         policy = PeftModel.from_pretrained(base, str(path), is_trainable=True)
         saved = json.loads((path / "adapter_config.json").read_text())
         note = (f"LoRA initialized from {adapter} (weights only: optimizer, schedule and step start fresh; "

@@ -1,0 +1,65 @@
+"""configs/group_b_{base,rules,trained}.toml: group B under the CPU memory-policy recipe's episode
+(reader, budgets, agent, retrieval, tokenizer), differing only in the memory backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from memsearch.config import RunConfig, load_config
+from memsearch.pipeline.mp_config import MemoryPolicyPipeline
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = ("base", "rules", "trained")
+
+
+def _load(name: str) -> RunConfig:
+    return load_config(ROOT / "configs" / f"group_b_{name}.toml")
+
+
+def _without_memory(cfg: RunConfig) -> dict:
+    data = cfg.model_dump(mode="json")
+    del data["backends"]["memory"]
+    return data
+
+
+def test_the_three_configs_differ_only_in_the_memory_backend():
+    configs = {name: _load(name) for name in NAMES}
+    rest = {name: _without_memory(cfg) for name, cfg in configs.items()}
+    assert rest["base"] == rest["rules"] == rest["trained"]
+    memory = {name: cfg.backends.memory.model_dump(mode="json") for name, cfg in configs.items()}
+    assert len({str(sorted(m.items())) for m in memory.values()}) == 3
+    assert memory["rules"]["kind"] == "rules"
+    assert {k: v for k, v in memory["base"].items() if k != "adapter"} == \
+        {k: v for k, v in memory["trained"].items() if k != "adapter"}
+    assert memory["base"]["adapter"] is None and memory["trained"]["adapter"] == "models/memory-policy-cpu"
+    assert memory["base"]["schema_mode"] is memory["trained"]["schema_mode"] is True
+
+
+def test_budgets_agent_reader_and_retrieval_equal_the_cpu_pipelines_episode():
+    pipeline = load_config(ROOT / "configs" / "memory_policy_cpu.toml", model=MemoryPolicyPipeline)
+    episode = pipeline.episode
+    assert episode.budgets.model_dump() == {**episode.budgets.model_dump(), "evidence_tokens": 128, "memory_tokens": 96,
+                                            "policy_tokens": 96, "answer_tokens": 24, "max_searches": 3,
+                                            "passages_per_search": 1}
+    for name in NAMES:
+        cfg = _load(name)
+        assert cfg.budgets == episode.budgets, name
+        assert cfg.agent == episode.agent, name
+        assert cfg.backends.reader == episode.backends.reader and cfg.backends.reader.kind == "rules", name
+        assert cfg.backends.controller == episode.backends.controller, name
+        assert cfg.retrieval == episode.retrieval, name
+        assert cfg.tokenizer == episode.tokenizer == pipeline.model == "embedded", name
+        assert cfg.concurrency == episode.concurrency, name
+        assert cfg.prompts == episode.prompts, name
+
+
+def test_the_memory_backends_are_the_pipelines_heldout_rows():
+    """base / rules are the held-out comparison's rows; trained is the base backend + the adapter."""
+    from memsearch.pipeline.heldout import policy_backend
+
+    pipeline = load_config(ROOT / "configs" / "memory_policy_cpu.toml", model=MemoryPolicyPipeline)
+    assert _load("base").backends.memory.model_dump(mode="json") == policy_backend(pipeline, "base")
+    assert _load("rules").backends.memory.model_dump(mode="json") == \
+        RunConfig.model_validate({"backends": {"memory": policy_backend(pipeline, "rules")}}).backends.memory.model_dump(mode="json")
+    trained = _load("trained").backends.memory.model_dump(mode="json")
+    assert trained == {**pipeline.base_backend(), "adapter": "models/memory-policy-cpu"}
