@@ -13,33 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from memsearch.config import load_config
 from memsearch.errors import InputError
 from memsearch.pipeline.memory_policy import run_memory_policy_pipeline
-from memsearch.pipeline.mp_config import MemoryPolicyPipeline
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "configs" / "memory_policy_cpu.toml"
-SAMPLES = ROOT / "data" / "samples" / "hotpotqa"
-
-
-def settings(model: Path, *extra: str) -> list[str]:
-    return [f"model={json.dumps(str(model))}", "seeds=[7]", "matrix_seeds=[7]", f"data.train={json.dumps(str(SAMPLES / 'train_sample.json'))}",
-            f"data.dev={json.dumps(str(SAMPLES / 'dev_distractor_sample.json'))}", "data.train_questions=3",
-            "data.dev_questions=3", "data.val_questions=0", "grpo.eval.every=0", "episode.budgets.policy_tokens=12", "episode.budgets.max_searches=2",
-            "sft.epochs=1.0", "sft.micro_batch_rows=8", "sft.grad_accumulation=1", "grpo.steps=1", "grpo.tasks_per_step=1",
-            "grpo.group_size=2", "grpo.checkpoint_every=1", "stage2.train.steps=1", "stage2.train.tasks_per_step=1",
-            "stage2.train.group_size=2", "report.bootstrap_resamples=200", *extra]
+SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples" / "hotpotqa"
 
 
 # Stage 2 on, and a validation split of 2 questions that GRPO evaluates on at its end.
 ON = ("stage2.enabled=true", "data.val_questions=2")
-
-
-def config(model: Path, *extra: str) -> MemoryPolicyPipeline:
-    return load_config(CONFIG, settings(model, *extra), model=MemoryPolicyPipeline)
 
 
 def record(path: Path) -> dict:
@@ -51,10 +34,10 @@ def outputs_snapshot(out: Path) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def with_stage2(tiny_model_dir, tmp_path_factory):
+def with_stage2(tiny_model_dir, tmp_path_factory, mp_config):
     out = tmp_path_factory.mktemp("mp") / "on"
     lines: list[str] = []
-    report = run_memory_policy_pipeline(config(tiny_model_dir, *ON), out, echo=lines.append)
+    report = run_memory_policy_pipeline(mp_config(*ON), out, echo=lines.append)
     return out, report, lines
 
 
@@ -150,11 +133,11 @@ def test_stage1_weights_never_reach_a_or_c(with_stage2, tiny_model_dir):
         assert configs[g]["backends"]["controller"]["model"] == str(out / "seed-7" / "merged2")
 
 
-def test_rerun_skips_every_stage_and_leaves_outputs_untouched(with_stage2, tiny_model_dir):
+def test_rerun_skips_every_stage_and_leaves_outputs_untouched(with_stage2, mp_config):
     out, report, _ = with_stage2
     before = outputs_snapshot(out)
     lines: list[str] = []
-    again = run_memory_policy_pipeline(config(tiny_model_dir, *ON), out, echo=lines.append)
+    again = run_memory_policy_pipeline(mp_config(*ON), out, echo=lines.append)
     after = outputs_snapshot(out)
     changed = sorted(k for k in before if before[k] != after.get(k) and not k.startswith("report")
                      and k not in ("curves.png", "heldout/summary.json"))
@@ -163,17 +146,17 @@ def test_rerun_skips_every_stage_and_leaves_outputs_untouched(with_stage2, tiny_
     assert again["seeds"][0]["rows"] == report["seeds"][0]["rows"]
 
 
-def test_changed_inputs_are_refused_naming_the_fields(with_stage2, tiny_model_dir):
+def test_changed_inputs_are_refused_naming_the_fields(with_stage2, mp_config):
     out, _, _ = with_stage2
     with pytest.raises(InputError, match=r"grpo1.*changed: grpo\.optim\.lr"):
-        run_memory_policy_pipeline(config(tiny_model_dir, *ON, "grpo.optim.lr=1e-3"), out, echo=lambda _: None)
+        run_memory_policy_pipeline(mp_config(*ON, "grpo.optim.lr=1e-3"), out, echo=lambda _: None)
     with pytest.raises(InputError, match=r"changed: data\.dev_questions"):
-        run_memory_policy_pipeline(config(tiny_model_dir, *ON, "data.dev_questions=4"), out, echo=lambda _: None)
+        run_memory_policy_pipeline(mp_config(*ON, "data.dev_questions=4"), out, echo=lambda _: None)
 
 
-def test_without_stage2_crashed_stages_resume_and_the_report_says_base_controller(tiny_model_dir, tmp_path):
+def test_without_stage2_crashed_stages_resume_and_the_report_says_base_controller(tiny_model_dir, tmp_path, mp_config):
     out = tmp_path / "off"
-    run_memory_policy_pipeline(config(tiny_model_dir), out, echo=lambda _: None)
+    run_memory_policy_pipeline(mp_config(), out, echo=lambda _: None)
     seed = out / "seed-7"
     assert not (seed / "grpo2").exists()
     assert "**skipped**: C/D use the untrained base controller" in (out / "report.md").read_text()
@@ -185,7 +168,7 @@ def test_without_stage2_crashed_stages_resume_and_the_report_says_base_controlle
     (seed / "matrix.stage.json").write_text(json.dumps({**stage, "complete": False}))
     a_before = (seed / "matrix" / "A" / "trajectories.jsonl").read_bytes()
     lines: list[str] = []
-    report = run_memory_policy_pipeline(config(tiny_model_dir), out, echo=lines.append)
+    report = run_memory_policy_pipeline(mp_config(), out, echo=lines.append)
     assert any("matrix: resuming" in line for line in lines)
     # The finished groups are resumed (no episode rerun), only D runs again.
     assert (seed / "matrix" / "A" / "trajectories.jsonl").read_bytes() == a_before
@@ -198,14 +181,14 @@ def test_without_stage2_crashed_stages_resume_and_the_report_says_base_controlle
     stage = record(seed / "grpo1.stage.json")
     (seed / "grpo1.stage.json").write_text(json.dumps({**stage, "complete": False}))
     lines = []
-    run_memory_policy_pipeline(config(tiny_model_dir), out, echo=lines.append)
+    run_memory_policy_pipeline(mp_config(), out, echo=lines.append)
     assert any(line.startswith("grpo1: GRPO role=memory") and line.endswith("(resuming)") for line in lines)
     assert (seed / "grpo1" / "adapter" / "adapter_model.safetensors").read_bytes() == adapter
     assert "merge: done" in "\n".join(lines) and "seed 7 matrix: done" in "\n".join(lines)
 
 
-def test_a_seed_outside_matrix_seeds_gets_the_heldout_comparison_but_no_matrix(tiny_model_dir, tmp_path):
-    report = run_memory_policy_pipeline(config(tiny_model_dir, "matrix_seeds=[]"), tmp_path / "o", echo=lambda _: None)
+def test_a_seed_outside_matrix_seeds_gets_the_heldout_comparison_but_no_matrix(tmp_path, mp_config):
+    report = run_memory_policy_pipeline(mp_config("matrix_seeds=[]"), tmp_path / "o", echo=lambda _: None)
     seed = tmp_path / "o" / "seed-7"
     assert not (seed / "matrix").exists() and report["seeds"] == []
     assert record(seed / "heldout" / "grpo.stage.json")["complete"] is True
@@ -213,39 +196,36 @@ def test_a_seed_outside_matrix_seeds_gets_the_heldout_comparison_but_no_matrix(t
     assert "the A-D matrix" not in (tmp_path / "o" / "report.md").read_text()
 
 
-def test_train_dev_overlap_is_refused(tiny_model_dir, tmp_path):
+def test_train_dev_overlap_is_refused(tmp_path, mp_config):
     """A train file holding a dev question: prepare stops before any training."""
     dev = json.loads((SAMPLES / "dev_distractor_sample.json").read_text())
     train = json.loads((SAMPLES / "train_sample.json").read_text())[:2] + dev[:1]
     path = tmp_path / "train.json"
     path.write_text(json.dumps(train))
     with pytest.raises(InputError, match="held-out questions must never be trained on"):
-        run_memory_policy_pipeline(config(tiny_model_dir, f"data.train={json.dumps(str(path))}"), tmp_path / "o",
+        run_memory_policy_pipeline(mp_config(f"data.train={json.dumps(str(path))}"), tmp_path / "o",
                                    echo=lambda _: None)
     assert not (tmp_path / "o" / "teacher").exists()
 
 
-def test_http_memory_serving_and_owned_fields_are_refused(tiny_model_dir):
-    with pytest.raises(Exception, match="memory_serving = 'http' is not implemented"):
-        config(tiny_model_dir, 'stage2.memory_serving="http"')
+def test_owned_fields_are_refused(mp_config):
     with pytest.raises(Exception, match="grpo: eval.data set by the pipeline"):
-        config(tiny_model_dir, 'grpo.eval.data="x"', "data.val_questions=2")
+        mp_config('grpo.eval.data="x"', "data.val_questions=2")
     with pytest.raises(Exception, match="grpo.eval.every needs data.val_questions > 0"):
-        config(tiny_model_dir, "grpo.eval.every=1")
+        mp_config("grpo.eval.every=1")
     with pytest.raises(Exception, match="sft: eval set by the pipeline"):
-        config(tiny_model_dir, "sft.eval.every=1")
+        mp_config("sft.eval.every=1")
     with pytest.raises(Exception, match="grpo.schema_mode: set the pipeline's top-level schema_mode"):
-        config(tiny_model_dir, "grpo.schema_mode=true")
+        mp_config("grpo.schema_mode=true")
 
 
-def test_cold_start_trains_stage1_from_the_base_without_teacher_or_sft(tiny_model_dir, tmp_path):
+def test_cold_start_trains_stage1_from_the_base_without_teacher_or_sft(tmp_path, mp_config):
     """grpo_start = "base" (configs/ablations/cold_start.toml): no teacher, export or SFT stage;
     GRPO stage 1 starts from a fresh adapter on the base model in schema mode; the held-out
     comparison has base, rules and grpo, and every difference that needs sft is left out."""
     out = tmp_path / "cold"
     lines: list[str] = []
-    cfg = load_config(ROOT / "configs" / "ablations" / "cold_start.toml", settings(tiny_model_dir, "matrix_seeds=[]"),
-                      model=MemoryPolicyPipeline)
+    cfg = mp_config("matrix_seeds=[]", config_file=SAMPLES.parents[2] / "configs" / "ablations" / "cold_start.toml")
     report = run_memory_policy_pipeline(cfg, out, echo=lines.append)
     seed = out / "seed-7"
     assert not (out / "teacher").exists() and not (seed / "sft").exists() and not (seed / "heldout" / "sft").exists()

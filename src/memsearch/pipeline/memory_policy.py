@@ -15,7 +15,9 @@ beside its folder; ``pipeline.stages`` explains skip / resume / refuse):
    with ``grpo_start = "base"`` (a cold start: stages 2 and 3 are skipped);
 5. ``seed-N/merged1/``: stage 1 merged into the base (a plain Hugging Face folder);
 6. ``seed-N/grpo2/`` + ``seed-N/merged2/`` (``stage2.enabled``): GRPO of the controller with the
-   merged stage-1 model frozen as memory backend (in process);
+   merged stage-1 model frozen as memory backend, in process or over HTTP (``stage2.memory_serving``:
+   ``transformers serve`` launched on ``merged1`` for the stage, or a server the user runs;
+   ``pipeline.serving``);
 7. ``seed-N/matrix/{A,B,C,D}``: the A-D matrix on the held-out dev questions; A/C summarize with
    the untrained base (``backends.baseline_memory``), B/D with stage 1, C/D with the stage-2
    controller (the base controller when stage 2 is off);
@@ -158,8 +160,7 @@ def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str
     heldout_rows = heldout.run_seed(cfg, root, paths, sft, merged1, {**start, "stage1": fp1}, echo)
     controller, fp2 = None, None
     if cfg.stage2.enabled:
-        stage2 = grpo_stage(root / "grpo2", root / "grpo2.stage.json", cfg.stage2_config(train, seed, str(merged1), val),
-                            {"prepare": paths["fingerprint"], "stage1": fp1}, echo)
+        stage2 = stage2_stage(cfg, root, train, seed, merged1, val, {"prepare": paths["fingerprint"], "stage1": fp1}, echo)
         merged2, fp2 = merge_stage(root / "merged2", root / "merged2.stage.json", cfg.model, stage2, cfg.merge_dtype, echo)
         controller = str(merged2)
     base = {"seed": seed, "root": root, "heldout": heldout_rows, "stage2": cfg.stage2.enabled,
@@ -181,6 +182,50 @@ def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str
         matrix = run_matrix(matrix_cfg, paths["dev"], folder, resume=resume, show_progress=False)
         stage.finish({"matrix": "matrix/matrix.json"})
     return {**base, "matrix": matrix}
+
+
+def _launched_port(cfg: MemoryPolicyPipeline, record: Path) -> int:
+    """The launched memory server's port: ``stage2.serve_port``, else the one an earlier start of
+    this stage recorded (the URL is part of the trainer config, so a resume must reuse it), else
+    a free one."""
+    from memsearch.pipeline.serving import free_port
+
+    if cfg.stage2.serve_port is not None:
+        return cfg.stage2.serve_port
+    if record.is_file():
+        url = (json.loads(record.read_text()).get("inputs", {}).get("memory_server") or {}).get("url") or ""
+        port = url.rsplit(":", 1)[-1].split("/", 1)[0]
+        if url.startswith("http://127.0.0.1:") and port.isdigit():
+            return int(port)
+    return free_port()
+
+
+def stage2_stage(cfg: MemoryPolicyPipeline, root: Path, train: str, seed: int, merged1: Path, val: str | None,
+                 upstream: dict[str, Any], echo=print) -> Path:
+    """``seed-N/grpo2``: GRPO of the controller with ``merged1`` frozen as memory backend, in
+    process or over HTTP (``stage2.memory_serving``). Over HTTP the stage record also names the
+    server (``inputs.memory_server``: how it was served, its URL and model name); the server is
+    started (launched) or checked (user-run) only while the stage trains."""
+    from functools import partial
+
+    from memsearch.pipeline import serving
+
+    record = root / "grpo2.stage.json"
+    s2 = cfg.stage2
+    if s2.memory_serving == "in_process":
+        return grpo_stage(root / "grpo2", record, cfg.stage2_config(train, seed, str(merged1), val), upstream, echo)
+    if s2.memory_url:
+        around = partial(serving.user_server, s2.memory_url, s2.memory_model)
+        server = {"serving": "user", "url": s2.memory_url, "model": s2.memory_model}
+        grpo = cfg.stage2_config(train, seed, str(merged1), val)
+    else:
+        port = _launched_port(cfg, record)
+        url = f"http://127.0.0.1:{port}/v1"
+        around = partial(serving.launched_server, merged1, port, root / "grpo2.memory_server.log",
+                         s2.serve_start_timeout_s, s2.serve_args, echo)
+        server = {"serving": "transformers serve", "url": url, "model": str(merged1), "args": s2.serve_args}
+        grpo = cfg.stage2_config(train, seed, str(merged1), val, launched_url=url)
+    return grpo_stage(root / "grpo2", record, grpo, {**upstream, "memory_server": server}, echo, around)
 
 
 def run_memory_policy_pipeline(cfg: MemoryPolicyPipeline, out: str | Path, echo=print) -> dict[str, Any]:

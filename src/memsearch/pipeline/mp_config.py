@@ -56,8 +56,27 @@ class Stage2(_Config):
 
     enabled: bool = Field(False, description="Train the controller; false: C/D use the untrained base controller")
     memory_serving: Literal["in_process", "http"] = Field(
-        "in_process", description="How the frozen stage-1 model serves memory calls: in_process (hf backend); "
-        "http (transformers serve / vLLM through the openai backend) is documented but refused for now")
+        "in_process", description="How the frozen stage-1 model (seed-N/merged1) answers the memory calls of stage 2's "
+        "rollouts and periodic evaluation: in_process (hf backend, schema_mode as the pipeline's); http (an "
+        "OpenAI-compatible server reached through the openai backend, which keeps [episode.backends.memory]'s "
+        "max_concurrency, timeout_s, max_retries and sampling; free decoding, so it needs schema_mode = false): "
+        "`transformers serve` launched by the pipeline, or a server you run (memory_url)")
+    memory_url: str | None = Field(
+        None, description="http: the API root of a server you run on seed-N/merged1, e.g. http://127.0.0.1:8000/v1 "
+        "(vLLM: `vllm serve OUT/seed-N/merged1 --served-model-name NAME`); you are responsible for serving that "
+        "folder. Unset: the pipeline launches `transformers serve` on merged1 itself and stops it after the stage")
+    memory_model: str | None = Field(
+        None, description="http with memory_url: the served model name; the pipeline refuses to start stage 2 "
+        "unless the server's /v1/models lists it")
+    serve_port: int | None = Field(
+        None, ge=1, le=65535, description="http, launched server: its port on 127.0.0.1; unset = a free port, chosen "
+        "at the stage's first start and kept for its resumes (the port is part of the trainer config)")
+    serve_args: list[str] = Field(
+        default_factory=list, description="http, launched server: extra `transformers serve` options, e.g. "
+        "[\"--device\", \"cuda:0\", \"--continuous-batching\"] (host, port and the model are set by the pipeline)")
+    serve_start_timeout_s: float = Field(
+        300.0, gt=0, description="http, launched server: how long to wait for its /health before giving up "
+        "(the error shows the end of its log)")
     train: dict[str, Any] = Field(default_factory=dict, description="memsearch train grpo fields of stage 2 (role, model, "
                                   "data, episode, seed are set by the pipeline)")
 
@@ -112,9 +131,7 @@ class MemoryPolicyPipeline(_Config):
         if self.episode.tokenizer != self.model:
             raise ValueError(f"episode.tokenizer {self.episode.tokenizer!r} differs from model {self.model!r}: budgets "
                              "must be counted with the trained model's tokenizer (leave it unset)")
-        if self.stage2.memory_serving == "http":
-            raise ValueError("stage2.memory_serving = 'http' is not implemented yet: serve the merged stage-1 folder with "
-                             "`transformers serve` or vLLM and run `memsearch train grpo` by hand (docs/memory_policy.md)")
+        self._check_stage2_serving()
         for table, fields in (("sft", self.sft), ("grpo", self.grpo), ("stage2.train", self.stage2.train)):
             owned = _OWNED if table == "sft" else tuple(k for k in _OWNED if k != "eval")
             bad = sorted(set(fields) & set(owned)) + sorted(f"eval.{k}" for k in set(fields.get("eval") or {}) & set(_OWNED_EVAL))
@@ -137,6 +154,38 @@ class MemoryPolicyPipeline(_Config):
         if self.stage2.enabled:
             self.stage2_config("<train>", self.seeds[0], "<stage-1 model>")
         return self
+
+    def _check_stage2_serving(self) -> None:
+        s2 = self.stage2
+        launched = ("serve_port", "serve_args") if s2.memory_url else ()
+        if s2.memory_serving == "in_process":
+            bad = [k for k in ("memory_url", "memory_model", "serve_port", "serve_args") if getattr(s2, k)]
+            if bad:
+                raise ValueError(f"stage2.{', stage2.'.join(bad)}: only used with stage2.memory_serving = 'http'")
+            return
+        if s2.memory_url and not s2.memory_model:
+            raise ValueError("stage2.memory_url needs stage2.memory_model: the name the server serves seed-N/merged1 "
+                             "under (vLLM's --served-model-name)")
+        if s2.memory_model and not s2.memory_url:
+            raise ValueError("stage2.memory_model without stage2.memory_url: the launched `transformers serve` serves "
+                             "merged1 under its folder path; set memory_url to use a server you run")
+        if bad := [k for k in launched if getattr(s2, k)]:
+            raise ValueError(f"stage2.{', stage2.'.join(bad)}: only for the server the pipeline launches (no memory_url)")
+        if not s2.memory_url and self.episode.backends.memory.sampling.temperature > 0:
+            # transformers serve (5.x) sets do_sample only to switch it off at temperature 0: a
+            # temperature above 0 would decode greedily unless the folder's generation_config says
+            # do_sample, so the requested sampling would silently not happen.
+            raise ValueError("stage2.memory_serving = 'http' with a launched `transformers serve`: episode.backends.memory."
+                             "sampling.temperature > 0 is not honoured by it (it samples only when the model folder's "
+                             "generation_config sets do_sample); keep the frozen memory greedy (temperature 0) or run "
+                             "your own server (stage2.memory_url)")
+        if self.schema_mode:
+            # Over HTTP the memory ops are not decoded under memsearch's JSON-schema mask: `transformers serve`
+            # ignores response_format (it logs "Ignoring unsupported fields") and the engine sends no
+            # constraint to the openai backend. Refused rather than silently decoding differently.
+            raise ValueError("stage2.memory_serving = 'http' with schema_mode = true: schema mode (constrained JSON) runs "
+                             "only in process, and stage 2's frozen memory would decode freely over HTTP; set "
+                             "schema_mode = false or stage2.memory_serving = 'in_process'")
 
     def _episode(self, memory: dict[str, Any] | None = None, controller: dict[str, Any] | None = None,
                  agent_controller: str | None = None) -> dict[str, Any]:
@@ -177,10 +226,28 @@ class MemoryPolicyPipeline(_Config):
                                        "schema_mode": self.schema_mode,
                                        "adapter": adapter, "episode": episode, "eval": self._eval(self.grpo, val)}, "grpo")
 
-    def stage2_config(self, train: str, seed: int, stage1: str, val: str | None = None) -> GRPOConfig:
-        """Stage 2: GRPO of the controller, the merged stage-1 model frozen as memory backend."""
-        episode = self._episode(memory=self.base_backend(stage1), controller=self.base_backend(schema_mode=False),
-                                agent_controller="policy")
+    def served_backend(self, url: str, name: str) -> dict[str, Any]:
+        """An openai backend on ``url`` serving ``name``, with the episode memory backend's
+        concurrency, timeout, retries and sampling; free decoding (no schema mode over HTTP)."""
+        data = self.episode.backends.memory.model_dump(mode="json")
+        data.update(kind="openai", model=name, base_url=url, adapter=None, schema_mode=False)
+        return data
+
+    def stage2_memory(self, stage1: str, launched_url: str | None = None) -> dict[str, Any]:
+        """Stage 2's memory backend: merged1 in process, or over HTTP (``stage2.memory_url`` or the
+        launched server's ``launched_url``; it serves merged1 under its folder path)."""
+        if self.stage2.memory_serving == "in_process":
+            return self.base_backend(stage1)
+        if self.stage2.memory_url:
+            return self.served_backend(self.stage2.memory_url, self.stage2.memory_model)
+        return self.served_backend(launched_url or "http://127.0.0.1:1/v1", stage1)
+
+    def stage2_config(self, train: str, seed: int, stage1: str, val: str | None = None,
+                      launched_url: str | None = None) -> GRPOConfig:
+        """Stage 2: GRPO of the controller, the merged stage-1 model frozen as memory backend (in
+        process or over HTTP: ``stage2_memory``)."""
+        episode = self._episode(memory=self.stage2_memory(stage1, launched_url),
+                                controller=self.base_backend(schema_mode=False), agent_controller="policy")
         return validated(GRPOConfig, {**self.stage2.train, "role": "controller", "model": self.model, "data": train,
                                        "seed": seed, "episode": episode, "eval": self._eval(self.stage2.train, val)},
                          "stage2.train")

@@ -117,6 +117,16 @@ def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _stage2_memory(cfg) -> str:
+    s2 = cfg.stage2
+    if s2.memory_serving == "in_process":
+        return "its rollouts' memory was the stage-1 model in process."
+    if s2.memory_url:
+        return (f"its rollouts' memory was served over HTTP at `{s2.memory_url}` as `{s2.memory_model}` "
+                "(a server the user ran; which weights it served is not verified).")
+    return "its rollouts' memory was the stage-1 folder served over HTTP by `transformers serve` (launched by the pipeline)."
+
+
 def render(cfg, sections: list[dict[str, Any]], comparison: dict[str, Any] | None = None) -> str:
     """The markdown of the report (also returned as ``table``)."""
     lines = ["# Memory-policy pipeline", "",
@@ -126,7 +136,8 @@ def render(cfg, sections: list[dict[str, Any]], comparison: dict[str, Any] | Non
              f"GRPO stage 1 reward: {_reward(cfg.grpo)}.", "",
              "GRPO stage 1 starts from: " + ("the seed's SFT adapter." if cfg.grpo_start == "sft" else
                                              "**the base model** (cold start, grpo_start = base: no teacher, no SFT)."), "",
-             "Stage 2 (controller GRPO): " + ("on: C/D use the stage-2 controller." if cfg.stage2.enabled else
+             "Stage 2 (controller GRPO): " + (f"on: C/D use the stage-2 controller; {_stage2_memory(cfg)}"
+                                             if cfg.stage2.enabled else
                                              "**skipped**: C/D use the untrained base controller."), ""]
     if comparison is not None:
         lines += render_heldout(cfg, comparison)

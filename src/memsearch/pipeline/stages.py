@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -99,14 +100,16 @@ class Stage:
                                       "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
 
-def grpo_stage(folder: Path, record: Path, grpo: Any, upstream: dict[str, Any], echo=print) -> Path:
+def grpo_stage(folder: Path, record: Path, grpo: Any, upstream: dict[str, Any], echo=print, around=None) -> Path:
     """A fingerprinted ``train_grpo`` run into ``folder`` (resumed after a crash); returns the
     final adapter. Shared by every pipeline: ``grpo`` is the trainer config, ``upstream`` the
-    fingerprints and hashes of what it was made from."""
+    fingerprints and hashes of what it was made from. ``around`` (a context-manager factory) is
+    entered only while training runs, e.g. a model server the rollouts call (skipped stages start
+    nothing)."""
     from memsearch.train.grpo import train_grpo
 
     label = f"GRPO role={grpo.role}, {grpo.steps} steps x {grpo.tasks_per_step} questions x group {grpo.group_size}"
-    return _trainer_stage(folder, record, "grpo", grpo, upstream, train_grpo, label, echo)
+    return _trainer_stage(folder, record, "grpo", grpo, upstream, train_grpo, label, echo, around)
 
 
 def sft_stage(folder: Path, record: Path, sft: Any, upstream: dict[str, Any], echo=print) -> Path:
@@ -117,17 +120,19 @@ def sft_stage(folder: Path, record: Path, sft: Any, upstream: dict[str, Any], ec
 
 
 def _trainer_stage(folder: Path, record: Path, key: str, cfg: Any, upstream: dict[str, Any], train, label: str,
-                   echo) -> Path:
+                   echo, around=None) -> Path:
     stage = Stage(folder, folder.name, {key: cfg.model_dump(mode="json"), **upstream}, record)
     if stage.done():
         _check_adapter(folder, stage)
         echo(f"{folder.name}: done ({folder})")
         return folder / "adapter"
     resume = stage.started() and (folder / "config.json").is_file()
-    stage.start()
-    echo(f"{folder.name}: {label}" + (" (resuming)" if resume else ""))
-    # The trainer owns the folder's config.json / checkpoints; it refuses a changed config on resume.
-    train(cfg, folder, resume=resume, echo=echo)
+    # `around` first: a server that fails to start or is refused leaves no record behind.
+    with around() if around is not None else nullcontext():
+        stage.start()
+        echo(f"{folder.name}: {label}" + (" (resuming)" if resume else ""))
+        # The trainer owns the folder's config.json / checkpoints; it refuses a changed config on resume.
+        train(cfg, folder, resume=resume, echo=echo)
     return _finish_adapter(folder, stage)
 
 
