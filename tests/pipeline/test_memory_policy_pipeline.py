@@ -254,3 +254,18 @@ def test_cold_start_trains_stage1_from_the_base_without_teacher_or_sft(tmp_path,
     lines = []
     run_memory_policy_pipeline(cfg, out, echo=lines.append)
     assert "grpo1: done (" in "\n".join(lines) and not (out / "teacher").exists()
+
+
+def test_publish_copies_the_runs_record_byte_for_byte(with_stage2, tmp_path):
+    from memsearch.pipeline.publish import publish_results
+
+    out, _, _ = with_stage2
+    written = publish_results(out, tmp_path / "results")
+    names = {str(p.relative_to(tmp_path / "results")) for p in written}
+    assert {"report.md", "curves.png", "summary.json", "invocations.jsonl", "seed-7/grpo1/train_log.jsonl",
+            "seed-7/heldout/grpo/metrics.jsonl", "heldout/rules/summary.json", "seed-7/matrix/B/metrics.jsonl",
+            "seed-7/grpo1.stage.json"} <= names
+    assert (tmp_path / "results" / "summary.json").read_bytes() == (out / "heldout" / "summary.json").read_bytes()
+    assert not any(p.name in ("trajectories.jsonl", "adapter_model.safetensors") for p in written)
+    with pytest.raises(InputError, match="summary.json: missing"):
+        publish_results(tmp_path / "nothing", tmp_path / "r2")
