@@ -240,3 +240,16 @@ def test_rows_generated_are_counted_by_the_policy_backend_not_from_the_trajector
     events.append(next(e for e in events if e["type"] == "policy_call"))
     with pytest.raises(RowCountError, match=f"generated {first}, converted {first + 1}, consumed {first + 1}"):
         counts(duplicated).check()
+
+
+def test_periodic_evaluation_runs_on_its_own_cadence_not_only_on_checkpoint_steps(tiny_model_dir, tiny_adapter_dir,
+                                                                                     hotpot_train_dir, hotpot_dev_dir, tmp_path):
+    """eval.every = 2 with checkpoint_every = 3 over 4 steps: evaluations at steps 2 and 4 (the
+    end), each reading a checkpoint saved at that step; checkpoints also at 3."""
+    cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, steps=4, checkpoint_every=3,
+                      keep_checkpoints=10, **{"eval.data": str(hotpot_dev_dir), "eval.every": 2, "eval.limit": 1})
+    train_grpo(cfg, tmp_path / "run", echo=lambda _: None)
+    log = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "eval_f1" in r] == [2, 4]
+    assert sorted(p.name for p in (tmp_path / "run" / "eval").iterdir()) == ["step-000002", "step-000004"]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-000002", "step-000003", "step-000004"]

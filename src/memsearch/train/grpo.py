@@ -350,10 +350,14 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
                 (out / "rollouts").mkdir(exist_ok=True)
                 write_jsonl(out / "rollouts" / f"step-{step:06d}.rank{dist.rank}.jsonl",
                             [dict(tr, reward=r) for grp, rs in zip(groups, rewards) for tr, r in zip(grp, rs)])
-            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            eval_due = bool(cfg.eval.data) and (step == cfg.steps or bool(cfg.eval.every and step % cfg.eval.every == 0))
+            # The periodic evaluation reads the checkpoint's adapter, so an evaluation step is also a
+            # checkpoint step (before: evaluations fell only on steps that were both, e.g. every = 6 with
+            # checkpoint_every = 4 evaluated at the end only).
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps or eval_due:
                 folder = save_checkpoint(out / "checkpoints", step, policy, optimizer, scheduler, dist,
                                          {"tasks_seen": step * cfg.tasks_per_step}, cfg.keep_checkpoints)
-                if cfg.eval.data and (step == cfg.steps or (cfg.eval.every and step % cfg.eval.every == 0)):
+                if eval_due:
                     if dist.main:
                         record.update(_evaluate(cfg, folder / "adapter", out / "eval" / f"step-{step:06d}"))
                     dist.wait_for_main(f"evaluation at step {step}")  # bounded by eval.wait_s
