@@ -83,6 +83,26 @@ def test_ship_copies_the_adapter_files_and_records_the_runs_provenance(tmp_path,
     assert f"adapter_model.safetensors  sha256 {sha256_file(source / 'adapter_model.safetensors')}" in out
 
 
+def test_shipped_adapter_config_names_the_base_as_the_config_does_not_a_machine_path(tmp_path):
+    """peft writes the trainer's base folder (an absolute cache path for the embedded model) into
+    adapter_config.json; the shipped copy says ``embedded`` and the provenance keeps the source hash."""
+    source = make_run(tmp_path / "mp")
+    cache_path = "/" + "/".join(["home", "someone", ".cache", "memsearch", "embedded", "model"])
+    (source / "adapter_config.json").write_text(json.dumps({"r": 16, "base_model_name_or_path": cache_path}), encoding="utf-8")
+    stage_file = tmp_path / "mp" / "seed-1" / "grpo1.stage.json"
+    stage = json.loads(stage_file.read_text())  # the trainer's own output, recorded as the pipeline records it
+    stage["outputs"]["adapter_sha256"] = folder_sha256(source)
+    stage_file.write_text(json.dumps(stage))
+    dest = tmp_path / "shipped"
+    _script().main([str(source), "--run", str(tmp_path / "mp"), "--seed", "1", "--dest", str(dest)])
+    shipped = json.loads((dest / "adapter_config.json").read_text())
+    assert shipped == {"r": 16, "base_model_name_or_path": "embedded"}
+    record = verify_adapter(dest, base_model="embedded", required=True)
+    assert record["provenance"]["adapter_config_normalized"]["source_sha256"] == sha256_file(source / "adapter_config.json")
+    assert record["files"]["adapter_model.safetensors"] == sha256_file(source / "adapter_model.safetensors")
+    assert cache_path not in (dest / FINGERPRINT).read_text()
+
+
 def test_ship_refuses_to_overwrite_without_force(tmp_path, capsys):
     source = make_run(tmp_path / "mp")
     dest = tmp_path / "shipped"

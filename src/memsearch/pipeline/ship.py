@@ -111,5 +111,25 @@ def ship_adapter(source: str | Path, run: str | Path, seed: int, dest: str | Pat
             old.unlink()
     for path in files:
         shutil.copy2(path, dest / path.name)
+    normalized = _portable_adapter_config(dest / "adapter_config.json", base)
+    if normalized:
+        provenance["adapter_config_normalized"] = normalized
     write_fingerprint(dest, base, provenance)
     return dest
+
+
+def _portable_adapter_config(path: Path, base: str) -> dict[str, Any] | None:
+    """peft records the base model's folder as the trainer saw it: for the embedded model an
+    absolute cache path of the training machine. The shipped copy names the base as the config
+    does (``embedded``); memsearch loads the base itself and never reads this field. Returns what
+    changed (the source file's hash stays in the stage record and the provenance) or None."""
+    import hashlib
+
+    raw = path.read_bytes()
+    config = json.loads(raw)
+    if config.get("base_model_name_or_path", base) == base:
+        return None
+    config["base_model_name_or_path"] = base
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return {"field": "base_model_name_or_path", "to": base, "source_sha256": hashlib.sha256(raw).hexdigest(),
+            "why": "the training machine's absolute path replaced by the config's base model name"}
