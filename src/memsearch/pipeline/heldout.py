@@ -132,7 +132,7 @@ def _mean_rows(runs: list[Path]) -> dict[str, dict[str, Any]]:
     per_run = [_per_task(r / "metrics.jsonl") for r in runs]
     common = set.intersection(*(set(p) for p in per_run))
     out = {}
-    for task in common:
+    for task in (t for t in per_run[0] if t in common):  # the first run's order: the bootstrap is reproducible
         out[task] = {}
         for m in DIFF_METRICS:
             values = [p[task].get(m) for p in per_run]

@@ -178,9 +178,11 @@ def plot_curves(logs: dict[str, list[Path]], png: Path) -> Path:
     for ax, (name, paths) in zip(axes.flat, logs.items()):
         name, key = name.split(":") if ":" in name else (name, "loss" if name == "sft" else "reward_mean")
         runs = [{r["step"]: r[key] for r in read_log(p) if r.get(key) is not None} for p in paths if p.is_file()]
-        steps = sorted(set.intersection(*(set(r) for r in runs))) if runs else []
-        values = [[r[s] for r in runs] for s in steps]
-        ax.plot(steps, [sum(v) / len(v) for v in values], marker="o", label=f"mean of {len(runs)} seed(s)")
+        # Every step some seed logged (a periodic evaluation may fall on other steps in another seed's
+        # run); the mean and band are over the seeds that have the step.
+        steps = sorted(set().union(*(set(r) for r in runs))) if runs else []
+        values = [[r[s] for r in runs if s in r] for s in steps]
+        ax.plot(steps, [sum(v) / len(v) for v in values], marker="o", label=f"mean of up to {len(runs)} seed(s)")
         ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.25, label="min-max")
         ax.set_title(name if key in ("loss", "reward_mean") else f"{name}: validation {key.removeprefix('eval_')}")
         ax.set_xlabel("step")
