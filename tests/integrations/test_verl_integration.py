@@ -80,9 +80,13 @@ def test_memagent_session_outputs_answer_last_and_reward(verl_case, hf_tokenizer
     assert got == {"score": 1.0, "metric": 1.0, "answered": 1}
     assert got["score"] == trajectory_reward(traj, load_dataset(hotpot_dev_dir).labels_by_id()[task.id], settings,
                                              "overwrite")
-    # The summary travels in every row: no documents, no memory, no label.
+    # The memory-recall term needs supporting facts, which verl rows do not carry: refused, not dropped.
+    recall = settings.model_copy(update={"memory_recall": 0.5})
+    with pytest.raises(ValueError, match="memory_recall > 0: verl rows carry the gold answers only"):
+        compute_score("memsearch/hotpotqa", "ignored", [gold], {"memsearch": summary}, **recall.model_dump())
+    # The summary travels in every row: no documents, no memory text (only the evidence ids it cites), no label.
     assert set(summary) == {"task_id", "role", "prediction", "reader_text", "answer_format", "citations",
-                            "invalid_citations", "counts", "events", "status"}
+                            "invalid_citations", "memory_sources", "counts", "events", "status"}
     assert len(json.dumps(summary)) < 2000
 
 
@@ -253,11 +257,12 @@ def test_config_refusals_each_with_a_reason(tmp_path, hotpot_dev_dir):
     assert got["+reward.custom_reward_function.reward_kwargs.metric"] == "boxed_em"
     cpu = REPO / "configs/train/grpo_cpu.toml"
     bad = load_grpo_config(cpu, ["schema_mode=true", "credit=split", "adapter=runs/sft/adapter", "dual_clip=0",
-                                 "lora.dropout=0.1", "optim.schedule=linear"])
+                                 "lora.dropout=0.1", "optim.schedule=linear", "reward.memory_recall=1.0"])
     bad = bad.model_copy(update={"optim": bad.optim.model_copy(update={"max_grad_norm": None})})  # no TOML null
     reasons = refusals(bad)
     assert [r.split(" ")[0].rstrip(":") for r in reasons] == ["credit", "aggregation", "schema_mode", "model", "adapter",
-                                                  "optim.schedule", "optim.max_grad_norm", "dual_clip", "lora.dropout"]
+                                                  "optim.schedule", "optim.max_grad_norm", "dual_clip", "lora.dropout",
+                                                  "reward.memory_recall"]
     assert all(":" in r and len(r.split(":", 1)[1].strip()) > 10 for r in reasons)  # every refusal says why
 
 

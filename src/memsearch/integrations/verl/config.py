@@ -81,6 +81,9 @@ def refusals(cfg: GRPOConfig) -> list[str]:
         out.append("dual_clip = 0: verl always applies the dual clip (actor.clip_ratio_c > 1)")
     if cfg.lora.dropout > 0:
         out.append("lora.dropout > 0: verl's LoRA has no dropout setting")
+    if cfg.reward.memory_recall:
+        out.append("reward.memory_recall > 0: the verl rows carry the gold answers only (reward_model.ground_truth), "
+                   "not the supporting facts the memory-recall term needs; set it to 0 or train with memsearch train grpo")
     return out
 
 

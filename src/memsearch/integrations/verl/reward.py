@@ -32,7 +32,11 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     loop's summary (another agent loop's data) is refused: scoring the decoded text instead would
     silently train on a different reward.
     """
-    del data_source, solution_str, kwargs  # the summary carries the prediction (module doc)
+    del data_source, solution_str  # the summary carries the prediction (module doc)
+    if kwargs.get("memory_recall"):
+        # A dropped term would train on a different reward than the config says.
+        raise ValueError("memory_recall > 0: verl rows carry the gold answers only, not the supporting facts the "
+                         "memory-recall term needs (memsearch verl config refuses it too)")
     summary = (extra_info or {}).get("memsearch")
     if not isinstance(summary, dict):
         raise ValueError("extra_info has no 'memsearch' summary: this row was not rolled out by MemsearchAgentLoop")
