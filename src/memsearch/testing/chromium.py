@@ -13,8 +13,10 @@ import base64
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +65,7 @@ class Chromium:
     def __enter__(self) -> Chromium:
         to_child_r, self._to_child = os.pipe()
         self._from_child, from_child_w = os.pipe()
-        self._profile = tempfile.TemporaryDirectory(prefix="memsearch-chromium-")
+        self._profile = tempfile.mkdtemp(prefix="memsearch-chromium-")
 
         def wire() -> None:  # in the child: the protocol's fixed descriptors 3 and 4
             # dup first: either end may already sit on 3 or 4; then mark both inheritable, since
@@ -75,22 +77,36 @@ class Chromium:
             os.set_inheritable(4, True)
 
         args = [self.binary, "--headless", "--remote-debugging-pipe", "--no-sandbox", "--disable-gpu",
-                "--no-first-run", "--disable-extensions", "--disable-dev-shm-usage", f"--user-data-dir={self._profile.name}",
+                "--no-first-run", "--disable-extensions", "--disable-dev-shm-usage", f"--user-data-dir={self._profile}",
                 "--allow-file-access-from-files", "about:blank"]
-        self._log = open(os.path.join(self._profile.name, "chromium.log"), "wb")  # noqa: SIM115 - closed in __exit__
+        self._log = open(os.path.join(self._profile, "chromium.log"), "wb")  # noqa: SIM115 - closed in __exit__
+        # Its own process group: the renderer and utility processes are killed with the browser.
         self.proc = subprocess.Popen(args, preexec_fn=wire, close_fds=False, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=self._log)
+                                     stdout=subprocess.DEVNULL, stderr=self._log, start_new_session=True)
         os.close(to_child_r)
         os.close(from_child_w)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.proc.kill()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.proc.wait()
         os.close(self._to_child)
         os.close(self._from_child)
         self._log.close()
-        self._profile.cleanup()
+        # A child that was still writing its profile when killed may leave a file behind for a
+        # moment (seen under load: "Directory not empty: 'Default'"): retry briefly.
+        for _ in range(50):
+            try:
+                shutil.rmtree(self._profile)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.1)
+        shutil.rmtree(self._profile, ignore_errors=True)
 
     def _read_message(self) -> dict[str, Any]:
         while b"\0" not in self._buffer:

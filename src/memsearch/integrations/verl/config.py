@@ -158,6 +158,7 @@ def verl_overrides(cfg: GRPOConfig, agent_loops: str, train_files: str, val_file
         f"+reward.custom_reward_function.reward_kwargs.invalid_penalty={cfg.reward.invalid_penalty}",
         f"+reward.custom_reward_function.reward_kwargs.citation_penalty={cfg.reward.citation_penalty}",
         f"+reward.custom_reward_function.reward_kwargs.search_cost={cfg.reward.search_cost}",
+        f"+reward.custom_reward_function.reward_kwargs.memory_recall={cfg.reward.memory_recall}",
         f"trainer.total_training_steps={cfg.steps}",
         f"trainer.save_freq={cfg.checkpoint_every}",
         f"trainer.max_actor_ckpt_to_keep={cfg.keep_checkpoints}",
