@@ -17,6 +17,7 @@ from memsearch.data.hotpot import convert_hotpot
 from memsearch.errors import InputError
 from memsearch.eval.runner import run_eval
 from memsearch.io import iter_jsonl, write_jsonl
+from memsearch.actions import evidence_ids_in
 from memsearch.memory.ops import parse_ops
 from memsearch.samples import HOTPOT_TRAIN, samples_dir
 from memsearch.train.export import export_sft
@@ -75,7 +76,12 @@ def test_memory_rows_are_exactly_the_valid_memory_calls(runs, tmp_path):
         assert row["source"] == {"run": str(runs["oracle"]), "group": "", "backend": "oracle", "memory_mode": "decision",
                                  "split": "train"}
         assert parse_ops(row["completion"]).ok
+        # what the memory cited when the call was made: here the prompt shows it too
+        shown_memory = row["messages"][-1]["content"].split("Memory (id, kind, sources, text):", 1)[1].split("New evidence (", 1)[0]
+        assert set(row["memory_sources"]) == set(evidence_ids_in(shown_memory))
+    assert any(row["memory_sources"] for row in rows)
     reader = export_sft(runs["oracle"] / "trajectories.jsonl", runs["oracle"] / "metrics.jsonl", "reader", tmp_path / "r.jsonl")
+    assert all("memory_sources" not in r for r in _lines(tmp_path / "r.jsonl"))
     assert reader.exported == TASKS and [r["completion"] for r in _lines(tmp_path / "r.jsonl")] == \
         [c["text"] for _, c in _calls(runs["oracle"], "reader")]
 

@@ -32,6 +32,20 @@ def teacher_rows(hotpot_train_dir, tmp_path_factory) -> Path:
     return out / "rows.jsonl"
 
 
+@pytest.fixture(scope="module")
+def hidden_rows(hotpot_train_dir, tmp_path_factory) -> Path:
+    """The same teacher with ``agent.memory_sources = "hidden"`` (the no-sources control): the
+    prompts show the memory without evidence ids."""
+    from memsearch.eval.runner import run_eval
+    from memsearch.train.export import export_sft
+
+    out = tmp_path_factory.mktemp("hidden")
+    run_eval(load_config(None, CPU_EPISODE + ['agent.memory_sources="hidden"']), hotpot_train_dir, out / "run",
+             show_progress=False)
+    export_sft(out / "run" / "trajectories.jsonl", out / "run" / "metrics.jsonl", "memory", out / "rows.jsonl")
+    return out / "rows.jsonl"
+
+
 def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -88,4 +102,30 @@ def test_bad_input_is_refused_naming_the_line(teacher_rows, hotpot_train_dir, tm
         select_memory_rows(bad, labels, tmp_path / "o.jsonl", 0.5, 0)
     with pytest.raises(InputError, match="has no label"):
         select_memory_rows(teacher_rows, {}, tmp_path / "o.jsonl", 0.5, 0)
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_hidden_sources_rows_are_classified_from_what_the_memory_held(hidden_rows, hotpot_train_dir, tmp_path):
+    labels = load_dataset(hotpot_train_dir).labels_by_id()
+    rows = _rows(hidden_rows)
+    assert all("Memory (id, kind, text):" in r["messages"][-1]["content"] for r in rows)
+    kinds = {"op": 0, "gold_unfit": 0, "other_noop": 0}
+    for row in rows:
+        kind = row_kind(row, labels[row["task_id"]])
+        kinds[kind] += 1
+        evidence = row["messages"][-1]["content"].split("New evidence (", 1)[1]
+        new_gold = {s for s in labels[row["task_id"]].supporting_facts if f"[{s}]" in evidence}
+        if kind == "gold_unfit":
+            assert new_gold - set(row["memory_sources"])
+        elif kind == "other_noop":  # every gold sentence shown was already held, though the prompt hid it
+            assert new_gold <= set(row["memory_sources"])
+    assert min(kinds.values()) > 0, kinds
+    report = select_memory_rows(hidden_rows, labels, tmp_path / "sel.jsonl", other_noop_share=0.5, seed=3)
+    assert report["read"] == kinds
+    # rows exported before memory_sources existed cannot be classified under hidden sources: refused
+    bare = tmp_path / "bare.jsonl"
+    noop = next(i for i, r in enumerate(rows) if row_kind(r, labels[r["task_id"]]) != "op")
+    bare.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "memory_sources"}) + "\n" for r in rows))
+    with pytest.raises(InputError, match=rf"bare.jsonl:{noop + 1}: memory_sources: missing"):
+        select_memory_rows(bare, labels, tmp_path / "o.jsonl", 0.5, 0)
     assert not (tmp_path / "o.jsonl").exists()

@@ -43,9 +43,12 @@ class DecisionMemory:
 
     def update(self, text: str, shown: set[str]) -> dict[str, Any]:
         before = self.render()
+        # The evidence ids the store held when the call was made, whatever the rendering showed:
+        # with hidden sources the prompt does not carry them, and row selection needs them.
+        sources_before = self.cited()
         result = self.store.apply_text(text, shown)
         return {"valid": result.valid, "reason": result.reason, "executed": result.executed,
-                "before": before, "after": self.render(), "truncated": False}
+                "before": before, "after": self.render(), "truncated": False, "sources_before": sources_before}
 
     def cited(self) -> list[str]:
         return list(dict.fromkeys(s for item in self.store.items for s in item.sources))

@@ -17,7 +17,10 @@ Each output line (compact JSON, in trajectory order, then call order)::
 
 ``source.run`` is the run folder as given, ``source.group`` the trajectory's group, ``backend``
 the kind of backend that answered the role in that run, ``memory_mode`` the run's memory mode and
-``split`` its data split (always ``train``: `train sft` checks it).
+``split`` its data split (always ``train``: `train sft` checks it). Memory-role rows of a
+decision-mode run also carry ``"memory_sources"``: the evidence ids the memory held when the call
+was made (the step's ``memory`` event, ``sources_before``), which the prompt does not show under
+``agent.memory_sources = "hidden"``; ``train.row_selection`` reads them. Not shown to the model.
 
 What is exported, and what is skipped (counted by reason, per policy call):
 
@@ -221,8 +224,10 @@ def export_sft(trajectories: str | Path, metrics: str | Path, role: str, out: st
             traj = _validate(_Trajectory, obj, *where, "", problems)
             if traj is None:
                 continue
-            calls = []
+            calls, held = [], {}
             for i, event in enumerate(traj.events):
+                if isinstance(event, dict) and event.get("type") == "memory" and "sources_before" in event:
+                    held[event.get("step")] = event["sources_before"]
                 if isinstance(event, dict) and event.get("type") == "policy_call" and event.get("role") == role:
                     call = _validate(_PolicyCall, event, *where, f"events.{i}", problems)
                     if call is not None:
@@ -256,12 +261,15 @@ def export_sft(trajectories: str | Path, metrics: str | Path, role: str, out: st
                     report.skipped[reason] += 1
                     continue
                 report.exported += 1
-                yield dumps_line({
+                row = {
                     "messages": [m.model_dump() for m in call.messages], "completion": call.text,
                     "task_id": task, "role": role, "step": call.step,
                     "source": {"run": str(run_dir), "group": traj.group, "backend": backend, "memory_mode": mode,
                                "split": split},
-                })
+                }
+                if role == "memory" and call.step in held:
+                    row["memory_sources"] = held[call.step]
+                yield dumps_line(row)
         # Checked inside the writer so that a bad line anywhere leaves no output behind.
         if problems:
             raise InputError(problems)

@@ -13,8 +13,11 @@ rows (nothing worth keeping was shown) a fixed share is sampled:
     gold_unfit  | NOOP, a gold sentence among the new evidence, not cited by memory   | all
     other_noop  | NOOP, no new gold sentence                                           | share, sampled
 
-The step's new evidence and memory are read from the row's prompt (``engine.prompts.memory_decision``
-sections); the gold sentences are the train label's supporting facts. Labels only choose rows:
+The step's new evidence is read from the row's prompt (``engine.prompts.memory_decision``
+sections); what the memory cites from the row's ``memory_sources`` (written by ``export-sft``),
+or, in rows exported before that field existed, from the prompt's memory section (which lists no
+sources under ``agent.memory_sources = "hidden"``: such rows are refused). The gold sentences are
+the train label's supporting facts. Labels only choose rows:
 the completions are the teacher's text, unchanged. Train labels only (``export-sft`` refuses
 other splits; this function checks the rows' ``source.split`` again).
 """
@@ -34,18 +37,21 @@ from memsearch.io import iter_jsonl, write_jsonl
 from memsearch.memory.ops import Noop, parse_ops
 
 KINDS = ("op", "gold_unfit", "other_noop")
-_MEMORY_HEAD, _EVIDENCE_HEAD, _BUDGET_HEAD = "Memory (id, kind, sources, text):\n", "New evidence (", "Memory budget left:"
+_MEMORY_HEAD, _HIDDEN_MEMORY_HEAD = "Memory (id, kind, sources, text):\n", "Memory (id, kind, text):\n"
+_EVIDENCE_HEAD, _BUDGET_HEAD = "New evidence (", "Memory budget left:"
 
 
-def _sections(prompt: str, where: str) -> tuple[str, str]:
-    """(memory, new evidence) text of a memory_decision prompt."""
+def _sections(prompt: str, where: str) -> tuple[str | None, str]:
+    """(memory, new evidence) text of a memory_decision prompt; memory is None when the prompt
+    renders the items without their sources (``agent.memory_sources = "hidden"``)."""
+    head = _MEMORY_HEAD if _MEMORY_HEAD in prompt else _HIDDEN_MEMORY_HEAD
     try:
-        memory = prompt.split(_MEMORY_HEAD, 1)[1].split(_EVIDENCE_HEAD, 1)[0]
+        memory = prompt.split(head, 1)[1].split(_EVIDENCE_HEAD, 1)[0]
         evidence = prompt.split(_EVIDENCE_HEAD, 1)[1].split(_BUDGET_HEAD, 1)[0]
     except IndexError:
-        raise InputError(f"{where}: messages: not a decision-mode memory prompt (no {_MEMORY_HEAD.strip()!r} / "
-                         f"{_EVIDENCE_HEAD!r} / {_BUDGET_HEAD!r} sections)") from None
-    return memory, evidence
+        raise InputError(f"{where}: messages: not a decision-mode memory prompt (no {_MEMORY_HEAD.strip()!r} or "
+                         f"{_HIDDEN_MEMORY_HEAD.strip()!r} / {_EVIDENCE_HEAD!r} / {_BUDGET_HEAD!r} sections)") from None
+    return (memory if head == _MEMORY_HEAD else None), evidence
 
 
 def row_kind(row: Mapping[str, Any], label: Label, where: str = "row") -> str:
@@ -54,8 +60,16 @@ def row_kind(row: Mapping[str, Any], label: Label, where: str = "row") -> str:
     if not (len(ops) == 1 and isinstance(ops[0], Noop)):
         return "op"
     memory, evidence = _sections(row["messages"][-1]["content"], where)
+    if "memory_sources" in row:
+        held = set(row["memory_sources"])
+    elif memory is not None:
+        held = set(evidence_ids_in(memory))
+    else:
+        raise InputError(f"{where}: memory_sources: missing, and the prompt shows the memory without its sources "
+                         "(agent.memory_sources = 'hidden'), so what it cites is unknown; re-export the rows with "
+                         "this version of `memsearch export-sft`, which records them")
     new_gold = set(evidence_ids_in(evidence)) & set(label.supporting_facts)
-    return "gold_unfit" if new_gold - set(evidence_ids_in(memory)) else "other_noop"
+    return "gold_unfit" if new_gold - held else "other_noop"
 
 
 def select_memory_rows(rows: str | Path, labels: Mapping[str, Label], out: str | Path, other_noop_share: float,
