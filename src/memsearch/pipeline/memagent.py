@@ -34,7 +34,7 @@ from memsearch.errors import InputError
 from memsearch.io import dumps_line, sha256_file
 from memsearch.pipeline.config import MemAgentPipeline
 from memsearch.pipeline.report import HOTPOT_SET
-from memsearch.pipeline.stages import Stage, grpo_stage
+from memsearch.pipeline.stages import Stage, grpo_stage, run_folder
 from memsearch.pipeline.stages import merge_stage as merge_stages
 
 CHECKPOINTS = ("base", "trained")
@@ -163,20 +163,21 @@ def run_memagent_pipeline(cfg: MemAgentPipeline, out: str | Path, echo=print) ->
     # Every invocation's resolved config, appended: what each re-run asked for stays on record.
     with open(out / "invocations.jsonl", "a", encoding="utf-8") as fh:
         fh.write(dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.model_dump(mode="json")}) + "\n")
-    paths = prepare_stage(cfg, out, echo)
-    adapter = train_stage(cfg, out, paths["train_data"], paths["fingerprint"], echo)
-    rewards = reward_summary(out / "train", out)
-    merged, merged_fp = merge_stage(cfg, out, adapter, echo)
-    models = {"base": (cfg.model, f"base:{cfg.model}"), "trained": (str(merged), merged_fp)}
-    # Every set by its eval folder name: RULER-HQA-style docs{N}, then plain HotpotQA dev (the
-    # recipe's second acceptance set: boxed exact match on the question's own paragraphs).
-    sets = {f"docs{n}": (data, None) for n, data in paths["sets"].items()}
-    sets[HOTPOT_SET] = (paths["dev"], cfg.data.questions)
-    summaries: dict[str, dict[str, dict[str, Any]]] = {c: {} for c in CHECKPOINTS}
-    for set_name, (data, limit) in sets.items():
-        for checkpoint in CHECKPOINTS:
-            model, fp = models[checkpoint]
-            summaries[checkpoint][set_name] = eval_stage(cfg, out, checkpoint, model, fp, set_name, data, echo, limit=limit)
+    with run_folder(out):
+        paths = prepare_stage(cfg, out, echo)
+        adapter = train_stage(cfg, out, paths["train_data"], paths["fingerprint"], echo)
+        rewards = reward_summary(out / "train", out)
+        merged, merged_fp = merge_stage(cfg, out, adapter, echo)
+        models = {"base": (cfg.model, f"base:{cfg.model}"), "trained": (str(merged), merged_fp)}
+        # Every set by its eval folder name: RULER-HQA-style docs{N}, then plain HotpotQA dev (the
+        # recipe's second acceptance set: boxed exact match on the question's own paragraphs).
+        sets = {f"docs{n}": (data, None) for n, data in paths["sets"].items()}
+        sets[HOTPOT_SET] = (paths["dev"], cfg.data.questions)
+        summaries: dict[str, dict[str, dict[str, Any]]] = {c: {} for c in CHECKPOINTS}
+        for set_name, (data, limit) in sets.items():
+            for checkpoint in CHECKPOINTS:
+                model, fp = models[checkpoint]
+                summaries[checkpoint][set_name] = eval_stage(cfg, out, checkpoint, model, fp, set_name, data, echo, limit=limit)
     report = write_report(cfg, out, summaries, rewards)
     echo(report["table"])
     echo(report["deltas_table"])

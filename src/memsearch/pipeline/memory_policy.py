@@ -35,7 +35,7 @@ from memsearch.errors import InputError
 from memsearch.io import dumps_line, sha256_file
 from memsearch.pipeline.memagent import _source_sha
 from memsearch.pipeline.mp_config import MemoryPolicyPipeline
-from memsearch.pipeline.stages import Stage, eval_run, folder_sha256, grpo_stage, merge_stage, sft_stage
+from memsearch.pipeline.stages import Stage, eval_run, folder_sha256, grpo_stage, merge_stage, run_folder, sft_stage
 
 
 def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str, Any]:
@@ -238,11 +238,12 @@ def run_memory_policy_pipeline(cfg: MemoryPolicyPipeline, out: str | Path, echo=
     # Every invocation's resolved config, appended: what each re-run asked for stays on record.
     with open(out / "invocations.jsonl", "a", encoding="utf-8") as fh:
         fh.write(dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.model_dump(mode="json")}) + "\n")
-    paths = prepare_stage(cfg, out, echo)
-    # A cold start (grpo_start = "base") trains no SFT, so it needs no teacher rows either.
-    rows, rows_fp = teacher_stage(cfg, out, paths, echo) if cfg.grpo_start == "sft" else (None, None)
-    shared = heldout.run_shared(cfg, out, paths, echo)
-    seeds = [seed_stages(cfg, out, seed, paths, rows, rows_fp, echo) for seed in cfg.seeds]
+    with run_folder(out):
+        paths = prepare_stage(cfg, out, echo)
+        # A cold start (grpo_start = "base") trains no SFT, so it needs no teacher rows either.
+        rows, rows_fp = teacher_stage(cfg, out, paths, echo) if cfg.grpo_start == "sft" else (None, None)
+        shared = heldout.run_shared(cfg, out, paths, echo)
+        seeds = [seed_stages(cfg, out, seed, paths, rows, rows_fp, echo) for seed in cfg.seeds]
     comparison = heldout.compare(cfg, shared, {s["seed"]: s["heldout"] for s in seeds})
     heldout.write_summary(out, comparison)
     report = write_mp_report(cfg, out, seeds, comparison)

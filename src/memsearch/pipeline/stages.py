@@ -8,14 +8,23 @@ a folder made from different inputs instead of mixing results:
     stage = Stage(out / "merged", "merge", {"model": "embedded", "adapter_sha256": "..."}, out / "merge.stage.json")
     if not stage.done():
         stage.start(); ...; stage.finish({"merged": "merged"})
+
+Inside ``with run_folder(out):`` (both pipelines run their stages so) a path under the run folder
+is recorded and fingerprinted as ``$OUT/...``: a fingerprint names what a stage was made from,
+not where the run folder lies, so finished stages copied into another run folder are reused
+there (docs/memory_policy.md, "Controls"). Records written before this rule (raw paths) are
+accepted when their fingerprint matches the raw inputs, and rewritten in the portable form.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +32,37 @@ from memsearch.errors import InputError
 from memsearch.io import sha256_file, write_json
 
 RECORD = "stage.json"
+OUT_TOKEN = "$OUT"
+_RUN_FOLDER: ContextVar[Path | None] = ContextVar("memsearch_run_folder", default=None)
+
+
+@contextmanager
+def run_folder(out: Path) -> Iterator[None]:
+    """Stages created inside record paths under ``out`` as ``$OUT/...`` (see the module docstring)."""
+    token = _RUN_FOLDER.set(Path(out))
+    try:
+        yield
+    finally:
+        _RUN_FOLDER.reset(token)
+
+
+def portable_inputs(inputs: Any, out: Path) -> Any:
+    """``inputs`` with every string that is ``out`` or a path under it written as ``$OUT[/...]``
+    (``out`` as given and resolved; nested dicts and lists too)."""
+    prefixes = sorted({str(out), str(Path(out).resolve())}, key=len, reverse=True)
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if isinstance(value, str):
+            for prefix in prefixes:
+                if value == prefix or value.startswith(prefix + os.sep):
+                    return OUT_TOKEN + value[len(prefix):]
+        return value
+
+    return walk(inputs)
 
 
 def fingerprint(inputs: dict[str, Any]) -> str:
@@ -56,9 +96,13 @@ class Stage:
     tool creates and wants new, like an eval run folder)."""
 
     def __init__(self, outputs: Path, name: str, inputs: dict[str, Any], record: Path | None = None) -> None:
-        self.folder, self.name, self.inputs = Path(outputs), name, inputs
+        self.folder, self.name = Path(outputs), name
         self.record_path = Path(record) if record else self.folder / RECORD
-        self.fingerprint = fingerprint(inputs)
+        out = _RUN_FOLDER.get()
+        self.inputs = portable_inputs(inputs, out) if out is not None else inputs
+        self.fingerprint = fingerprint(self.inputs)
+        # The fingerprint a record written before paths were made portable holds.
+        self._raw_fingerprint = fingerprint(inputs)
 
     def record(self) -> dict[str, Any] | None:
         return json.loads(self.record_path.read_text()) if self.record_path.is_file() else None
@@ -70,6 +114,10 @@ class Stage:
                 raise InputError(f"{self.folder}: exists but has no record ({self.record_path.name}), so what made it is unknown; "
                                  "move it away or choose a new --out")
             return None
+        if record["fingerprint"] != self.fingerprint and record["fingerprint"] == self._raw_fingerprint:
+            record = {**record, "fingerprint": self.fingerprint, "inputs": self.inputs,
+                      "fingerprint_before": record["fingerprint"]}
+            write_json(self.record_path, record)  # the same inputs, now recorded without this folder's path
         if record["fingerprint"] != self.fingerprint:
             changed = ", ".join(_changed(record.get("inputs", {}), self.inputs)[:8]) or "inputs"
             raise InputError(f"{self.folder}: stage '{self.name}' was made from different inputs (changed: {changed}); "
