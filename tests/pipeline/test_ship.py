@@ -136,3 +136,33 @@ def test_ship_refuses_a_seed_without_its_heldout_evaluation(tmp_path):
     (tmp_path / "mp" / "seed-1" / "heldout" / "grpo" / "summary.json").unlink()
     with pytest.raises(InputError, match=r"heldout/grpo/summary\.json: missing; ship an adapter only after"):
         ship_adapter(source, tmp_path / "mp", 1, tmp_path / "dest")
+
+
+def test_ship_with_dtype_stores_bf16_weights_and_records_the_cast(tmp_path):
+    """--dtype bfloat16 halves the float weights (integer tensors kept), the fingerprint pins the
+    cast file, and the provenance names the float32 source by hash."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    source = make_run(tmp_path / "mp")
+    weights = {"base_model.model.layers.0.q_proj.lora_A.weight": torch.randn(16, 64),
+               "base_model.model.layers.0.q_proj.lora_B.weight": torch.randn(64, 16), "steps": torch.arange(3)}
+    save_file(weights, str(source / "adapter_model.safetensors"), metadata={"format": "pt"})
+    stage_file = tmp_path / "mp" / "seed-1" / "grpo1.stage.json"
+    stage = json.loads(stage_file.read_text())
+    stage["outputs"]["adapter_sha256"] = folder_sha256(source)
+    stage_file.write_text(json.dumps(stage))
+    dest = tmp_path / "shipped"
+    assert _script().main([str(source), "--run", str(tmp_path / "mp"), "--seed", "1", "--dest", str(dest),
+                           "--dtype", "bfloat16"]) == 0
+    shipped = load_file(str(dest / "adapter_model.safetensors"))
+    assert {k: v.dtype for k, v in shipped.items()} == {"base_model.model.layers.0.q_proj.lora_A.weight": torch.bfloat16,
+                                                        "base_model.model.layers.0.q_proj.lora_B.weight": torch.bfloat16,
+                                                        "steps": torch.int64}
+    for name in ("base_model.model.layers.0.q_proj.lora_A.weight", "base_model.model.layers.0.q_proj.lora_B.weight"):
+        assert torch.equal(shipped[name], weights[name].to(torch.bfloat16))
+    record = verify_adapter(dest, base_model="embedded", required=True)
+    cast = record["provenance"]["weights_cast"]
+    assert cast["source_sha256"] == sha256_file(source / "adapter_model.safetensors") and cast["dtype"] == "bfloat16"
+    assert cast["source_dtypes"] == ["float32", "int64"] and cast["bytes"] < 0.6 * cast["source_bytes"]
+    assert record["files"]["adapter_model.safetensors"] == sha256_file(dest / "adapter_model.safetensors")

@@ -29,6 +29,7 @@ from memsearch.io import iter_jsonl
 from memsearch.pipeline.stages import folder_sha256
 from memsearch.shipped import FINGERPRINT, shipped_adapter_dir, write_fingerprint
 
+CAST_DTYPES = ("bfloat16", "float16")
 HELDOUT_METRICS = ("memory_support_recall", "retrieval_support_recall", "f1", "em", "invalid_action_rate")
 
 
@@ -92,10 +93,13 @@ def run_provenance(run: str | Path, seed: int, source: str | Path) -> dict[str, 
 
 
 def ship_adapter(source: str | Path, run: str | Path, seed: int, dest: str | Path | None = None,
-                 force: bool = False) -> Path:
+                 force: bool = False, dtype: str | None = None) -> Path:
     """Copy the adapter files of ``source`` (``adapter_config.json`` and ``adapter_model.*``) into
     ``dest`` (the shipped folder by default) and write its ``fingerprint.json``; refuses an
-    existing ``dest`` with files unless ``force``. Returns ``dest``."""
+    existing ``dest`` with files unless ``force``. With ``dtype`` (``bfloat16`` / ``float16``) the
+    weights are stored in that precision (the provenance records the cast and the source hash; an
+    adapter cast this way is a different artefact and needs its own held-out evaluation).
+    Returns ``dest``."""
     source = Path(source)
     dest = Path(dest) if dest is not None else shipped_adapter_dir()
     files = [source / "adapter_config.json", *sorted(source.glob("adapter_model.*"))]
@@ -103,6 +107,8 @@ def ship_adapter(source: str | Path, run: str | Path, seed: int, dest: str | Pat
         raise InputError(f"{source}: not a LoRA adapter folder (expected adapter_config.json and adapter_model.safetensors)")
     provenance = run_provenance(run, seed, source)
     base = provenance["config"].get("model", "embedded")
+    if dtype is not None and dtype not in CAST_DTYPES:
+        raise InputError(f"--dtype {dtype!r}: expected one of {', '.join(CAST_DTYPES)}")
     if dest.exists() and any(dest.iterdir()) and not force:
         raise InputError(f"{dest}: exists and is not empty; pass --force to replace the shipped adapter")
     dest.mkdir(parents=True, exist_ok=True)
@@ -114,6 +120,8 @@ def ship_adapter(source: str | Path, run: str | Path, seed: int, dest: str | Pat
     normalized = _portable_adapter_config(dest / "adapter_config.json", base)
     if normalized:
         provenance["adapter_config_normalized"] = normalized
+    if dtype is not None:
+        provenance["weights_cast"] = _cast_weights(dest / "adapter_model.safetensors", dtype)
     write_fingerprint(dest, base, provenance)
     return dest
 
@@ -133,3 +141,26 @@ def _portable_adapter_config(path: Path, base: str) -> dict[str, Any] | None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return {"field": "base_model_name_or_path", "to": base, "source_sha256": hashlib.sha256(raw).hexdigest(),
             "why": "the training machine's absolute path replaced by the config's base model name"}
+
+
+def _cast_weights(path: Path, dtype: str) -> dict[str, Any]:
+    """Store the floating tensors of a safetensors file in ``dtype``, in place. Why: the trainer
+    saves float32 LoRA weights, and the repository ships the adapter in git, where half the bytes
+    matter; the hf backend copies them into its float32 modules when it loads them, so the cast
+    only rounds the weights. Returns the record of what changed."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    if not path.is_file():
+        raise InputError(f"{path}: --dtype needs the adapter's weights as adapter_model.safetensors")
+    raw = path.read_bytes()
+    tensors = load_file(str(path))
+    target = getattr(torch, dtype)
+    cast = {name: t.to(target) if t.is_floating_point() else t for name, t in tensors.items()}
+    save_file(cast, str(path), metadata={"format": "pt"})
+    return {"file": path.name, "dtype": dtype, "source_sha256": hashlib.sha256(raw).hexdigest(),
+            "source_bytes": len(raw), "bytes": path.stat().st_size,
+            "source_dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()}),
+            "why": "half the bytes in git; the hf backend loads them into float32 modules (the cast only rounds)"}
