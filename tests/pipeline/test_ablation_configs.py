@@ -24,9 +24,10 @@ ABLATIONS = ROOT / "configs" / "ablations"
 DIFFERS = {
     "cold_start": {"grpo_start": "base"},
     "no_sources": {"episode.agent.memory_sources": "hidden"},
-    "open_items": {"teacher.open_items": True, "stage2.enabled": True},
-    "search_cost": {"stage2.enabled": True, "stage2.train.reward.search_cost": 0.05},
-    "stage2_control": {"stage2.enabled": True},
+    "open_items": {"teacher.open_items": True, "stage2.enabled": True, "stage2.start": "sft", "stage2.sft.epochs": 2.0},
+    "search_cost": {"stage2.enabled": True, "stage2.start": "sft", "stage2.sft.epochs": 2.0,
+                    "stage2.train.reward.search_cost": 0.05},
+    "stage2_control": {"stage2.enabled": True, "stage2.start": "sft", "stage2.sft.epochs": 2.0},
 }
 
 
@@ -117,3 +118,18 @@ def test_the_recipe_records_no_control_field_so_earlier_runs_still_resume():
         assert type(run).model_validate(run.model_dump(mode="json")) == run
     assert ablation("no_sources").teacher_config().model_dump()["agent"]["memory_sources"] == "hidden"
     assert ablation("open_items").teacher_config().model_dump()["backends"]["memory"]["open_items"] is True
+
+
+def test_stage2_controls_start_the_controller_from_sft_on_the_oracle_controllers_rows():
+    """The three stage-2 controls train the controller from SFT on teacher2's rows (the oracle
+    controller over the oracle memory); search_cost shares teacher2 and the controller's SFT with
+    its control, so those stages of the control's run are reused there (the same fingerprints)."""
+    control, priced, open_items = ablation("stage2_control"), ablation("search_cost"), ablation("open_items")
+    teacher2 = control.controller_teacher_config()
+    assert (teacher2.agent.controller, teacher2.backends.controller.kind, teacher2.backends.memory.kind) == \
+        ("policy", "oracle", "oracle")
+    sft2 = control.stage2_sft_config(["rows"], 1)
+    assert (sft2.role, sft2.epochs, sft2.lora.r) == ("controller", 2.0, control.sft_config(["rows"], 1).lora.r)
+    assert priced.controller_teacher_config() == teacher2 and priced.stage2_sft_config(["rows"], 1) == sft2
+    assert open_items.controller_teacher_config().backends.memory.open_items is True  # its own teacher2
+    assert control.stage2_config("t", 1, "m", adapter="sft2/adapter").adapter == "sft2/adapter"

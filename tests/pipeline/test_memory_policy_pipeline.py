@@ -21,8 +21,9 @@ pytestmark = pytest.mark.slow
 SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples" / "hotpotqa"
 
 
-# Stage 2 on, and a validation split of 2 questions that GRPO evaluates on at its end.
-ON = ("stage2.enabled=true", "data.val_questions=2")
+# Stage 2 on, from the controller's SFT on the oracle controller's rows, and a validation split of
+# 2 questions that GRPO evaluates on at its end. (Stage 2 from a fresh LoRA: test_memory_policy_http.py.)
+ON = ("stage2.enabled=true", 'stage2.start="sft"', "data.val_questions=2")
 
 
 def record(path: Path) -> dict:
@@ -44,9 +45,26 @@ def with_stage2(tiny_model_dir, tmp_path_factory, mp_config):
 def test_every_stage_runs_with_stage2_and_the_report_equals_the_metrics_files(with_stage2, tiny_model_dir):
     out, report, _ = with_stage2
     seed = out / "seed-7"
-    for stage in ("sft", "grpo1", "merged1", "grpo2", "merged2", "matrix"):
+    for stage in ("sft", "grpo1", "merged1", "sft2", "grpo2", "merged2", "matrix"):
         assert record(seed / f"{stage}.stage.json")["complete"] is True, stage
     assert (out / "teacher" / "sft.jsonl").read_text().count("\n") > 0
+    # Stage 2 starts from the controller's SFT on every controller call of the teacher run on train
+    # (oracle controller: SEARCH a gold title the memory lacks, then FINISH).
+    from memsearch.actions import parse_controller
+    from memsearch.pipeline.stages import folder_sha256
+
+    teacher2 = record(out / "teacher2" / "run" / "config.json")
+    assert (teacher2["agent"]["controller"], teacher2["backends"]["controller"]["kind"]) == ("policy", "oracle")
+    rows = [json.loads(x) for x in (out / "teacher2" / "sft.jsonl").read_text().splitlines()]
+    calls = [e for x in (out / "teacher2" / "run" / "trajectories.jsonl").read_text().splitlines()
+             for e in json.loads(x)["events"] if e.get("type") == "policy_call" and e["role"] == "controller"]
+    assert len(rows) == len(calls) > 3 and {r["role"] for r in rows} == {"controller"}
+    kinds = [parse_controller(r["completion"]).kind for r in rows]
+    assert "search" in kinds and set(kinds) <= {"search", "finish"}  # every row a readable decision
+    sft2 = record(seed / "sft2" / "config.json")
+    assert (sft2["role"], sft2["data"]) == ("controller", [str(out / "teacher2" / "sft.jsonl")])
+    assert record(seed / "grpo2" / "config.json")["adapter"] == str(seed / "sft2" / "adapter")
+    assert record(seed / "grpo2.stage.json")["inputs"]["sft2_sha256"] == folder_sha256(seed / "sft2" / "adapter")
     # The validation split is the 2 dev questions after the 3 held-out ones, and only GRPO reads it.
     from memsearch.data.dataset import load_dataset
 
@@ -71,7 +89,8 @@ def test_every_stage_runs_with_stage2_and_the_report_equals_the_metrics_files(wi
     a = [json.loads(x)["f1"] for x in (seed / "matrix" / "A" / "metrics.jsonl").read_text().splitlines()]
     assert diff["n"] == 3 and diff["diff"] == pytest.approx(sum(b) / 3 - sum(a) / 3)
     text = (out / "report.md").read_text()
-    assert "Stage 2 (controller GRPO): on" in text and "| B-A | f1 |" in text
+    assert "Stage 2 (controller GRPO): on: C/D use the stage-2 controller, trained from the seed's SFT of the controller" in text
+    assert "| B-A | f1 |" in text
     assert (out / "curves.png").stat().st_size > 1000
 
 
@@ -217,6 +236,12 @@ def test_owned_fields_are_refused(mp_config):
         mp_config("sft.eval.every=1")
     with pytest.raises(Exception, match="grpo.schema_mode: set the pipeline's top-level schema_mode"):
         mp_config("grpo.schema_mode=true")
+    with pytest.raises(Exception, match="stage2.start = 'sft' needs stage2.enabled = true"):
+        mp_config('stage2.start="sft"')
+    with pytest.raises(Exception, match="stage2.sft: only used with stage2.start = 'sft'"):
+        mp_config("stage2.enabled=true", "stage2.sft.epochs=2.0")
+    with pytest.raises(Exception, match="stage2.sft: role set by the pipeline"):
+        mp_config("stage2.enabled=true", 'stage2.start="sft"', 'stage2.sft.role="memory"')
 
 
 def test_cold_start_trains_stage1_from_the_base_without_teacher_or_sft(tmp_path, mp_config):

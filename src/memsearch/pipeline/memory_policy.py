@@ -17,7 +17,9 @@ beside its folder; ``pipeline.stages`` explains skip / resume / refuse):
 6. ``seed-N/grpo2/`` + ``seed-N/merged2/`` (``stage2.enabled``): GRPO of the controller with the
    merged stage-1 model frozen as memory backend, in process or over HTTP (``stage2.memory_serving``:
    ``transformers serve`` launched on ``merged1`` for the stage, or a server the user runs;
-   ``pipeline.serving``);
+   ``pipeline.serving``). With ``stage2.start = "sft"`` it starts from ``seed-N/sft2/``, LoRA SFT
+   of the controller on ``teacher2/sft.jsonl`` (a train run with ``stage2.teacher`` as the policy
+   controller, ``export-sft --role controller``);
 7. ``seed-N/matrix/{A,B,C,D}``: the A-D matrix on the held-out dev questions; A/C summarize with
    the untrained base (``backends.baseline_memory``), B/D with stage 1, C/D with the stage-2
    controller (the base controller when stage 2 is off);
@@ -91,12 +93,26 @@ def _shared_questions(dev: Path, val: Path) -> list[str]:
 
 def teacher_stage(cfg: MemoryPolicyPipeline, out: Path, paths: dict[str, Any], echo=print) -> tuple[Path, str]:
     """Teacher trajectories on train and their memory-role SFT rows; returns (rows file, fingerprint)."""
+    folder = out / "teacher"
+    rows, rows_fp = _teacher_rows(out, folder, cfg.teacher_config(), "memory", paths, echo)
+    if cfg.teacher_rows.other_noop_share is None:
+        return rows, rows_fp
+    return select_stage(cfg, folder, rows, rows_fp, paths, echo)
+
+
+def controller_teacher_stage(cfg: MemoryPolicyPipeline, out: Path, paths: dict[str, Any], echo=print) -> tuple[Path, str]:
+    """``teacher2``: teacher trajectories on train with the policy controller (``stage2.start =
+    'sft'``) and their controller-role SFT rows, every one (a controller row is one short
+    decision); returns (rows file, fingerprint)."""
+    return _teacher_rows(out, out / "teacher2", cfg.controller_teacher_config(), "controller", paths, echo)
+
+
+def _teacher_rows(out: Path, folder: Path, run_config, role: str, paths: dict[str, Any], echo) -> tuple[Path, str]:
+    """A teacher run on train into ``folder/run`` and its ``role`` SFT rows (``folder/sft.jsonl``)."""
     from memsearch.train.export import export_sft
 
-    folder = out / "teacher"
     run = folder / "run"
-    summary = eval_run(run, folder / "run.stage.json", cfg.teacher_config(), paths["train"],
-                       {"prepare": paths["fingerprint"]}, echo)
+    summary = eval_run(run, folder / "run.stage.json", run_config, paths["train"], {"prepare": paths["fingerprint"]}, echo)
     if not summary["usable_for_comparison"]:
         raise InputError(f"{run}: the teacher run is incomplete or had request errors ({summary.get('note')}); not training on it")
     rows = folder / "sft.jsonl"
@@ -105,14 +121,12 @@ def teacher_stage(cfg: MemoryPolicyPipeline, out: Path, paths: dict[str, Any], e
     if not stage.done():
         stage.start()
         rows.unlink(missing_ok=True)  # a crash mid-export leaves a partial file; export_sft wants a new one
-        report = export_sft(run / "trajectories.jsonl", run / "metrics.jsonl", "memory", rows)
+        report = export_sft(run / "trajectories.jsonl", run / "metrics.jsonl", role, rows)
         stage.finish({"rows": str(rows.relative_to(out)), "rows_sha256": sha256_file(rows), "report": report.lines()})
         echo("\n".join(report.lines()))
     elif sha256_file(rows) != stage.record()["outputs"]["rows_sha256"]:
-        raise InputError(f"{rows}: changed since export; delete {folder} and {out / 'teacher.stage.json'} to redo it")
-    if cfg.teacher_rows.other_noop_share is None:
-        return rows, stage.fingerprint
-    return select_stage(cfg, folder, rows, stage.fingerprint, paths, echo)
+        raise InputError(f"{rows}: changed since export; delete {folder / 'export'} and {folder / 'export.stage.json'} to redo it")
+    return rows, stage.fingerprint
 
 
 def select_stage(cfg: MemoryPolicyPipeline, folder: Path, rows: Path, rows_fp: str, paths: dict[str, Any],
@@ -137,9 +151,10 @@ def select_stage(cfg: MemoryPolicyPipeline, folder: Path, rows: Path, rows_fp: s
 
 
 def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str, Any], rows: Path | None,
-                rows_fp: str | None, echo=print) -> dict[str, Any]:
-    """SFT (unless ``grpo_start = 'base'``), stage 1, merge, optional stage 2 and the matrix of one
-    seed under ``OUT/seed-N``."""
+                rows_fp: str | None, echo=print, controller_rows: tuple[Path, str] | None = None) -> dict[str, Any]:
+    """SFT (unless ``grpo_start = 'base'``), stage 1, merge, optional stage 2 (from the controller's
+    SFT on ``controller_rows`` when ``stage2.start = 'sft'``) and the matrix of one seed under
+    ``OUT/seed-N``."""
     from memsearch.eval.matrix import run_matrix
 
     root = out / f"seed-{seed}"
@@ -160,11 +175,17 @@ def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str
     heldout_rows = heldout.run_seed(cfg, root, paths, sft, merged1, {**start, "stage1": fp1}, echo)
     controller, fp2 = None, None
     if cfg.stage2.enabled:
-        stage2 = stage2_stage(cfg, root, train, seed, merged1, val, {"prepare": paths["fingerprint"], "stage1": fp1}, echo)
+        upstream2, sft2 = {"prepare": paths["fingerprint"], "stage1": fp1}, None
+        if controller_rows is not None:
+            sft2 = sft_stage(root / "sft2", root / "sft2.stage.json", cfg.stage2_sft_config([str(controller_rows[0])], seed),
+                             {"rows": controller_rows[1]}, echo)
+            upstream2["sft2_sha256"] = folder_sha256(sft2)
+        stage2 = stage2_stage(cfg, root, train, seed, merged1, val, upstream2, echo, adapter=sft2)
         merged2, fp2 = merge_stage(root / "merged2", root / "merged2.stage.json", cfg.model, stage2, cfg.merge_dtype, echo)
         controller = str(merged2)
     base = {"seed": seed, "root": root, "heldout": heldout_rows, "stage2": cfg.stage2.enabled,
             "logs": {**({"sft": root / "sft" / "train_log.jsonl"} if sft else {}), "grpo1": root / "grpo1" / "train_log.jsonl",
+                     **({"sft2": root / "sft2" / "train_log.jsonl"} if controller_rows is not None and cfg.stage2.enabled else {}),
                      **({"grpo2": root / "grpo2" / "train_log.jsonl"} if cfg.stage2.enabled else {})}}
     if cfg.matrix_seeds is not None and seed not in cfg.matrix_seeds:
         return {**base, "matrix": None}
@@ -201,30 +222,33 @@ def _launched_port(cfg: MemoryPolicyPipeline, record: Path) -> int:
 
 
 def stage2_stage(cfg: MemoryPolicyPipeline, root: Path, train: str, seed: int, merged1: Path, val: str | None,
-                 upstream: dict[str, Any], echo=print) -> Path:
-    """``seed-N/grpo2``: GRPO of the controller with ``merged1`` frozen as memory backend, in
-    process or over HTTP (``stage2.memory_serving``). Over HTTP the stage record also names the
-    server (``inputs.memory_server``: how it was served, its URL and model name); the server is
-    started (launched) or checked (user-run) only while the stage trains."""
+                 upstream: dict[str, Any], echo=print, adapter: Path | None = None) -> Path:
+    """``seed-N/grpo2``: GRPO of the controller (from ``adapter``, the controller's SFT adapter, or
+    a fresh LoRA) with ``merged1`` frozen as memory backend, in process or over HTTP
+    (``stage2.memory_serving``). Over HTTP the stage record also names the server
+    (``inputs.memory_server``: how it was served, its URL and model name); the server is started
+    (launched) or checked (user-run) only while the stage trains."""
     from functools import partial
 
     from memsearch.pipeline import serving
 
     record = root / "grpo2.stage.json"
     s2 = cfg.stage2
+    start = str(adapter) if adapter is not None else None
     if s2.memory_serving == "in_process":
-        return grpo_stage(root / "grpo2", record, cfg.stage2_config(train, seed, str(merged1), val), upstream, echo)
+        return grpo_stage(root / "grpo2", record, cfg.stage2_config(train, seed, str(merged1), val, adapter=start),
+                          upstream, echo)
     if s2.memory_url:
         around = partial(serving.user_server, s2.memory_url, s2.memory_model)
         server = {"serving": "user", "url": s2.memory_url, "model": s2.memory_model}
-        grpo = cfg.stage2_config(train, seed, str(merged1), val)
+        grpo = cfg.stage2_config(train, seed, str(merged1), val, adapter=start)
     else:
         port = _launched_port(cfg, record)
         url = f"http://127.0.0.1:{port}/v1"
         around = partial(serving.launched_server, merged1, port, root / "grpo2.memory_server.log",
                          s2.serve_start_timeout_s, s2.serve_args, echo)
         server = {"serving": "transformers serve", "url": url, "model": str(merged1), "args": s2.serve_args}
-        grpo = cfg.stage2_config(train, seed, str(merged1), val, launched_url=url)
+        grpo = cfg.stage2_config(train, seed, str(merged1), val, launched_url=url, adapter=start)
     return grpo_stage(root / "grpo2", record, grpo, {**upstream, "memory_server": server}, echo, around)
 
 
@@ -243,7 +267,8 @@ def run_memory_policy_pipeline(cfg: MemoryPolicyPipeline, out: str | Path, echo=
         # A cold start (grpo_start = "base") trains no SFT, so it needs no teacher rows either.
         rows, rows_fp = teacher_stage(cfg, out, paths, echo) if cfg.grpo_start == "sft" else (None, None)
         shared = heldout.run_shared(cfg, out, paths, echo)
-        seeds = [seed_stages(cfg, out, seed, paths, rows, rows_fp, echo) for seed in cfg.seeds]
+        controller_rows = controller_teacher_stage(cfg, out, paths, echo) if cfg.stage2.start == "sft" else None
+        seeds = [seed_stages(cfg, out, seed, paths, rows, rows_fp, echo, controller_rows) for seed in cfg.seeds]
     comparison = heldout.compare(cfg, shared, {s["seed"]: s["heldout"] for s in seeds})
     heldout.write_summary(out, comparison)
     report = write_mp_report(cfg, out, seeds, comparison)

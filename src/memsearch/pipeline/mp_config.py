@@ -55,6 +55,18 @@ class Stage2(_Config):
     stage-1 model frozen as the memory backend."""
 
     enabled: bool = Field(False, description="Train the controller; false: C/D use the untrained base controller")
+    start: Literal["base", "sft"] = Field(
+        "base", description="Where stage 2's controller starts: 'base' (a fresh LoRA on the untrained model; a small "
+        "model sampled at temperature 1 rarely writes a readable SEARCH/FINISH, so most groups score alike) or "
+        "'sft' (LoRA SFT on the controller rows of a teacher run on train, OUT/teacher2: `teacher` answers the "
+        "controller, the pipeline's [teacher] the memory)")
+    teacher: BackendConfig = Field(
+        default_factory=lambda: BackendConfig(kind="oracle"),
+        description="start = 'sft': the controller backend of the teacher run (oracle: SEARCH the title of the first "
+        "gold paragraph the memory has no supporting fact of, then FINISH; rules: the question, then open items)")
+    sft: dict[str, Any] = Field(
+        default_factory=dict, description="start = 'sft': memsearch train sft fields of the controller's SFT, over the "
+        "pipeline's [sft] table (model, data, role, seed are set by the pipeline)")
     memory_serving: Literal["in_process", "http"] = Field(
         "in_process", description="How the frozen stage-1 model (seed-N/merged1) answers the memory calls of stage 2's "
         "rollouts and periodic evaluation: in_process (hf backend, schema_mode as the pipeline's); http (an "
@@ -132,10 +144,11 @@ class MemoryPolicyPipeline(_Config):
             raise ValueError(f"episode.tokenizer {self.episode.tokenizer!r} differs from model {self.model!r}: budgets "
                              "must be counted with the trained model's tokenizer (leave it unset)")
         self._check_stage2_serving()
-        for table, fields in (("sft", self.sft), ("grpo", self.grpo), ("stage2.train", self.stage2.train)):
-            owned = _OWNED if table == "sft" else tuple(k for k in _OWNED if k != "eval")
+        tables = (("sft", self.sft), ("grpo", self.grpo), ("stage2.train", self.stage2.train), ("stage2.sft", self.stage2.sft))
+        for table, fields in tables:
+            owned = _OWNED if table.endswith("sft") else tuple(k for k in _OWNED if k != "eval")
             bad = sorted(set(fields) & set(owned)) + sorted(f"eval.{k}" for k in set(fields.get("eval") or {}) & set(_OWNED_EVAL))
-            if table != "sft" and (fields.get("eval") or {}).get("every") and not self.data.val_questions:
+            if not table.endswith("sft") and (fields.get("eval") or {}).get("every") and not self.data.val_questions:
                 raise ValueError(f"{table}.eval.every needs data.val_questions > 0: periodic evaluation reads the "
                                  "validation split only, never the held-out comparison questions")
             if bad:
@@ -153,6 +166,13 @@ class MemoryPolicyPipeline(_Config):
         self.grpo_config("<train>", self.seeds[0], None)
         if self.stage2.enabled:
             self.stage2_config("<train>", self.seeds[0], "<stage-1 model>")
+        if self.stage2.start == "sft":
+            if not self.stage2.enabled:
+                raise ValueError("stage2.start = 'sft' needs stage2.enabled = true (it is where stage 2's controller starts)")
+            self.controller_teacher_config()
+            self.stage2_sft_config(["<rows>"], self.seeds[0])
+        elif self.stage2.sft:
+            raise ValueError("stage2.sft: only used with stage2.start = 'sft'")
         return self
 
     def _check_stage2_serving(self) -> None:
@@ -215,6 +235,18 @@ class MemoryPolicyPipeline(_Config):
         """The ``memsearch train sft`` config of one seed."""
         return validated(SFTConfig, {**self.sft, "model": self.model, "data": rows, "role": "memory", "seed": seed}, "sft")
 
+    def controller_teacher_config(self) -> RunConfig:
+        """The run config of the controller's teacher trajectories on train (``stage2.start =
+        'sft'``): the policy controller answered by ``stage2.teacher``, the memory by ``[teacher]``."""
+        return RunConfig.model_validate(self._episode(memory=self.teacher.model_dump(mode="json"),
+                                                      controller=self.stage2.teacher.model_dump(mode="json"),
+                                                      agent_controller="policy"))
+
+    def stage2_sft_config(self, rows: list[str], seed: int) -> SFTConfig:
+        """The ``memsearch train sft`` config of the controller's SFT of one seed (``stage2.start = 'sft'``)."""
+        return validated(SFTConfig, {**self.sft, **self.stage2.sft, "model": self.model, "data": rows,
+                                     "role": "controller", "seed": seed}, "stage2.sft")
+
     def _eval(self, table: dict[str, Any], val: str | None) -> dict[str, Any]:
         return {**(table.get("eval") or {}), "data": val if self.data.val_questions else None}
 
@@ -243,14 +275,15 @@ class MemoryPolicyPipeline(_Config):
         return self.served_backend(launched_url or "http://127.0.0.1:1/v1", stage1)
 
     def stage2_config(self, train: str, seed: int, stage1: str, val: str | None = None,
-                      launched_url: str | None = None) -> GRPOConfig:
-        """Stage 2: GRPO of the controller, the merged stage-1 model frozen as memory backend (in
-        process or over HTTP: ``stage2_memory``)."""
+                      launched_url: str | None = None, adapter: str | None = None) -> GRPOConfig:
+        """Stage 2: GRPO of the controller from ``adapter`` (the controller's SFT adapter; None: a
+        fresh LoRA on the base), the merged stage-1 model frozen as memory backend (in process or
+        over HTTP: ``stage2_memory``)."""
         episode = self._episode(memory=self.stage2_memory(stage1, launched_url),
                                 controller=self.base_backend(schema_mode=False), agent_controller="policy")
         return validated(GRPOConfig, {**self.stage2.train, "role": "controller", "model": self.model, "data": train,
-                                       "seed": seed, "episode": episode, "eval": self._eval(self.stage2.train, val)},
-                         "stage2.train")
+                                       "seed": seed, "adapter": adapter, "episode": episode,
+                                       "eval": self._eval(self.stage2.train, val)}, "stage2.train")
 
     def matrix_config(self, stage1: str, controller: str | None) -> RunConfig:
         """The A-D matrix: A/C summarize with the untrained base (``backends.baseline_memory``,

@@ -127,6 +127,13 @@ def _stage2_memory(cfg) -> str:
     return "its rollouts' memory was the stage-1 folder served over HTTP by `transformers serve` (launched by the pipeline)."
 
 
+def _stage2_start(cfg) -> str:
+    if cfg.stage2.start == "sft":
+        return (f"the seed's SFT of the controller on the teacher's controller rows (`teacher2`: "
+                f"{cfg.stage2.teacher.kind} controller, {cfg.teacher.kind} memory)")
+    return "a fresh LoRA on the base model (no controller SFT)"
+
+
 def render(cfg, sections: list[dict[str, Any]], comparison: dict[str, Any] | None = None) -> str:
     """The markdown of the report (also returned as ``table``)."""
     lines = ["# Memory-policy pipeline", "",
@@ -136,7 +143,8 @@ def render(cfg, sections: list[dict[str, Any]], comparison: dict[str, Any] | Non
              f"GRPO stage 1 reward: {_reward(cfg.grpo)}.", "",
              "GRPO stage 1 starts from: " + ("the seed's SFT adapter." if cfg.grpo_start == "sft" else
                                              "**the base model** (cold start, grpo_start = base: no teacher, no SFT)."), "",
-             "Stage 2 (controller GRPO): " + (f"on: C/D use the stage-2 controller; {_stage2_memory(cfg)}"
+             "Stage 2 (controller GRPO): " + (f"on: C/D use the stage-2 controller, trained from {_stage2_start(cfg)}; "
+                                             f"{_stage2_memory(cfg)}"
                                              if cfg.stage2.enabled else
                                              "**skipped**: C/D use the untrained base controller."), ""]
     if comparison is not None:
@@ -176,7 +184,7 @@ def plot_curves(logs: dict[str, list[Path]], png: Path) -> Path:
     for ax in axes.flat[len(logs):]:
         ax.set_visible(False)
     for ax, (name, paths) in zip(axes.flat, logs.items()):
-        name, key = name.split(":") if ":" in name else (name, "loss" if name == "sft" else "reward_mean")
+        name, key = name.split(":") if ":" in name else (name, "loss" if name.startswith("sft") else "reward_mean")
         runs = [{r["step"]: r[key] for r in read_log(p) if r.get(key) is not None} for p in paths if p.is_file()]
         # Every step some seed logged (a periodic evaluation may fall on other steps in another seed's
         # run); the mean and band are over the seeds that have the step.

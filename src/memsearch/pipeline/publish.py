@@ -32,7 +32,7 @@ def publish_results(run: str | Path, dest: str | Path) -> list[Path]:
     pairs = [(run / name, dest / name) for name in _TOP]
     pairs.append((run / "heldout" / "summary.json", dest / "summary.json"))
     pairs += [(p, dest / p.relative_to(run)) for p in sorted(run.rglob("*.stage.json"))]
-    for trainer in ("sft", "grpo1", "grpo2"):
+    for trainer in ("sft", "grpo1", "sft2", "grpo2"):
         for seed in sorted(run.glob("seed-*")):
             pairs += [(seed / trainer / f, dest / seed.name / trainer / f) for f in _TRAINER_FILES]
     for held in sorted(run.glob("heldout/*/")) + sorted(run.glob("seed-*/heldout/*/")) + sorted(run.glob("seed-*/matrix/*/")):
