@@ -173,9 +173,9 @@ def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str
     from memsearch.pipeline import heldout
 
     heldout_rows = heldout.run_seed(cfg, root, paths, sft, merged1, {**start, "stage1": fp1}, echo)
-    controller, fp2 = None, None
+    controller, fp2, sft2 = None, None, None
     if cfg.stage2.enabled:
-        upstream2, sft2 = {"prepare": paths["fingerprint"], "stage1": fp1}, None
+        upstream2 = {"prepare": paths["fingerprint"], "stage1": fp1}
         if controller_rows is not None:
             sft2 = sft_stage(root / "sft2", root / "sft2.stage.json", cfg.stage2_sft_config([str(controller_rows[0])], seed),
                              {"rows": controller_rows[1]}, echo)
@@ -185,7 +185,7 @@ def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str
         controller = str(merged2)
     base = {"seed": seed, "root": root, "heldout": heldout_rows, "stage2": cfg.stage2.enabled,
             "logs": {**({"sft": root / "sft" / "train_log.jsonl"} if sft else {}), "grpo1": root / "grpo1" / "train_log.jsonl",
-                     **({"sft2": root / "sft2" / "train_log.jsonl"} if controller_rows is not None and cfg.stage2.enabled else {}),
+                     **({"sft2": root / "sft2" / "train_log.jsonl"} if sft2 else {}),
                      **({"grpo2": root / "grpo2" / "train_log.jsonl"} if cfg.stage2.enabled else {})}}
     if cfg.matrix_seeds is not None and seed not in cfg.matrix_seeds:
         return {**base, "matrix": None}

@@ -101,8 +101,7 @@ class Stage:
         out = _RUN_FOLDER.get()
         self.inputs = portable_inputs(inputs, out) if out is not None else inputs
         self.fingerprint = fingerprint(self.inputs)
-        # The fingerprint a record written before paths were made portable holds.
-        self._raw_fingerprint = fingerprint(inputs)
+        self._raw_inputs = inputs  # what a record written before paths were made portable fingerprinted
 
     def record(self) -> dict[str, Any] | None:
         return json.loads(self.record_path.read_text()) if self.record_path.is_file() else None
@@ -114,7 +113,7 @@ class Stage:
                 raise InputError(f"{self.folder}: exists but has no record ({self.record_path.name}), so what made it is unknown; "
                                  "move it away or choose a new --out")
             return None
-        if record["fingerprint"] != self.fingerprint and record["fingerprint"] == self._raw_fingerprint:
+        if record["fingerprint"] != self.fingerprint and record["fingerprint"] == fingerprint(self._raw_inputs):
             record = {**record, "fingerprint": self.fingerprint, "inputs": self.inputs,
                       "fingerprint_before": record["fingerprint"]}
             write_json(self.record_path, record)  # the same inputs, now recorded without this folder's path
