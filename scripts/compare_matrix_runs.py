@@ -1,0 +1,34 @@
+"""Paired differences (ablation - control) of two matrix runs, group by group, as JSON.
+
+    uv run python scripts/compare_matrix_runs.py ABLATION_MATRIX CONTROL_MATRIX [GROUPS] > diff.json
+
+ABLATION_MATRIX and CONTROL_MATRIX are matrix folders (``<run>/seed-1/matrix``, published or
+not); GROUPS is a string of group names (default ``ABCD``). memsearch.eval.run_diff computes it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main(argv: list[str]) -> int:
+    from memsearch.errors import InputError
+    from memsearch.eval.run_diff import matrix_minus_control
+
+    if len(argv) not in (2, 3):
+        print(__doc__, file=sys.stderr)
+        return 2
+    groups = list(argv[2]) if len(argv) == 3 else list("ABCD")
+    try:
+        diff = matrix_minus_control(argv[0], argv[1], groups)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    json.dump(diff, sys.stdout, indent=1, sort_keys=True)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

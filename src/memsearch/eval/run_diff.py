@@ -1,0 +1,55 @@
+"""Paired comparison of two matrix runs group by group: an ablation against its control.
+
+    from memsearch.eval.run_diff import matrix_minus_control
+
+    diff = matrix_minus_control("runs/abl/seed-1/matrix", "runs/control/seed-1/matrix", ["C", "D"])
+    diff["D"]["memory_support_recall"]["diff"]   # mean over questions of (ablation - control)
+
+A control run differs from its ablation in one config field, and both score the same held-out
+questions, so each group's metric is compared question by question with the paired bootstrap
+(``memsearch.eval.bootstrap``). Two runs that did not score the same questions are refused: an
+unpaired comparison would mix question difficulty into the difference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memsearch.errors import InputError
+from memsearch.io import iter_jsonl
+
+DIFF_METRICS = ("searches", "memory_support_recall", "retrieval_support_recall", "f1", "em")
+
+
+def _rows(folder: Path) -> dict[str, dict[str, Any]]:
+    path = folder / "metrics.jsonl"
+    if not path.is_file():
+        raise InputError(f"{path}: no such file; expected a matrix group's per-question metrics")
+    return {row["task_id"]: row for _, row in iter_jsonl(path)}
+
+
+def matrix_minus_control(run: str | Path, control: str | Path, groups: list[str],
+                         metrics: tuple[str, ...] = DIFF_METRICS, resamples: int = 10_000,
+                         seed: int = 0) -> dict[str, dict[str, Any]]:
+    """Per group and metric, the paired bootstrap of ``run - control`` over the questions both scored.
+
+    A question whose metric is missing (``None``) in either run is left out of that metric, and
+    ``n`` says how many were compared."""
+    from memsearch.eval.bootstrap import paired_bootstrap
+
+    out: dict[str, dict[str, Any]] = {}
+    for group in groups:
+        a, b = _rows(Path(run) / group), _rows(Path(control) / group)
+        if sorted(a) != sorted(b):
+            only_a, only_b = len(set(a) - set(b)), len(set(b) - set(a))
+            raise InputError(f"group {group}: the runs scored different questions ({only_a} only in {run}, "
+                             f"{only_b} only in {control}); a paired comparison needs the same ones")
+        out[group] = {}
+        for metric in metrics:
+            ids = [t for t in sorted(a) if a[t].get(metric) is not None and b[t].get(metric) is not None]
+            if not ids:
+                raise InputError(f"group {group}: no question has {metric!r} in both runs")
+            out[group][metric] = paired_bootstrap([a[t][metric] for t in ids], [b[t][metric] for t in ids],
+                                                  n_resamples=resamples, seed=seed)
+    return out
