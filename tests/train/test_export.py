@@ -38,8 +38,9 @@ def invoke(*args):
 
 
 def _calls(run: Path, role: str) -> list[tuple[dict, dict]]:
-    """(trajectory, call) for every call of ``role`` in the run, in file order."""
-    return [(t, e) for t in _lines(run / "trajectories.jsonl") for e in t["events"]
+    """(trajectory, call) for every call of ``role`` in the run, in task order (metrics.jsonl's)."""
+    by_task = {t["task_id"]: t for t in _lines(run / "trajectories.jsonl")}
+    return [(t, e) for t in (by_task[m["task_id"]] for m in _lines(run / "metrics.jsonl")) for e in t["events"]
             if e["type"] == "policy_call" and e["role"] == role]
 
 
@@ -193,3 +194,24 @@ def test_a_dev_run_is_refused(hotpot_dev_dir, tmp_path):
     assert result.stderr == (f"error: {run / 'run.json'}: data split is 'dev'; SFT rows come from a run on a train "
                              "split only (docs/design.md §9); nothing was written\n")
     assert not out.exists()
+
+
+def test_rows_follow_task_order_not_the_order_episodes_finished(runs, tmp_path):
+    """An eval appends trajectories as episodes finish, so two runs of one teacher differ in line
+    order; the export (and so a seeded row selection and SFT) must not."""
+    run = tmp_path / "run"
+    shutil.copytree(runs["oracle"], run)
+    path = run / "trajectories.jsonl"
+    in_order = export_sft(path, run / "metrics.jsonl", "memory", tmp_path / "a.jsonl")
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(reversed(lines)) + "\n")
+    shuffled = export_sft(path, run / "metrics.jsonl", "memory", tmp_path / "b.jsonl")
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    assert in_order.exported == shuffled.exported > TASKS
+    metrics_order = [row["task_id"] for row in _lines(run / "metrics.jsonl")]
+    exported = [row["task_id"] for row in _lines(tmp_path / "b.jsonl")]
+    assert list(dict.fromkeys(exported)) == [t for t in metrics_order if t in set(exported)]
+    steps = {}
+    for row in _lines(tmp_path / "b.jsonl"):
+        steps.setdefault(row["task_id"], []).append(row["step"])
+    assert all(s == sorted(s) for s in steps.values())

@@ -7,7 +7,7 @@ or ``export_sft(trajectories, metrics, role, out, min_f1)`` from Python. Input i
 written by ``memsearch eval`` (``config.json`` and ``run.json`` next to ``trajectories.jsonl``);
 typically a run of the ``oracle`` teacher on a *train* split.
 
-Each output line (compact JSON, in trajectory order, then call order)::
+Each output line (compact JSON, in task order, then call order)::
 
     {"messages": [{"role": "system", ...}, {"role": "user", ...}],  # the prompt, as sent
      "completion": "...",      # the policy's text, exactly as it must be emitted
@@ -21,6 +21,11 @@ the kind of backend that answered the role in that run, ``memory_mode`` the run'
 decision-mode run also carry ``"memory_sources"``: the evidence ids the memory held when the call
 was made (the step's ``memory`` event, ``sources_before``), which the prompt does not show under
 ``agent.memory_sources = "hidden"``; ``train.row_selection`` reads them. Not shown to the model.
+
+Task order is the order of ``metrics.jsonl`` (the data's task order), not the order of
+``trajectories.jsonl``, which an eval appends as episodes finish and so differs from run to run
+under concurrency: the same teacher run gives the same file, so the rows a seeded selection
+samples and the batches a seeded SFT draws do not depend on thread timing.
 
 What is exported, and what is skipped (counted by reason, per policy call):
 
@@ -269,7 +274,7 @@ def export_sft(trajectories: str | Path, metrics: str | Path, role: str, out: st
                 }
                 if role == "memory" and call.step in held:
                     row["memory_sources"] = held[call.step]
-                yield dumps_line(row)
+                yield mline, dumps_line(row)
         # Checked inside the writer so that a bad line anywhere leaves no output behind.
         if problems:
             raise InputError(problems)
@@ -277,5 +282,8 @@ def export_sft(trajectories: str | Path, metrics: str | Path, role: str, out: st
             raise InputError(f"{trajectories}: nothing to export for role {role!r} ("
                              + "; ".join(report.lines()[1:]) + "); nothing was written")
 
-    _write_new_file(out, rows())
+    # sorted() consumes every row (and raises on any problem) before a byte is written; it is
+    # stable, so a task's calls keep their step order.
+    ordered = sorted(rows(), key=lambda numbered: numbered[0])
+    _write_new_file(out, (line for _, line in ordered))
     return report
