@@ -33,10 +33,11 @@ def test_open_items_are_read_from_the_rendering_policies_see():
 def test_counts_match_a_hand_counted_run(tmp_path):
     helen = MemoryItem(id="m2", text="Find: Helen Hunt", sources=("d4:1",), kind="open")
     fact = MemoryItem(id="m1", text="Woody Allen wrote it.", sources=("d4:0",), kind="fact")
+    tagged = MemoryItem(id="m3", text="It is a 2001 film.", sources=("d4:2",), kind="open")  # a fact tagged open
     trajectories = [
         {"question": "Which actress starred in The Curse of the Jade Scorpion?", "events": [
             _search("the curse of the  Jade Scorpion"), _memory(fact, helen),
-            _search("SEARCH helen hunt career"), _memory(fact), _search("Jade Scorpion")]},
+            _search("SEARCH helen hunt career"), _memory(fact, tagged), _search("Jade Scorpion")]},
         {"question": "Who is older?", "events": [_search("who is older?"), _memory(fact), _search("who is older?")]},
         {"question": "Where?", "events": []},
     ]
@@ -45,9 +46,9 @@ def test_counts_match_a_hand_counted_run(tmp_path):
         "questions": 3, "searches": 5, "questions_with_search": 2, "questions_with_several_searches": 2,
         "questions_with_repeated_query": 1,
         "queries_in_question": 4,         # all but "SEARCH helen hunt career"
-        "open_items": 1, "questions_with_open_item": 1,
-        "searches_with_open_item_held": 1,  # only the second search of the first question
-        "queries_following_open_item": 1}
+        "open_items": 2, "open_items_find": 1, "questions_with_open_item": 1,
+        "searches_with_open_item_held": 2,  # the second and third searches of the first question
+        "queries_following_open_item": 1}   # "helen hunt career" names Helen Hunt; "jade scorpion" is not in the tagged fact
     with pytest.raises(InputError, match="no such file"):
         search_behaviour(tmp_path / "missing")
 

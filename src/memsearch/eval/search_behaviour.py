@@ -13,7 +13,9 @@ trajectories' ``search`` and ``memory`` events, say what it did:
 - ``questions_with_repeated_query``: of the questions with more than one search, those that sent
   one query twice;
 - ``open_items``: open sub-questions (``kind = "open"``, docs/design.md §5) the memory held after
-  any memory step, and the questions with at least one;
+  any memory step (distinct texts per question), and the questions with at least one;
+  ``open_items_find``: those in the teacher's form, ``Find: <title>`` (a policy can also tag a
+  plain fact ``open``: the kind is not scored);
 - ``queries_following_open_item``: searches whose query names the subject of an open item the
   memory held just before that search (the item's text without the oracle's ``Find:`` prefix,
   compared like ``queries_in_question``, in either direction), out of the searches made while
@@ -61,14 +63,15 @@ def search_behaviour(run: str | Path) -> dict[str, Any]:
         raise InputError(f"{path}: no such file; expected an eval run's trajectories")
     counts = {"questions": 0, "searches": 0, "questions_with_search": 0, "questions_with_several_searches": 0,
               "questions_with_repeated_query": 0, "queries_in_question": 0, "open_items": 0,
-              "questions_with_open_item": 0, "searches_with_open_item_held": 0, "queries_following_open_item": 0}
+              "open_items_find": 0, "questions_with_open_item": 0, "searches_with_open_item_held": 0, "queries_following_open_item": 0}
     for _, traj in iter_jsonl(path):
         counts["questions"] += 1
         question, held, queries, opened = _norm(traj.get("question", "")), [], [], set()
         for event in traj.get("events", []):
             if event.get("type") == "memory":
-                held = [_subject(item) for item in open_items(event.get("after") or "")]
-                opened.update(held)
+                items = open_items(event.get("after") or "")
+                held = [_subject(item) for item in items]
+                opened.update(items)
             elif event.get("type") == "search":
                 query = _norm(event.get("query", ""))
                 queries.append(query)
@@ -81,5 +84,6 @@ def search_behaviour(run: str | Path) -> dict[str, Any]:
         counts["questions_with_several_searches"] += len(queries) > 1
         counts["questions_with_repeated_query"] += len(set(queries)) < len(queries)
         counts["open_items"] += len(opened)
+        counts["open_items_find"] += sum(item.startswith(FIND) for item in opened)
         counts["questions_with_open_item"] += bool(opened)
     return counts
