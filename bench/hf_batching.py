@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from memsearch.backends.base import GenerationRequest, SamplingParams
-from memsearch.backends.hf import HFBackend
+from memsearch.backends.hf.backend import HFBackend
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "samples" / "hotpotqa" / "dev_distractor_sample.json"
 N_PROMPTS = 16

@@ -9,7 +9,7 @@ What it does:
 
 1. builds RULER-HQA-style sets at N = 50, 200, 800 documents (``memsearch.data.ruler``, seed
    42) from the shipped HotpotQA dev sample (all 1000 examples as the distractor pool);
-2. runs each (backend, N) as its own ``python -m memsearch.cli eval`` child process (the eval
+2. runs each (backend, N) as its own ``python -m memsearch.cli.app eval`` child process (the eval
    code path: ``run_eval`` -> ``run_episode``), one after another, and reads that child's peak
    RSS from ``os.wait4`` (so every N starts fresh and nothing of one case lingers in the next);
 3. per case reports: chunks read and chunks cut by ``max_chunks`` (from the run's metrics and
@@ -70,7 +70,7 @@ from memsearch.data.dataset import save_dataset
 from memsearch.data.hotpot import convert_hotpot
 from memsearch.data.ruler import prepare_ruler
 from memsearch.io import iter_jsonl
-from memsearch.samples import HOTPOT_DEV, config_path, samples_dir
+from memsearch.assets.samples import HOTPOT_DEV, config_path, samples_dir
 
 ROLES = ("memory", "controller", "reader")
 
@@ -116,7 +116,7 @@ def cases(args: argparse.Namespace) -> list[tuple[str, int, int, list[str]]]:
 def run_case(data: Path, out: Path, questions: int, overrides: list[str]) -> dict:
     """One ``memsearch eval`` in a fresh child; its own peak RSS via ``wait4`` (not the max
     over all children that ``RUSAGE_CHILDREN`` gives)."""
-    cmd = [sys.executable, "-m", "memsearch.cli", "eval", "--config", str(config_path("memagent.toml")),
+    cmd = [sys.executable, "-m", "memsearch.cli.app", "eval", "--config", str(config_path("memagent.toml")),
            "--data", str(data), "--out", str(out), "--limit", str(questions)]
     for item in overrides:
         cmd += ["--set", item]

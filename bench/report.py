@@ -25,7 +25,7 @@ from memsearch.data.dataset import save_dataset
 from memsearch.data.hotpot import convert_hotpot
 from memsearch.eval.runner import run_eval
 from memsearch.report.html import write_report
-from memsearch.samples import HOTPOT_DEV, config_path, samples_dir
+from memsearch.assets.samples import HOTPOT_DEV, config_path, samples_dir
 from memsearch.testing.chromium import Chromium
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memsearch.data.hotpot import convert_hotpot
-from memsearch.samples import HOTPOT_DEV, samples_dir
+from memsearch.assets.samples import HOTPOT_DEV, samples_dir
 
 
 def dev_dataset():
@@ -19,7 +19,7 @@ def dense_index(documents) -> tuple[object, float | None, Path]:
     """The dense retriever over ``documents``, its build seconds (``None`` when cached) and its folder."""
     import time
 
-    from memsearch.embedded import cache_root
+    from memsearch.assets.embedded import cache_root
     from memsearch.retrieval.bm25 import documents_sha256
     from memsearch.retrieval.dense import DenseRetriever
     from memsearch.retrieval.encoder import MiniLMEncoder

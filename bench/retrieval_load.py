@@ -113,7 +113,7 @@ def main() -> None:
     index = args.index
     if index is None:
         _, _, index = dense_index(dataset.documents)
-    server = subprocess.Popen([sys.executable, "-m", "memsearch.cli", "retrieval", "serve", "--index", str(index),
+    server = subprocess.Popen([sys.executable, "-m", "memsearch.cli.app", "retrieval", "serve", "--index", str(index),
                                "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                               text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

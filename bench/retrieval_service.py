@@ -22,7 +22,7 @@ import time
 
 from retrieval_common import dense_index, dev_dataset
 
-from memsearch.retrieval_server import RetrievalService, ServiceSettings, running_service
+from memsearch.retrieval.server import RetrievalService, ServiceSettings, running_service
 
 CLIENTS = 64
 QUERIES = {"dense": 640, "bm25": 2000}  # per run; unbatched dense runs ~50 qps on 2 cores

@@ -151,7 +151,7 @@ def run_ours(args) -> dict:
     import torch
 
     from memsearch.backends.base import GenerationRequest, SamplingParams
-    from memsearch.backends.hf import HFBackend
+    from memsearch.backends.hf.backend import HFBackend
     from memsearch.train.config import GRPOConfig, LoraSettings, OptimSettings
     from memsearch.train.distributed import Dist
     from memsearch.train.grpo import update
@@ -219,7 +219,7 @@ def run_trl(args) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from memsearch.embedded import model_dir
+    from memsearch.assets.embedded import model_dir
 
     items = tasks(args.prompts)
     seen: dict[str, list] = {"lengths": [], "rewards": [], "eos": []}

@@ -5,7 +5,7 @@
 SRC_ADAPTER_DIR is the GRPO stage-1 trainer's final adapter of a `memsearch pipeline
 memory-policy` run (RUN/seed-N/grpo1/adapter); it must hash to the adapter recorded in
 RUN/seed-N/grpo1.stage.json. The provenance (config, seed, data and teacher-row hashes,
-held-out metrics) is read from RUN (memsearch.pipeline.ship). Refuses to overwrite a non-empty
+held-out metrics) is read from RUN (memsearch.pipelines.memory_policy.ship). Refuses to overwrite a non-empty
 destination without --force.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     from memsearch.errors import InputError
-    from memsearch.pipeline.ship import CAST_DTYPES, ship_adapter
-    from memsearch.shipped import FINGERPRINT
+    from memsearch.pipelines.memory_policy.ship import CAST_DTYPES, ship_adapter
+    from memsearch.assets.adapter import FINGERPRINT
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", type=Path, metavar="SRC_ADAPTER_DIR", help="RUN/seed-N/grpo1/adapter")

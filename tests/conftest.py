@@ -7,7 +7,7 @@ import pytest
 
 from memsearch.data.dataset import save_dataset
 from memsearch.data.hotpot import convert_hotpot
-from memsearch.samples import HOTPOT_DEV, samples_dir
+from memsearch.assets.samples import HOTPOT_DEV, samples_dir
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +22,7 @@ def make_tiny_model(seed: int = 0):
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from memsearch.embedded import tokenizer_dir
+    from memsearch.assets.embedded import tokenizer_dir
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir()))
     torch.manual_seed(seed)
@@ -66,12 +66,12 @@ def _rewrite_data_file(folder, name: str, records) -> None:
 def make_embedded_lora_adapter(out, seed: int = 0):
     """A real PEFT LoRA adapter for the embedded model (r=2 on the trainer's target modules,
     random init: A random, B zero, so the model starts as the base), saved with the fingerprint
-    ``memsearch.shipped.write_fingerprint`` writes: a stand-in for the shipped adapter."""
+    ``memsearch.assets.adapter.write_fingerprint`` writes: a stand-in for the shipped adapter."""
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from memsearch.backends.hf_model import load_model
-    from memsearch.shipped import write_fingerprint
+    from memsearch.backends.hf.model import load_model
+    from memsearch.assets.adapter import write_fingerprint
     from memsearch.train.config import LoraSettings
 
     base, _, _ = load_model("embedded", device="cpu", dtype="float32")

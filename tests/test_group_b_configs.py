@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memsearch.config import RunConfig, load_config
-from memsearch.pipeline.mp_config import MemoryPolicyPipeline
+from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("base", "rules", "trained")
@@ -55,7 +55,7 @@ def test_budgets_agent_reader_and_retrieval_equal_the_cpu_pipelines_episode():
 
 def test_the_memory_backends_are_the_pipelines_heldout_rows():
     """base / rules are the held-out comparison's rows; trained is the base backend + the adapter."""
-    from memsearch.pipeline.heldout import policy_backend
+    from memsearch.pipelines.memory_policy.heldout import policy_backend
 
     pipeline = load_config(ROOT / "configs" / "memory_policy_cpu.toml", model=MemoryPolicyPipeline)
     assert _load("base").backends.memory.model_dump(mode="json") == policy_backend(pipeline, "base")

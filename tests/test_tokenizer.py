@@ -64,7 +64,7 @@ def test_embedded_truncate_is_a_prefix_within_budget(embedded, text, n):
 @pytest.mark.slow
 def test_embedded_conversion_is_cached(tmp_path, monkeypatch):
     """First use converts the GGUF into a tokenizer folder; later uses read that folder."""
-    from memsearch import embedded as emb
+    from memsearch.assets import embedded as emb
     from memsearch.tokenizer import HFTokenizer
 
     monkeypatch.setenv("MEMSEARCH_CACHE_DIR", str(tmp_path))

@@ -22,8 +22,8 @@ python - "$CONFIG" "$OUT" "${SETS[@]}" <<'PY'
 import sys
 from pathlib import Path
 from memsearch.config import load_config
-from memsearch.pipeline.config import MemAgentPipeline
-from memsearch.pipeline.memagent import prepare_stage
+from memsearch.pipelines.config import MemAgentPipeline
+from memsearch.pipelines.memagent.pipeline import prepare_stage
 
 config, out, *rest = sys.argv[1:]
 overrides = [rest[i + 1] for i in range(0, len(rest), 2)]

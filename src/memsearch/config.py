@@ -325,6 +325,6 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, mod
     """Read a TOML config, apply overrides, validate; problems name the file and field.
 
     The file must hold ``model`` itself. A pipeline config holds its run config in a table of its
-    own and turns itself into one (``memsearch.pipeline.config.load_run_config``): this module
+    own and turns itself into one (``memsearch.pipelines.config.load_run_config``): this module
     sits below the pipelines and does not know them (docs/design.md §11)."""
     return config_from_tables(read_config_file(path), overrides, model, str(path) if path else "<defaults>")

@@ -198,7 +198,7 @@ class HFTokenizer:
 
 
 def _embedded() -> HFTokenizer:
-    from memsearch.embedded import EMBEDDED_NAME, tokenizer_dir
+    from memsearch.assets.embedded import EMBEDDED_NAME, tokenizer_dir
 
     return HFTokenizer(tokenizer_dir(), name=f"hf:embedded:{EMBEDDED_NAME}")
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from memsearch.backends.base import Constraint, GenerationRequest, SamplingParams
-from memsearch.backends.constraint import (
+from memsearch.backends.hf.constraint import (
     MEMORY_OPS,
     Automaton,
     compile_constraint,
@@ -108,7 +108,7 @@ def test_unsupported_schemas_and_unknown_ids_are_clear_errors():
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from memsearch.embedded import model_dir
+    from memsearch.assets.embedded import model_dir
 
     return AutoTokenizer.from_pretrained(str(model_dir()))
 
@@ -158,7 +158,7 @@ def test_masks_equal_a_brute_force_walk_of_every_token(tokenizer):
 # -------------------------------------------------------------------- decoding (real model)
 @pytest.fixture(scope="module")
 def backend():
-    from memsearch.backends.hf import HFBackend
+    from memsearch.backends.hf.backend import HFBackend
 
     b = HFBackend("embedded", device="cpu", max_batch_size=8)
     yield b

@@ -72,7 +72,7 @@ def reference_logprobs(backend, prompt_ids, completion_ids, temperature=1.0, top
 
 @pytest.fixture(scope="module")
 def backend():
-    from memsearch.backends.hf import HFBackend
+    from memsearch.backends.hf.backend import HFBackend
 
     b = HFBackend("embedded", device="cpu", max_batch_size=16)
     yield b
@@ -103,7 +103,7 @@ def test_model_dir_is_the_gguf_model():
     """The cached conversion loads as a plain HF folder and gives the GGUF model's logits."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memsearch.embedded import gguf_path, load_gguf_model, model_dir
+    from memsearch.assets.embedded import gguf_path, load_gguf_model, model_dir
 
     folder = model_dir()
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= {
@@ -314,8 +314,8 @@ def test_lora_adapter_is_applied(tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from memsearch.backends.hf import HFBackend
-    from memsearch.embedded import model_dir
+    from memsearch.backends.hf.backend import HFBackend
+    from memsearch.assets.embedded import model_dir
 
     base = AutoModelForCausalLM.from_pretrained(str(model_dir()))
     torch.manual_seed(0)
@@ -336,7 +336,7 @@ def test_lora_adapter_is_applied(tmp_path):
 
 
 def test_closed_backend_returns_errors():
-    from memsearch.backends.hf import HFBackend
+    from memsearch.backends.hf.backend import HFBackend
 
     b = HFBackend("embedded", device="cpu")
 

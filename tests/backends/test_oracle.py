@@ -22,7 +22,7 @@ from memsearch.io import iter_jsonl
 from memsearch.memory import Memory
 from memsearch.memory.ops import format_ops, parse_ops
 from memsearch.retrieval import BM25Retriever
-from memsearch.samples import HOTPOT_TRAIN, MUSIQUE_TRAIN, samples_dir
+from memsearch.assets.samples import HOTPOT_TRAIN, MUSIQUE_TRAIN, samples_dir
 from memsearch.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]

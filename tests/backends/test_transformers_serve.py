@@ -31,7 +31,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def served_model():
-    from memsearch.embedded import model_dir
+    from memsearch.assets.embedded import model_dir
 
     folder = str(model_dir())
     exe = shutil.which("transformers", path=str(Path(sys.executable).parent))

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from memsearch.samples import _REPO
+from memsearch.assets.samples import _REPO
 
 FIELDS = ("ours_rollout_tok_s", "ours_update_tok_s", "ours_peak_mem_gib",
           "trl_rollout_tok_s", "trl_update_tok_s", "trl_peak_mem_gib")

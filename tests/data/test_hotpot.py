@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from memsearch.cli import app
+from memsearch.cli.app import app
 from memsearch.data.dataset import load_dataset, save_dataset
 from memsearch.data.hotpot import convert_hotpot
 from memsearch.errors import InputError

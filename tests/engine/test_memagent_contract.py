@@ -34,7 +34,7 @@ from memsearch.engine.parsing import evidence_ids_in, parse_reader
 from memsearch.eval.metrics import boxed_em, exact_match, sub_em
 from memsearch.eval.runner import build_environment, data_fingerprint, software_versions, summarize
 from memsearch.eval.score import score_trajectory
-from memsearch.pipeline.config import load_run_config
+from memsearch.pipelines.config import load_run_config
 from memsearch.tokenizer import load_tokenizer
 
 MEMAGENT = Path(__file__).resolve().parents[2] / "configs" / "memagent.toml"

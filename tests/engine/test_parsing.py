@@ -43,7 +43,7 @@ def test_parsers_never_raise(text):
 @given(st.text(alphabet="ab1:-_/.@ [],é", max_size=40))
 def test_evidence_ids_match_the_reference_pattern(text):
     """The linear-time id finder gives exactly the matches of the id pattern's own finditer."""
-    from memsearch.actions import EVIDENCE_ID_IN_TEXT, evidence_id_spans
+    from memsearch.text.actions import EVIDENCE_ID_IN_TEXT, evidence_id_spans
 
     assert evidence_id_spans(text) == [m.span() for m in EVIDENCE_ID_IN_TEXT.finditer(text)]
 

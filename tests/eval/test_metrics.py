@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memsearch.answers import boxed_answer
+from memsearch.text.answers import boxed_answer
 from memsearch.eval.metrics import (
     ANSWER_METRICS,
     aggregate,

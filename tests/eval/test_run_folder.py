@@ -160,7 +160,7 @@ def test_backend_retry_statistics_reach_the_summary(hotpot_dev_dir, tmp_path):
 
 
 def test_run_json_names_the_model_by_content_and_resume_refuses_another(hotpot_dev_dir, tiny_model_dir, tmp_path):
-    from memsearch.embedded import gguf_path
+    from memsearch.assets.embedded import gguf_path
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)

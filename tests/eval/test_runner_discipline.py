@@ -22,7 +22,7 @@ from memsearch.engine.episode import ENGINE_VERSION
 from memsearch.engine.prompts import PROMPT_VERSION, prompt_version
 from memsearch.eval.runner import EVALUATOR_VERSION, run_eval, summarize
 from memsearch.io import iter_jsonl, sha256_file
-from memsearch.pipeline.config import load_run_config
+from memsearch.pipelines.config import load_run_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MEMAGENT = ROOT / "configs" / "memagent.toml"

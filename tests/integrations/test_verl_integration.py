@@ -29,7 +29,7 @@ SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
 def hf_tokenizer():
     from transformers import AutoTokenizer
 
-    from memsearch.embedded import tokenizer_dir
+    from memsearch.assets.embedded import tokenizer_dir
 
     return AutoTokenizer.from_pretrained(str(tokenizer_dir()))
 
@@ -280,7 +280,7 @@ def test_cli_export_data_and_config(tmp_path, hotpot_dev_dir):
     import yaml
     from typer.testing import CliRunner
 
-    from memsearch.cli import app
+    from memsearch.cli.app import app
 
     runner = CliRunner()
     out = tmp_path / "train.parquet"

@@ -49,7 +49,7 @@ RESPONSE_LENGTH = 64
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from memsearch.embedded import tokenizer_dir
+    from memsearch.assets.embedded import tokenizer_dir
 
     return AutoTokenizer.from_pretrained(str(tokenizer_dir()))
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from memsearch.cli import EXIT_INCOMPLETE
+from memsearch.cli.app import EXIT_INCOMPLETE
 from memsearch.testing.agent_server import AgentServer
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]

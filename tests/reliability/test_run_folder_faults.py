@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from memsearch.cli import EXIT_STORAGE
+from memsearch.cli.app import EXIT_STORAGE
 from memsearch.testing.agent_server import AgentServer
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]

@@ -8,7 +8,7 @@ import pytest
 from memsearch.config import load_config
 from memsearch.eval.matrix import run_matrix
 from memsearch.eval.runner import run_eval
-from memsearch.samples import config_path
+from memsearch.assets.samples import config_path
 
 
 @pytest.fixture(scope="session")

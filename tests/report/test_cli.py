@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from memsearch.cli import app
+from memsearch.cli.app import app
 from memsearch.report.html import payload_of_html
 from memsearch.report.training import training_series
-from memsearch.samples import config_path
+from memsearch.assets.samples import config_path
 
 TRAIN_LOG = Path(__file__).resolve().parents[2] / "docs" / "results" / "cpu_grpo_train_log.jsonl"
 
@@ -67,7 +67,7 @@ def test_training_series_from_a_real_log():
 
 @pytest.mark.slow  # converts the whole 1000-question dev sample, as the demo does
 def test_demo_ends_by_naming_its_report(tmp_path):
-    from memsearch.demo import run_demo
+    from memsearch.pipelines.demo import run_demo
     from memsearch.report.html import payload_of_html
 
     lines: list[str] = []

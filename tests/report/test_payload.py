@@ -63,7 +63,7 @@ def test_gzip_round_trip_determinism_and_no_truncation(rules_matrix, hotpot_dev_
 def test_refuses_data_of_another_folder(rules_matrix, hotpot_dev_dir, tmp_path):
     from memsearch.data.dataset import save_dataset
     from memsearch.data.hotpot import convert_hotpot
-    from memsearch.samples import HOTPOT_DEV, samples_dir
+    from memsearch.assets.samples import HOTPOT_DEV, samples_dir
 
     other = tmp_path / "other"
     save_dataset(convert_hotpot(samples_dir() / HOTPOT_DEV, split="dev", limit=5), other)

@@ -17,9 +17,9 @@ from memsearch.eval.matrix import check_comparable
 from memsearch.eval.runner import run_eval
 from memsearch.io import iter_jsonl
 from memsearch.retrieval import BM25Retriever
-from memsearch.retrieval.http import HttpRetriever, RetrievalRequestError
+from memsearch.retrieval.client import HttpRetriever, RetrievalRequestError
 from memsearch.retrieval.hybrid import HybridRetriever
-from memsearch.retrieval_server import RetrievalService, ServiceSettings, load_service, running_service
+from memsearch.retrieval.server import RetrievalService, ServiceSettings, load_service, running_service
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "configs" / "rules.toml"
@@ -210,7 +210,7 @@ def test_cli_builds_and_serves_and_sigterm_stops_gracefully(hotpot_dev_dir, tmp_
     import subprocess
     import sys
 
-    cli = [sys.executable, "-m", "memsearch.cli", "retrieval"]
+    cli = [sys.executable, "-m", "memsearch.cli.app", "retrieval"]
     built = subprocess.run(cli + ["build", "--data", str(hotpot_dev_dir), "--method", "bm25", "--out", str(tmp_path / "ix")],
                            capture_output=True, text=True, timeout=120)
     assert built.returncode == 0 and "bm25 index of 391 documents" in built.stdout, built.stderr

@@ -7,7 +7,7 @@ import pytest
 
 from memsearch.data.dataset import save_dataset
 from memsearch.data.hotpot import convert_hotpot
-from memsearch.samples import HOTPOT_TRAIN, samples_dir
+from memsearch.assets.samples import HOTPOT_TRAIN, samples_dir
 
 
 def lora_policy(model_dir, seed: int, dropout: float = 0.0, targets=("q_proj", "v_proj")):

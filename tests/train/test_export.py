@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from memsearch.cli import app
+from memsearch.cli.app import app
 from memsearch.config import load_config
 from memsearch.data.dataset import save_dataset
 from memsearch.data.hotpot import convert_hotpot
 from memsearch.errors import InputError
 from memsearch.eval.runner import run_eval
 from memsearch.io import iter_jsonl, write_jsonl
-from memsearch.actions import evidence_ids_in
+from memsearch.text.actions import evidence_ids_in
 from memsearch.memory.ops import parse_ops
-from memsearch.samples import HOTPOT_TRAIN, samples_dir
+from memsearch.assets.samples import HOTPOT_TRAIN, samples_dir
 from memsearch.train.export import export_sft
 
 ROOT = Path(__file__).resolve().parents[2]

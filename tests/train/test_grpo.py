@@ -143,7 +143,7 @@ def test_torchrun_two_gloo_ranks_end_to_end(tiny_model_dir, tiny_adapter_dir, ho
     """`memsearch train grpo` under torchrun: each rank rolls out its own tasks; rows are counted
     over both ranks; one adapter comes out."""
     (tmp_path / "grpo.toml").write_text(CONFIG)
-    proc = torchrun("-m", "memsearch.cli", "train", "grpo", "--config", tmp_path / "grpo.toml",
+    proc = torchrun("-m", "memsearch.cli.app", "train", "grpo", "--config", tmp_path / "grpo.toml",
                     "--out", tmp_path / "run", "--set", f"model={json.dumps(str(tiny_model_dir))}",
                     "--set", f"adapter={json.dumps(str(tiny_adapter_dir))}", "--set", f"data={json.dumps(str(hotpot_train_dir))}",
                     "--set", "steps=2", timeout=400)
@@ -188,7 +188,7 @@ def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(tiny_model_dir,
     sets = [f"model={json.dumps(str(tiny_model_dir))}", f"adapter={json.dumps(str(tiny_adapter_dir))}",
             f"data={json.dumps(str(hotpot_train_dir))}", "steps=1", f"eval.data={json.dumps(str(hotpot_dev_dir))}",
             "eval.limit=40", "eval.wait_s=1", "episode.budgets.max_searches=3", "episode.budgets.policy_tokens=160"]
-    proc = torchrun("-m", "memsearch.cli", "train", "grpo", "--config", tmp_path / "grpo.toml",
+    proc = torchrun("-m", "memsearch.cli.app", "train", "grpo", "--config", tmp_path / "grpo.toml",
                     "--out", tmp_path / "run", *[a for s in sets for a in ("--set", s)], timeout=400)
     assert proc.returncode != 0
     assert "rank 1 waited more than 1 s for rank 0 (evaluation at step 1); raise eval.wait_s" in proc.stderr, \

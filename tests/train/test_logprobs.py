@@ -24,7 +24,7 @@ def rows_from(results):
 
 
 def rollout_and_recompute(model_spec, adapter, temperature):
-    from memsearch.backends.hf import HFBackend
+    from memsearch.backends.hf.backend import HFBackend
 
     policy, tokenizer, _ = load_policy(model_spec, adapter, LoraSettings(), device="cpu")
     backend = HFBackend(model=model_spec, loaded=(policy, tokenizer), max_batch_size=4)
@@ -79,8 +79,8 @@ def test_schema_mode_rollout_logprobs_equal_recomputed_with_replayed_mask(tiny_m
     the same log-probs. Without the mask the recomputation would differ."""
     import torch
 
-    from memsearch.backends.constraint import MEMORY_OPS
-    from memsearch.backends.hf import HFBackend
+    from memsearch.backends.hf.constraint import MEMORY_OPS
+    from memsearch.backends.hf.backend import HFBackend
     from memsearch.train.grpo import _mask_fn
 
     policy, tokenizer, _ = load_policy(str(tiny_model_dir), str(tiny_adapter_dir), LoraSettings(), device="cpu")

@@ -89,7 +89,7 @@ def test_rows_without_a_train_provenance_are_refused(tiny_model_dir, tmp_path):
 def test_merged_checkpoint_equals_the_adapter_model(tiny_model_dir, tiny_adapter_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from memsearch.backends.hf_model import load_model
+    from memsearch.backends.hf.model import load_model
 
     out = merge_adapter(str(tiny_model_dir), tiny_adapter_dir, tmp_path / "merged")
     merged = AutoModelForCausalLM.from_pretrained(str(out)).eval()  # plain transformers, no peft
@@ -105,7 +105,7 @@ def test_merged_checkpoint_equals_the_adapter_model(tiny_model_dir, tiny_adapter
 def test_periodic_evaluation_goes_through_the_eval_runner(tiny_model_dir, sft_rows_file, hotpot_dev_dir, tmp_path):
     """The adapter is evaluated with `run_eval` (same code path as `memsearch eval`): a run folder
     per evaluation, with the adapter in the configured role, and eval_* figures in the log."""
-    from memsearch.samples import config_path
+    from memsearch.assets.samples import config_path
 
     cfg = sft_config(tiny_model_dir, sft_rows_file, epochs=0.5, micro_batch_rows=2, grad_accumulation=2,
                      eval_config=str(config_path("rules.toml")),
@@ -126,7 +126,7 @@ def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(tiny_model_dir,
     eval.wait_s (docs/design.md §7): evaluating 3 memory calls of 512 sampled tokens per task
     takes several seconds, so a 1 s bound fails the run and says why (before, rank 1 went on and
     waited inside the next collective)."""
-    from memsearch.samples import config_path
+    from memsearch.assets.samples import config_path
 
     eval_config = tmp_path / "eval.toml"  # the rules config, with long memory calls
     eval_config.write_text(config_path("rules.toml").read_text().replace("policy_tokens = 256", "policy_tokens = 512"))
@@ -135,7 +135,7 @@ def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(tiny_model_dir,
             "micro_batch_rows=2", "grad_accumulation=2", "lora.r=4", f"eval_config={json.dumps(str(eval_config))}",
             f"eval.data={json.dumps(str(hotpot_dev_dir))}", "eval.limit=4", "eval.at_start=true", "eval.wait_s=1"]
     (tmp_path / "sft.toml").write_text("")  # every field from --set
-    proc = torchrun("-m", "memsearch.cli", "train", "sft", "--config", tmp_path / "sft.toml", "--out", tmp_path / "run",
+    proc = torchrun("-m", "memsearch.cli.app", "train", "sft", "--config", tmp_path / "sft.toml", "--out", tmp_path / "run",
                     *[a for s in sets for a in ("--set", s)], timeout=400)
     assert proc.returncode != 0
     assert "rank 1 waited more than 1 s for rank 0 (evaluation at step 0); raise eval.wait_s" in proc.stderr, \

@@ -24,7 +24,7 @@ def make_backend(cfg, tokenizer, dataset=None) -> PolicyBackend:
 
         return RulesBackend(tokenizer)
     if cfg.kind == "hf":
-        from memsearch.backends.hf import HFBackend
+        from memsearch.backends.hf.backend import HFBackend
 
         return HFBackend(model=cfg.model, adapter=cfg.adapter, max_batch_size=cfg.max_concurrency)
     if cfg.kind == "openai":

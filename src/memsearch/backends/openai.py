@@ -41,7 +41,7 @@ from memsearch.backends.base import (
     Usage,
 )
 from memsearch.io import abandon_session, backoff_delay_s
-from memsearch.safe_text import replace_lone_surrogates
+from memsearch.text.safe_text import replace_lone_surrogates
 from memsearch.tokenizer import Tokenizer
 
 API_KEY_ENV = "MEMSEARCH_API_KEY"

@@ -42,7 +42,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from memsearch.actions import evidence_ids_in, parse_controller
+from memsearch.text.actions import evidence_ids_in, parse_controller
 from memsearch.backends.base import GenerationRequest, GenerationResult, Usage
 from memsearch.data.dataset import Dataset
 from memsearch.data.records import Document, Label, Task, split_evidence_id

@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Sequence
 
-from memsearch.actions import parse_controller
+from memsearch.text.actions import parse_controller
 from memsearch.backends.base import GenerationRequest, GenerationResult, Usage
 from memsearch.tokenizer import Tokenizer
 

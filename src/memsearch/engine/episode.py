@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memsearch.backends.base import Constraint, GenerationRequest, GenerationResult, PolicyBackend, SamplingParams
-from memsearch.backends.constraint import MEMORY_OPS
+from memsearch.backends.hf.constraint import MEMORY_OPS
 from memsearch.config import RunConfig
 from memsearch.data.records import Document, Task
 from memsearch.engine import prompts
@@ -31,7 +31,7 @@ from memsearch.engine.evidence import chunk_context, render_evidence
 from memsearch.engine.memory_modes import make_memory
 from memsearch.engine.parsing import parse_controller, parse_reader
 from memsearch.retrieval import Passage, Retriever
-from memsearch.retrieval.http import RetrievalRequestError
+from memsearch.retrieval.client import RetrievalRequestError
 from memsearch.tokenizer import Tokenizer
 
 # engine-2: trajectories record answer_format (what the reader was asked for; eval.score reads it).

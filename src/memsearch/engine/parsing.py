@@ -2,7 +2,7 @@
 cannot be read becomes an invalid action with a reason. Every parser is linear in the length of
 the text (model output is parsed inside the event loop of all concurrent episodes).
 
-The controller grammar and evidence-id finding live in ``memsearch.actions`` (below the backends,
+The controller grammar and evidence-id finding live in ``memsearch.text.actions`` (below the backends,
 whose ``oracle`` needs them too, docs/design.md §11) and are re-exported here for the engine."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from memsearch.actions import ControllerAction, evidence_id_spans, evidence_ids_in, parse_controller  # noqa: F401
-from memsearch.answers import boxed_prediction
+from memsearch.text.actions import ControllerAction, evidence_id_spans, evidence_ids_in, parse_controller  # noqa: F401
+from memsearch.text.answers import boxed_prediction
 
 # Inside a [...] group (searched between its brackets only): a "name:number" citation.
 _CITATION_IN_BRACKETS = re.compile(r":\d")
@@ -80,7 +80,7 @@ def _drop_bracketed_citations(answer: str) -> str:
 
 
 def parse_reader(text: str) -> ReaderAnswer:
-    """Tolerant answer extraction: a box (``memsearch.answers.boxed_answer``: ``\\boxed{}``,
+    """Tolerant answer extraction: a box (``memsearch.text.answers.boxed_answer``: ``\\boxed{}``,
     ``\\boxed x``, ``\\fbox{}``), an ``Answer:`` line, "the answer is …", else the first
     non-empty line. Evidence ids anywhere in the text count as citations. Linear in the text's
     length. Scoring a reader that was asked for a box does not use this fallback chain

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from memsearch.answers import boxed_prediction
+from memsearch.text.answers import boxed_prediction
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -121,7 +121,7 @@ def sub_em(prediction: str | None, golds: Sequence[str]) -> float:
 def boxed_em(text: str | None, golds: Sequence[str]) -> float:
     r"""Exact match of the final boxed answer in ``text``; 0.0 when there is no complete box.
 
-    The box is read by ``memsearch.answers.boxed_prediction`` (``\boxed{}``, ``\boxed x``,
+    The box is read by ``memsearch.text.answers.boxed_prediction`` (``\boxed{}``, ``\boxed x``,
     ``\fbox{}``; every rule is in that module's docstring); text wrappers such as
     ``\text{...}`` are unwrapped before normalization, so ``\boxed{\text{Paris}}`` matches "Paris".
     """

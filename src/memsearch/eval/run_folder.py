@@ -160,7 +160,7 @@ def _folder_identity(folder: Path) -> dict[str, str]:
 
 def _model_files(model: str) -> dict[str, str]:
     if model == "embedded":
-        from memsearch.embedded import gguf_path
+        from memsearch.assets.embedded import gguf_path
 
         path = gguf_path()
         return {path.name: _hash_file(path)}
@@ -183,7 +183,7 @@ def model_identity(config) -> dict[str, Any]:
                 adapter = Path(backend.adapter)
                 if not adapter.is_dir():
                     raise InputError(f"{adapter}: no such adapter folder")
-                from memsearch.shipped import verify_adapter
+                from memsearch.assets.adapter import verify_adapter
 
                 verify_adapter(adapter, base_model=backend.model)  # refused before any run folder exists
                 entry["adapter_files"] = _folder_identity(adapter)

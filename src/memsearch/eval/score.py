@@ -5,7 +5,7 @@ Which answer the answer metrics score depends on what the reader was asked for
 (``answer_format`` of the trajectory, docs/design.md §6):
 
 - ``"boxed"`` (memory ``overwrite``, the MemAgent protocol): ``em``, ``f1`` and ``sub_em`` score
-  the boxed answer only (``memsearch.answers.boxed_prediction``); a reply without a complete
+  the boxed answer only (``memsearch.text.answers.boxed_prediction``); a reply without a complete
   box scores 0 on all three, as in MemAgent's evaluator, even when its first line mentions the
   gold answer.
 - ``"free"`` (every other memory mode, and trajectories written before the field existed):
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memsearch.answers import boxed_prediction
+from memsearch.text.answers import boxed_prediction
 from memsearch.data.records import Label
 from memsearch.eval.metrics import boxed_em, citation_scores, exact_match, f1, sub_em, support_recall
 

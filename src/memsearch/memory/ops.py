@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from memsearch.safe_text import has_lone_surrogate
+from memsearch.text.safe_text import has_lone_surrogate
 
 Kind = Literal["fact", "open"]
 KINDS: tuple[str, ...] = ("fact", "open")

@@ -12,8 +12,8 @@ from memsearch.retrieval.bm25 import BM25Retriever, BM25Settings, index_text
 _LAZY = {
     "DenseRetriever": "memsearch.retrieval.dense",
     "HybridRetriever": "memsearch.retrieval.hybrid",
-    "HttpRetriever": "memsearch.retrieval.http",
-    "RetrievalRequestError": "memsearch.retrieval.http",
+    "HttpRetriever": "memsearch.retrieval.client",
+    "RetrievalRequestError": "memsearch.retrieval.client",
 }
 
 

@@ -82,7 +82,7 @@ def make_retriever(settings: Any, documents: Sequence[Document]) -> Any:
     from memsearch.retrieval.bm25 import documents_sha256
 
     if settings.url:
-        from memsearch.retrieval.http import HttpRetriever
+        from memsearch.retrieval.client import HttpRetriever
 
         retriever = HttpRetriever(settings.url)
         served = (retriever.describe()["info"] or {}).get("documents_sha256")

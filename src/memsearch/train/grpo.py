@@ -1,7 +1,7 @@
 """Multi-turn GRPO through the episode engine: the readable single-node reference trainer.
 
     memsearch train grpo --config configs/train/grpo_cpu.toml --out runs/grpo
-    torchrun --nproc_per_node 2 -m memsearch.cli train grpo --config ... --out ...   # one process per device
+    torchrun --nproc_per_node 2 -m memsearch.cli.app train grpo --config ... --out ...   # one process per device
 
 One step, top to bottom (``train_grpo``):
 
@@ -87,7 +87,7 @@ class UpdateStats:
 
 def _mask_fn(tokenizer):
     """Replays schema-mode masks from the constraint id and the completion ids."""
-    from memsearch.backends.constraint import compile_constraint, constraint_by_id
+    from memsearch.backends.hf.constraint import compile_constraint, constraint_by_id
 
     def masks(row):
         return compile_constraint(constraint_by_id(row.constraint_id), tokenizer).masks_for(row.completion_ids)
@@ -204,7 +204,7 @@ class Rollouts:
 
     def __init__(self, cfg: GRPOConfig, dataset, policy, tokenizer) -> None:
         from memsearch.backends import make_backend
-        from memsearch.backends.hf import HFBackend
+        from memsearch.backends.hf.backend import HFBackend
         from memsearch.tokenizer import load_tokenizer
 
         self.cfg = cfg

@@ -14,7 +14,7 @@ from memsearch.io import atomic_output_dir
 
 def merge_adapter(model: str, adapter: str | Path, out: str | Path, dtype: str = "float32") -> Path:
     """Merge ``adapter`` into ``model`` (``"embedded"`` or a local folder) and save to ``out``."""
-    from memsearch.backends.hf_model import load_model
+    from memsearch.backends.hf.model import load_model
 
     adapter, out = Path(adapter), Path(out)
     if not (adapter / "adapter_config.json").is_file():

@@ -37,14 +37,14 @@ def load_policy(model: str, adapter: str | None, lora: LoraSettings, device: str
     the KL reference (``reference_policy``)."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    from memsearch.backends.hf_model import load_model
+    from memsearch.backends.hf.model import load_model
 
     base, tokenizer, folder = load_model(model, device=device, dtype=dtype)
     if adapter is not None:
         path = Path(adapter)
         if not (path / "adapter_config.json").is_file():
             raise FileNotFoundError(f"{adapter}: not a LoRA adapter folder (no adapter_config.json)")
-        from memsearch.shipped import verify_adapter
+        from memsearch.assets.adapter import verify_adapter
 
         verify_adapter(path, base_model=model)  # a fingerprinted (shipped) adapter must match its fingerprint
         policy = PeftModel.from_pretrained(base, str(path), is_trainable=True)

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from memsearch.actions import evidence_ids_in
+from memsearch.text.actions import evidence_ids_in
 from memsearch.data.records import Label
 from memsearch.errors import InputError
 from memsearch.io import iter_jsonl, write_jsonl

@@ -46,7 +46,7 @@ def load_grpo_config(path: Path, overrides: list[str] | None = None, data: str |
 
     raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     if raw.get("pipeline") == "memagent":
-        from memsearch.pipeline.config import MemAgentPipeline
+        from memsearch.pipelines.config import MemAgentPipeline
 
         if not data:
             raise ValueError(f"{path} is a MemAgent pipeline config: give --data, the prepared train folder "

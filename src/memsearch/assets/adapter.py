@@ -1,0 +1,109 @@
+"""The trained memory-policy adapter shipped with the repository (``models/memory-policy-cpu``)
+and the fingerprint that pins its files (docs/memory_policy.md, "The shipped adapter").
+
+The folder is found like the shipped configs and samples (``samples.py``): in the source
+checkout, unless ``MEMSEARCH_MEMORY_POLICY_ADAPTER`` names another folder (an installed wheel
+carries neither ``configs/`` nor ``models/``; point the variable at a clone's folder).
+
+``fingerprint.json`` beside the adapter files records the SHA-256 of every file of the folder,
+the base model the adapter belongs to and a free-form ``provenance`` dict (the pipeline run it
+came from). ``verify_adapter`` refuses a folder whose files do not match it; the hf backend
+(``backends/hf_model.load_model``) and the run records (``eval/run_folder.model_identity``) call
+it for every adapter folder that holds a ``fingerprint.json``, so a changed file is refused
+before anything runs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from memsearch.errors import InputError
+from memsearch.io import sha256_file, write_json
+from memsearch.assets.samples import _REPO
+
+FINGERPRINT = "fingerprint.json"
+FORMAT = "memsearch-adapter-fingerprint/1"
+ADAPTER_ENV = "MEMSEARCH_MEMORY_POLICY_ADAPTER"
+SHIPPED_ADAPTER = Path("models") / "memory-policy-cpu"  # relative to the repository root
+
+
+def shipped_adapter_dir() -> Path:
+    """``MEMSEARCH_MEMORY_POLICY_ADAPTER`` if set, else ``models/memory-policy-cpu`` of the source
+    checkout. Not checked here: ``verify_adapter(path, required=True)`` says what is missing."""
+    override = os.environ.get(ADAPTER_ENV)
+    return Path(override) if override else _REPO / SHIPPED_ADAPTER
+
+
+def _adapter_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name != FINGERPRINT and not p.name.startswith("."))
+
+
+def write_fingerprint(folder: str | Path, base_model: str, provenance: dict[str, Any]) -> dict[str, Any]:
+    """Write ``folder/fingerprint.json`` (SHA-256 of every other file, the base model, the
+    caller's ``provenance``) and return it. The folder must be a PEFT adapter folder."""
+    folder = Path(folder)
+    if not (folder / "adapter_config.json").is_file():
+        raise InputError(f"{folder}: not a LoRA adapter folder (no adapter_config.json)")
+    record = {"format": FORMAT, "base_model": base_model,
+              "files": {p.name: sha256_file(p) for p in _adapter_files(folder)},
+              "provenance": provenance}
+    write_json(folder / FINGERPRINT, record)
+    return record
+
+
+def read_fingerprint(folder: str | Path) -> dict[str, Any] | None:
+    """The folder's ``fingerprint.json``, or ``None`` when it has none."""
+    import json
+
+    path = Path(folder) / FINGERPRINT
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not valid JSON ({exc}); re-ship the adapter (scripts/ship_adapter.py)") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("files"), dict):
+        raise InputError(f"{path}: not a memsearch adapter fingerprint (expected format {FORMAT!r} and a 'files' table)")
+    return record
+
+
+def verify_adapter(folder: str | Path, base_model: str | None = None, required: bool = False) -> dict[str, Any] | None:
+    """Check every file of an adapter folder against its ``fingerprint.json``; return the record.
+
+    Refuses (``InputError``, naming the file and both hashes) a changed file, a listed file that
+    is missing and a file the fingerprint does not list. With ``base_model``, refuses loading an
+    adapter recorded for the embedded model onto another base, and the reverse. Without a
+    ``fingerprint.json``: ``None``, or with ``required`` an error naming the path."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: no such adapter folder" + (
+            f" (the shipped memory-policy adapter; see docs/memory_policy.md, or set {ADAPTER_ENV})" if required else ""))
+    record = read_fingerprint(folder)
+    if record is None:
+        if required:
+            raise InputError(f"{folder / FINGERPRINT}: missing; a shipped adapter must carry its fingerprint "
+                             "(write it with scripts/ship_adapter.py)")
+        return None
+    where = folder / FINGERPRINT
+    expected: dict[str, str] = record["files"]
+    problems = []
+    for name, want in sorted(expected.items()):
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{path}: listed in {where} (sha256 {want}) but missing")
+            continue
+        got = sha256_file(path)
+        if got != want:
+            problems.append(f"{path}: sha256 {got} does not match {where}'s {want}")
+    for path in _adapter_files(folder):
+        if path.name not in expected:
+            problems.append(f"{path}: not listed in {where} (sha256 {sha256_file(path)})")
+    if problems:
+        raise InputError("\n".join(problems) + f"\nrefusing adapter {folder}: its files are not the ones fingerprinted; "
+                         "restore them, or ship the new adapter with scripts/ship_adapter.py")
+    recorded = record.get("base_model")
+    if base_model is not None and recorded is not None and (recorded == "embedded") != (str(base_model) == "embedded"):
+        raise InputError(f"{where}: the adapter was trained on base model {recorded!r}, not {str(base_model)!r}")
+    return record

@@ -1,0 +1,132 @@
+"""``memsearch demo``: the four-group matrix on real HotpotQA dev questions with the embedded
+model on a CPU (or with the ``rules`` backend in seconds).
+
+It prepares the shipped dev sample, runs groups A-D under identical budgets
+(``configs/demo.toml``, or ``configs/rules.toml`` for ``--backend rules``) on the first
+``limit`` questions, prints the table and says where everything was written.
+
+With the hf backend it also runs ``B-trained``: group B with its memory written by the shipped
+trained memory-policy adapter (``models/memory-policy-cpu``, or ``--adapter`` /
+``MEMSEARCH_MEMORY_POLICY_ADAPTER``; schema mode, as it was trained), the same budgets, reader
+and questions, in ``OUT/matrix/B-trained``. A missing or changed adapter is refused before
+anything runs. The rules demo has no trained row (the adapter is a LoRA on the embedded model).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+DEMO_CONFIGS = {"hf": "demo.toml", "rules": "rules.toml"}
+TRAINED_GROUP = "B-trained"
+
+
+def fresh_run_dir(prefix: str) -> Path:
+    """``runs/<prefix>-<timestamp>``, made unique if a folder of that name exists."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = Path("runs") / f"{prefix}-{stamp}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = Path("runs") / f"{prefix}-{stamp}-{n}"
+    return path
+
+
+def report_command(run: Path, data: Path) -> str:
+    """The line eval, matrix and the demo end with: how to write and open the run's report."""
+    return f"report: memsearch report view {run} --data {data} --out {Path(run) / 'report.html'}"
+
+
+def trained_group_config(config, adapter: Path):
+    """Group B of ``config`` with its memory written by ``adapter`` (a LoRA on the memory model,
+    decoding in schema mode as the memory-policy pipeline trains it); nothing else changes."""
+    from memsearch.config import RunConfig, apply_overrides, group_config
+
+    data = group_config(config, "B").model_dump(mode="json")
+    data = apply_overrides(data, [f"backends.memory.adapter={json.dumps(str(Path(adapter).resolve()))}",
+                                  "backends.memory.schema_mode=true"])
+    return RunConfig.model_validate(data)
+
+
+def _add_trained_row(config, result: dict, data_dir: Path, matrix_dir: Path, adapter: Path, fingerprint: dict,
+                     show_progress: bool) -> dict:
+    """Run ``B-trained`` into ``matrix_dir`` and rewrite ``matrix.json`` / ``matrix.md`` with its row
+    and its pairs (so the report and the table show it beside A-D)."""
+    from memsearch.eval.matrix import check_comparable, compare, render_table
+    from memsearch.eval.runner import run_eval
+    from memsearch.io import write_json
+
+    trained = trained_group_config(config, adapter)
+    check_comparable({"B": config, TRAINED_GROUP: trained})
+    s = run_eval(trained, data_dir, matrix_dir / TRAINED_GROUP, group=TRAINED_GROUP, show_progress=show_progress)
+    groups = {**result["groups"], TRAINED_GROUP: {
+        "agent": s["agent"], "memory_backend": s["memory_backend"], "metrics": s["metrics"], "complete": s["complete"],
+        "usable_for_comparison": s["usable_for_comparison"], "request_errors": s["request_errors"]}}
+    pairs = compare(matrix_dir, list(groups), config.matrix.bootstrap_resamples)
+    result = {**{k: v for k, v in result.items() if k != "table"}, "groups": groups, "pairs": pairs,
+              "usable_for_comparison": all(g["usable_for_comparison"] for g in groups.values()),
+              "trained_adapter": {"path": str(Path(adapter).resolve()), "files": fingerprint["files"],
+                                  "base_model": fingerprint.get("base_model")}}
+    table = render_table(groups, pairs)
+    write_json(matrix_dir / "matrix.json", result)
+    (matrix_dir / "matrix.md").write_text(table, encoding="utf-8")
+    return {**result, "table": table}
+
+
+def run_demo(backend: str = "hf", limit: int = 4, out: Path | None = None, echo: Callable[[str], None] = print,
+             show_progress: bool = True, adapter: Path | None = None, overrides: list[str] | None = None) -> dict:
+    """The demo (module docstring). ``adapter``: the trained row's adapter folder (default: the
+    shipped one, ``memsearch.assets.adapter.shipped_adapter_dir``); ``overrides``: ``--set``-style
+    overrides of the demo config (e.g. ``matrix.groups=["B"]`` for a quick check)."""
+    from memsearch.config import load_config
+    from memsearch.data.dataset import save_dataset
+    from memsearch.data.hotpot import convert_hotpot
+    from memsearch.errors import InputError
+    from memsearch.eval.matrix import run_matrix
+    from memsearch.assets.samples import HOTPOT_DEV, config_path, samples_dir
+    from memsearch.assets.adapter import shipped_adapter_dir, verify_adapter
+
+    if backend not in DEMO_CONFIGS:
+        raise InputError(f"--backend {backend!r}: expected one of {', '.join(DEMO_CONFIGS)}")
+    out = Path(out) if out is not None else fresh_run_dir("demo")
+    if out.exists():
+        raise InputError(f"{out}: output folder already exists; choose a new folder (nothing was written)")
+    cfg_file = config_path(DEMO_CONFIGS[backend])
+    config = load_config(cfg_file, [f"limit={limit}", *(overrides or [])])
+    fingerprint = None
+    if backend == "hf":
+        # Checked before anything is written or run: a missing or changed adapter fails here, by path.
+        adapter = Path(adapter) if adapter is not None else shipped_adapter_dir()
+        fingerprint = verify_adapter(adapter, base_model=config.backends.memory.model, required=True)
+    started = time.perf_counter()
+    data_dir = out / "data" / "hotpot-dev"
+    save_dataset(convert_hotpot(samples_dir() / HOTPOT_DEV, split="dev"), data_dir)
+    groups = "A-D" if list(config.matrix.groups) == ["A", "B", "C", "D"] else ", ".join(config.matrix.groups)
+    echo(f"demo: groups {groups} on the first {limit} real HotpotQA dev questions, backend {backend} ({cfg_file.name}), "
+         f"tokenizer {config.tokenizer}, budgets {config.budgets.model_dump()}")
+    if fingerprint is not None:
+        echo(f"{TRAINED_GROUP}: group B with its memory written by the trained memory-policy adapter {adapter} "
+             "(schema mode; trained under configs/memory_policy_cpu.toml's budgets and rules reader, run here under "
+             "the demo's)")
+    else:
+        echo(f"{TRAINED_GROUP}: not run with --backend {backend}: the trained adapter is a LoRA on the embedded model "
+             "(run the demo with --backend hf to see it)")
+    result = run_matrix(config, data_dir, out / "matrix", show_progress=show_progress)
+    if fingerprint is not None:
+        result = _add_trained_row(config, result, data_dir, out / "matrix", adapter, fingerprint, show_progress)
+    echo(result["table"])
+    seconds = time.perf_counter() - started
+    echo(f"done in {seconds:.0f}s. Per-group trajectories, metrics and summaries: {out / 'matrix'}/<group>/; "
+         f"table: {out / 'matrix' / 'matrix.md'}")
+    from memsearch.report.html import write_report
+
+    # The demo writes its report itself (a second or so): the end of the demo is a file to open.
+    report = write_report([out / "matrix"], data_dir, out / "report.html")
+    echo(f"report (open in a browser, works offline): {report}")
+    if not result["usable_for_comparison"]:
+        echo("NOT USABLE FOR COMPARISON: some group has failed tasks or request errors (see its summary.json)")
+    result["seconds"] = seconds
+    result["out"] = str(out)
+    return result

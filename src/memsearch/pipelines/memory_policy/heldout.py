@@ -1,0 +1,178 @@
+"""The held-out comparison of memory policies (group B) in ``pipeline memory-policy``.
+
+Four memory policies write the memory of the same episodes, everything else fixed (decision
+memory, the fixed plan, the same reader, budgets and held-out dev questions):
+
+    base    the untrained base model, schema mode (constrained JSON, so it can emit operations at all)
+    rules   the rules memory heuristic (``backends.rules``): the bar a trained policy must clear
+    sft     the base model with the seed's SFT adapter
+    grpo    the seed's merged stage-1 model (SFT + GRPO)
+
+A cold start (``grpo_start = "base"``) trains no SFT: the ``sft`` row is not run, and every pair
+and over-seeds difference that needs it is left out (``not_run`` names it).
+
+``base`` and ``rules`` do not depend on the seed and run once (``OUT/heldout/{base,rules}``);
+``sft`` and ``grpo`` run per seed (``OUT/seed-N/heldout/{sft,grpo}``). Trained policies decode
+as ``schema_mode`` says (the same for GRPO's rollouts). Each run is an ordinary fingerprinted
+eval run, resumed after a kill.
+
+Per seed: the paired bootstrap difference on every question of ``PAIRS`` x ``DIFF_METRICS``;
+over seeds: ``grpo - sft`` and ``grpo - rules`` on the per-question mean over seeds. The
+memory role's own calls are summarised apart from the reader's (``memory_calls``): op counts
+executed, invalid calls by cause (over the budget, cut at the token limit, a source not shown,
+other). ``summary.json`` holds it all; ``bar`` says whether the issue's bar holds: for every
+seed, grpo - rules on memory support recall has a CI above 0.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from memsearch.io import iter_jsonl, write_json
+from memsearch.pipelines.memagent.report import _per_task, paired_difference
+from memsearch.pipelines.stages import eval_run
+from memsearch.train.config import RewardSettings
+
+POLICIES = ("base", "rules", "sft", "grpo")
+SHARED = ("base", "rules")
+PAIRS = (("grpo", "rules"), ("grpo", "sft"), ("sft", "rules"), ("sft", "base"), ("grpo", "base"))
+DIFF_METRICS = ("memory_support_recall", "f1", "em")
+METRICS = ("memory_support_recall", "retrieval_support_recall", "f1", "em", "invalid_action_rate")
+INVALID_CAUSES = ("over_budget", "truncated", "unshown_source", "other")
+
+
+def policy_backend(cfg, policy: str, sft: Path | None = None, stage1: Path | None = None) -> dict[str, Any]:
+    """The memory backend of ``policy`` (module docstring)."""
+    if policy == "rules":
+        return {"kind": "rules"}
+    if policy == "base":
+        return cfg.base_backend(schema_mode=True)
+    if policy == "sft":
+        return {**cfg.base_backend(), "adapter": str(sft)}
+    return cfg.base_backend(str(stage1))
+
+
+def policy_config(cfg, policy: str, sft: Path | None = None, stage1: Path | None = None):
+    from memsearch.config import RunConfig
+
+    data = cfg._episode(memory=policy_backend(cfg, policy, sft, stage1))
+    data["limit"] = None
+    return RunConfig.model_validate(data)
+
+
+def _invalid_cause(call: dict[str, Any]) -> str:
+    reason = call.get("invalid_reason") or ""
+    if call.get("finish_reason") == "length":
+        return "truncated"
+    if "memory after the batch would be" in reason:
+        return "over_budget"
+    if "was not shown" in reason:
+        return "unshown_source"
+    return "other"
+
+
+def memory_calls(run: Path) -> dict[str, Any]:
+    """The memory role's calls of a run: count, ops executed by kind, invalid calls by cause."""
+    calls, ops, invalid = 0, Counter(), Counter()
+    for _, traj in iter_jsonl(run / "trajectories.jsonl"):
+        for event in traj.get("events", []):
+            if event.get("type") != "policy_call" or event.get("role") != "memory":
+                continue
+            calls += 1
+            ops.update(((event.get("action") or {}).get("memory") or {}).get("executed") or {})
+            if event.get("valid") is False:
+                invalid[_invalid_cause(event)] += 1
+    return {"calls": calls, "ops_executed": {k: ops.get(k, 0) for k in ("ADD", "UPDATE", "DELETE", "NOOP")},
+            "invalid": {k: invalid.get(k, 0) for k in INVALID_CAUSES},
+            "invalid_rate": round(sum(invalid.values()) / calls, 4) if calls else None}
+
+
+def _row(run: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    return {"run": str(run), **{m: summary["metrics"].get(m) for m in METRICS},
+            "questions": summary["tasks"]["scored"], "request_errors": summary["request_errors"],
+            "complete": summary["complete"], "usable_for_comparison": summary["usable_for_comparison"],
+            "memory_calls": memory_calls(run)}
+
+
+def run_shared(cfg, out: Path, paths: dict[str, Any], echo=print) -> dict[str, dict[str, Any]]:
+    """The seed-independent policies (base, rules) on the held-out dev questions."""
+    rows = {}
+    for policy in SHARED:
+        folder = out / "heldout" / policy
+        summary = eval_run(folder, out / "heldout" / f"{policy}.stage.json", policy_config(cfg, policy), paths["dev"],
+                           {"prepare": paths["fingerprint"]}, echo)
+        rows[policy] = _row(folder, summary)
+    return rows
+
+
+def trained_policies(cfg) -> tuple[str, ...]:
+    """The seed's trained policies: sft and grpo, or grpo alone after a cold start."""
+    return ("sft", "grpo") if cfg.grpo_start == "sft" else ("grpo",)
+
+
+def run_seed(cfg, root: Path, paths: dict[str, Any], sft: Path | None, stage1: Path, upstream: dict[str, str],
+             echo=print) -> dict[str, dict[str, Any]]:
+    """The seed's trained policies (sft unless a cold start, grpo) on the held-out dev questions."""
+    rows = {}
+    kwargs_of = {"sft": {"sft": sft}, "grpo": {"stage1": stage1}}
+    for policy in trained_policies(cfg):
+        kwargs = kwargs_of[policy]
+        folder = root / "heldout" / policy
+        summary = eval_run(folder, root / "heldout" / f"{policy}.stage.json", policy_config(cfg, policy, **kwargs),
+                           paths["dev"], {"prepare": paths["fingerprint"], **upstream}, echo)
+        rows[policy] = _row(folder, summary)
+    return rows
+
+
+def _mean_rows(runs: list[Path]) -> dict[str, dict[str, Any]]:
+    """Per question, each metric's mean over the runs (questions every run scored)."""
+    per_run = [_per_task(r / "metrics.jsonl") for r in runs]
+    common = set.intersection(*(set(p) for p in per_run))
+    out = {}
+    for task in (t for t in per_run[0] if t in common):  # the first run's order: the bootstrap is reproducible
+        out[task] = {}
+        for m in DIFF_METRICS:
+            values = [p[task].get(m) for p in per_run]
+            out[task][m] = None if None in values else sum(values) / len(values)
+    return out
+
+
+def compare(cfg, shared: dict[str, dict[str, Any]], seeds: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Differences per seed and over seeds, and the bar; the content of ``summary.json``."""
+    r = cfg.report
+
+    def diff(a_rows, b_rows, metric):
+        return paired_difference(b_rows, a_rows, metric, r.bootstrap_resamples, r.confidence, r.seed)
+
+    policies = (*SHARED, *trained_policies(cfg))
+    pairs = [(a, b) for a, b in PAIRS if a in policies and b in policies]
+    per_seed = {}
+    for seed, rows in seeds.items():
+        runs = {**shared, **rows}
+        per_task = {p: _per_task(Path(runs[p]["run"]) / "metrics.jsonl") for p in policies}
+        usable = all(runs[p]["usable_for_comparison"] for p in policies)
+        per_seed[seed] = {f"{a}-{b}": {m: {**(diff(per_task[a], per_task[b], m) or {}), "usable": usable}
+                                       for m in DIFF_METRICS} for a, b in pairs}
+    means = {p: _mean_rows([Path(rows[p]["run"]) for rows in seeds.values()]) for p in trained_policies(cfg)}
+    rules = _per_task(Path(shared["rules"]["run"]) / "metrics.jsonl")
+    over = {**({"grpo-sft": {m: diff(means["grpo"], means["sft"], m) for m in DIFF_METRICS}} if "sft" in means else {}),
+            "grpo-rules": {m: diff(means["grpo"], rules, m) for m in DIFF_METRICS}}
+    key = "memory_support_recall"
+    bar = {"criterion": "for every seed, grpo - rules on memory_support_recall has a paired bootstrap CI above 0",
+           "per_seed": {s: bool(d["grpo-rules"][key].get("ci_low", 0) > 0 and d["grpo-rules"][key]["usable"])
+                        for s, d in per_seed.items()}}
+    bar["holds"] = bool(per_seed) and all(bar["per_seed"].values())
+    # None after a cold start: there is no SFT model to improve on.
+    bar["grpo_improves_on_sft"] = bool((over["grpo-sft"][key] or {}).get("ci_low", 0) > 0) if "grpo-sft" in over else None
+    not_run = [p for p in POLICIES if p not in policies]
+    return {"policies": {"shared": shared, "seeds": seeds}, "per_seed": per_seed, "over_seeds": over, "bar": bar,
+            "grpo_start": cfg.grpo_start, "not_run": not_run,
+            "reward": RewardSettings.model_validate(cfg.grpo.get("reward") or {}).model_dump(), "schema_mode": cfg.schema_mode,
+            "questions": cfg.data.dev_questions, "confidence": r.confidence, "resamples": r.bootstrap_resamples}
+
+
+def write_summary(out: Path, result: dict[str, Any]) -> None:
+    write_json(out / "heldout" / "summary.json", json.loads(json.dumps(result, default=str)))

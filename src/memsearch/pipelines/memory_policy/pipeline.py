@@ -1,0 +1,277 @@
+"""``memsearch pipeline memory-policy``: the memory-policy track end to end, resumable stage by stage.
+
+    memsearch pipeline memory-policy --config configs/memory_policy_cpu.toml --out runs/mp
+
+Stages and folders under ``OUT`` (each stage's fingerprinted record is ``<folder>.stage.json``
+beside its folder; ``pipeline.stages`` explains skip / resume / refuse):
+
+1. ``prepare/{train,dev,val}``: HotpotQA train, the held-out dev questions (``data.dev_questions``,
+   the first N of the dev file) and, with ``data.val_questions``, the validation split GRPO's
+   periodic evaluation reads (the next N); any question shared by two of them is refused;
+2. ``teacher/``: an eval run of ``[teacher]`` (the oracle by default) as memory backend on train,
+   then ``teacher/sft.jsonl`` (``export-sft --role memory``);
+3. per seed, ``seed-N/sft/``: LoRA SFT on the teacher rows;
+4. ``seed-N/grpo1/``: GRPO stage 1 (memory role) from the SFT adapter, or from the base model
+   with ``grpo_start = "base"`` (a cold start: stages 2 and 3 are skipped);
+5. ``seed-N/merged1/``: stage 1 merged into the base (a plain Hugging Face folder);
+6. ``seed-N/grpo2/`` + ``seed-N/merged2/`` (``stage2.enabled``): GRPO of the controller with the
+   merged stage-1 model frozen as memory backend, in process or over HTTP (``stage2.memory_serving``:
+   ``transformers serve`` launched on ``merged1`` for the stage, or a server the user runs;
+   ``pipeline.serving``). With ``stage2.start = "sft"`` it starts from ``seed-N/sft2/``, LoRA SFT
+   of the controller on ``teacher2/sft.jsonl`` (a train run with ``stage2.teacher`` as the policy
+   controller, ``export-sft --role controller``);
+7. ``seed-N/matrix/{A,B,C,D}``: the A-D matrix on the held-out dev questions; A/C summarize with
+   the untrained base (``backends.baseline_memory``), B/D with stage 1, C/D with the stage-2
+   controller (the base controller when stage 2 is off);
+8. ``report.md`` / ``report.json`` / ``curves.png`` (``pipeline.mp_report``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from memsearch.errors import InputError
+from memsearch.io import dumps_line, sha256_file
+from memsearch.pipelines.memagent.pipeline import _source_sha
+from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
+from memsearch.pipelines.stages import Stage, eval_run, folder_sha256, grpo_stage, merge_stage, run_folder, sft_stage
+
+
+def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str, Any]:
+    """Prepared train and held-out dev folders; refuses a question shared by both."""
+    from memsearch.data.dataset import save_dataset
+    from memsearch.data.hotpot import convert_hotpot
+    from memsearch.data.validate import validate_data
+
+    folder = out / "prepare"
+    stage = Stage(folder, "prepare", {"data": cfg.data.model_dump(mode="json"), "train_sha256": _source_sha(cfg.data.train),
+                                      "dev_sha256": _source_sha(cfg.data.dev)}, out / "prepare.stage.json")
+    paths = {"train": folder / "train", "dev": folder / "dev", "val": folder / "val"}
+    if stage.done():
+        echo(f"prepare: done ({folder})")
+    else:
+        stage.start()
+        # save_dataset writes each folder atomically: after a crash the finished one is kept.
+        if not paths["train"].exists():
+            save_dataset(convert_hotpot(cfg.data.train, split="train", limit=cfg.data.train_questions), paths["train"])
+        if not paths["dev"].exists():
+            save_dataset(convert_hotpot(cfg.data.dev, split="dev", limit=cfg.data.dev_questions), paths["dev"])
+        if cfg.data.val_questions and not paths["val"].exists():
+            save_dataset(validation_split(cfg), paths["val"])
+        problems = validate_data(paths["train"], paths["dev"])
+        if cfg.data.val_questions:
+            problems += validate_data(paths["train"], paths["val"])
+            problems += _shared_questions(paths["dev"], paths["val"])
+        if problems:
+            raise InputError("\n".join(str(p) for p in problems[:20]) + f"\n{len(problems)} problem(s) between train and "
+                             "dev: the held-out questions must never be trained on")
+        stage.finish({"train_dev_overlap": 0})
+    return {**paths, "fingerprint": stage.fingerprint}
+
+
+def validation_split(cfg: MemoryPolicyPipeline):
+    """The ``data.val_questions`` dev questions that follow the held-out ones (file order), with
+    the documents of the whole converted slice (a superset of what their tasks use)."""
+    from memsearch.data.dataset import Dataset
+    from memsearch.data.hotpot import convert_hotpot
+
+    n = cfg.data.dev_questions
+    full = convert_hotpot(cfg.data.dev, split="dev", limit=n + cfg.data.val_questions)
+    manifest = {**full.manifest, "options": {"offset": n, "limit": cfg.data.val_questions}}
+    return Dataset(full.documents, full.tasks[n:], full.labels[n:], manifest)
+
+
+def _shared_questions(dev: Path, val: Path) -> list[str]:
+    from memsearch.data.dataset import load_dataset
+
+    shared = {t.id for t in load_dataset(dev).tasks} & {t.id for t in load_dataset(val).tasks}
+    return [f"question {q} is both held out and in the validation split" for q in sorted(shared)]
+
+
+def teacher_stage(cfg: MemoryPolicyPipeline, out: Path, paths: dict[str, Any], echo=print) -> tuple[Path, str]:
+    """Teacher trajectories on train and their memory-role SFT rows; returns (rows file, fingerprint)."""
+    folder = out / "teacher"
+    rows, rows_fp = _teacher_rows(out, folder, cfg.teacher_config(), "memory", paths, echo)
+    if cfg.teacher_rows.other_noop_share is None:
+        return rows, rows_fp
+    return select_stage(cfg, folder, rows, rows_fp, paths, echo)
+
+
+def controller_teacher_stage(cfg: MemoryPolicyPipeline, out: Path, paths: dict[str, Any], echo=print) -> tuple[Path, str]:
+    """``teacher2``: teacher trajectories on train with the policy controller (``stage2.start =
+    'sft'``) and their controller-role SFT rows, every one (a controller row is one short
+    decision); returns (rows file, fingerprint)."""
+    return _teacher_rows(out, out / "teacher2", cfg.controller_teacher_config(), "controller", paths, echo)
+
+
+def _teacher_rows(out: Path, folder: Path, run_config, role: str, paths: dict[str, Any], echo) -> tuple[Path, str]:
+    """A teacher run on train into ``folder/run`` and its ``role`` SFT rows (``folder/sft.jsonl``)."""
+    from memsearch.train.export import export_sft
+
+    run = folder / "run"
+    summary = eval_run(run, folder / "run.stage.json", run_config, paths["train"], {"prepare": paths["fingerprint"]}, echo)
+    if not summary["usable_for_comparison"]:
+        raise InputError(f"{run}: the teacher run is incomplete or had request errors ({summary.get('note')}); not training on it")
+    rows = folder / "sft.jsonl"
+    stage = Stage(folder / "export", "export-sft", {"trajectories_sha256": sha256_file(run / "trajectories.jsonl")},
+                  folder / "export.stage.json")
+    if not stage.done():
+        stage.start()
+        rows.unlink(missing_ok=True)  # a crash mid-export leaves a partial file; export_sft wants a new one
+        report = export_sft(run / "trajectories.jsonl", run / "metrics.jsonl", role, rows)
+        stage.finish({"rows": str(rows.relative_to(out)), "rows_sha256": sha256_file(rows), "report": report.lines()})
+        echo("\n".join(report.lines()))
+    elif sha256_file(rows) != stage.record()["outputs"]["rows_sha256"]:
+        raise InputError(f"{rows}: changed since export; delete {folder / 'export'} and {folder / 'export.stage.json'} to redo it")
+    return rows, stage.fingerprint
+
+
+def select_stage(cfg: MemoryPolicyPipeline, folder: Path, rows: Path, rows_fp: str, paths: dict[str, Any],
+                 echo=print) -> tuple[Path, str]:
+    """``teacher/selected.jsonl``: the rows SFT trains on (``train.row_selection``)."""
+    from memsearch.data.dataset import load_dataset
+    from memsearch.train.row_selection import describe, select_memory_rows
+
+    selected = folder / "selected.jsonl"
+    stage = Stage(folder / "select", "select-rows", {"rows": rows_fp, **cfg.teacher_rows.model_dump(mode="json")},
+                  folder / "select.stage.json")
+    if not stage.done():
+        stage.start()
+        selected.unlink(missing_ok=True)
+        report = select_memory_rows(rows, load_dataset(paths["train"]).labels_by_id(), selected,
+                                    cfg.teacher_rows.other_noop_share, cfg.teacher_rows.seed)
+        stage.finish({"rows": str(selected.relative_to(folder.parent)), "rows_sha256": sha256_file(selected), "report": report})
+        echo(describe(report))
+    elif sha256_file(selected) != stage.record()["outputs"]["rows_sha256"]:
+        raise InputError(f"{selected}: changed since selection; delete it and {folder / 'select.stage.json'} to redo it")
+    return selected, stage.fingerprint
+
+
+def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str, Any], rows: Path | None,
+                rows_fp: str | None, echo=print, controller_rows: tuple[Path, str] | None = None) -> dict[str, Any]:
+    """SFT (unless ``grpo_start = 'base'``), stage 1, merge, optional stage 2 (from the controller's
+    SFT on ``controller_rows`` when ``stage2.start = 'sft'``) and the matrix of one seed under
+    ``OUT/seed-N``."""
+    from memsearch.eval.matrix import run_matrix
+
+    root = out / f"seed-{seed}"
+    train = str(paths["train"])
+    val = str(paths["val"]) if cfg.data.val_questions else None
+    if cfg.grpo_start == "sft":
+        sft = sft_stage(root / "sft", root / "sft.stage.json", cfg.sft_config([str(rows)], seed), {"rows": rows_fp}, echo)
+        start = {"sft_sha256": folder_sha256(sft)}
+    else:  # cold start: stage 1 from the base model, no SFT (grpo_start = "base")
+        sft, start = None, {"start": "base"}
+        echo(f"seed {seed} sft: skipped (grpo_start = 'base': GRPO stage 1 starts from the base model)")
+    stage1 = grpo_stage(root / "grpo1", root / "grpo1.stage.json",
+                        cfg.grpo_config(train, seed, str(sft) if sft else None, val),
+                        {"prepare": paths["fingerprint"], **start}, echo)
+    merged1, fp1 = merge_stage(root / "merged1", root / "merged1.stage.json", cfg.model, stage1, cfg.merge_dtype, echo)
+    from memsearch.pipelines.memory_policy import heldout
+
+    heldout_rows = heldout.run_seed(cfg, root, paths, sft, merged1, {**start, "stage1": fp1}, echo)
+    controller, fp2, sft2 = None, None, None
+    if cfg.stage2.enabled:
+        upstream2 = {"prepare": paths["fingerprint"], "stage1": fp1}
+        if controller_rows is not None:
+            sft2 = sft_stage(root / "sft2", root / "sft2.stage.json", cfg.stage2_sft_config([str(controller_rows[0])], seed),
+                             {"rows": controller_rows[1]}, echo)
+            upstream2["sft2_sha256"] = folder_sha256(sft2)
+        stage2 = stage2_stage(cfg, root, train, seed, merged1, val, upstream2, echo, adapter=sft2)
+        merged2, fp2 = merge_stage(root / "merged2", root / "merged2.stage.json", cfg.model, stage2, cfg.merge_dtype, echo)
+        controller = str(merged2)
+    base = {"seed": seed, "root": root, "heldout": heldout_rows, "stage2": cfg.stage2.enabled,
+            "logs": {**({"sft": root / "sft" / "train_log.jsonl"} if sft else {}), "grpo1": root / "grpo1" / "train_log.jsonl",
+                     **({"sft2": root / "sft2" / "train_log.jsonl"} if sft2 else {}),
+                     **({"grpo2": root / "grpo2" / "train_log.jsonl"} if cfg.stage2.enabled else {})}}
+    if cfg.matrix_seeds is not None and seed not in cfg.matrix_seeds:
+        return {**base, "matrix": None}
+    matrix_cfg = cfg.matrix_config(str(merged1), controller)
+    folder = root / "matrix"
+    stage = Stage(folder, "matrix", {"run_config": matrix_cfg.model_dump(mode="json"), "prepare": paths["fingerprint"],
+                                     "stage1": fp1, "stage2": fp2}, root / "matrix.stage.json")
+    if stage.done():
+        echo(f"seed {seed} matrix: done")
+        matrix = json.loads((folder / "matrix.json").read_text())
+    else:
+        resume = stage.started() and folder.exists()
+        stage.start()
+        echo(f"seed {seed} matrix: {'resuming' if resume else 'running'} A-D on {paths['dev']}")
+        matrix = run_matrix(matrix_cfg, paths["dev"], folder, resume=resume, show_progress=False)
+        stage.finish({"matrix": "matrix/matrix.json"})
+    return {**base, "matrix": matrix}
+
+
+def _launched_port(cfg: MemoryPolicyPipeline, record: Path) -> int:
+    """The launched memory server's port: ``stage2.serve_port``, else the one an earlier start of
+    this stage recorded (the URL is part of the trainer config, so a resume must reuse it), else
+    a free one."""
+    from memsearch.pipelines.serving import free_port
+
+    if cfg.stage2.serve_port is not None:
+        return cfg.stage2.serve_port
+    if record.is_file():
+        url = (json.loads(record.read_text()).get("inputs", {}).get("memory_server") or {}).get("url") or ""
+        port = url.rsplit(":", 1)[-1].split("/", 1)[0]
+        if url.startswith("http://127.0.0.1:") and port.isdigit():
+            return int(port)
+    return free_port()
+
+
+def stage2_stage(cfg: MemoryPolicyPipeline, root: Path, train: str, seed: int, merged1: Path, val: str | None,
+                 upstream: dict[str, Any], echo=print, adapter: Path | None = None) -> Path:
+    """``seed-N/grpo2``: GRPO of the controller (from ``adapter``, the controller's SFT adapter, or
+    a fresh LoRA) with ``merged1`` frozen as memory backend, in process or over HTTP
+    (``stage2.memory_serving``). Over HTTP the stage record also names the server
+    (``inputs.memory_server``: how it was served, its URL and model name); the server is started
+    (launched) or checked (user-run) only while the stage trains."""
+    from functools import partial
+
+    from memsearch.pipelines import serving
+
+    record = root / "grpo2.stage.json"
+    s2 = cfg.stage2
+    start = str(adapter) if adapter is not None else None
+    if s2.memory_serving == "in_process":
+        return grpo_stage(root / "grpo2", record, cfg.stage2_config(train, seed, str(merged1), val, adapter=start),
+                          upstream, echo)
+    if s2.memory_url:
+        around = partial(serving.user_server, s2.memory_url, s2.memory_model)
+        server = {"serving": "user", "url": s2.memory_url, "model": s2.memory_model}
+        grpo = cfg.stage2_config(train, seed, str(merged1), val, adapter=start)
+    else:
+        port = _launched_port(cfg, record)
+        url = f"http://127.0.0.1:{port}/v1"
+        around = partial(serving.launched_server, merged1, port, root / "grpo2.memory_server.log",
+                         s2.serve_start_timeout_s, s2.serve_args, echo)
+        server = {"serving": "transformers serve", "url": url, "model": str(merged1), "args": s2.serve_args}
+        grpo = cfg.stage2_config(train, seed, str(merged1), val, launched_url=url, adapter=start)
+    return grpo_stage(root / "grpo2", record, grpo, {**upstream, "memory_server": server}, echo, around)
+
+
+def run_memory_policy_pipeline(cfg: MemoryPolicyPipeline, out: str | Path, echo=print) -> dict[str, Any]:
+    """Run every stage of every seed (skipping finished ones); returns the report (also ``OUT/report.json``)."""
+    from memsearch.pipelines.memory_policy import heldout
+    from memsearch.pipelines.memory_policy.report import write_mp_report
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    # Every invocation's resolved config, appended: what each re-run asked for stays on record.
+    with open(out / "invocations.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.model_dump(mode="json")}) + "\n")
+    with run_folder(out):
+        paths = prepare_stage(cfg, out, echo)
+        # A cold start (grpo_start = "base") trains no SFT, so it needs no teacher rows either.
+        rows, rows_fp = teacher_stage(cfg, out, paths, echo) if cfg.grpo_start == "sft" else (None, None)
+        shared = heldout.run_shared(cfg, out, paths, echo)
+        controller_rows = controller_teacher_stage(cfg, out, paths, echo) if cfg.stage2.start == "sft" else None
+        seeds = [seed_stages(cfg, out, seed, paths, rows, rows_fp, echo, controller_rows) for seed in cfg.seeds]
+    comparison = heldout.compare(cfg, shared, {s["seed"]: s["heldout"] for s in seeds})
+    heldout.write_summary(out, comparison)
+    report = write_mp_report(cfg, out, seeds, comparison)
+    echo(report["table"])
+    echo(f"report: {out / 'report.md'}")
+    return report

@@ -1,0 +1,223 @@
+"""The report of ``memsearch pipeline memory-policy``: ``report.md``, ``report.json`` and ``curves.png``.
+
+Every number is read from the runs' own files (each group's ``summary.json`` and
+``metrics.jsonl``, each trainer's ``train_log.jsonl``), nothing typed by hand. Per seed: the
+A-D table (memory backend that wrote each group's memory, metrics, disclosures: incomplete runs,
+request errors, truncation, memory-call invalid rate) and the paired bootstrap difference of
+every pair that isolates one change (B-A, D-C: trained vs base memory; C-A, D-B: controller).
+A run that is incomplete or had request errors is marked NOT USABLE and its differences are
+not a result. ``curves.png``: SFT loss and GRPO reward per step, mean over seeds with a
+min-max band.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from memsearch.io import write_json
+from memsearch.pipelines.memagent.report import _per_task, paired_difference
+
+GROUPS = ("A", "B", "C", "D")
+PAIRS = (("B", "A"), ("D", "C"), ("C", "A"), ("D", "B"))
+METRICS = ("memory_support_recall", "f1", "em", "invalid_action_rate", "searches")
+DIFF_METRICS = ("memory_support_recall", "f1", "em")
+
+
+def _group_row(folder: Path, group: str) -> dict[str, Any]:
+    s = json.loads((folder / group / "summary.json").read_text())
+    run = json.loads((folder / group / "run.json").read_text())
+    # The backend that wrote the memory as the summary records it, and its weights by content (run.json).
+    return {"group": group, "memory_backend": s["memory_backend"], "memory_identity": run["models"]["memory"],
+            # Only a policy controller consults its backend; fixed-plan groups (A/B) show "fixed".
+            "controller_backend": s["config"]["backends"]["controller"] if s["agent"]["controller"] == "policy" else {"kind": "fixed"},
+            **{m: s["metrics"].get(m) for m in METRICS}, "questions": s["tasks"]["scored"], "expected": s["tasks"]["expected"],
+            "request_errors": s["request_errors"], "memory_truncations": s["truncation"]["memory_truncations"],
+            "complete": s["complete"], "usable_for_comparison": s["usable_for_comparison"], "note": s.get("note")}
+
+
+def seed_section(cfg, seed: dict[str, Any]) -> dict[str, Any]:
+    """The rows and paired differences of one seed's matrix."""
+    folder = seed["root"] / "matrix"
+    rows = [_group_row(folder, g) for g in GROUPS]
+    per_task = {g: _per_task(folder / g / "metrics.jsonl") for g in GROUPS}
+    usable = {r["group"]: r["usable_for_comparison"] for r in rows}
+    diffs = []
+    for a, b in PAIRS:
+        for metric in DIFF_METRICS:
+            d = paired_difference(per_task[b], per_task[a], metric, cfg.report.bootstrap_resamples, cfg.report.confidence,
+                                  cfg.report.seed)
+            diffs.append({"pair": f"{a}-{b}", "metric": metric, "usable": usable[a] and usable[b], **(d or {})})
+    return {"seed": seed["seed"], "rows": rows, "diffs": diffs, "stage2": seed["stage2"]}
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def _backend(b: dict[str, Any]) -> str:
+    return b["kind"] if b["kind"] in ("rules", "oracle", "fixed") else f"{b['kind']}:{Path(b['model']).name}"
+
+
+def _reward(table: dict[str, Any]) -> str:
+    from memsearch.train.config import RewardSettings
+
+    return ", ".join(f"{k} = {v}" for k, v in RewardSettings.model_validate(table.get("reward") or {}).model_dump().items())
+
+
+def _diff_line(name: str, metric: str, d: dict[str, Any] | None, usable: bool = True) -> str:
+    if not d or "diff" not in d:
+        return f"| {name} | {metric} | - | - | - | - | 0 | {_cell(usable)} |"
+    return (f"| {name} | {metric} | {d['mean_a']:.3f} | {d['mean_b']:.3f} | {d['diff']:+.3f} | "
+            f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | {d['n']} | {'yes' if usable else 'NOT USABLE'} |")
+
+
+def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
+    """The held-out comparison of memory policies (``pipeline.heldout``) as markdown lines."""
+    from memsearch.pipelines.memory_policy.heldout import DIFF_METRICS, INVALID_CAUSES
+
+    cols = ("policy", "memory support recall", "retrieval support recall", "F1", "EM", "memory-call invalid rate",
+            *(f"invalid: {c}" for c in INVALID_CAUSES), "ADD / UPDATE / DELETE / NOOP", "questions", "usable")
+    lines = ["## Memory policies on the held-out questions (group B)", "",
+             f"Decision memory, fixed plan, the same reader and budgets; {comparison['questions']} held-out dev questions. "
+             "base = the untrained model in schema mode; rules = the rules memory heuristic; sft / grpo = the seed's SFT "
+             f"adapter / merged stage-1 model (schema mode: {_cell(comparison['schema_mode'])}). GRPO reward: "
+             + ", ".join(f"{k} = {v}" for k, v in comparison["reward"].items()) + ".", ""]
+    if comparison.get("not_run"):  # a cold start: stage 1 from the base model, no SFT
+        lines += [f"Cold start (grpo_start = {comparison['grpo_start']}): GRPO stage 1 started from the base model; "
+                  f"not run: {', '.join(comparison['not_run'])} (its rows and the differences that need it are absent).", ""]
+    shared = comparison["policies"]["shared"]
+    for seed, rows in comparison["policies"]["seeds"].items():
+        lines += [f"### Seed {seed}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for policy, r in {**shared, **rows}.items():
+            calls = r["memory_calls"]
+            ops = " / ".join(str(calls["ops_executed"][k]) for k in ("ADD", "UPDATE", "DELETE", "NOOP"))
+            lines.append("| " + " | ".join([policy, *(_cell(r[m]) for m in ("memory_support_recall", "retrieval_support_recall",
+                                                                           "f1", "em")),
+                                            _cell(calls["invalid_rate"]), *(str(calls["invalid"][c]) for c in INVALID_CAUSES),
+                                            ops, str(r["questions"]), _cell(r["usable_for_comparison"])]) + " |")
+        lines += ["", "| pair | metric | a | b | a - b | CI | n | usable |", "|---|---|---|---|---|---|---|---|"]
+        for pair, metrics in comparison["per_seed"][seed].items():
+            lines += [_diff_line(pair, m, metrics[m], metrics[m]["usable"]) for m in DIFF_METRICS]
+        lines.append("")
+    lines += ["### Over seeds (per-question mean over the seeds)", "",
+              "| pair | metric | a | b | a - b | CI | n | usable |", "|---|---|---|---|---|---|---|---|"]
+    for pair, metrics in comparison["over_seeds"].items():
+        lines += [_diff_line(pair, m, metrics[m]) for m in DIFF_METRICS]
+    bar = comparison["bar"]
+    on_sft = "not run (no SFT)" if bar["grpo_improves_on_sft"] is None else _cell(bar["grpo_improves_on_sft"])
+    lines += ["", f"Bar ({bar['criterion']}): **{'holds' if bar['holds'] else 'does not hold'}** "
+              f"(per seed: {', '.join(f'{s}: {_cell(v)}' for s, v in bar['per_seed'].items())}); GRPO improves on SFT "
+              f"over seeds with a CI above 0: {on_sft}.", ""]
+    return lines
+
+
+def _stage2_memory(cfg) -> str:
+    s2 = cfg.stage2
+    if s2.memory_serving == "in_process":
+        return "its rollouts' memory was the stage-1 model in process."
+    if s2.memory_url:
+        return (f"its rollouts' memory was served over HTTP at `{s2.memory_url}` as `{s2.memory_model}` "
+                "(a server the user ran; which weights it served is not verified).")
+    return "its rollouts' memory was the stage-1 folder served over HTTP by `transformers serve` (launched by the pipeline)."
+
+
+def _stage2_start(cfg) -> str:
+    if cfg.stage2.start == "sft":
+        return (f"the seed's SFT of the controller on the teacher's controller rows (`teacher2`: "
+                f"{cfg.stage2.teacher.kind} controller, {cfg.teacher.kind} memory)")
+    return "a fresh LoRA on the base model (no controller SFT)"
+
+
+def render(cfg, sections: list[dict[str, Any]], comparison: dict[str, Any] | None = None) -> str:
+    """The markdown of the report (also returned as ``table``)."""
+    lines = ["# Memory-policy pipeline", "",
+             f"Base model `{cfg.model}`, seeds {cfg.seeds}; held-out dev: the first {cfg.data.dev_questions} questions of "
+             f"`{cfg.data.dev}` (never used for training or early stopping). A/C write memory with the untrained base "
+             "(`backends.baseline_memory`), B/D with the stage-1 model.", "",
+             f"GRPO stage 1 reward: {_reward(cfg.grpo)}.", "",
+             "GRPO stage 1 starts from: " + ("the seed's SFT adapter." if cfg.grpo_start == "sft" else
+                                             "**the base model** (cold start, grpo_start = base: no teacher, no SFT)."), "",
+             "Stage 2 (controller GRPO): " + (f"on: C/D use the stage-2 controller, trained from {_stage2_start(cfg)}; "
+                                             f"{_stage2_memory(cfg)}"
+                                             if cfg.stage2.enabled else
+                                             "**skipped**: C/D use the untrained base controller."), ""]
+    if comparison is not None:
+        lines += render_heldout(cfg, comparison)
+    cols = ("group", "memory backend", "controller", *METRICS, "questions", "request errors", "memory truncations",
+            "complete", "usable")
+    for sec in sections:
+        lines += [f"## Seed {sec['seed']}: the A-D matrix", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for r in sec["rows"]:
+            lines.append("| " + " | ".join([r["group"], _backend(r["memory_backend"]), _backend(r["controller_backend"]),
+                                            *(_cell(r[m]) for m in METRICS), f"{r['questions']}/{r['expected']}",
+                                            str(r["request_errors"]), str(r["memory_truncations"]),
+                                            _cell(r["complete"]), _cell(r["usable_for_comparison"])]) + " |")
+        notes = [f"- {r['group']}: {r['note']}" for r in sec["rows"] if r["note"]]
+        lines += ["", *notes, "" if notes else "",
+                  f"Paired bootstrap differences ({cfg.report.confidence:.0%} CI, {cfg.report.bootstrap_resamples} resamples):", "",
+                  "| pair | metric | a | b | a - b | CI | n | usable |", "|---|---|---|---|---|---|---|---|"]
+        lines += [_diff_line(d["pair"], d["metric"], d, d["usable"]) for d in sec["diffs"]]
+        lines.append("")
+    lines += ["![training curves](curves.png)", "", "Curves: mean over seeds with a min-max band."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(logs: dict[str, list[Path]], png: Path) -> Path:
+    """One panel per entry of ``logs`` (``name`` or ``name:key``): SFT loss, GRPO reward per step
+    and, with a validation split, GRPO's periodic validation metric; mean over seeds, min-max band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from memsearch.train.log import read_log
+
+    cols = min(3, len(logs))  # a grid, so seven panels stay readable
+    rows = -(-len(logs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), dpi=110, squeeze=False)
+    for ax in axes.flat[len(logs):]:
+        ax.set_visible(False)
+    for ax, (name, paths) in zip(axes.flat, logs.items()):
+        name, key = name.split(":") if ":" in name else (name, "loss" if name.startswith("sft") else "reward_mean")
+        runs = [{r["step"]: r[key] for r in read_log(p) if r.get(key) is not None} for p in paths if p.is_file()]
+        # Every step some seed logged (a periodic evaluation may fall on other steps in another seed's
+        # run); the mean and band are over the seeds that have the step.
+        steps = sorted(set().union(*(set(r) for r in runs))) if runs else []
+        values = [[r[s] for r in runs if s in r] for s in steps]
+        ax.plot(steps, [sum(v) / len(v) for v in values], marker="o", label=f"mean of up to {len(runs)} seed(s)")
+        ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.25, label="min-max")
+        ax.set_title(name if key in ("loss", "reward_mean") else f"{name}: validation {key.removeprefix('eval_')}")
+        ax.set_xlabel("step")
+        ax.set_ylabel(key)
+        ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
+    return png
+
+
+def write_mp_report(cfg, out: Path, seeds: list[dict[str, Any]], comparison: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write ``report.md``, ``report.json`` and ``curves.png``; returns the report."""
+    sections = [seed_section(cfg, s) for s in seeds if s.get("matrix") is not None]
+    panels = {n: [s["logs"][n] for s in seeds] for n in seeds[0]["logs"]}
+    if cfg.data.val_questions:  # the periodic evaluation on the validation split, per GRPO stage
+        for n in [n for n in panels if n.startswith("grpo")]:
+            for key in ("eval_memory_support_recall", "eval_f1"):
+                panels[f"{n}:{key}"] = panels[n]
+    plot_curves(panels, out / "curves.png")
+    table = render(cfg, sections, comparison)
+    heldout_usable = comparison is None or all(
+        r["usable_for_comparison"] for rows in (comparison["policies"]["shared"], *comparison["policies"]["seeds"].values())
+        for r in rows.values())
+    report = {"seeds": sections, "stage2": cfg.stage2.enabled, "heldout": comparison and {
+                  k: comparison[k] for k in ("per_seed", "over_seeds", "bar")},
+              "usable_for_comparison": heldout_usable and all(r["usable_for_comparison"] for s in sections for r in s["rows"])}
+    write_json(out / "report.json", report)
+    (out / "report.md").write_text(table, encoding="utf-8")
+    return {**report, "table": table}

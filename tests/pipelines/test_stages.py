@@ -1,0 +1,113 @@
+"""Stage records: skip when finished with the same inputs, resume when started, refuse when
+made from other inputs or when outputs exist without a record."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memsearch.errors import InputError
+from memsearch.pipelines.stages import Stage, fingerprint, folder_sha256, run_folder
+
+
+def test_fingerprint_is_canonical_and_sensitive():
+    assert fingerprint({"a": 1, "b": [1, 2]}) == fingerprint({"b": [1, 2], "a": 1})
+    assert fingerprint({"a": 1}) != fingerprint({"a": 1.5})
+
+
+def test_lifecycle_start_finish_done(tmp_path):
+    stage = Stage(tmp_path / "merged", "merge", {"model": "m", "adapter_sha256": "x"}, tmp_path / "merge.stage.json")
+    assert not stage.started() and not stage.done()
+    stage.start()
+    assert stage.started() and not stage.done()
+    stage.finish({"merged": "merged"})
+    again = Stage(tmp_path / "merged", "merge", {"adapter_sha256": "x", "model": "m"}, tmp_path / "merge.stage.json")
+    assert again.done()
+    record = json.loads((tmp_path / "merge.stage.json").read_text())
+    assert record["complete"] is True and record["inputs"] == {"model": "m", "adapter_sha256": "x"}
+
+
+def test_other_inputs_are_refused_naming_the_changed_fields(tmp_path):
+    Stage(tmp_path / "s", "train", {"grpo": {"steps": 4, "lr": 1e-6}, "prepare": "p"}).start()
+    with pytest.raises(InputError) as info:
+        Stage(tmp_path / "s", "train", {"grpo": {"steps": 5, "lr": 1e-6}, "prepare": "q"}).done()
+    assert "changed: grpo.steps, prepare" in str(info.value) and "delete" in str(info.value)
+
+
+def test_outputs_without_a_record_are_refused(tmp_path):
+    (tmp_path / "merged").mkdir()
+    (tmp_path / "merged" / "model.safetensors").write_bytes(b"x")
+    with pytest.raises(InputError, match=r"exists but has no record \(stage.json\)"):
+        Stage(tmp_path / "merged", "merge", {"a": 1}).done()
+
+
+def test_folder_sha256_covers_names_and_contents(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "w.bin").write_bytes(b"1")
+    first = folder_sha256(tmp_path / "a")
+    (tmp_path / "a" / "w.bin").write_bytes(b"2")
+    second = folder_sha256(tmp_path / "a")
+    (tmp_path / "a" / "w.bin").rename(tmp_path / "a" / "v.bin")
+    assert len({first, second, folder_sha256(tmp_path / "a")}) == 3
+
+
+def _finished_stage(out, inputs):
+    with run_folder(out):
+        stage = Stage(out / "seed-1" / "sft", "sft", inputs, out / "seed-1" / "sft.stage.json")
+        stage.start()
+        (out / "seed-1" / "sft").mkdir(parents=True, exist_ok=True)
+        stage.finish({"adapter": "adapter"})
+    return stage
+
+
+def test_paths_under_the_run_folder_are_recorded_as_out_so_a_copied_stage_is_reused(tmp_path):
+    """A stage's record names its run folder's paths as $OUT: the same stage copied into another
+    run folder is done there, and a path outside the run folder still counts."""
+    import shutil
+
+    def inputs(out):
+        return {"sft": {"data": [str(out / "teacher" / "selected.jsonl")], "model": "embedded",
+                        "train": "data/samples/hotpotqa/train_sample.json"}, "rows": "r1"}
+
+    first = tmp_path / "runs" / "mp"
+    stage = _finished_stage(first, inputs(first))
+    record = json.loads((first / "seed-1" / "sft.stage.json").read_text())
+    assert record["inputs"]["sft"]["data"] == ["$OUT/teacher/selected.jsonl"]
+    assert str(first) not in (first / "seed-1" / "sft.stage.json").read_text()
+    second = tmp_path / "runs" / "control"
+    shutil.copytree(first / "seed-1", second / "seed-1")
+    with run_folder(second):
+        copied = Stage(second / "seed-1" / "sft", "sft", inputs(second), second / "seed-1" / "sft.stage.json")
+        assert copied.done() and copied.fingerprint == stage.fingerprint
+        other = dict(inputs(second), sft={**inputs(second)["sft"], "train": "data/other.json"})
+        with pytest.raises(InputError, match=r"changed: sft.train"):
+            Stage(second / "seed-1" / "sft", "sft", other, second / "seed-1" / "sft.stage.json").done()
+    # Outside run_folder (a stage used on its own) the path is recorded as given: not reusable elsewhere.
+    with pytest.raises(InputError, match=r"changed: sft.data"):
+        Stage(second / "seed-1" / "sft", "sft", inputs(second), second / "seed-1" / "sft.stage.json").done()
+
+
+def test_a_record_with_raw_paths_is_accepted_in_its_own_folder_and_rewritten_portable(tmp_path):
+    """Records written before paths were made portable hold the run folder's raw paths: the same
+    inputs in the same folder are still done (and the record is rewritten with $OUT), so a finished
+    run is not redone; in another folder such a record is refused."""
+    out = tmp_path / "mp"
+    inputs = {"grpo": {"adapter": str(out / "seed-1" / "sft" / "adapter")}, "prepare": "p"}
+    legacy = Stage(out / "seed-1" / "grpo1", "grpo1", inputs, out / "seed-1" / "grpo1.stage.json")  # no run_folder
+    legacy.start()
+    legacy.finish({"adapter": "adapter"})
+    with run_folder(out):
+        stage = Stage(out / "seed-1" / "grpo1", "grpo1", inputs, out / "seed-1" / "grpo1.stage.json")
+        assert stage.done()
+    record = json.loads((out / "seed-1" / "grpo1.stage.json").read_text())
+    assert record["fingerprint"] == stage.fingerprint and record["fingerprint_before"] == legacy.fingerprint
+    assert record["inputs"]["grpo"]["adapter"] == "$OUT/seed-1/sft/adapter" and record["complete"] is True
+    other = tmp_path / "other"
+    (other / "seed-1").mkdir(parents=True)
+    old = dict(json.loads((out / "seed-1" / "grpo1.stage.json").read_text()), fingerprint=legacy.fingerprint,
+               inputs=inputs)
+    (other / "seed-1" / "grpo1.stage.json").write_text(json.dumps(old))
+    with run_folder(other), pytest.raises(InputError, match=r"made from different inputs \(changed: grpo.adapter\)"):
+        Stage(other / "seed-1" / "grpo1", "grpo1", {"grpo": {"adapter": str(other / "seed-1" / "sft" / "adapter")},
+                                                    "prepare": "p"}, other / "seed-1" / "grpo1.stage.json").done()
