@@ -9,7 +9,7 @@ What it does:
 
 1. builds RULER-HQA-style sets at N = 50, 200, 800 documents (``memsearch.data.ruler``, seed
    42) from the shipped HotpotQA dev sample (all 1000 examples as the distractor pool);
-2. runs each (backend, N) as its own ``python -m memsearch.cli.app eval`` child process (the eval
+2. runs each (backend, N) as its own ``python -m memsearch.cli.app eval run`` child process (the eval
    code path: ``run_eval`` -> ``run_episode``), one after another, and reads that child's peak
    RSS from ``os.wait4`` (so every N starts fresh and nothing of one case lingers in the next);
 3. per case reports: chunks read and chunks cut by ``max_chunks`` (from the run's metrics and
@@ -116,7 +116,7 @@ def cases(args: argparse.Namespace) -> list[tuple[str, int, int, list[str]]]:
 def run_case(data: Path, out: Path, questions: int, overrides: list[str]) -> dict:
     """One ``memsearch eval`` in a fresh child; its own peak RSS via ``wait4`` (not the max
     over all children that ``RUSAGE_CHILDREN`` gives)."""
-    cmd = [sys.executable, "-m", "memsearch.cli.app", "eval", "--config", str(config_path("memagent.toml")),
+    cmd = [sys.executable, "-m", "memsearch.cli.app", "eval", "run", "--config", str(config_path("memagent.toml")),
            "--data", str(data), "--out", str(out), "--limit", str(questions)]
     for item in overrides:
         cmd += ["--set", item]

@@ -16,17 +16,21 @@ Run: uv run python bench/report.py   (about a minute on 2 cores)
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+from memsearch.assets.samples import HOTPOT_DEV, config_path, samples_dir
 from memsearch.config import load_config
 from memsearch.data.dataset import save_dataset
 from memsearch.data.hotpot import convert_hotpot
 from memsearch.eval.runner import run_eval
 from memsearch.report.html import write_report
-from memsearch.assets.samples import HOTPOT_DEV, config_path, samples_dir
-from memsearch.testing.chromium import Chromium
+
+# The Chromium driver lives with the tests (tests/support/chromium.py), imported from the repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.chromium import Chromium  # noqa: E402
 
 
 def main() -> None:

@@ -1,15 +1,27 @@
-"""The package installs on every Python it claims (issue 11 item 17).
+"""The package installs and works as installed.
 
-CI runs 3.11 only, so a lock that silently lost 3.12/3.13 would go unnoticed until a GPU user
-with a newer interpreter tried ``uv sync``. These checks read pyproject.toml and uv.lock as
-files: no network, no second interpreter.
+Every Python it claims: CI runs 3.11 only, so a lock that silently lost 3.12/3.13 would go
+unnoticed until a GPU user with a newer interpreter tried ``uv sync``. These checks read
+pyproject.toml and uv.lock as files: no network, no second interpreter.
+
+The wheel: built offline, installed into a fresh virtual environment with nothing from the
+checkout's ``src/``, and run from a folder outside the checkout, so ``memsearch walkthrough`` and
+``memsearch demo`` must find their samples, configs and adapter in the package itself.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+import sysconfig
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SUPPORTED = ("3.11", "3.12", "3.13")
@@ -49,3 +61,67 @@ def test_every_locked_binary_only_package_has_a_wheel_for_each_supported_python(
             if not any(re.search(rf"-({tag}|py3|py2\.py3)-|-abi3-", n) for n in names):
                 missing.append(f"{pkg['name']} {pkg['version']}: no wheel for Python {version}")
     assert not missing, "\n".join(missing)
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 600) -> str:
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{cmd}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory):
+    """A fresh venv holding only the built wheel; the dependencies come from the project's .venv
+    through a .pth line (that folder has no memsearch package: the checkout's is an editable
+    path the venv never reads). Returns (venv, a working folder outside the checkout, its env)."""
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not on PATH")
+    root = tmp_path_factory.mktemp("wheel")
+    _run([uv, "build", "--wheel", "--offline", "--out-dir", str(root / "dist")], cwd=ROOT)
+    (wheel,) = (root / "dist").glob("memsearch-*.whl")
+    venv = root / "venv"
+    _run([uv, "venv", "--offline", "--python", sys.executable, str(venv)], cwd=root)
+    python = venv / "bin" / "python"
+    _run([uv, "pip", "install", "--offline", "--no-deps", "--python", str(python), str(wheel)], cwd=root)
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(_run([str(python), "-c", purelib], cwd=root).strip())
+    (site / "project_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n", encoding="utf-8")
+    work = root / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "MEMSEARCH_SAMPLES", "MEMSEARCH_MEMORY_POLICY_ADAPTER", "VIRTUAL_ENV")}
+    return venv, work, env
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_reads_its_own_package_data(installed_wheel):
+    venv, work, env = installed_wheel
+    probe = (
+        "import json, memsearch\n"
+        "from memsearch.assets.samples import config_path, repository_root, samples_dir\n"
+        "from memsearch.assets.adapter import shipped_adapter_dir, verify_adapter\n"
+        "verify_adapter(shipped_adapter_dir(), base_model='embedded', required=True)\n"
+        "print(json.dumps({'package': memsearch.__file__, 'root': repository_root(), 'samples': str(samples_dir()),\n"
+        "                  'config': str(config_path('rules.toml')), 'adapter': str(shipped_adapter_dir())}))\n"
+    )
+    seen = json.loads(_run([str(venv / "bin" / "python"), "-c", probe], cwd=work, env=env).strip().splitlines()[-1])
+    assert seen["root"] is None, seen
+    for key in ("package", "samples", "config", "adapter"):
+        assert Path(seen[key]).is_relative_to(venv), (key, seen[key])
+        assert not Path(seen[key]).is_relative_to(ROOT), (key, seen[key])
+    assert Path(seen["samples"]).name == "samples" and Path(seen["samples"]).parent.name == "data"
+
+
+@pytest.mark.slow
+def test_the_installed_walkthrough_and_rules_demo_run_outside_the_checkout(installed_wheel):
+    venv, work, env = installed_wheel
+    cli = str(venv / "bin" / "memsearch")
+    out = _run([cli, "walkthrough"], cwd=work, env=env)
+    (run,) = (work / "runs").glob("walkthrough-*")
+    assert (run / "summary.json").is_file() and (run / "index").is_dir(), out[-2000:]
+    out = _run([cli, "demo", "--backend", "rules", "--limit", "1"], cwd=work, env=env)
+    (demo,) = (work / "runs").glob("demo-*")
+    assert (demo / "matrix" / "matrix.md").is_file() and (demo / "report.html").is_file(), out[-2000:]
+    assert "rules.toml" in out
+

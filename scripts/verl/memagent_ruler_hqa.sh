@@ -22,7 +22,7 @@ python - "$CONFIG" "$OUT" "${SETS[@]}" <<'PY'
 import sys
 from pathlib import Path
 from memsearch.config import load_config
-from memsearch.pipelines.config import MemAgentPipeline
+from memsearch.pipelines.memagent.config import MemAgentPipeline
 from memsearch.pipelines.memagent.pipeline import prepare_stage
 
 config, out, *rest = sys.argv[1:]

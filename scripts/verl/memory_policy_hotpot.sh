@@ -16,8 +16,8 @@ OUT=${OUT:-runs/verl-memory}
 CONFIG=${CONFIG:-configs/train/grpo_gpu.toml}
 GPUS=${GPUS:-8}
 
-[ -d "$OUT/data/train" ] || memsearch prepare-hotpot --input "${HOTPOT_TRAIN:?}" --split train --out "$OUT/data/train"
-[ -d "$OUT/data/dev" ] || memsearch prepare-hotpot --input "${HOTPOT_DEV:?}" --split dev --limit 200 --out "$OUT/data/dev"
+[ -d "$OUT/data/train" ] || memsearch data prepare-hotpot --input "${HOTPOT_TRAIN:?}" --split train --out "$OUT/data/train"
+[ -d "$OUT/data/dev" ] || memsearch data prepare-hotpot --input "${HOTPOT_DEV:?}" --split dev --limit 200 --out "$OUT/data/dev"
 memsearch verl export-data --data "$OUT/data/train" --out "$OUT/train.parquet" --role memory
 memsearch verl export-data --data "$OUT/data/dev" --out "$OUT/dev.parquet" --role memory
 

@@ -13,28 +13,24 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from memsearch.errors import InputError, Problem
 
 
-class _Config(BaseModel):
-    # strict: `--set concurrency=true` must be an error, not 1 (no silent bool->int or str->number).
+class StrictConfig(BaseModel):
+    """The base of every config model of the package (run, trainer, pipeline, verl).
+
+    Strict: `--set steps=true` must be an error naming the key, not 1 (no silent bool->int or
+    str->number); unknown keys are refused (a typo must not fall back to a default); frozen, so
+    a validated config is what was recorded. TOML ints are accepted for float fields (pydantic's
+    strict mode allows int -> float); a field that needs more (a tuple written as a TOML list)
+    says so where it is declared."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-def _omit_defaults(data: dict[str, Any], model: BaseModel, fields: tuple[str, ...]) -> dict[str, Any]:
-    """``data`` (a dump of ``model``) without ``fields`` that hold their defaults. The fields of the
-    controls (issue 12 section 3) came after runs were recorded: left out at their defaults, the
-    resolved configs, run folders and pipeline stage fingerprints of every earlier run stay
-    byte-identical, so those runs still resume and compare; set, they are recorded."""
-    for name in fields:
-        if getattr(model, name) == type(model).model_fields[name].default:
-            data.pop(name, None)
-    return data
-
-
-class Budgets(_Config):
+class Budgets(StrictConfig):
     """Limits the engine enforces (counted with the run's tokenizer), identical across groups."""
 
     evidence_tokens: int = Field(256, ge=1, description="Tokens of new evidence shown per search step")
@@ -47,7 +43,7 @@ class Budgets(_Config):
     max_chunks: int = Field(64, ge=1, description="Chunks read at most (stream mode); the rest is recorded as cut off")
 
 
-class Sampling(_Config):
+class Sampling(StrictConfig):
     """Decoding parameters of a backend."""
 
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy")
@@ -55,7 +51,7 @@ class Sampling(_Config):
     seed: int | None = Field(0, description="Sampling seed (per request it is combined with the task id)")
 
 
-class BackendConfig(_Config):
+class BackendConfig(StrictConfig):
     """Which backend answers one role's calls."""
 
     kind: Literal["rules", "hf", "openai", "oracle"] = Field(
@@ -84,12 +80,8 @@ class BackendConfig(_Config):
             raise ValueError(f"open_items is an option of the oracle teacher (it reads labels); kind is {self.kind!r}")
         return self
 
-    @model_serializer(mode="wrap")
-    def _omit_default_controls(self, handler):
-        return _omit_defaults(handler(self), self, ("open_items",))
 
-
-class Agent(_Config):
+class Agent(StrictConfig):
     """The three orthogonal choices of an episode (see docs/design.md §3)."""
 
     evidence: Literal["search", "stream"] = Field("search", description="search a retriever, or stream a long context in chunks")
@@ -102,12 +94,8 @@ class Agent(_Config):
         "while the store still records them, so memory support recall is scored as before (the no-sources control, "
         "docs/design.md §5). Summary and overwrite notes are unaffected")
 
-    @model_serializer(mode="wrap")
-    def _omit_default_controls(self, handler):
-        return _omit_defaults(handler(self), self, ("memory_sources",))
 
-
-class Retrieval(_Config):
+class Retrieval(StrictConfig):
     """Which retriever answers ``search`` evidence (docs/design.md §8); identical for all groups of a matrix."""
 
     method: Literal["bm25", "dense", "hybrid"] = Field("bm25", description="bm25 (bm25s), dense (MiniLM + faiss) "
@@ -118,7 +106,7 @@ class Retrieval(_Config):
                             "the service's index and method answer (method and index are then unused)")
 
 
-class Backends(_Config):
+class Backends(StrictConfig):
     """One backend per role; roles may differ (a trained memory policy + a fixed reader)."""
 
     memory: BackendConfig = Field(default_factory=BackendConfig, description="memory policy / summarizer")
@@ -139,7 +127,7 @@ GROUP_DESIGNS = {
 }
 
 
-class Matrix(_Config):
+class Matrix(StrictConfig):
     """Groups of ``memsearch matrix``: memory x controller (docs/design.md §3), same budgets for all."""
 
     groups: list[Literal["A", "B", "C", "D"]] = Field(["A", "B", "C", "D"], description="A summary+fixed, B decision+fixed, C summary+policy, D decision+policy")
@@ -154,7 +142,7 @@ class Matrix(_Config):
 _PROMPT_FIELDS = {"overwrite_update": {"question", "memory", "chunk"}, "overwrite_final": {"question", "memory"}}
 
 
-class Prompts(_Config):
+class Prompts(StrictConfig):
     """Wording of the overwrite-memory (MemAgent) prompts. Unset fields use the built-in
     wording of ``engine/prompts.py``; set wording is hashed into the run's ``prompt_version``,
     so runs with different prompts are never mixed."""
@@ -183,7 +171,7 @@ class Prompts(_Config):
         return self
 
 
-class RunConfig(_Config):
+class RunConfig(StrictConfig):
     """Everything an eval run needs besides the data folder."""
 
     tokenizer: str = Field("embedded", description="embedded | lexical | a local tokenizer folder; counts every budget")
@@ -272,8 +260,21 @@ def _parse_value(raw: str) -> Any:
         return raw
 
 
+def merge_tables(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``: tables (dicts) present in both merge key by key, any other value of
+    ``top`` replaces ``base``'s. Neither argument is changed. The one merge of raw config tables
+    in the package: a trainer's ``episode_config`` under its ``[episode]``, a pipeline's defaults
+    under what its tables set."""
+    out = dict(base)
+    for key, value in top.items():
+        below = out.get(key)
+        out[key] = merge_tables(below, value) if isinstance(value, dict) and isinstance(below, dict) else value
+    return out
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides to a nested dict (copy)."""
+    """Apply ``a.b.c=value`` overrides to a nested dict (copy). The value replaces what the key
+    holds (a table given whole replaces that table; ``merge_tables`` is for merging tables)."""
     data = json.loads(json.dumps(data))
     for item in overrides:
         key, sep, raw = item.partition("=")

@@ -32,6 +32,12 @@ class InputError(Exception):
         super().__init__(text)
 
 
+class InputValueError(InputError, ValueError):
+    """Bad input found by a check whose callers may also catch it as ``ValueError``: argument
+    checks of library functions, and checks that run inside pydantic validators. The CLI reports
+    it like any ``InputError`` (exit status 2), never as an internal error."""
+
+
 class StorageError(Exception):
     """A write failed for a reason outside the program (disk full, read-only file system,
     permissions): what is saved is safe and the message says how to continue. The CLI prints it

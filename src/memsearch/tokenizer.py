@@ -20,6 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from memsearch.errors import InputValueError
+
 
 @runtime_checkable
 class Tokenizer(Protocol):
@@ -213,6 +215,6 @@ def load_tokenizer(spec: str = "embedded") -> Tokenizer:
         return TOKENIZERS[spec]()
     if Path(spec).is_dir():
         return HFTokenizer(spec)
-    raise ValueError(
+    raise InputValueError(
         f"unknown tokenizer {spec!r}: expected one of {sorted(TOKENIZERS)} or a local Hugging Face tokenizer folder"
     )

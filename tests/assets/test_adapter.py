@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from memsearch.errors import InputError
-from memsearch.io import sha256_file
 from memsearch.assets.adapter import (
     ADAPTER_ENV,
     FINGERPRINT,
@@ -18,6 +16,8 @@ from memsearch.assets.adapter import (
     verify_adapter,
     write_fingerprint,
 )
+from memsearch.errors import InputError
+from memsearch.io import sha256_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +57,8 @@ def test_a_changed_file_is_refused_naming_the_file_and_both_hashes(tmp_path):
     with pytest.raises(InputError) as err:
         verify_adapter(folder)
     message = str(err.value)
-    assert f"{folder / 'adapter_model.safetensors'}: sha256 {now} does not match {folder / FINGERPRINT}'s {shipped}" in message
+    changed = folder / "adapter_model.safetensors"
+    assert f"{changed}: sha256 {now} does not match {folder / FINGERPRINT}'s {shipped}" in message
     assert "adapter_config.json" not in message.split("\n")[0]
 
 

@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from memsearch.assets.samples import _REPO
+from memsearch.assets.samples import repository_root
+
+_REPO = repository_root()
 
 FIELDS = ("ours_rollout_tok_s", "ours_update_tok_s", "ours_peak_mem_gib",
           "trl_rollout_tok_s", "trl_update_tok_s", "trl_peak_mem_gib")

@@ -1,4 +1,4 @@
-"""The data commands through the real CLI: prepare-* -> validate-data, error lines and exit
+"""The data commands through the real CLI: data prepare-* -> data validate, error lines and exit
 statuses, and a `memsearch --help` that does not import the heavy libraries."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ HOTPOT_DEV = ROOT / "data" / "samples" / "hotpotqa" / "dev_distractor_sample.jso
 HOTPOT_TRAIN = ROOT / "data" / "samples" / "hotpotqa" / "train_sample.json"
 MUSIQUE_DEV = ROOT / "data" / "samples" / "musique" / "musique_ans_dev_sample.json"
 SCRIPT = Path(sys.executable).parent / "memsearch"
-COMMANDS = ("prepare-hotpot", "prepare-musique", "prepare-ruler", "validate-data", "index", "search")
+COMMANDS = ("demo", "walkthrough", "data", "retrieval", "eval", "train", "pipeline", "report", "verl")
 
 
 def invoke(*args: str):
@@ -29,7 +29,7 @@ def invoke(*args: str):
 @pytest.fixture(scope="module")
 def dev20(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cli") / "dev20"
-    result = invoke("prepare-hotpot", "--input", HOTPOT_DEV, "--split", "dev", "--out", out, "--limit", "20")
+    result = invoke("data", "prepare-hotpot", "--input", HOTPOT_DEV, "--split", "dev", "--out", out, "--limit", "20")
     assert result.exit_code == 0, result.output
     assert result.stdout == f"wrote {out}: 20 tasks, 199 documents (hotpotqa dev)\n"
     assert result.stderr == ""
@@ -37,22 +37,22 @@ def dev20(tmp_path_factory) -> Path:
 
 
 def test_prepare_hotpot_then_validate(dev20):
-    result = invoke("validate-data", "--data", dev20)
+    result = invoke("data", "validate", "--data", dev20)
     assert (result.exit_code, result.stdout, result.stderr) == (0, f"{dev20}: valid\n", "")
 
 
 def test_prepare_musique_then_validate(tmp_path):
     out = tmp_path / "mq"
-    result = invoke("prepare-musique", "--input", MUSIQUE_DEV, "--split", "dev", "--out", out, "--limit", "10")
+    result = invoke("data", "prepare-musique", "--input", MUSIQUE_DEV, "--split", "dev", "--out", out, "--limit", "10")
     assert result.exit_code == 0, result.output
     n_docs = json.loads((out / "manifest.json").read_text())["counts"]["documents"]
     assert result.stdout == f"wrote {out}: 10 tasks, {n_docs} documents (musique dev)\n"
-    assert invoke("validate-data", "--data", out).exit_code == 0
+    assert invoke("data", "validate", "--data", out).exit_code == 0
 
 
 def test_prepare_ruler_then_validate(dev20, tmp_path):
     out = tmp_path / "ruler"
-    result = invoke("prepare-ruler", "--input", dev20, "--docs", "20,40", "--out", out, "--tokenizer", "lexical", "--limit", "4")
+    result = invoke("data", "prepare-ruler", "--data", dev20, "--docs", "20,40", "--out", out, "--tokenizer", "lexical", "--limit", "4")
     assert result.exit_code == 0, result.output
     out_lines = result.stdout.splitlines()
     assert len(out_lines) == 2
@@ -63,13 +63,13 @@ def test_prepare_ruler_then_validate(dev20, tmp_path):
             f"{out / f'docs{n}'}: 4 tasks, {manifest['counts']['documents']} documents, context tokens mean "
             f"{stats['mean']} (min {stats['min']}, max {stats['max']}, lexical-v1)"
         )
-        assert invoke("validate-data", "--data", out / f"docs{n}").exit_code == 0
+        assert invoke("data", "validate", "--data", out / f"docs{n}").exit_code == 0
 
 
 def test_prepare_ruler_bad_docs_and_too_big(dev20, tmp_path):
-    result = invoke("prepare-ruler", "--input", dev20, "--docs", "20,x", "--out", tmp_path / "r", "--tokenizer", "none")
+    result = invoke("data", "prepare-ruler", "--data", dev20, "--docs", "20,x", "--out", tmp_path / "r", "--tokenizer", "none")
     assert (result.exit_code, result.stderr) == (2, "error: --docs '20,x': expected comma-separated integers, e.g. 50,200,800\n")
-    result = invoke("prepare-ruler", "--input", dev20, "--docs", "500", "--out", tmp_path / "r", "--tokenizer", "none")
+    result = invoke("data", "prepare-ruler", "--data", dev20, "--docs", "500", "--out", tmp_path / "r", "--tokenizer", "none")
     assert result.exit_code == 2
     assert result.stderr == (
         f"error: --docs [500]: larger than the dev pool of 199 distinct paragraphs in {dev20}; "
@@ -78,7 +78,7 @@ def test_prepare_ruler_bad_docs_and_too_big(dev20, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_validate_corrupted_folder_exits_1_with_problem_lines(dev20, tmp_path):
+def test_validate_corrupted_folder_exits_2_with_problem_lines(dev20, tmp_path):
     import shutil
 
     bad = Path(shutil.copytree(dev20, tmp_path / "bad"))
@@ -89,8 +89,8 @@ def test_validate_corrupted_folder_exits_1_with_problem_lines(dev20, tmp_path):
     lines[2] = json.dumps(obj)
     tasks.write_text("\n".join(lines) + "\n")
     (bad / "corpus.jsonl").write_text((bad / "corpus.jsonl").read_text() + "{oops\n")
-    result = invoke("validate-data", "--data", bad)
-    assert result.exit_code == 1
+    result = invoke("data", "validate", "--data", bad)
+    assert result.exit_code == 2
     assert result.stdout == ""
     err = result.stderr.splitlines()
     assert err[0] == f"{bad / 'corpus.jsonl'}:200: json: invalid JSON (Expecting property name enclosed in double quotes, column 2), expected one JSON object per line"
@@ -104,21 +104,21 @@ def test_validate_corrupted_folder_exits_1_with_problem_lines(dev20, tmp_path):
 
 
 def test_validate_against_overlapping_folder(dev20, tmp_path):
-    result = invoke("validate-data", "--data", dev20, "--against", dev20)
-    assert result.exit_code == 1
+    result = invoke("data", "validate", "--data", dev20, "--against", dev20)
+    assert result.exit_code == 2
     err = result.stderr.splitlines()
     assert len(err) == 41 and err[-1] == f"40 problem(s) in {dev20}"
     assert err[0] == f"{dev20 / 'tasks.jsonl'}:1: id: '5a8b57f25542995d1e6f1371' also in {dev20 / 'tasks.jsonl'}:1, expected no id shared between splits"
 
     train = tmp_path / "train"
-    assert invoke("prepare-hotpot", "--input", HOTPOT_TRAIN, "--out", train, "--split", "train").exit_code == 0
-    result = invoke("validate-data", "--data", dev20, "--against", train)
+    assert invoke("data", "prepare-hotpot", "--input", HOTPOT_TRAIN, "--out", train, "--split", "train").exit_code == 0
+    result = invoke("data", "validate", "--data", dev20, "--against", train)
     assert (result.exit_code, result.stdout) == (0, f"{dev20}: valid, no overlap with {train}\n")
 
 
 def test_validate_missing_folder(tmp_path):
-    result = invoke("validate-data", "--data", tmp_path / "nope")
-    assert result.exit_code == 1
+    result = invoke("data", "validate", "--data", tmp_path / "nope")
+    assert result.exit_code == 2
     assert result.stderr == (
         f"{tmp_path / 'nope'}: folder: no such folder, expected a folder written by `memsearch prepare-*`\n"
         f"1 problem(s) in {tmp_path / 'nope'}\n"
@@ -127,7 +127,7 @@ def test_validate_missing_folder(tmp_path):
 
 def test_prepare_into_existing_folder_exits_2(dev20):
     before = {p.name: p.read_bytes() for p in dev20.iterdir()}
-    result = invoke("prepare-hotpot", "--input", HOTPOT_DEV, "--split", "dev", "--out", dev20, "--limit", "3")
+    result = invoke("data", "prepare-hotpot", "--input", HOTPOT_DEV, "--split", "dev", "--out", dev20, "--limit", "3")
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr == f"error: {dev20}: output folder already exists; choose a new folder (nothing was written)\n"
@@ -139,13 +139,13 @@ def test_prepare_bad_input_exits_2_and_writes_nothing(tmp_path):
     src = tmp_path / "in.json"
     src.write_text('[\n  {"_id": "a", "question": "q?", "answer": "x", "context": [], "supporting_facts": []}\n', encoding="utf-8")
     out = tmp_path / "out"
-    result = invoke("prepare-hotpot", "--input", src, "--split", "dev", "--out", out)
+    result = invoke("data", "prepare-hotpot", "--input", src, "--split", "dev", "--out", out)
     assert result.exit_code == 2
     assert result.stderr == f"error: {src}:3: json: truncated JSON: the list is not closed, expected ']' or another record\n"
     src.write_text('[\n  {"_id": "a", "question": "q?", "answer": "x", "context": [], "supporting_facts": []}\n]\n', encoding="utf-8")
-    result = invoke("prepare-hotpot", "--input", src, "--split", "dev", "--out", out)
+    result = invoke("data", "prepare-hotpot", "--input", src, "--split", "dev", "--out", out)
     assert (result.exit_code, result.stderr) == (2, f"error: {src}:2: [0].context: empty, expected at least one paragraph\n")
-    result = invoke("prepare-musique", "--input", tmp_path / "missing.json", "--split", "dev", "--out", out)
+    result = invoke("data", "prepare-musique", "--input", tmp_path / "missing.json", "--split", "dev", "--out", out)
     assert (result.exit_code, result.stderr) == (2, f"error: {tmp_path / 'missing.json'}: no such file\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json"]
 
@@ -163,15 +163,15 @@ def _env() -> dict[str, str]:
 def test_console_script_prepare_and_validate(tmp_path):
     out = tmp_path / "dev5"
     run = subprocess.run(
-        [str(SCRIPT), "prepare-hotpot", "--input", str(HOTPOT_DEV), "--split", "dev", "--out", str(out), "--limit", "5"],
+        [str(SCRIPT), "data", "prepare-hotpot", "--input", str(HOTPOT_DEV), "--split", "dev", "--out", str(out), "--limit", "5"],
         capture_output=True, text=True, timeout=120, env=_env(),
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout == f"wrote {out}: 5 tasks, 50 documents (hotpotqa dev)\n"
-    run = subprocess.run([str(SCRIPT), "validate-data", "--data", str(out)], capture_output=True, text=True, timeout=120, env=_env())
+    run = subprocess.run([str(SCRIPT), "data", "validate", "--data", str(out)], capture_output=True, text=True, timeout=120, env=_env())
     assert (run.returncode, run.stdout) == (0, f"{out}: valid\n")
     run = subprocess.run(
-        [str(SCRIPT), "prepare-hotpot", "--input", str(HOTPOT_DEV), "--split", "dev", "--out", str(out)], capture_output=True, text=True, timeout=120, env=_env()
+        [str(SCRIPT), "data", "prepare-hotpot", "--input", str(HOTPOT_DEV), "--split", "dev", "--out", str(out)], capture_output=True, text=True, timeout=120, env=_env()
     )
     assert run.returncode == 2
     assert run.stderr == f"error: {out}: output folder already exists; choose a new folder (nothing was written)\n"
@@ -193,9 +193,9 @@ def test_help_does_not_import_heavy_libraries():
         "import memsearch.cli.app\n"
         "result = CliRunner().invoke(memsearch.cli.app.app, ['--help'])\n"
         "assert result.exit_code == 0, result.output\n"
-        "assert 'prepare-hotpot' in result.stdout\n"
-        "for cmd in ('prepare-hotpot', 'prepare-ruler', 'validate-data'):\n"
-        "    assert CliRunner().invoke(memsearch.cli.app.app, [cmd, '--help']).exit_code == 0\n"
+        "assert 'data' in result.stdout\n"
+        "for cmd in ('prepare-hotpot', 'prepare-ruler', 'validate'):\n"
+        "    assert CliRunner().invoke(memsearch.cli.app.app, ['data', cmd, '--help']).exit_code == 0\n"
         "heavy = sorted(m for m in ('torch', 'transformers', 'bm25s') if m in sys.modules)\n"
         "print('heavy:', heavy)\n"
     )
@@ -218,15 +218,15 @@ def test_prepare_needs_a_split_and_refuses_one_the_file_name_contradicts(tmp_pat
     """Converting the official train file without `--split train` used to label it dev, and
     every dev-only safeguard downstream trusts that label."""
     out = tmp_path / "out"
-    result = invoke("prepare-hotpot", "--input", HOTPOT_TRAIN, "--out", out)
+    result = invoke("data", "prepare-hotpot", "--input", HOTPOT_TRAIN, "--out", out)
     assert result.exit_code == 2 and "Missing option '--split'" in result.output
-    result = invoke("prepare-hotpot", "--input", HOTPOT_TRAIN, "--split", "dev", "--out", out)
+    result = invoke("data", "prepare-hotpot", "--input", HOTPOT_TRAIN, "--split", "dev", "--out", out)
     assert result.exit_code == 2
     assert result.stderr == (f"error: {HOTPOT_TRAIN}: the file name says 'train' but --split is 'dev'; "
                              "expected --split train (or rename the file if the name is wrong)\n")
-    result = invoke("prepare-musique", "--input", MUSIQUE_DEV, "--split", "train", "--out", out)
+    result = invoke("data", "prepare-musique", "--input", MUSIQUE_DEV, "--split", "train", "--out", out)
     assert result.exit_code == 2 and "the file name says 'dev' but --split is 'train'" in result.stderr
     assert not out.exists()
-    result = invoke("prepare-hotpot", "--input", HOTPOT_TRAIN, "--split", "train", "--out", out, "--limit", "3")
+    result = invoke("data", "prepare-hotpot", "--input", HOTPOT_TRAIN, "--split", "train", "--out", out, "--limit", "3")
     assert result.exit_code == 0, result.output
     assert json.loads((out / "manifest.json").read_text())["split"] == "train"

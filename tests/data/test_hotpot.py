@@ -379,13 +379,13 @@ def test_nothing_written_on_error_through_cli(pretty, head, tmp_path):
     s = pretty(path, records)
     out = tmp_path / "runs" / "out"
     out.parent.mkdir()
-    result = CliRunner().invoke(app, ["prepare-hotpot", "--input", str(path), "--split", "dev", "--out", str(out)])
+    result = CliRunner().invoke(app, ["data", "prepare-hotpot", "--input", str(path), "--split", "dev", "--out", str(out)])
     assert result.exit_code == 2
     assert result.stderr == f"error: {path}:{s[1]}: [1].question: missing, expected the question string\n"
     assert result.stdout == ""
     assert not out.exists()
     assert list(out.parent.iterdir()) == []
 
-    result = CliRunner().invoke(app, ["prepare-hotpot", "--input", str(path), "--out", str(out), "--split", "val"])
+    result = CliRunner().invoke(app, ["data", "prepare-hotpot", "--input", str(path), "--out", str(out), "--split", "val"])
     assert (result.exit_code, result.stderr) == (2, "error: --split 'val': expected one of train, dev\n")
     assert list(out.parent.iterdir()) == []

@@ -195,7 +195,8 @@ def test_supporting_facts_pointing_nowhere(bad):
     assert problems(bad) == [
         f"{labels}:1: supporting_facts[0]: 'd1:3' points at sentence 3 but d1 has 3, expected an existing sentence",
         f"{labels}:1: supporting_facts[1]: 'd1:99' points at sentence 99 but d1 has 3, expected an existing sentence",
-        f"{labels}:1: supporting_facts[2]: 'd999:0' points at unknown document 'd999', expected a doc_id of corpus.jsonl",
+        f"{labels}:1: supporting_facts[2]: 'd999:0' points at unknown document 'd999', expected a doc_id of "
+        "corpus.jsonl",
         f"{labels}:1: supporting_facts[3]: 'd1' is malformed, expected 'doc_id:sentence_index'",
         f"{labels}:1: supporting_facts[4]: 'd1:-1' is malformed, expected 'doc_id:sentence_index'",
         f"{labels}:1: supporting_facts[5]: ':0' is malformed, expected 'doc_id:sentence_index'",
@@ -241,14 +242,18 @@ def test_label_without_task(bad):
     tasks = bad / "tasks.jsonl"
     edit(tasks, lambda lines: lines[:4] + lines[5:])
     reseal(bad)
-    assert problems(bad) == [f"{bad / 'labels.jsonl'}:5: id: '5abd94525542992ac4f382d2' has no task, expected a label per task id"]
+    assert problems(bad) == [
+        f"{bad / 'labels.jsonl'}:5: id: '5abd94525542992ac4f382d2' has no task, expected a label per task id"
+    ]
 
 
 def test_task_without_label(bad):
     labels = bad / "labels.jsonl"
     edit(labels, lambda lines: lines[:4] + lines[5:])
     reseal(bad)
-    assert problems(bad) == [f"{bad / 'tasks.jsonl'}:5: id: '5abd94525542992ac4f382d2' has no label, expected a label per task id"]
+    assert problems(bad) == [
+        f"{bad / 'tasks.jsonl'}:5: id: '5abd94525542992ac4f382d2' has no label, expected a label per task id"
+    ]
 
 
 # --------------------------------------------------------------------------- files and manifest
@@ -263,7 +268,8 @@ def test_truncated_json_line_in_corpus(bad, valid):
     corpus.write_text(text[: text.rindex(last)] + cut, encoding="utf-8")  # no final newline: cut short
     old = json.loads(manifest.read_text())["files"]["corpus.jsonl"]
     assert problems(bad) == [
-        f"{corpus}:199: json: invalid JSON (Expecting ',' delimiter, column {len(cut) + 1}), expected one JSON object per line",
+        f"{corpus}:199: json: invalid JSON (Expecting ',' delimiter, column {len(cut) + 1}), expected one JSON object "
+        "per line",
         f"{bad / 'tasks.jsonl'}:20: doc_ids[9]: 'd198' is not in corpus.jsonl, expected an existing doc_id",
         f"{manifest}: files.corpus.jsonl: SHA-256 {old!r} does not match the file ({sha256_file(corpus)}), "
         "expected the hash of the file as written",
@@ -307,8 +313,12 @@ def test_missing_labels_file(bad):
 
 def test_missing_manifest_and_missing_folder(bad, tmp_path):
     (bad / "manifest.json").unlink()
-    assert problems(bad) == [f"{bad / 'manifest.json'}: file: no such file; expected a folder written by `memsearch prepare-*`"]
-    assert problems(tmp_path / "nope") == [f"{tmp_path / 'nope'}: folder: no such folder, expected a folder written by `memsearch prepare-*`"]
+    assert problems(bad) == [
+        f"{bad / 'manifest.json'}: file: no such file; expected a folder written by `memsearch prepare-*`"
+    ]
+    assert problems(tmp_path / "nope") == [
+        f"{tmp_path / 'nope'}: folder: no such folder, expected a folder written by `memsearch prepare-*`"
+    ]
 
 
 def test_empty_tasks_file(bad):
@@ -326,7 +336,7 @@ def test_empty_tasks_file(bad):
 
 
 def test_normalize_question():
-    assert normalize_question("  Who's THE   director, of \"Big Stone Gap\"?! ") == "who s the director of big stone gap"
+    assert normalize_question('  Who\'s THE   director, of "Big Stone Gap"?! ') == "who s the director of big stone gap"
 
 
 def test_overlap_finds_shared_id_and_shared_question(valid, raw_dev, tmp_path):
@@ -359,7 +369,11 @@ def test_real_samples_validate_and_do_not_overlap(tmp_path):
     """The whole shipped samples: 1000 dev and 100 train HotpotQA examples."""
     dev = save_dataset(convert_hotpot(HOTPOT_DEV, split="dev"), tmp_path / "dev")
     train = save_dataset(convert_hotpot(HOTPOT_TRAIN, split="train"), tmp_path / "train")
-    assert json.loads((dev / "manifest.json").read_text())["counts"] == {"documents": 9820, "tasks": 1000, "labels": 1000}
+    assert json.loads((dev / "manifest.json").read_text())["counts"] == {
+        "documents": 9820,
+        "tasks": 1000,
+        "labels": 1000,
+    }
     assert problems(dev) == []
     assert problems(train) == []
     assert check_overlap(dev, train) == []
@@ -374,8 +388,10 @@ def test_a_question_of_only_invisible_characters_is_refused(bad):
     edit_record(tasks, 2, lambda o: o.update(question="\u200b"))
     reseal(bad)
     # (The refused task's label then has no task: reported too.)
-    assert problems(bad)[0] == (f"{tasks}:2: question: Value error, no visible text (only white space or "
-                                "zero-width characters), expected the question (got '\\u200b')")
+    assert problems(bad)[0] == (
+        f"{tasks}:2: question: Value error, no visible text (only white space or "
+        "zero-width characters), expected the question (got '\\u200b')"
+    )
 
 
 def test_a_document_of_blank_sentences_is_refused_but_one_blank_sentence_is_kept(bad):
@@ -385,8 +401,10 @@ def test_a_document_of_blank_sentences_is_refused_but_one_blank_sentence_is_kept
     reseal(bad)
     found = problems(bad)
     # (Tasks that list the refused document are reported too; the document with one blank sentence is not.)
-    assert found[0] == (f"{corpus}:5: sentences: Value error, every sentence is blank, expected at least one with "
-                        "visible text (got ['', ' \\u200b'])")
+    assert found[0] == (
+        f"{corpus}:5: sentences: Value error, every sentence is blank, expected at least one with "
+        "visible text (got ['', ' \\u200b'])"
+    )
     assert not any(f"{corpus}:6" in p for p in found)
 
 
@@ -397,5 +415,6 @@ def test_a_supporting_fact_on_a_blank_sentence_is_refused(bad):
     line = next(i for i, raw in enumerate(corpus.read_text().splitlines(), 1) if json.loads(raw)["doc_id"] == doc_id)
     edit_record(corpus, line, lambda o: o["sentences"].__setitem__(int(sent), " "))
     reseal(bad)
-    assert problems(bad) == [f"{labels}:1: supporting_facts[0]: '{doc_id}:{sent}' points at a blank sentence, "
-                             "expected a sentence with text"]
+    assert problems(bad) == [
+        f"{labels}:1: supporting_facts[0]: '{doc_id}:{sent}' points at a blank sentence, expected a sentence with text"
+    ]

@@ -26,8 +26,8 @@ def _run(data: Path, out: Path, sources: str) -> tuple[dict, list[dict]]:
 def test_hidden_sources_hide_ids_from_every_role_and_keep_provenance_for_scoring(hotpot_dev_dir, tmp_path):
     shown, shown_trajs = _run(hotpot_dev_dir, tmp_path / "shown", "shown")
     hidden, hidden_trajs = _run(hotpot_dev_dir, tmp_path / "hidden", "hidden")
-    # Recorded when set; at its default left out, so earlier run folders still resume (config._omit_defaults).
-    assert "memory_sources" not in shown["config"]["agent"] and hidden["config"]["agent"]["memory_sources"] == "hidden"
+    # Recorded, like every field, at its default too.
+    assert shown["config"]["agent"]["memory_sources"] == "shown" and hidden["config"]["agent"]["memory_sources"] == "hidden"
     kept = 0
     for traj in hidden_trajs:
         assert evidence_ids_in(traj["memory_final"]) == ()  # the rendering names no evidence id ...

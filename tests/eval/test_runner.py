@@ -149,8 +149,8 @@ def test_resume_after_killing_the_process(hotpot_dev_dir, tmp_path):
         for o in _api_overrides(server.base_url, "concurrency=2"):
             args += ["--set", o]
         full, cut = tmp_path / "full", tmp_path / "cut"
-        subprocess.run([str(exe), "eval", *args, "--out", str(full)], check=True, capture_output=True)
-        proc = subprocess.Popen([str(exe), "eval", *args, "--out", str(cut)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run([str(exe), "eval", "run", *args, "--out", str(full)], check=True, capture_output=True)
+        proc = subprocess.Popen([str(exe), "eval", "run", *args, "--out", str(cut)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 60
         while time.time() < deadline:
             traj = cut / "trajectories.jsonl"
@@ -161,7 +161,7 @@ def test_resume_after_killing_the_process(hotpot_dev_dir, tmp_path):
         proc.wait()
         done_before = (cut / "trajectories.jsonl").read_text().count("\n")
         assert 8 <= done_before < 30 and not (cut / "summary.json").exists()
-        subprocess.run([str(exe), "eval", *args, "--out", str(cut), "--resume"], check=True, capture_output=True)
+        subprocess.run([str(exe), "eval", "run", *args, "--out", str(cut), "--resume"], check=True, capture_output=True)
     ids = [t["task_id"] for t in _lines(cut / "trajectories.jsonl")]
     assert len(ids) == len(set(ids)) == 30
     assert _summary_without_timing(cut / "summary.json") == _summary_without_timing(full / "summary.json")

@@ -6,6 +6,7 @@ end to end in test_memory_policy_pipeline.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from memsearch.config import load_config, read_config_file
 from memsearch.data.records import Label
 from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
+from memsearch.pipelines.stages import version1_dump
 from memsearch.train.reward import trajectory_reward
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,17 +107,20 @@ def test_search_cost_reaches_the_stage2_reward():
         assert trajectory_reward(traj, label, priced, "controller") == pytest.approx(1.0 - 0.05 * searches)
 
 
-def test_the_recipe_records_no_control_field_so_earlier_runs_still_resume():
-    """At their defaults the control fields are left out of every dump (config._omit_defaults):
-    the stage configs of the CPU recipe, and with them its stage fingerprints, are the ones
-    recorded before the controls existed."""
+def test_the_recipe_records_every_field_and_its_version1_form_has_no_control_field():
+    """Dumps write every field, the control fields at their defaults included. Version-1 stage
+    records (pipelines.stages.upgrade_version1_record) fingerprinted the dumps with the control
+    fields left out at their defaults: the recipe's stage configs in that form are the ones
+    recorded before the controls existed, so those records are still recognised."""
     cfg = load_config(CPU, ["stage2.enabled=true"], model=MemoryPolicyPipeline)
     dumps = [cfg.teacher_config(), cfg.grpo_config("t", 1, "a").episode, cfg.stage2_config("t", 1, "m").episode,
              cfg.matrix_config("m", None)]
     for run in dumps:
-        text = run.model_dump_json()
+        assert "memory_sources" in run.model_dump_json() and "open_items" in run.model_dump_json()
+        text = json.dumps(version1_dump(run.model_dump(mode="json")))
         assert "memory_sources" not in text and "open_items" not in text
         assert type(run).model_validate(run.model_dump(mode="json")) == run
+        assert type(run).model_validate(json.loads(text)) == run
     assert ablation("no_sources").teacher_config().model_dump()["agent"]["memory_sources"] == "hidden"
     assert ablation("open_items").teacher_config().model_dump()["backends"]["memory"]["open_items"] is True
 

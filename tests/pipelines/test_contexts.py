@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from memsearch.config import load_config
-from memsearch.pipelines.config import MemAgentPipeline
+from memsearch.pipelines.memagent.config import MemAgentPipeline
 from memsearch.pipelines.memagent.contexts import measure_recipe
 
 ROOT = Path(__file__).resolve().parents[2]

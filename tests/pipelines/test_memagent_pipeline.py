@@ -13,7 +13,8 @@ import pytest
 from memsearch.config import RunConfig, load_config
 from memsearch.errors import InputError
 from memsearch.io import sha256_file
-from memsearch.pipelines.config import MemAgentPipeline, load_run_config
+from memsearch.pipelines.config import load_run_config
+from memsearch.pipelines.memagent.config import MemAgentPipeline
 from memsearch.pipelines.memagent.pipeline import run_memagent_pipeline
 
 pytestmark = pytest.mark.slow

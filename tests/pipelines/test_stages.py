@@ -8,7 +8,14 @@ import json
 import pytest
 
 from memsearch.errors import InputError
-from memsearch.pipelines.stages import Stage, fingerprint, folder_sha256, run_folder
+from memsearch.pipelines.stages import RECORD_VERSION, Stage, fingerprint, folder_sha256, run_folder
+
+
+def _as_version1(path):
+    """Rewrite a record as version 1 wrote it: no ``version`` key."""
+    record = json.loads(path.read_text())
+    del record["version"]
+    path.write_text(json.dumps(record))
 
 
 def test_fingerprint_is_canonical_and_sensitive():
@@ -97,6 +104,7 @@ def test_a_record_with_raw_paths_is_accepted_in_its_own_folder_and_rewritten_por
     legacy = Stage(out / "seed-1" / "grpo1", "grpo1", inputs, out / "seed-1" / "grpo1.stage.json")  # no run_folder
     legacy.start()
     legacy.finish({"adapter": "adapter"})
+    _as_version1(out / "seed-1" / "grpo1.stage.json")
     with run_folder(out):
         stage = Stage(out / "seed-1" / "grpo1", "grpo1", inputs, out / "seed-1" / "grpo1.stage.json")
         assert stage.done()
@@ -111,3 +119,46 @@ def test_a_record_with_raw_paths_is_accepted_in_its_own_folder_and_rewritten_por
     with run_folder(other), pytest.raises(InputError, match=r"made from different inputs \(changed: grpo.adapter\)"):
         Stage(other / "seed-1" / "grpo1", "grpo1", {"grpo": {"adapter": str(other / "seed-1" / "sft" / "adapter")},
                                                     "prepare": "p"}, other / "seed-1" / "grpo1.stage.json").done()
+
+
+def test_records_carry_the_record_version(tmp_path):
+    stage = Stage(tmp_path / "s", "s", {"a": 1})
+    stage.start()
+    assert json.loads((tmp_path / "s" / "stage.json").read_text())["version"] == RECORD_VERSION == 2
+
+
+def test_a_version1_record_that_left_default_control_fields_out_is_upgraded(tmp_path):
+    """Version 1 dumps left memory_sources and open_items out at their defaults: a finished stage
+    made from the same config is recognised (and its record rewritten as version 2), one made
+    from another config is refused naming what changed."""
+    from memsearch.config import RunConfig
+
+    run = RunConfig().model_dump(mode="json")
+    assert run["agent"]["memory_sources"] == "shown" and run["backends"]["memory"]["open_items"] is False
+    old = json.loads(json.dumps(run))
+    del old["agent"]["memory_sources"]
+    for role in ("memory", "controller", "reader"):
+        del old["backends"][role]["open_items"]
+    record = tmp_path / "eval.stage.json"
+    record.write_text(json.dumps({"stage": "eval", "fingerprint": fingerprint({"run_config": old}),
+                                  "inputs": {"run_config": old}, "complete": True}))
+    stage = Stage(tmp_path / "eval", "eval", {"run_config": run}, record)
+    assert stage.done()
+    upgraded = json.loads(record.read_text())
+    assert upgraded["version"] == RECORD_VERSION and upgraded["fingerprint"] == stage.fingerprint
+    assert upgraded["fingerprint_before"] == fingerprint({"run_config": old}) and upgraded["inputs"]["run_config"] == run
+    hidden = json.loads(json.dumps(run))
+    hidden["agent"]["memory_sources"] = "hidden"
+    record.write_text(json.dumps({"stage": "eval", "fingerprint": fingerprint({"run_config": old}),
+                                  "inputs": {"run_config": old}, "complete": True}))
+    with pytest.raises(InputError, match=r"changed: run_config.agent.memory_sources"):
+        Stage(tmp_path / "eval", "eval", {"run_config": hidden}, record).done()
+
+
+def test_a_record_of_an_unknown_version_is_refused_saying_how_to_redo_it(tmp_path):
+    stage = Stage(tmp_path / "s", "s", {"a": 1})
+    stage.start()
+    path = tmp_path / "s" / "stage.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "version": 99}))
+    with pytest.raises(InputError, match=r"stage record version 99, this memsearch reads version 2.*delete .* to redo"):
+        stage.done()

@@ -161,7 +161,10 @@ def api_sets(url: str, *extra: str) -> list[str]:
 
 
 def cli_args(command: str, config: Path, data: Path, out: Path, limit: int, sets: list[str], resume: bool = False) -> list[str]:
-    args = [str(EXE), command, "--config", str(config), "--data", str(data), "--out", str(out), "--limit", str(limit)]
+    """The command line of ``command``: "eval" (`memsearch eval run`) or "matrix" (`memsearch eval matrix`)."""
+    verb = {"eval": "run", "matrix": "matrix"}[command]
+    args = [str(EXE), "eval", verb, "--config", str(config), "--data", str(data), "--out", str(out),
+            "--limit", str(limit)]
     for s in sets:
         args += ["--set", s]
     return args + (["--resume"] if resume else [])

@@ -1,5 +1,5 @@
 """The report in a real headless Chromium (Debian's ``chromium``, driven over the DevTools pipe by
-``memsearch.testing.chromium``): the test contract's counts per filter equal those computed from
+``tests/support/chromium.py``): the test contract's counts per filter equal those computed from
 metrics.jsonl, the episode view shows the memory diff and highlighted gold facts, compare mode's
 regression count is right, the training view draws its charts, and no console error occurs.
 
@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 
 import pytest
+from tests.support.chromium import Chromium, find_chromium
 
 from memsearch.io import iter_jsonl
 from memsearch.report.html import write_report
-from memsearch.testing.chromium import Chromium, find_chromium
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(find_chromium() is None, reason="no chromium on PATH (Debian: apt-get install -y chromium; .ci/run does)")]

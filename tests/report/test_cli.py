@@ -47,7 +47,7 @@ def test_view_refuses_other_data(rules_matrix, tmp_path, rewrite_data_file, hotp
 
 def test_eval_prints_the_report_command(hotpot_dev_dir, tmp_path):
     out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["eval", "--config", str(config_path("rules.toml")), "--data", str(hotpot_dev_dir),
+    result = CliRunner().invoke(app, ["eval", "run", "--config", str(config_path("rules.toml")), "--data", str(hotpot_dev_dir),
                                       "--out", str(out), "--limit", "3"])
     assert result.exit_code == 0, result.output
     line = next(x for x in result.output.splitlines() if x.startswith("report: memsearch report view"))

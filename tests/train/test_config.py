@@ -47,7 +47,7 @@ def test_dual_clip_bound_is_above_one_or_off():
 
 
 def test_memagent_recipe_trains_like_the_reference():
-    from memsearch.pipelines.config import MemAgentPipeline
+    from memsearch.pipelines.memagent.config import MemAgentPipeline
 
     cfg = load_config(ROOT / "configs" / "memagent.toml", [], model=MemAgentPipeline).grpo_config("x")
     assert cfg.mini_batches_per_step == 16  # MemAgent: train_batch_size / ppo_mini_batch_size = 128 / 8

@@ -34,7 +34,7 @@ def _lines(path: Path) -> list[dict]:
 
 
 def invoke(*args):
-    return CliRunner().invoke(app, ["export-sft", *[str(a) for a in args]])
+    return CliRunner().invoke(app, ["train", "export-sft", *[str(a) for a in args]])
 
 
 def _calls(run: Path, role: str) -> list[tuple[dict, dict]]:

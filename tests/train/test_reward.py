@@ -58,7 +58,7 @@ def test_defaults_are_the_documented_reward():
     for name in ("grpo_cpu.toml", "grpo_gpu.toml"):
         table = tomllib.loads((CONFIGS / "train" / name).read_text())["reward"]
         assert RewardSettings.model_validate(table) == RewardSettings(), name
-    from memsearch.pipelines.config import MemAgentPipeline
+    from memsearch.pipelines.memagent.config import MemAgentPipeline
 
     memagent = load_config(CONFIGS / "memagent.toml", model=MemAgentPipeline).grpo_config("x").reward
     assert memagent == RewardSettings(metric="boxed_em", invalid_penalty=0.0, citation_penalty=0.0, search_cost=0.0)

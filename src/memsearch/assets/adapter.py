@@ -1,9 +1,9 @@
 """The trained memory-policy adapter shipped with the repository (``models/memory-policy-cpu``)
 and the fingerprint that pins its files (docs/memory_policy.md, "The shipped adapter").
 
-The folder is found like the shipped configs and samples (``samples.py``): in the source
-checkout, unless ``MEMSEARCH_MEMORY_POLICY_ADAPTER`` names another folder (an installed wheel
-carries neither ``configs/`` nor ``models/``; point the variable at a clone's folder).
+The folder is found like the shipped configs and samples (``samples.shipped_path``): the
+installed package's copy (a wheel carries it as ``memsearch/assets/models/memory-policy-cpu``),
+else the source checkout's, unless ``MEMSEARCH_MEMORY_POLICY_ADAPTER`` names another folder.
 
 ``fingerprint.json`` beside the adapter files records the SHA-256 of every file of the folder,
 the base model the adapter belongs to and a free-form ``provenance`` dict (the pipeline run it
@@ -19,21 +19,22 @@ import os
 from pathlib import Path
 from typing import Any
 
+from memsearch.assets.samples import shipped_path
 from memsearch.errors import InputError
 from memsearch.io import sha256_file, write_json
-from memsearch.assets.samples import _REPO
 
 FINGERPRINT = "fingerprint.json"
 FORMAT = "memsearch-adapter-fingerprint/1"
 ADAPTER_ENV = "MEMSEARCH_MEMORY_POLICY_ADAPTER"
-SHIPPED_ADAPTER = Path("models") / "memory-policy-cpu"  # relative to the repository root
+SHIPPED_ADAPTER = "models/memory-policy-cpu"  # its path in the repository (and under memsearch/assets/)
 
 
 def shipped_adapter_dir() -> Path:
-    """``MEMSEARCH_MEMORY_POLICY_ADAPTER`` if set, else ``models/memory-policy-cpu`` of the source
-    checkout. Not checked here: ``verify_adapter(path, required=True)`` says what is missing."""
+    """``MEMSEARCH_MEMORY_POLICY_ADAPTER`` if set, else the shipped ``models/memory-policy-cpu``
+    (package data, or the checkout's folder). Not checked here: ``verify_adapter(path,
+    required=True)`` says what is missing."""
     override = os.environ.get(ADAPTER_ENV)
-    return Path(override) if override else _REPO / SHIPPED_ADAPTER
+    return Path(override) if override else shipped_path(SHIPPED_ADAPTER)
 
 
 def _adapter_files(folder: Path) -> list[Path]:
@@ -65,7 +66,8 @@ def read_fingerprint(folder: str | Path) -> dict[str, Any] | None:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not valid JSON ({exc}); re-ship the adapter (scripts/ship_adapter.py)") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("files"), dict):
-        raise InputError(f"{path}: not a memsearch adapter fingerprint (expected format {FORMAT!r} and a 'files' table)")
+        raise InputError(f"{path}: not a memsearch adapter fingerprint "
+                         f"(expected format {FORMAT!r} and a 'files' table)")
     return record
 
 
@@ -78,8 +80,8 @@ def verify_adapter(folder: str | Path, base_model: str | None = None, required: 
     ``fingerprint.json``: ``None``, or with ``required`` an error naming the path."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise InputError(f"{folder}: no such adapter folder" + (
-            f" (the shipped memory-policy adapter; see docs/memory_policy.md, or set {ADAPTER_ENV})" if required else ""))
+        shipped_hint = f" (the shipped memory-policy adapter; see docs/memory_policy.md, or set {ADAPTER_ENV})"
+        raise InputError(f"{folder}: no such adapter folder" + (shipped_hint if required else ""))
     record = read_fingerprint(folder)
     if record is None:
         if required:
@@ -101,8 +103,8 @@ def verify_adapter(folder: str | Path, base_model: str | None = None, required: 
         if path.name not in expected:
             problems.append(f"{path}: not listed in {where} (sha256 {sha256_file(path)})")
     if problems:
-        raise InputError("\n".join(problems) + f"\nrefusing adapter {folder}: its files are not the ones fingerprinted; "
-                         "restore them, or ship the new adapter with scripts/ship_adapter.py")
+        raise InputError("\n".join(problems) + f"\nrefusing adapter {folder}: its files are not the ones "
+                         "fingerprinted; restore them, or ship the new adapter with scripts/ship_adapter.py")
     recorded = record.get("base_model")
     if base_model is not None and recorded is not None and (recorded == "embedded") != (str(base_model) == "embedded"):
         raise InputError(f"{where}: the adapter was trained on base model {recorded!r}, not {str(base_model)!r}")

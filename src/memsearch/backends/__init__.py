@@ -10,6 +10,7 @@ from memsearch.backends.base import (
     SamplingParams,
     Usage,
 )
+from memsearch.errors import InputValueError
 
 BACKEND_KINDS = ("rules", "hf", "openai", "oracle")
 
@@ -31,7 +32,7 @@ def make_backend(cfg, tokenizer, dataset=None) -> PolicyBackend:
         from memsearch.backends.openai import OpenAIBackend
 
         if not cfg.base_url:
-            raise ValueError("backend kind 'openai' needs base_url, e.g. http://127.0.0.1:8000/v1")
+            raise InputValueError("backend kind 'openai' needs base_url, e.g. http://127.0.0.1:8000/v1")
         return OpenAIBackend(base_url=cfg.base_url, model=cfg.model, max_concurrency=cfg.max_concurrency,
                              timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, tokenizer=tokenizer)
     if cfg.kind == "oracle":
@@ -40,7 +41,7 @@ def make_backend(cfg, tokenizer, dataset=None) -> PolicyBackend:
         if dataset is None:
             raise ValueError("backend kind 'oracle' needs the dataset (its train labels)")
         return OracleBackend(dataset, tokenizer, open_items=cfg.open_items)
-    raise ValueError(f"unknown backend kind {cfg.kind!r}: expected one of {', '.join(BACKEND_KINDS)}")
+    raise InputValueError(f"unknown backend kind {cfg.kind!r}: expected one of {', '.join(BACKEND_KINDS)}")
 
 
 __all__ = ["BACKEND_KINDS", "Constraint", "GenerationRequest", "GenerationResult", "PolicyBackend",

@@ -46,6 +46,7 @@ from memsearch.text.actions import evidence_ids_in, parse_controller
 from memsearch.backends.base import GenerationRequest, GenerationResult, Usage
 from memsearch.data.dataset import Dataset
 from memsearch.data.records import Document, Label, Task, split_evidence_id
+from memsearch.errors import InputValueError
 from memsearch.memory import Memory
 from memsearch.memory.ops import Add, Delete, Noop, Op, format_ops
 from memsearch.tokenizer import Tokenizer
@@ -74,7 +75,7 @@ class OracleBackend:
     def __init__(self, dataset: Dataset, tokenizer: Tokenizer, open_items: bool = False) -> None:
         split = dataset.manifest.get("split")
         if split != "train":
-            raise ValueError(
+            raise InputValueError(
                 f"oracle backend refuses a {split!r} split: it reads gold labels to produce teacher "
                 "trajectories, and labels of an evaluation split must never produce training data "
                 "(docs/design.md §9); prepare the train split (e.g. prepare-hotpot --split train)")

@@ -1,7 +1,7 @@
-"""``memsearch retrieval``: build dense/BM25 index folders and serve one over HTTP (docs/design.md §8).
+"""``memsearch retrieval``: build BM25/dense index folders, search one, serve one over HTTP
+(docs/design.md §8).
 
-Kept apart from ``cli.py`` so the retrieval commands live in one place; like every command they
-import what they need inside their body, so ``memsearch --help`` stays instant.
+Every command imports what it needs inside its body, so ``memsearch --help`` stays instant.
 """
 
 from __future__ import annotations
@@ -11,43 +11,88 @@ from typing import Annotated, Optional
 
 import typer
 
-retrieval_app = typer.Typer(help="Dense/BM25 index folders and the shared retrieval service.", no_args_is_help=True)
+from memsearch.cli.common import add_renamed, command_group, friendly, renamed
+
+retrieval_app = command_group("Build, search and serve index folders (BM25, dense, hybrid).")
+# The old `memsearch index build`, hidden: `retrieval build --method bm25` does the same job.
+index_app = command_group("Replaced by `memsearch retrieval build --method bm25`.", hidden=True)
+
+IndexData = Annotated[Path, typer.Option(help="A prepared data folder (its corpus.jsonl is indexed).")]
+NewIndex = Annotated[Path, typer.Option(help="New index folder (must not exist).")]
 
 
-def _friendly(fn):
-    # Imported here, not at module level: cli.py imports this module.
-    from memsearch.cli.app import _friendly as friendly
+def _build(data: Path, method: str, out: Path, index_type: str) -> tuple[int, float]:
+    """Build the index folder; the number of documents and the seconds it took."""
+    import time
 
-    return friendly(fn)
+    from memsearch.data.dataset import load_dataset
+    from memsearch.retrieval.index import build_index
+
+    start = time.perf_counter()
+    retriever = build_index(load_dataset(data).documents, method, out, index_type=index_type, show_progress=True)
+    return len(retriever), time.perf_counter() - start
 
 
 @retrieval_app.command("build")
+@friendly
 def build(
-    data: Annotated[Path, typer.Option(help="A prepared data folder (its corpus.jsonl is indexed).")],
+    data: IndexData,
     method: Annotated[str, typer.Option(help="bm25, or dense (MiniLM + faiss; also serves hybrid).")],
-    out: Annotated[Path, typer.Option(help="New index folder (must not exist).")],
+    out: NewIndex,
     index_type: Annotated[str, typer.Option(help="dense: flat (exact inner product) or hnsw (approximate).")] = "flat",
 ) -> None:
     """Build an index folder over a prepared corpus, with its manifest."""
+    documents, seconds = _build(data, method, out, index_type)
+    typer.echo(f"wrote {out}: {method} index of {documents} documents in {seconds:.1f}s")
 
-    @_friendly
-    def run() -> None:
-        import time
 
+@index_app.command("build", cls=renamed("index build", "retrieval build --method bm25"))
+@friendly
+def index_build(data: IndexData, out: NewIndex) -> None:
+    """Build a BM25 index folder over a prepared corpus (what `retrieval build --method bm25` does)."""
+    documents, seconds = _build(data, "bm25", out, "flat")
+    typer.echo(f"wrote {out}: {documents} documents in {seconds:.1f}s")  # the line this name always printed
+
+
+@retrieval_app.command("search")
+@friendly
+def search(
+    query: Annotated[str, typer.Argument(help="Query text.")],
+    index: Annotated[Path, typer.Option(help="An index folder from `memsearch retrieval build`.")],
+    k: Annotated[int, typer.Option("-k", min=1, help="Number of passages.")] = 5,
+    data: Annotated[Optional[Path], typer.Option(help="With --task: the prepared folder holding the task.")] = None,
+    task: Annotated[Optional[str], typer.Option(
+        help="Restrict to this task's candidate documents (scope 'candidates').")] = None,
+    method: Annotated[Optional[str], typer.Option(
+        help="bm25, dense or hybrid (a dense folder serves all three); default: the folder's own.")] = None,
+) -> None:
+    """Search an index (BM25 or dense folder) and print passages with their evidence ids."""
+    from memsearch.errors import InputError
+    from memsearch.retrieval.index import open_index
+
+    candidates = None
+    if task is not None:
+        if data is None:
+            raise InputError("--task needs --data, the prepared folder that holds the task")
         from memsearch.data.dataset import load_dataset
-        from memsearch.retrieval.index import build_index
 
-        start = time.perf_counter()
-        retriever = build_index(load_dataset(data).documents, method, out, index_type=index_type, show_progress=True)
-        typer.echo(f"wrote {out}: {method} index of {len(retriever)} documents in {time.perf_counter() - start:.1f}s")
-
-    run()
+        found = [t for t in load_dataset(data).tasks if t.id == task]
+        if not found:
+            raise InputError(f"--task {task!r}: not in {data}/tasks.jsonl")
+        candidates = found[0].doc_ids
+    retriever = open_index(index, method)
+    for passage in retriever.search(query, k=k, candidates=candidates):
+        typer.echo(f"#{passage.rank + 1}  {passage.doc_id}  {passage.title}  (score {passage.score:.2f})")
+        for eid, sentence in passage.sentences:
+            typer.echo(f"    [{eid}] {sentence.strip()}")
 
 
 @retrieval_app.command("serve")
+@friendly
 def serve(
     index: Annotated[Path, typer.Option(help="An index folder from `memsearch retrieval build`.")],
-    method: Annotated[Optional[str], typer.Option(help="bm25, dense or hybrid; default: the folder's own method.")] = None,
+    method: Annotated[Optional[str], typer.Option(
+        help="bm25, dense or hybrid; default: the folder's own method.")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: any free port, printed).")] = 8000,
     max_batch: Annotated[int, typer.Option(help="Queries merged into one encode + search (1: no batching).")] = 64,
@@ -55,14 +100,15 @@ def serve(
     cache_size: Annotated[int, typer.Option(help="LRU cache entries (0: no cache).")] = 10_000,
 ) -> None:
     """Serve an index: Search-R1-compatible POST /retrieve, GET /health, GET /info."""
+    from memsearch.retrieval.server import ServiceSettings, load_service
+    from memsearch.retrieval.server import serve as serve_forever
 
-    @_friendly
-    def run() -> None:
-        from memsearch.retrieval.server import ServiceSettings, load_service
-        from memsearch.retrieval.server import serve as serve_forever
+    settings = ServiceSettings(max_batch=max_batch, max_wait_ms=max_wait_ms, cache_size=cache_size)
+    serve_forever(load_service(str(index), method, settings), host, port, announce=typer.echo)
+    typer.echo("stopped")
 
-        settings = ServiceSettings(max_batch=max_batch, max_wait_ms=max_wait_ms, cache_size=cache_size)
-        serve_forever(load_service(str(index), method, settings), host, port, announce=typer.echo)
-        typer.echo("stopped")
 
-    run()
+def add_renamed_retrieval_commands(root: typer.Typer) -> None:
+    """The old names: top-level ``search`` and the ``index build`` group, hidden."""
+    add_renamed(root, "search", "retrieval search", search)
+    root.add_typer(index_app, name="index", hidden=True)

@@ -27,7 +27,9 @@ from memsearch.errors import InputError, Problem
 from memsearch.io import iter_jsonl
 
 
-def _read(path: Path, model: type, problems: list[Problem], forbidden: frozenset[str] = frozenset()) -> tuple[list[tuple[int, Any]], int]:
+def _read(
+    path: Path, model: type, problems: list[Problem], forbidden: frozenset[str] = frozenset()
+) -> tuple[list[tuple[int, Any]], int]:
     """Records that pass the schema, and the number of records in the file (valid or not)."""
     if not path.is_file():
         problems.append(Problem(str(path), None, "file", "missing, expected this file in a prepared data folder"))
@@ -38,11 +40,21 @@ def _read(path: Path, model: type, problems: list[Problem], forbidden: frozenset
         for lineno, obj in iter_jsonl(path):
             n += 1
             if not isinstance(obj, dict):
-                problems.append(Problem(str(path), lineno, "record", f"got {type(obj).__name__}, expected a JSON object"))
+                problems.append(
+                    Problem(str(path), lineno, "record", f"got {type(obj).__name__}, expected a JSON object")
+                )
                 continue
             leaked = sorted(forbidden & obj.keys())
             for key in leaked:
-                problems.append(Problem(str(path), lineno, key, "label field in a task, expected tasks to carry only id, question and doc_ids (labels belong in labels.jsonl)"))
+                problems.append(
+                    Problem(
+                        str(path),
+                        lineno,
+                        key,
+                        "label field in a task, expected tasks to carry only id, question and doc_ids (labels belong "
+                        "in labels.jsonl)",
+                    )
+                )
             try:
                 out.append((lineno, model.model_validate({k: v for k, v in obj.items() if k not in leaked})))
             except ValidationError as exc:
@@ -64,11 +76,17 @@ def _check_manifest(data_dir: Path, manifest: dict[str, Any], counts: dict[str, 
     recorded = manifest.get("counts") if isinstance(manifest.get("counts"), dict) else {}
     for key, value in counts.items():
         if recorded.get(key) != value:
-            problems.append(Problem(mpath, None, f"counts.{key}", f"records {recorded.get(key)!r}, but the file has {value}"))
+            problems.append(
+                Problem(mpath, None, f"counts.{key}", f"records {recorded.get(key)!r}, but the file has {value}")
+            )
 
 
 def _check_labels(
-    lpath: Path, labels: list[tuple[int, Label]], tasks: dict[str, tuple[int, Task]], docs: dict[str, tuple[int, Document]], problems: list[Problem]
+    lpath: Path,
+    labels: list[tuple[int, Label]],
+    tasks: dict[str, tuple[int, Task]],
+    docs: dict[str, tuple[int, Document]],
+    problems: list[Problem],
 ) -> None:
     for lineno, lab in labels:
         if lab.id not in tasks:
@@ -79,24 +97,75 @@ def _check_labels(
         for i, eid in enumerate(lab.supporting_facts):
             parts = split_evidence_id(eid)
             if parts is None:
-                problems.append(Problem(str(lpath), lineno, f"supporting_facts[{i}]", f"{eid!r} is malformed, expected 'doc_id:sentence_index'"))
+                problems.append(
+                    Problem(
+                        str(lpath),
+                        lineno,
+                        f"supporting_facts[{i}]",
+                        f"{eid!r} is malformed, expected 'doc_id:sentence_index'",
+                    )
+                )
                 continue
             doc_id, sent = parts
             if doc_id not in docs:
-                problems.append(Problem(str(lpath), lineno, f"supporting_facts[{i}]", f"{eid!r} points at unknown document {doc_id!r}, expected a doc_id of corpus.jsonl"))
+                problems.append(
+                    Problem(
+                        str(lpath),
+                        lineno,
+                        f"supporting_facts[{i}]",
+                        f"{eid!r} points at unknown document {doc_id!r}, expected a doc_id of corpus.jsonl",
+                    )
+                )
             elif sent >= len(docs[doc_id][1].sentences):
-                problems.append(Problem(str(lpath), lineno, f"supporting_facts[{i}]", f"{eid!r} points at sentence {sent} but {doc_id} has {len(docs[doc_id][1].sentences)}, expected an existing sentence"))
+                problems.append(
+                    Problem(
+                        str(lpath),
+                        lineno,
+                        f"supporting_facts[{i}]",
+                        f"{eid!r} points at sentence {sent} but {doc_id} has {len(docs[doc_id][1].sentences)}, "
+                        "expected an existing sentence",
+                    )
+                )
             elif not has_visible_text(docs[doc_id][1].sentences[sent]):
-                problems.append(Problem(str(lpath), lineno, f"supporting_facts[{i}]", f"{eid!r} points at a blank sentence, expected a sentence with text"))
+                problems.append(
+                    Problem(
+                        str(lpath),
+                        lineno,
+                        f"supporting_facts[{i}]",
+                        f"{eid!r} points at a blank sentence, expected a sentence with text",
+                    )
+                )
             elif doc_id not in task_doc_set:
-                problems.append(Problem(str(lpath), lineno, f"supporting_facts[{i}]", f"{eid!r} is not in the task's documents, expected support among them"))
+                problems.append(
+                    Problem(
+                        str(lpath),
+                        lineno,
+                        f"supporting_facts[{i}]",
+                        f"{eid!r} is not in the task's documents, expected support among them",
+                    )
+                )
         for i, doc_id in enumerate(lab.gold_doc_ids):
             if doc_id not in task_doc_set:
-                problems.append(Problem(str(lpath), lineno, f"gold_doc_ids[{i}]", f"{doc_id!r} is not in the task's documents, expected one of them"))
+                problems.append(
+                    Problem(
+                        str(lpath),
+                        lineno,
+                        f"gold_doc_ids[{i}]",
+                        f"{doc_id!r} is not in the task's documents, expected one of them",
+                    )
+                )
         if lab.gold_positions is not None:
             want = [task_docs.index(d) + 1 for d in lab.gold_doc_ids if d in task_doc_set]
             if lab.gold_positions != want:
-                problems.append(Problem(str(lpath), lineno, "gold_positions", f"got {lab.gold_positions}, expected {want} (1-based positions of gold_doc_ids in the task's documents)"))
+                problems.append(
+                    Problem(
+                        str(lpath),
+                        lineno,
+                        "gold_positions",
+                        f"got {lab.gold_positions}, expected {want} (1-based positions of gold_doc_ids in the task's "
+                        "documents)",
+                    )
+                )
     tpath = lpath.with_name("tasks.jsonl")
     problems.extend(p for p in pairing_problems(tpath, tasks, lpath, labels) if p.file == str(tpath))
 
@@ -110,12 +179,16 @@ def validate_data(data_dir: str | Path, against: str | Path | None = None) -> li
     """All problems found in ``data_dir`` (and its overlap with ``against``); empty = valid."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
-        return [Problem(str(data_dir), None, "folder", "no such folder, expected a folder written by `memsearch prepare-*`")]
+        return [
+            Problem(str(data_dir), None, "folder", "no such folder, expected a folder written by `memsearch prepare-*`")
+        ]
     problems: list[Problem] = []
     try:
         manifest = read_manifest(data_dir)
     except InputError as exc:
-        problems.extend(exc.problems or [Problem(str(data_dir / "manifest.json"), None, "file", str(exc).split(": ", 1)[-1])])
+        problems.extend(
+            exc.problems or [Problem(str(data_dir / "manifest.json"), None, "file", str(exc).split(": ", 1)[-1])]
+        )
         manifest = None
     cpath, tpath, lpath = (data_dir / n for n in DATA_FILES)
     doc_rows, n_docs = _read(cpath, Document, problems)
@@ -129,15 +202,32 @@ def validate_data(data_dir: str | Path, against: str | Path | None = None) -> li
     for lineno, doc in doc_rows:
         key = (doc.title, tuple(doc.sentences))
         if key in content:
-            problems.append(Problem(str(cpath), lineno, "doc_id", f"{doc.doc_id!r} repeats the paragraph at line {content[key]}, expected one copy of each distinct paragraph"))
+            problems.append(
+                Problem(
+                    str(cpath),
+                    lineno,
+                    "doc_id",
+                    f"{doc.doc_id!r} repeats the paragraph at line {content[key]}, expected one copy of each distinct "
+                    "paragraph",
+                )
+            )
         content.setdefault(key, lineno)
     for lineno, task in task_rows:
         for i, doc_id in enumerate(task.doc_ids):
             if doc_id not in docs:
-                problems.append(Problem(str(tpath), lineno, f"doc_ids[{i}]", f"{doc_id!r} is not in corpus.jsonl, expected an existing doc_id"))
+                problems.append(
+                    Problem(
+                        str(tpath),
+                        lineno,
+                        f"doc_ids[{i}]",
+                        f"{doc_id!r} is not in corpus.jsonl, expected an existing doc_id",
+                    )
+                )
         for doc_id, n in Counter(task.doc_ids).items():
             if n > 1:
-                problems.append(Problem(str(tpath), lineno, "doc_ids", f"{doc_id!r} listed {n} times, expected each document once"))
+                problems.append(
+                    Problem(str(tpath), lineno, "doc_ids", f"{doc_id!r} listed {n} times, expected each document once")
+                )
         if not task.doc_ids:
             problems.append(Problem(str(tpath), lineno, "doc_ids", "empty, expected at least one document"))
     _check_labels(lpath, label_rows, tasks, docs, problems)
@@ -152,7 +242,9 @@ def check_overlap(data_dir: Path, other_dir: Path) -> list[Problem]:
     """Task ids or questions shared between two prepared folders (train/dev leakage)."""
     other_path = other_dir / "tasks.jsonl"
     if not other_path.is_file():
-        return [Problem(str(other_path), None, "file", "missing, expected the tasks of the folder given with --against")]
+        return [
+            Problem(str(other_path), None, "file", "missing, expected the tasks of the folder given with --against")
+        ]
     problems: list[Problem] = []
     ids: dict[str, int] = {}
     questions: dict[str, int] = {}
@@ -166,9 +258,23 @@ def check_overlap(data_dir: Path, other_dir: Path) -> list[Problem]:
                 continue
             tid, q = str(obj.get("id")), normalize_question(str(obj.get("question", "")))
             if tid in ids:
-                problems.append(Problem(str(data_dir / "tasks.jsonl"), lineno, "id", f"{tid!r} also in {other_path}:{ids[tid]}, expected no id shared between splits"))
+                problems.append(
+                    Problem(
+                        str(data_dir / "tasks.jsonl"),
+                        lineno,
+                        "id",
+                        f"{tid!r} also in {other_path}:{ids[tid]}, expected no id shared between splits",
+                    )
+                )
             if q in questions:
-                problems.append(Problem(str(data_dir / "tasks.jsonl"), lineno, "question", f"also in {other_path}:{questions[q]}, expected no question shared between splits"))
+                problems.append(
+                    Problem(
+                        str(data_dir / "tasks.jsonl"),
+                        lineno,
+                        "question",
+                        f"also in {other_path}:{questions[q]}, expected no question shared between splits",
+                    )
+                )
     except InputError as exc:
         problems.extend(exc.problems)
     return problems

@@ -1,39 +1,28 @@
-"""The config of ``memsearch pipeline memagent``: the MemAgent recipe in one TOML file.
-
-``configs/memagent.toml`` holds it: ``model`` (the base of everything), ``[data]`` (sources and
-the numbers of documents N), ``[episode]`` (the recurrent agent: chunk, memory and answer limits,
-prompts; the same tables ``memsearch eval`` reads), ``[train]`` (GRPO, ``role = "overwrite"``).
-``model`` fills the episode's tokenizer and its memory and reader backends, so budgets are
-always counted with the tokenizer of the model that is trained and evaluated.
+"""What every pipeline config shares: its ``[episode]`` table is a run config (``memsearch eval``
+and ``matrix`` accept a pipeline config as one: ``load_run_config``), its trainer tables are
+validated with their place in the pipeline config (``validated``), and its report has paired
+bootstrap settings (``PipelineReport``). The configs of the pipelines themselves are
+``memsearch.pipelines.memagent.config`` and ``memsearch.pipelines.memory_policy.config``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError
 
-from memsearch.config import RunConfig, config_from_tables, read_config_file
-from memsearch.train.config import GRPOConfig
-
-# [train] fields the pipeline sets itself (from model, data and episode).
-_PIPELINE_OWNED = ("role", "model", "data", "episode", "episode_config", "eval")
+from memsearch.config import RunConfig, StrictConfig, config_from_tables, merge_tables, read_config_file
+from memsearch.errors import InputValueError
 
 
 def episode_table(data: dict[str, Any]) -> dict[str, Any]:
     """The ``[episode]`` table of a pipeline config (raw TOML data) as a run config: its
     tokenizer and memory/reader backends come from ``model`` unless the table sets them."""
     model = data.get("model", "embedded")
-    episode = dict(data.get("episode") or {})
-    episode.setdefault("tokenizer", model)
-    backends = {k: dict(v) for k, v in (episode.get("backends") or {}).items()}
-    for role in ("memory", "reader"):
-        backends.setdefault(role, {})
-        backends[role].setdefault("kind", "hf")
-        backends[role].setdefault("model", model)
-    episode["backends"] = backends
-    return episode
+    backends = {role: {"kind": "hf", "model": model} for role in ("memory", "reader")}
+    from_model = {"tokenizer": model, "backends": backends}
+    return merge_tables(from_model, data.get("episode") or {})
 
 
 def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
@@ -60,94 +49,12 @@ def validated(model: type[BaseModel], fields: dict[str, Any], table: str) -> Any
     except ValidationError as exc:
         problems = "; ".join(f"{table}.{'.'.join(str(p) for p in e['loc'])}: "
                              f"{'unknown field' if e['type'] == 'extra_forbidden' else e['msg']}" for e in exc.errors())
-        raise ValueError(problems) from None
+        raise InputValueError(problems) from None
 
 
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PipelineData(_Config):
-    """What the pipeline prepares (``prepare`` stage)."""
-
-    dev: str = Field("data/samples/hotpotqa/dev_distractor_sample.json",
-                     description="HotpotQA dev (distractor) file the RULER-HQA-style sets are built from")
-    train: str = Field("data/samples/hotpotqa/train_sample.json", description="HotpotQA train file for GRPO")
-    docs: list[int] = Field([50, 200, 800], description="Documents per context N of the evaluation sets (one set per N)")
-    questions: int | None = Field(None, ge=1, description="Dev questions per set (first N in file order; None = all)")
-    train_questions: int | None = Field(None, ge=1, description="Train questions (first N; None = all)")
-    train_docs: int = Field(
-        0, ge=0, description="Documents per training context (built like the dev sets, from train only); "
-        "0 = each question's own candidate paragraphs")
-    seed: int = Field(42, description="Seed of the document sampling and shuffling")
-
-    @model_validator(mode="after")
-    def _distinct_docs(self) -> PipelineData:
-        if not self.docs or len(set(self.docs)) != len(self.docs) or min(self.docs) < 2:
-            raise ValueError(f"docs {self.docs}: expected distinct numbers of documents of at least 2, e.g. [50, 200, 800]")
-        return self
-
-
-class PipelineReport(_Config):
+class PipelineReport(StrictConfig):
     """How the report compares base and trained (``report`` stage)."""
 
     bootstrap_resamples: int = Field(10_000, ge=100, description="Paired bootstrap resamples per base-vs-trained difference")
     confidence: float = Field(0.95, gt=0.0, lt=1.0, description="Confidence of the paired bootstrap intervals")
     seed: int = Field(0, description="Seed of the bootstrap resampling (the report is deterministic)")
-
-
-class MemAgentPipeline(_Config):
-    """``memsearch pipeline memagent``: prepare, train (GRPO, overwrite role), merge, evaluate
-    base and trained at every N, report."""
-
-    pipeline: Literal["memagent"] = Field(..., description="Marks a pipeline config (its [episode] is a run config)")
-    model: str = Field("embedded", description="'embedded' or a local Hugging Face folder: trained, evaluated, and the budget tokenizer")
-    data: PipelineData = Field(default_factory=PipelineData, description="Sources and sets")
-    episode: RunConfig = Field(..., description="The recurrent agent (stream + overwrite + exhaust) and its budgets and prompts")
-    report: PipelineReport = Field(default_factory=PipelineReport, description="Paired bootstrap settings of the report")
-    train: dict[str, Any] = Field(default_factory=dict, description="GRPO settings (memsearch train grpo fields but "
-                                  "role/model/data/episode, which the pipeline sets)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _model_fills_episode(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or not isinstance(data.get("episode"), dict):
-            return data
-        return {**data, "episode": episode_table(data)}
-
-    @model_validator(mode="after")
-    def _recipe_is_consistent(self) -> MemAgentPipeline:
-        agent, backends = self.episode.agent, self.episode.backends
-        if (agent.evidence, agent.memory, agent.controller) != ("stream", "overwrite", "exhaust"):
-            raise ValueError("episode.agent: the MemAgent pipeline needs evidence 'stream', memory 'overwrite', controller 'exhaust'")
-        if self.episode.tokenizer != self.model:
-            raise ValueError(f"episode.tokenizer {self.episode.tokenizer!r} differs from model {self.model!r}: budgets must "
-                             "be counted with the model's own tokenizer (leave episode.tokenizer unset)")
-        for role in ("memory", "reader"):
-            b = getattr(backends, role)
-            if b.kind != "hf" or b.model != self.model or b.adapter is not None:
-                raise ValueError(f"episode.backends.{role}: must be kind 'hf' with model {self.model!r} and no adapter "
-                                 "(the pipeline swaps in the trained model; leave it unset)")
-        bad = sorted(set(self.train) & set(_PIPELINE_OWNED))
-        if bad:
-            raise ValueError(f"train: {', '.join(bad)} set by the pipeline itself; remove them from [train]")
-        self.grpo_config("<train-data>")  # validates [train] now, with its field names
-        return self
-
-    def grpo_config(self, train_data: str) -> GRPOConfig:
-        """The ``memsearch train grpo`` config of the training stage."""
-        fields = {**self.train, "role": "overwrite", "model": self.model, "data": train_data,
-                  "episode": self.episode.model_dump(mode="json")}
-        return validated(GRPOConfig, fields, "train")
-
-    def eval_config(self, model: str, limit: int | None = None) -> RunConfig:
-        """The run config evaluating ``model`` (the base, or a merged checkpoint): the episode
-        with only the memory and reader models replaced, so base and trained share every other
-        setting, the budget tokenizer included. ``limit``: evaluate the first questions only
-        (the plain HotpotQA set, whose prepared folder holds the whole dev file)."""
-        data = self.episode.model_dump(mode="json")
-        for role in ("memory", "reader"):
-            data["backends"][role]["model"] = model
-        if limit is not None:
-            data["limit"] = limit
-        return RunConfig.model_validate(data)

@@ -12,8 +12,10 @@ a folder made from different inputs instead of mixing results:
 Inside ``with run_folder(out):`` (both pipelines run their stages so) a path under the run folder
 is recorded and fingerprinted as ``$OUT/...``: a fingerprint names what a stage was made from,
 not where the run folder lies, so finished stages copied into another run folder are reused
-there (docs/memory_policy.md, "Controls"). Records written before this rule (raw paths) are
-accepted when their fingerprint matches the raw inputs, and rewritten in the portable form.
+there (docs/memory_policy.md, "Controls").
+
+Every record carries ``version`` (``RECORD_VERSION``). A record without one (version 1) is
+upgraded by ``upgrade_version1_record`` when it was made from the same inputs, else refused.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from memsearch.errors import InputError
 from memsearch.io import sha256_file, write_json
 
 RECORD = "stage.json"
+RECORD_VERSION = 2
 OUT_TOKEN = "$OUT"
 _RUN_FOLDER: ContextVar[Path | None] = ContextVar("memsearch_run_folder", default=None)
 
@@ -101,7 +104,7 @@ class Stage:
         out = _RUN_FOLDER.get()
         self.inputs = portable_inputs(inputs, out) if out is not None else inputs
         self.fingerprint = fingerprint(self.inputs)
-        self._raw_inputs = inputs  # what a record written before paths were made portable fingerprinted
+        self.given_inputs = inputs  # as given, before $OUT: what a version-1 record may have fingerprinted
 
     def record(self) -> dict[str, Any] | None:
         return json.loads(self.record_path.read_text()) if self.record_path.is_file() else None
@@ -113,15 +116,22 @@ class Stage:
                 raise InputError(f"{self.folder}: exists but has no record ({self.record_path.name}), so what made it is unknown; "
                                  "move it away or choose a new --out")
             return None
-        if record["fingerprint"] != self.fingerprint and record["fingerprint"] == fingerprint(self._raw_inputs):
-            record = {**record, "fingerprint": self.fingerprint, "inputs": self.inputs,
-                      "fingerprint_before": record["fingerprint"]}
-            write_json(self.record_path, record)  # the same inputs, now recorded without this folder's path
+        version = record.get("version", 1)
+        if version == 1:
+            return upgrade_version1_record(self, record)
+        if version != RECORD_VERSION:
+            raise InputError(f"{self.record_path}: stage record version {version!r}, this memsearch reads version "
+                             f"{RECORD_VERSION}; use the memsearch that wrote it, or delete {self.folder} and "
+                             f"{self.record_path} to redo the stage")
         if record["fingerprint"] != self.fingerprint:
-            changed = ", ".join(_changed(record.get("inputs", {}), self.inputs)[:8]) or "inputs"
-            raise InputError(f"{self.folder}: stage '{self.name}' was made from different inputs (changed: {changed}); "
-                             f"refusing to reuse or mix it. Choose a new --out, or delete {self.folder} and {self.record_path} to redo the stage")
+            self.refuse(record.get("inputs", {}), self.inputs)
         return record
+
+    def refuse(self, recorded: dict[str, Any], inputs: dict[str, Any]) -> None:
+        """Raise: the record was made from ``recorded``, not from ``inputs`` (changed keys named)."""
+        changed = ", ".join(_changed(recorded, inputs)[:8]) or "inputs"
+        raise InputError(f"{self.folder}: stage '{self.name}' was made from different inputs (changed: {changed}); "
+                         f"refusing to reuse or mix it. Choose a new --out, or delete {self.folder} and {self.record_path} to redo the stage")
 
     def done(self) -> bool:
         """True when the stage finished with these inputs; raises on a fingerprint mismatch."""
@@ -138,13 +148,53 @@ class Stage:
         if self.started():
             return
         self.record_path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(self.record_path, {"stage": self.name, "fingerprint": self.fingerprint, "inputs": self.inputs,
-                                      "complete": False, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        write_json(self.record_path, {"version": RECORD_VERSION, "stage": self.name, "fingerprint": self.fingerprint,
+                                      "inputs": self.inputs, "complete": False,
+                                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
     def finish(self, outputs: dict[str, Any]) -> None:
         record = self.record() or {}
         write_json(self.record_path, {**record, "complete": True, "outputs": outputs,
                                       "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+
+# Config fields that version 1 left out of every dump while at their default (values of
+# memsearch.config's Agent.memory_sources and BackendConfig.open_items): a version-1
+# fingerprint of a config dump is the fingerprint of the dump without them.
+VERSION1_OMITTED = {"memory_sources": "shown", "open_items": False}
+
+
+def version1_dump(value: Any) -> Any:
+    """``value`` (stage inputs, or any part of them) as version 1 dumped it: without the fields
+    of ``VERSION1_OMITTED`` that hold their defaults."""
+    if isinstance(value, dict):
+        return {k: version1_dump(v) for k, v in value.items()
+                if not (k in VERSION1_OMITTED and v == VERSION1_OMITTED[k])}
+    if isinstance(value, list):
+        return [version1_dump(v) for v in value]
+    return value
+
+
+def upgrade_version1_record(stage: Stage, record: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 record of ``stage`` (no ``version`` key), rewritten as the current version
+    when it was made from the stage's inputs; else the refusal naming what changed.
+
+    Version 1 differs in two ways that change a fingerprint, not what a stage made: config
+    dumps left ``memory_sources`` and ``open_items`` out at their defaults (``VERSION1_OMITTED``),
+    and records written before ``$OUT`` paths hold the run folder's raw paths. Both are
+    reproducible from the current inputs, so a finished stage made from the same inputs is
+    recognised and reused instead of redone (hours of training): migrated, not refused.
+    The rewritten record keeps the old fingerprint as ``fingerprint_before``. What a resumed
+    stage's own tool checks (a trainer's or eval run's ``config.json``) is not a stage record:
+    an unfinished stage of version 1 is recognised here, and its trainer or eval run then
+    refuses the changed config dump (delete the stage's folder and record to redo it)."""
+    candidates = (version1_dump(stage.inputs), version1_dump(stage.given_inputs))
+    if record.get("fingerprint") not in {fingerprint(inputs) for inputs in candidates}:
+        stage.refuse(record.get("inputs", {}), candidates[0])
+    upgraded = {**record, "version": RECORD_VERSION, "fingerprint": stage.fingerprint, "inputs": stage.inputs,
+                "fingerprint_before": record["fingerprint"]}
+    write_json(stage.record_path, upgraded)
+    return upgraded
 
 
 def grpo_stage(folder: Path, record: Path, grpo: Any, upstream: dict[str, Any], echo=print, around=None) -> Path:

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from memsearch.data.records import Document
-from memsearch.errors import InputError
+from memsearch.errors import InputError, InputValueError
 from memsearch.io import atomic_output_dir, sha256_file, write_json
 from memsearch.retrieval.base import Passage, check_search_args, passage_from_document, unknown_ids_error
 from memsearch.retrieval.bm25 import (
@@ -94,7 +94,7 @@ class DenseRetriever:
             index = faiss.IndexHNSWFlat(encoder.dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
             index.hnsw.efSearch = ef_search
         else:
-            raise ValueError(f"unknown index_type {index_type!r}; choose 'flat' or 'hnsw'")
+            raise InputValueError(f"unknown index_type {index_type!r}; choose 'flat' or 'hnsw'")
         index.add(vectors)
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "builder_version": BUILDER_VERSION,

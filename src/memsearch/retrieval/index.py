@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from memsearch.data.records import Document
-from memsearch.errors import InputError
+from memsearch.errors import InputError, InputValueError
 
 METHODS = ("bm25", "dense", "hybrid")
 
@@ -33,7 +33,7 @@ def build_index(documents: Sequence[Document], method: str, out: str | Path, ind
 
         retriever = DenseRetriever.build(documents, index_type=index_type, show_progress=show_progress)
     else:
-        raise ValueError(f"--method {method!r}: build 'bm25' or 'dense' (a dense folder also serves 'hybrid')")
+        raise InputValueError(f"--method {method!r}: build 'bm25' or 'dense' (a dense folder also serves 'hybrid')")
     retriever.save(out)
     return retriever
 

@@ -223,7 +223,8 @@ class AgentServer:
         digest = hashlib.sha256(raw).hexdigest()
         seen = self._seen.get(digest, 0)
         self._seen[digest] = seen + 1
-        if sum(self.fault_counts.values()) >= self.max_faults or self._streak.get(digest, 0) >= self.max_faults_per_request:
+        exhausted = sum(self.fault_counts.values()) >= self.max_faults
+        if exhausted or self._streak.get(digest, 0) >= self.max_faults_per_request:
             self._streak[digest] = 0
             return None
         draw = random.Random(f"{self.seed}:{digest}:{seen}").random()
@@ -300,7 +301,8 @@ def main() -> None:
     parser.add_argument("--stall-ms", type=float, default=2000.0, help="how long an injected stall lasts")
     parser.add_argument("--max-faults", type=int, default=1000, help="faults in total, then every request is answered")
     parser.add_argument("--max-faults-per-request", type=int, default=2, help="consecutive faults for one request body")
-    parser.add_argument("--lifetime-s", type=float, default=None, help="stop after this long (default 300 s when faults are set)")
+    parser.add_argument("--lifetime-s", type=float, default=None,
+                        help="stop after this long (default 300 s when faults are set)")
     parser.add_argument("--echo-key", action="store_true", help="echo the bearer token in completions and error bodies")
     args = parser.parse_args()
     faults = {}

@@ -10,25 +10,23 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
-from memsearch.config import RunConfig
-
-
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from memsearch.config import RunConfig, StrictConfig, merge_tables
 
 
-def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in top.items():
-        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
+def _list_as_tuple(value: Any) -> Any:
+    # TOML and JSON (a saved config.json) have arrays, no tuples: a list of the right length is
+    # the tuple; its items are still validated strictly (no "0.9" strings, no bools).
+    return tuple(value) if isinstance(value, list) else value
 
 
-class LoraSettings(_Config):
+FloatPair = Annotated[tuple[float, float], BeforeValidator(_list_as_tuple)]
+
+
+class LoraSettings(StrictConfig):
     """The LoRA adapter that is trained (PEFT). Ignored when starting from an existing adapter,
     whose own settings then apply (the trainer says so)."""
 
@@ -41,18 +39,18 @@ class LoraSettings(_Config):
     )
 
 
-class OptimSettings(_Config):
+class OptimSettings(StrictConfig):
     """AdamW with warm-up and a decay schedule."""
 
     lr: float = Field(1e-5, gt=0, description="Peak learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    betas: FloatPair = Field((0.9, 0.999), description="AdamW betas")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up from 0 to lr over this many optimizer steps")
     schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up (to 0 at the last step)")
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm (None = no clipping)")
 
 
-class EvalSettings(_Config):
+class EvalSettings(StrictConfig):
     """Periodic evaluation through the episode engine (the same code path as `memsearch eval`)."""
 
     data: str | None = Field(None, description="A prepared dev folder; None = no periodic evaluation")
@@ -64,7 +62,7 @@ class EvalSettings(_Config):
         "barrier, at most this many seconds (then the run fails saying so); raise it for long evaluations")
 
 
-class RewardSettings(_Config):
+class RewardSettings(StrictConfig):
     """Trajectory reward: answer metric minus penalties, one number per trajectory
     (``train.reward``)::
 
@@ -94,7 +92,20 @@ class RewardSettings(_Config):
         "answer metric barely moves with memory quality (small readers); 0 = answer metric only")
 
 
-class GRPOConfig(_Config):
+class TrainerConfig(StrictConfig):
+    """Settings both trainers (``GRPOConfig``, ``SFTConfig``) have, with the same meaning."""
+
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA settings")
+    eval: EvalSettings = Field(default_factory=EvalSettings, description="Periodic evaluation")
+    keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept (older ones are deleted)")
+    device: str = Field("auto", description="auto | cpu | cuda (torchrun: one GPU per local rank)")
+    dtype: str = Field("float32", description="Weights dtype of the trained model (float32 on CPU)")
+    dist_timeout_s: float = Field(
+        1800.0, gt=0, description="torchrun: process-group timeout, the longest one rank waits in a collective for the "
+        "others (GRPO: e.g. for the slowest rank's rollouts) before the run fails; NCCL's own default is 600 s")
+
+
+class GRPOConfig(TrainerConfig):
     """``memsearch train grpo``: multi-turn GRPO through the episode engine (docs/design.md §7)."""
 
     role: Literal["memory", "controller", "overwrite"] = Field(
@@ -124,8 +135,7 @@ class GRPOConfig(_Config):
     aggregation: Literal["trajectory", "token", "sequence"] = Field(
         "trajectory", description="trajectory: each trajectory normalized by its generated tokens; token: token mean; sequence: row mean"
     )
-    kl_coef: float = Field(
-        0.0, ge=0, description="k3 KL penalty to the reference (kl_reference)")
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL penalty to the reference (kl_reference)")
     kl_reference: Literal["start", "base"] = Field(
         "start", description="KL reference: 'start' = the weights training starts from (a frozen copy of `adapter` when "
         "given, else the base); 'base' = the base model with the adapter disabled, even after an SFT adapter")
@@ -145,30 +155,18 @@ class GRPOConfig(_Config):
         1024, ge=64, description="Padded tokens per forward/backward micro-batch: bounds activation memory; gradients "
         "accumulate exactly, so it changes memory and speed, not the update (raise it on a GPU)")
     reward: RewardSettings = Field(default_factory=RewardSettings, description="Reward of a trajectory")
-    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA settings")
     optim: OptimSettings = Field(default_factory=OptimSettings, description="Optimizer and schedule")
-    eval: EvalSettings = Field(default_factory=EvalSettings, description="Periodic evaluation")
     seed: int = Field(0, description="Seeds task order, sampling and initialization")
     checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every N steps (and at the end)")
-    keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept (older ones are deleted)")
     max_batch_size: int = Field(16, ge=1, description="Rollout decoder: most rows decoded together")
-    device: str = Field("auto", description="auto | cpu | cuda (torchrun: one GPU per local rank)")
-    dtype: str = Field("float32", description="Weights dtype of the trained model (float32 on CPU)")
     save_rollouts: bool = Field(True, description="Write every step's trajectories to rollouts/")
-    dist_timeout_s: float = Field(
-        1800.0, gt=0, description="torchrun: process-group timeout, the longest one rank waits in a collective for the "
-        "others (e.g. for the slowest rank's rollouts) before the run fails; NCCL's own default is 600 s")
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _load_episode_config(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("episode_config"):
-            path = Path(data["episode_config"])
-            if not path.is_file():
-                raise ValueError(f"episode_config {path}: no such file")
-            base = tomllib.loads(path.read_text(encoding="utf-8"))
-            data = {**data, "episode": _deep_merge(base, data.get("episode") or {})}
-        return _schema_mode_fills_episode(data)
+    def _episode_from_config_file_and_schema_mode(cls, data: Any, handler) -> GRPOConfig:
+        # One validator, so the order is explicit: the episode file under [episode], then the
+        # schema-mode rule around validation (it fills raw data and checks the validated config).
+        return schema_mode_rule(_with_episode_config(data), handler)
 
     @model_validator(mode="after")
     def _role_fits_episode(self) -> GRPOConfig:
@@ -181,38 +179,55 @@ class GRPOConfig(_Config):
             raise ValueError("role 'overwrite' needs episode.agent.memory = 'overwrite' (MemAgent)")
         if 0 < self.dual_clip <= 1:
             raise ValueError(f"dual_clip = {self.dual_clip}: the dual-clip bound must be > 1 (or 0 to disable it)")
-        if self.schema_mode and self.role != "memory":
-            raise ValueError("schema_mode applies to the memory role (decision mode) only")
-        episode_mode = self.episode.backends.memory.schema_mode
-        if self.role in ("memory", "overwrite") and episode_mode != self.schema_mode:
-            # Rollouts sample the trained memory calls with `schema_mode`, periodic evaluation (and
-            # `memsearch eval` of this episode) with the episode's: the evaluated policy would not
-            # be the trained one.
-            raise ValueError(f"schema_mode = {str(self.schema_mode).lower()} and episode.backends.memory.schema_mode = "
-                             f"{str(episode_mode).lower()} disagree: training and evaluation must sample the memory role "
-                             "the same way; set schema_mode (the episode follows it) and leave the episode's unset")
         return self
 
 
-def _schema_mode_fills_episode(data: Any) -> Any:
-    """Copy a given top-level ``schema_mode`` into ``episode.backends.memory`` when the episode
-    does not set it, so that one setting drives rollouts and periodic evaluation; a value the
-    episode sets itself is kept (and refused by ``_role_fits_episode`` when it disagrees)."""
-    if not isinstance(data, dict) or "schema_mode" not in data:
+def _with_episode_config(data: Any) -> Any:
+    """Raw GRPO fields with ``episode_config`` (a run config TOML) read in under the ``[episode]``
+    tables given beside it (``merge_tables``: the given tables win)."""
+    if not isinstance(data, dict) or not data.get("episode_config"):
         return data
-    if data.get("role", "memory") not in ("memory", "overwrite"):
-        return data  # the memory role is not trained: its backend's schema mode is its own
-    episode = data.get("episode")
-    if isinstance(episode, RunConfig):
-        return data  # a validated episode says what it says
-    episode = dict(episode or {})
-    backends = dict(episode.get("backends") or {})
-    memory = dict(backends.get("memory") or {})
-    memory.setdefault("schema_mode", data["schema_mode"])
-    return {**data, "episode": {**episode, "backends": {**backends, "memory": memory}}}
+    path = Path(data["episode_config"])
+    if not path.is_file():
+        raise ValueError(f"episode_config {path}: no such file")
+    base = tomllib.loads(path.read_text(encoding="utf-8"))
+    episode = data.get("episode") or {}
+    return {**data, "episode": merge_tables(base, episode) if isinstance(episode, dict) else episode}
 
 
-class SFTConfig(_Config):
+def schema_mode_rule(data: Any, validate) -> GRPOConfig:
+    """The schema-mode rule of a GRPO config, in one place: the top-level ``schema_mode`` drives
+    how the memory role samples in rollouts and in periodic evaluation (``episode.backends.memory``).
+
+    Before validation (``data``: raw fields; ``validate``: the model's validation of them), a
+    top-level ``schema_mode`` that is given is copied into ``episode.backends.memory`` when the
+    episode does not set it and the trained role writes the memory (memory, overwrite); an
+    episode given as a validated ``RunConfig`` says what it says. After validation it refuses
+    ``schema_mode`` for a role other than memory, and, for the roles that write the memory, a
+    top-level value and an episode value that disagree: rollouts would sample the trained memory
+    calls one way and periodic evaluation (and ``memsearch eval`` of this episode) the other, so
+    the evaluated policy would not be the trained one. A controller run keeps its frozen memory
+    backend's own schema mode."""
+    fills = (isinstance(data, dict) and isinstance(data.get("schema_mode"), bool)
+             and data.get("role", "memory") in ("memory", "overwrite") and not isinstance(data.get("episode"), RunConfig))
+    if fills:
+        episode = dict(data.get("episode") or {})
+        backends = dict(episode.get("backends") or {})
+        memory = dict(backends.get("memory") or {})
+        memory.setdefault("schema_mode", data["schema_mode"])
+        data = {**data, "episode": {**episode, "backends": {**backends, "memory": memory}}}
+    cfg = validate(data)
+    if cfg.schema_mode and cfg.role != "memory":
+        raise ValueError("schema_mode applies to the memory role (decision mode) only")
+    episode_mode = cfg.episode.backends.memory.schema_mode
+    if cfg.role in ("memory", "overwrite") and episode_mode != cfg.schema_mode:
+        raise ValueError(f"schema_mode = {str(cfg.schema_mode).lower()} and episode.backends.memory.schema_mode = "
+                         f"{str(episode_mode).lower()} disagree: training and evaluation must sample the memory role "
+                         "the same way; set schema_mode (the episode follows it) and leave the episode's unset")
+    return cfg
+
+
+class SFTConfig(TrainerConfig):
     """``memsearch train sft``: LoRA SFT on completion tokens only (data from `export-sft`)."""
 
     model: str = Field("embedded", description="'embedded' or a local Hugging Face model folder")
@@ -224,19 +239,11 @@ class SFTConfig(_Config):
     micro_batch_rows: int = Field(4, ge=1, description="Rows per forward/backward pass")
     grad_accumulation: int = Field(4, ge=1, description="Micro-batches per optimizer step")
     max_tokens: int = Field(2048, ge=16, description="Longest prompt + completion; longer rows are refused with their line")
-    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA settings")
     optim: OptimSettings = Field(
         default_factory=lambda: OptimSettings(lr=2e-4, warmup_steps=5, schedule="cosine"), description="Optimizer and schedule"
     )
-    eval: EvalSettings = Field(default_factory=EvalSettings, description="Periodic evaluation")
     seed: int = Field(0, description="Seeds shuffling and initialization")
     checkpoint_every: int = Field(50, ge=1, description="Save a resumable checkpoint every N optimizer steps (and at the end)")
-    keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept")
-    device: str = Field("auto", description="auto | cpu | cuda")
-    dtype: str = Field("float32", description="Weights dtype")
-    dist_timeout_s: float = Field(
-        1800.0, gt=0, description="torchrun: process-group timeout, the longest one rank waits in a collective for the "
-        "others before the run fails; NCCL's own default is 600 s")
 
     @model_validator(mode="after")
     def _eval_needs_config(self) -> SFTConfig:

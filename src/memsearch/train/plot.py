@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from memsearch.errors import InputValueError
 from memsearch.train.log import read_log
 
 
@@ -16,7 +17,7 @@ def plot_rewards(log_path: str | Path, png: str | Path, title: str | None = None
 
     records = [r for r in read_log(Path(log_path)) if "reward_mean" in r]
     if not records:
-        raise ValueError(f"{log_path}: no step records with reward_mean")
+        raise InputValueError(f"{log_path}: no step records with reward_mean")
     steps = [r["step"] for r in records]
     mean = [r["reward_mean"] for r in records]
     std = [r["reward_std"] for r in records]

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from memsearch.errors import InputValueError
+
 
 def _offline() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,7 +50,7 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float32
     if not hasattr(torch, str(dtype)) or not isinstance(getattr(torch, str(dtype)), torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}")
+        raise InputValueError(f"unknown dtype {dtype!r}: expected a torch dtype name, e.g. float32, bfloat16, float16")
     return getattr(torch, str(dtype))
 
 

@@ -18,10 +18,10 @@ Refused (docs/verl.md has the table):
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
+from memsearch.errors import InputValueError
 from memsearch.integrations.verl import AGENT_NAME
 from memsearch.train.config import GRPOConfig
 
@@ -31,7 +31,7 @@ LOOP_TARGET = "memsearch.integrations.verl.loop.MemsearchAgentLoop"
 PROMPT_SLACK_TOKENS = 1024
 
 
-class VerlMappingError(ValueError):
+class VerlMappingError(InputValueError):
     """Options of a memsearch config that verl cannot run; ``reasons`` has one line per option."""
 
     def __init__(self, reasons: list[str]) -> None:
@@ -42,18 +42,18 @@ class VerlMappingError(ValueError):
 def load_grpo_config(path: Path, overrides: list[str] | None = None, data: str | None = None) -> GRPOConfig:
     """A ``memsearch train grpo`` config, or the training stage of a MemAgent pipeline config
     (``pipeline = "memagent"``); ``data`` replaces the train folder."""
-    from memsearch.config import load_config
+    from memsearch.config import config_from_tables, read_config_file
 
-    raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    raw = read_config_file(path)
     if raw.get("pipeline") == "memagent":
-        from memsearch.pipelines.config import MemAgentPipeline
+        from memsearch.pipelines.memagent.config import MemAgentPipeline
 
         if not data:
-            raise ValueError(f"{path} is a MemAgent pipeline config: give --data, the prepared train folder "
+            raise InputValueError(f"{path} is a MemAgent pipeline config: give --data, the prepared train folder "
                              "(the pipeline's prepare/train)")
-        return load_config(path, overrides, model=MemAgentPipeline).grpo_config(data)
+        return config_from_tables(raw, overrides, MemAgentPipeline, str(path)).grpo_config(data)
     extra = [f"data={data}"] if data else []
-    return load_config(path, list(overrides or []) + extra, model=GRPOConfig)
+    return config_from_tables(raw, list(overrides or []) + extra, GRPOConfig, str(path))
 
 
 def refusals(cfg: GRPOConfig) -> list[str]:

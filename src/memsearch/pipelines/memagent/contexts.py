@@ -64,7 +64,7 @@ def measure_recipe(cfg, docs: list[int] | None = None) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     """Command line: measure the recipe of ``--config`` and write the record to ``--out``."""
     from memsearch.config import load_config
-    from memsearch.pipelines.config import MemAgentPipeline
+    from memsearch.pipelines.memagent.config import MemAgentPipeline
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/memagent.toml")

@@ -32,7 +32,7 @@ from typing import Any
 
 from memsearch.errors import InputError
 from memsearch.io import dumps_line, sha256_file
-from memsearch.pipelines.config import MemAgentPipeline
+from memsearch.pipelines.memagent.config import MemAgentPipeline
 from memsearch.pipelines.memagent.report import HOTPOT_SET
 from memsearch.pipelines.stages import Stage, grpo_stage, run_folder
 from memsearch.pipelines.stages import merge_stage as merge_stages

@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from memsearch.config import BackendConfig, RunConfig
-from memsearch.pipelines.config import PipelineReport, _Config, validated
+from memsearch.config import BackendConfig, RunConfig, StrictConfig
+from memsearch.pipelines.config import PipelineReport, validated
 from memsearch.train.config import GRPOConfig, SFTConfig
 
 # Trainer fields the pipeline sets itself: the model, data, role, seed and episode come from the
@@ -26,7 +26,7 @@ _OWNED = ("role", "model", "data", "episode", "episode_config", "eval", "eval_co
 _OWNED_EVAL = ("data",)
 
 
-class MPData(_Config):
+class MPData(StrictConfig):
     """Train and held-out dev questions (``prepare`` stage)."""
 
     train: str = Field("data/samples/hotpotqa/train_sample.json", description="HotpotQA train file: teacher, SFT and GRPO")
@@ -40,7 +40,7 @@ class MPData(_Config):
                                "held-out ones, disjoint from them; 0 = no periodic evaluation")
 
 
-class TeacherRows(_Config):
+class TeacherRows(StrictConfig):
     """Which teacher rows SFT trains on (``train.row_selection``): every operation row, every
     NOOP row where a gold sentence was shown but not kept, and a share of the other NOOP rows."""
 
@@ -50,7 +50,7 @@ class TeacherRows(_Config):
     seed: int = Field(0, description="Seeds the sample of NOOP rows")
 
 
-class Stage2(_Config):
+class Stage2(StrictConfig):
     """Optional stage 2: GRPO of the search controller (``agent.controller = 'policy'``) with the
     stage-1 model frozen as the memory backend."""
 
@@ -93,7 +93,7 @@ class Stage2(_Config):
                                   "data, episode, seed are set by the pipeline)")
 
 
-class MemoryPolicyPipeline(_Config):
+class MemoryPolicyPipeline(StrictConfig):
     """``memsearch pipeline memory-policy``: prepare, teacher + export-sft, SFT, GRPO stage 1,
     merge, optional stage 2, the A-D matrix on held-out dev, report."""
 

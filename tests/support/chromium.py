@@ -2,6 +2,12 @@
 for the report's browser tests and benchmark. No browser download, no network, no extra Python
 package: messages are NUL-terminated JSON on file descriptors 3 (to the browser) and 4 (from it).
 
+It lives with the tests, not in the package: only ``tests/report/test_browser.py`` and
+``bench/report.py`` use it, both from a clone, and it checks memsearch's own report page rather
+than anything a researcher plugs in (unlike ``memsearch.testing``'s servers). Import it as
+``tests.support.chromium`` (pytest's importlib mode resolves ``tests`` from the rootdir; a bench
+script puts the repository root on ``sys.path`` first).
+
     with Chromium() as browser:
         page = browser.open(Path("runs/demo/report.html").resolve().as_uri() + "#filter=incorrect")
         page.eval("document.querySelector('[data-testid=task-count]').textContent")
@@ -138,7 +144,8 @@ class Chromium:
             return
         method, params = event.get("method"), event.get("params", {})
         if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-            page.console_errors.append(" ".join(str(a.get("value", a.get("description"))) for a in params.get("args", [])))
+            args = params.get("args", [])
+            page.console_errors.append(" ".join(str(a.get("value", a.get("description"))) for a in args))
         elif method == "Runtime.exceptionThrown":
             page.console_errors.append(json.dumps(params.get("exceptionDetails"))[:1000])
         elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":

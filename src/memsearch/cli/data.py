@@ -1,0 +1,119 @@
+"""``memsearch data``: convert HotpotQA / MuSiQue / RULER-HQA into data folders and check them.
+
+Every command imports what it needs inside its body, so ``memsearch --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from memsearch.cli.common import EXIT_INPUT, Limit, add_renamed, command_group, friendly, renamed_options
+
+data_app = command_group("Prepare data folders (HotpotQA, MuSiQue, RULER-HQA long contexts) and validate them.")
+
+NewFolder = Annotated[Path, typer.Option(help="New output folder (must not exist).")]
+Split = Annotated[str, typer.Option(
+    help="train or dev (required): recorded in the manifest, which keeps dev data out of training.")]
+
+
+def _prepare(convert: Callable[..., Any], input: Path, out: Path, split: str, limit: int | None) -> None:
+    from memsearch.data.dataset import save_dataset
+    from memsearch.data.source import check_split
+
+    check_split(input, split)
+    dataset = convert(input, split=split, limit=limit)
+    save_dataset(dataset, out)
+    typer.echo(f"wrote {out}: {len(dataset.tasks)} tasks, {len(dataset.documents)} documents "
+               f"({dataset.manifest['kind']} {split})")
+
+
+@data_app.command("prepare-hotpot")
+@friendly
+def prepare_hotpot(
+    input: Annotated[Path, typer.Option(help="HotpotQA file: JSON list, JSON lines, or the Hugging Face layout.")],
+    out: NewFolder,
+    split: Split,
+    limit: Limit = None,
+) -> None:
+    """Convert HotpotQA into corpus.jsonl, tasks.jsonl, labels.jsonl and manifest.json."""
+    from memsearch.data.hotpot import convert_hotpot
+
+    _prepare(convert_hotpot, input, out, split, limit)
+
+
+@data_app.command("prepare-musique")
+@friendly
+def prepare_musique(
+    input: Annotated[Path, typer.Option(help="MuSiQue-Ans file: JSON list or JSON lines.")],
+    out: NewFolder,
+    split: Split,
+    limit: Limit = None,
+) -> None:
+    """Convert MuSiQue-Ans into the same three-file layout (paragraph-level evidence)."""
+    from memsearch.data.musique import convert_musique
+
+    _prepare(convert_musique, input, out, split, limit)
+
+
+# Its source is a prepared folder, which every other command takes as --data.
+RulerCommand = renamed_options("data prepare-ruler", {"--input": "--data"})
+
+
+@data_app.command("prepare-ruler", cls=RulerCommand)
+@friendly
+def prepare_ruler(
+    data: Annotated[Path, typer.Option(help="A prepared dev folder (from data prepare-hotpot --split dev).")],
+    docs: Annotated[str, typer.Option(help="Comma-separated numbers of documents per context.")],
+    out: Annotated[Path, typer.Option(help="New output folder; one docs{N} subfolder per N.")],
+    seed: Annotated[int, typer.Option(help="Seed for sampling and shuffling documents.")] = 42,
+    limit: Limit = None,
+    tokenizer: Annotated[str, typer.Option(
+        help="Tokenizer for the context-length stats: embedded, lexical, none, or a folder.")] = "embedded",
+) -> None:
+    """RULER-HQA-style long contexts: each question's own paragraphs hidden among N-own others."""
+    from memsearch.data.ruler import prepare_ruler as build
+    from memsearch.errors import InputError
+    from memsearch.tokenizer import load_tokenizer
+
+    try:
+        numbers = [int(x) for x in docs.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"--docs {docs!r}: expected comma-separated integers, e.g. 50,200,800") from None
+    tok = None if tokenizer == "none" else load_tokenizer(tokenizer)
+    manifests = build(data, out, numbers, seed=seed, limit=limit, tokenizer=tok)
+    for n, m in manifests.items():
+        stats = m.get("context_tokens")
+        length = (f", context tokens mean {stats['mean']} (min {stats['min']}, max {stats['max']}, "
+                  f"{stats['tokenizer']})" if stats else "")
+        typer.echo(f"{out / f'docs{n}'}: {m['counts']['tasks']} tasks, {m['counts']['documents']} documents{length}")
+
+
+@data_app.command("validate")
+@friendly
+def validate(
+    data: Annotated[Path, typer.Option(help="A prepared data folder.")],
+    against: Annotated[Optional[Path], typer.Option(
+        help="Another prepared folder that must share no task id or question.")] = None,
+) -> None:
+    """Check schemas, ids, references, supporting facts, label leakage, hashes and split overlap
+    (exit status 2 when there is a problem)."""
+    from memsearch.data.validate import validate_data
+
+    problems = validate_data(data, against)
+    for problem in problems:
+        typer.echo(str(problem), err=True)
+    if problems:
+        typer.echo(f"{len(problems)} problem(s) in {data}", err=True)
+        raise typer.Exit(EXIT_INPUT)
+    typer.echo(f"{data}: valid" + (f", no overlap with {against}" if against else ""))
+
+
+def add_renamed_data_commands(root: typer.Typer) -> None:
+    """The old top-level names of the data commands, hidden, each saying what replaced it."""
+    add_renamed(root, "prepare-hotpot", "data prepare-hotpot", prepare_hotpot)
+    add_renamed(root, "prepare-musique", "data prepare-musique", prepare_musique)
+    add_renamed(root, "prepare-ruler", "data prepare-ruler", prepare_ruler, base=RulerCommand)
+    add_renamed(root, "validate-data", "data validate", validate)

@@ -1,0 +1,100 @@
+"""``memsearch train``: SFT rows from a run, LoRA SFT, multi-turn GRPO, and merging an adapter.
+
+Every command imports what it needs inside its body, so ``memsearch --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from memsearch.cli.common import Overrides, add_renamed, command_group, friendly
+
+train_app = command_group("Train policies: SFT rows from a run, LoRA SFT, multi-turn GRPO (torchrun for several "
+                          "devices), merged checkpoints.")
+
+TrainOut = Annotated[Path, typer.Option("--out", help="New run folder (or the one to --resume).")]
+TrainResume = Annotated[bool, typer.Option(
+    help="Continue the run in OUT from its newest complete checkpoint, exactly.")]
+
+
+@train_app.command("export-sft")
+@friendly
+def export_sft(
+    trajectories: Annotated[Path, typer.Option(
+        help="trajectories.jsonl of an eval run (config.json must sit next to it).")],
+    metrics: Annotated[Path, typer.Option(help="metrics.jsonl written with those trajectories.")],
+    role: Annotated[str, typer.Option(help="Policy role to export: memory, controller or reader.")],
+    out: Annotated[Path, typer.Option(help="New JSON-lines file (must not exist).")],
+    min_f1: Annotated[Optional[float], typer.Option(help="Keep only tasks whose metrics row has f1 >= this.")] = None,
+) -> None:
+    """Chat-format SFT rows (messages, completion) from the valid policy calls of one role."""
+    from memsearch.train.export import export_sft as export
+
+    for line in export(trajectories, metrics, role, out, min_f1=min_f1).lines():
+        typer.echo(line)
+
+
+def _train(kind: str, config: Path, out: Path, resume: bool, adapter: Path | None, overrides: list[str] | None) -> None:
+    """Load the trainer config (file, --set, --adapter) and run ``memsearch.train.<kind>``."""
+    import importlib
+    import json
+
+    from memsearch.config import load_config
+    from memsearch.train.config import GRPOConfig, SFTConfig
+
+    extra = list(overrides or []) + ([f"adapter={json.dumps(str(adapter))}"] if adapter else [])
+    cfg = load_config(config, extra, model={"sft": SFTConfig, "grpo": GRPOConfig}[kind])
+    train = getattr(importlib.import_module(f"memsearch.train.{kind}"), f"train_{kind}")
+    summary = train(cfg, out, resume=resume, echo=typer.echo)
+    if "adapter" in summary:
+        typer.echo(f"adapter: {summary['adapter']}")
+
+
+@train_app.command("sft")
+@friendly
+def sft(
+    config: Annotated[Path, typer.Option("--config", help="TOML SFT config, e.g. configs/train/sft_cpu.toml.")],
+    out: TrainOut,
+    resume: TrainResume = False,
+    adapter: Annotated[Optional[Path], typer.Option(help="Start from this LoRA adapter (weights only).")] = None,
+    set_: Overrides = None,
+) -> None:
+    """LoRA SFT on completion tokens of `train export-sft` data; checkpoints, periodic engine eval."""
+    _train("sft", config, out, resume, adapter, set_)
+
+
+@train_app.command("grpo")
+@friendly
+def grpo(
+    config: Annotated[Path, typer.Option("--config", help="TOML GRPO config, e.g. configs/train/grpo_cpu.toml.")],
+    out: TrainOut,
+    resume: TrainResume = False,
+    adapter: Annotated[Optional[Path], typer.Option(
+        help="Start from this LoRA adapter, e.g. an SFT run (weights only).")] = None,
+    set_: Overrides = None,
+) -> None:
+    """Multi-turn GRPO through the episode engine (role memory, controller or overwrite)."""
+    _train("grpo", config, out, resume, adapter, set_)
+
+
+@train_app.command("merge-adapter")
+@friendly
+def merge_adapter(
+    model: Annotated[str, typer.Option(help="Base model: 'embedded' or a local Hugging Face folder.")],
+    adapter: Annotated[Path, typer.Option(help="LoRA adapter folder (e.g. RUN/adapter).")],
+    out: Annotated[Path, typer.Option(help="New folder for the merged Hugging Face checkpoint.")],
+    dtype: Annotated[str, typer.Option(help="Saved weights dtype: float32, bfloat16, float16.")] = "float32",
+) -> None:
+    """Merge a LoRA adapter into its base: a plain checkpoint for the hf backend, transformers serve or vLLM."""
+    from memsearch.train.merge import merge_adapter as merge
+
+    typer.echo(f"merged model: {merge(model, adapter, out, dtype)}")
+
+
+def add_renamed_train_commands(root: typer.Typer) -> None:
+    """The old top-level names ``export-sft`` and ``merge-adapter``, hidden."""
+    add_renamed(root, "export-sft", "train export-sft", export_sft)
+    add_renamed(root, "merge-adapter", "train merge-adapter", merge_adapter)

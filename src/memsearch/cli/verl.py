@@ -1,0 +1,64 @@
+"""``memsearch verl``: scale out on upstream verl: export the parquet, print the Hydra overrides
+(docs/verl.md).
+
+Every command imports what it needs inside its body, so ``memsearch --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from memsearch.cli.common import DataDir, Overrides, command_group, friendly
+
+verl_app = command_group("Scale out on upstream verl: export the parquet, print the Hydra overrides (docs/verl.md).")
+
+
+@verl_app.command("export-data")
+@friendly
+def export_data(
+    data: DataDir,
+    out: Annotated[Path, typer.Option("--out", help="The parquet file to write (data.train_files / val_files).")],
+    role: Annotated[Optional[str], typer.Option(help="Record the trained role (memory, controller, overwrite); the "
+                                                     "loop refuses a config that trains another.")] = None,
+) -> None:
+    """The parquet verl reads: the question as prompt, labels only in reward_model, no documents."""
+    from memsearch.errors import InputError
+    from memsearch.integrations.verl.data import export_parquet
+    from memsearch.train.rows import TRAINED_CALL_ROLES
+
+    if role is not None and role not in TRAINED_CALL_ROLES:
+        raise InputError(f"--role {role!r}: expected one of {', '.join(TRAINED_CALL_ROLES)}")
+    typer.echo(f"wrote {out}: {export_parquet(data, out, role)} rows")
+
+
+@verl_app.command("config")
+@friendly
+def hydra_config(
+    config: Annotated[Path, typer.Option(
+        "--config", help="GRPO config (configs/train/*.toml) or a MemAgent pipeline config.")],
+    train_files: Annotated[str, typer.Option(
+        "--train-files", help="The train parquet (export-data).")] = "train.parquet",
+    val_files: Annotated[Optional[str], typer.Option("--val-files", help="The validation parquet.")] = None,
+    data: Annotated[Optional[Path], typer.Option(
+        "--data", help="The prepared train folder the parquet came from.")] = None,
+    agent_loops: Annotated[Path, typer.Option(
+        "--agent-loops", help="Write the agent-loop YAML here.")] = Path("agent_loops.yaml"),
+    gpus: Annotated[int, typer.Option(help="GPUs per node.")] = 8,
+    nodes: Annotated[int, typer.Option(help="Nodes.")] = 1,
+    set_: Overrides = None,
+) -> None:
+    """verl Hydra overrides for a memsearch GRPO config (one per line); refuses options verl cannot run."""
+    from memsearch.integrations.verl.config import agent_loop_yaml, load_grpo_config, verl_overrides
+
+    cfg = load_grpo_config(config, set_, str(data) if data else None)
+    overrides, notes = verl_overrides(cfg, str(agent_loops.resolve()), train_files, val_files, gpus, nodes)
+    # Ray workers may start elsewhere: the YAML names the config and data by absolute path.
+    agent_loops.parent.mkdir(parents=True, exist_ok=True)
+    yaml = agent_loop_yaml(str(config.resolve()), str(Path(cfg.data).resolve()), set_)
+    agent_loops.write_text(yaml, encoding="utf-8")
+    for note in notes:
+        typer.echo(f"# differs from memsearch's trainer: {note}", err=True)
+    typer.echo("\n".join(overrides))

@@ -1,0 +1,106 @@
+"""Where shipped files are found (memsearch.assets.samples): the checkout's folders from a clone,
+the package's copy when installed, the environment variables first, and errors that say which
+case failed. The wheel itself is built and installed in tests/test_packaging.py."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from memsearch.assets import samples
+from memsearch.assets.adapter import SHIPPED_ADAPTER, shipped_adapter_dir
+from memsearch.assets.samples import (
+    HOTPOT_DEV,
+    HOTPOT_TRAIN,
+    MUSIQUE_DEV,
+    MUSIQUE_TRAIN,
+    SAMPLES,
+    SAMPLES_ENV,
+    SHIPPED_CONFIGS,
+    config_path,
+    repository_root,
+    samples_dir,
+    shipped_path,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def force_include() -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    return project["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+
+
+@pytest.fixture
+def installed(monkeypatch, tmp_path):
+    """The module as an installed wheel sees it: no checkout, package data under ``tmp_path``."""
+    monkeypatch.delenv(SAMPLES_ENV, raising=False)
+    monkeypatch.setattr(samples, "repository_root", lambda: None)
+    monkeypatch.setattr(samples, "packaged_path", lambda relative: tmp_path / "memsearch" / "assets" / relative)
+    return tmp_path / "memsearch" / "assets"
+
+
+def test_from_the_checkout_every_resource_is_the_repository_folder(monkeypatch):
+    monkeypatch.delenv(SAMPLES_ENV, raising=False)
+    assert repository_root() == ROOT
+    assert samples_dir() == ROOT / "data" / "samples"
+    assert config_path("api.toml") == ROOT / "configs" / "api.toml"
+    assert shipped_path(SHIPPED_ADAPTER) == ROOT / "models" / "memory-policy-cpu"
+
+
+def test_the_samples_variable_wins_and_a_missing_folder_names_it(monkeypatch, tmp_path):
+    monkeypatch.setenv(SAMPLES_ENV, str(tmp_path))
+    assert samples_dir() == tmp_path
+    monkeypatch.setenv(SAMPLES_ENV, str(tmp_path / "absent"))
+    with pytest.raises(FileNotFoundError, match=rf"{tmp_path / 'absent'}: shipped samples not found.*{SAMPLES_ENV}"):
+        samples_dir()
+
+
+def test_an_installed_package_reads_its_own_copy(installed):
+    (installed / SAMPLES).mkdir(parents=True)
+    (installed / "configs").mkdir()
+    (installed / "configs" / "rules.toml").write_text("", encoding="utf-8")
+    (installed / SHIPPED_ADAPTER).mkdir(parents=True)
+    assert samples_dir() == installed / SAMPLES
+    assert config_path("rules.toml") == installed / "configs" / "rules.toml"
+    assert shipped_adapter_dir() == installed / SHIPPED_ADAPTER
+
+
+def test_an_installed_package_says_a_clone_only_config_needs_a_clone(installed):
+    with pytest.raises(FileNotFoundError, match=r"configs/api.toml: ships only with a clone"):
+        config_path("api.toml")
+
+
+def test_an_incomplete_installation_says_so(installed):
+    with pytest.raises(FileNotFoundError, match="shipped samples not found; an installed memsearch carries it"):
+        samples_dir()
+    with pytest.raises(FileNotFoundError, match="shipped config not found; an installed memsearch carries it"):
+        config_path("demo.toml")
+
+
+def test_the_wheel_carries_each_shipped_resource_at_its_repository_path():
+    mapping = force_include()
+    expected = [SAMPLES, SHIPPED_ADAPTER, *(f"configs/{name}" for name in SHIPPED_CONFIGS)]
+    assert sorted(mapping) == sorted(expected)
+    for source, target in mapping.items():
+        assert target == f"memsearch/assets/{source}", (source, target)
+        assert (ROOT / source).exists(), source
+    # The samples travel with their origin, licences and citations.
+    for notice in ("README.md", "hotpotqa/SOURCE.md", "musique/SOURCE.md"):
+        assert (ROOT / SAMPLES / notice).is_file(), notice
+    for sample in (HOTPOT_DEV, HOTPOT_TRAIN, MUSIQUE_DEV, MUSIQUE_TRAIN):
+        assert (ROOT / SAMPLES / sample).is_file(), sample
+    assert (ROOT / SHIPPED_ADAPTER / "fingerprint.json").is_file()
+
+
+def test_every_config_the_package_loads_by_name_is_shipped():
+    from memsearch.pipelines.demo import DEMO_CONFIGS
+
+    assert set(DEMO_CONFIGS.values()) <= set(SHIPPED_CONFIGS)
+    literal = re.compile(r"config_path\(\s*[\"']([^\"']+)[\"']")
+    for path in (ROOT / "src" / "memsearch").rglob("*.py"):
+        for name in literal.findall(path.read_text(encoding="utf-8")):
+            assert name in SHIPPED_CONFIGS, f"{path}: config_path({name!r}) is not in SHIPPED_CONFIGS"
