@@ -23,12 +23,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+from memsearch.assets.samples import HOTPOT_DEV, config_path, samples_dir
 from memsearch.config import load_config
 from memsearch.data.dataset import save_dataset
 from memsearch.data.hotpot import convert_hotpot
 from memsearch.eval.runner import run_eval
 from memsearch.io import iter_jsonl
-from memsearch.assets.samples import HOTPOT_DEV, config_path, samples_dir
 
 TASKS, DELAY_S = 200, 0.2
 
@@ -85,8 +85,12 @@ def main() -> None:
                 wall, chains = run(c, data, work, url)
                 ideal = ideal_makespan(chains, c, DELAY_S)
                 results[c] = {"wall_s": wall, "ideal_s": ideal, "tasks_per_s": TASKS / wall}
-                print(f"concurrency {c:>2}: {sum(chains)} calls (chain {min(chains)}-{max(chains)}), episodes {wall:.2f}s, "
-                      f"ideal {ideal:.2f}s, {TASKS / wall:.2f} tasks/s, fraction of ideal {ideal / wall:.3f}", flush=True)
+                print(
+                    f"concurrency {c:>2}: {sum(chains)} calls (chain {min(chains)}-{max(chains)}), episodes "
+                    f"{wall:.2f}s, "
+                    f"ideal {ideal:.2f}s, {TASKS / wall:.2f} tasks/s, fraction of ideal {ideal / wall:.3f}",
+                    flush=True,
+                )
     finally:
         proc.terminate()
         proc.wait()

@@ -265,15 +265,32 @@ def run_ours(args, model: Path, data: Path, out: Path) -> dict:
         first = {}
         for tr, _ in calls:
             first.setdefault(tr["task_id"], id(tr))
-        prompts.append([(e["messages"], len(e.get("prompt_ids") or [])) for tr, e in calls if first[tr["task_id"]] == id(tr)])
+        prompts.append(
+            [(e["messages"], len(e.get("prompt_ids") or [])) for tr, e in calls if first[tr["task_id"]] == id(tr)]
+        )
         update_s = rec["step_s"] - rec["rollout_s"]
-        steps.append({"step": rec["step"], "rollout_s": rec["rollout_s"], "update_s": update_s,
-                      "generated_tokens": generated, "trained_tokens": rec["completion_tokens"], "rows": rec["rows_consumed"],
-                      "rollout_tok_s": generated / rec["rollout_s"] if rec["rollout_s"] > 0 else 0.0,
-                      "update_tok_s": rec["completion_tokens"] / update_s if update_s > 0 else 0.0,
-                      "invalid_rate": rec["invalid_rate"]})
-    return {"steps": steps, "peak_mem_gib": peak, "total_s": total, "prompts": prompts, "lora": cfg.lora,
-            "group": cfg.group_size, "micro_batch_tokens": cfg.micro_batch_tokens}
+        steps.append(
+            {
+                "step": rec["step"],
+                "rollout_s": rec["rollout_s"],
+                "update_s": update_s,
+                "generated_tokens": generated,
+                "trained_tokens": rec["completion_tokens"],
+                "rows": rec["rows_consumed"],
+                "rollout_tok_s": generated / rec["rollout_s"] if rec["rollout_s"] > 0 else 0.0,
+                "update_tok_s": rec["completion_tokens"] / update_s if update_s > 0 else 0.0,
+                "invalid_rate": rec["invalid_rate"],
+            }
+        )
+    return {
+        "steps": steps,
+        "peak_mem_gib": peak,
+        "total_s": total,
+        "prompts": prompts,
+        "lora": cfg.lora,
+        "group": cfg.group_size,
+        "micro_batch_tokens": cfg.micro_batch_tokens,
+    }
 
 
 def run_trl(args, model: Path, ours: dict, out: Path) -> dict:
@@ -317,22 +334,55 @@ def run_trl(args, model: Path, ours: dict, out: Path) -> dict:
 
     gpu = args.device == "cuda"
     config = GRPOConfig(
-        output_dir=str(out), per_device_train_batch_size=m * group, gradient_accumulation_steps=n // m,
+        output_dir=str(out),
+        per_device_train_batch_size=m * group,
+        gradient_accumulation_steps=n // m,
         num_generations=group,
-        max_steps=args.steps, max_completion_length=POLICY_TOKENS, temperature=1.0, top_p=1.0, top_k=0, beta=0.001,
-        num_iterations=1, epsilon=0.2, epsilon_high=0.28, learning_rate=1e-6, lr_scheduler_type="constant",
-        max_grad_norm=1.0, optim="adamw_torch", use_cpu=not gpu, bf16=args.dtype == "bfloat16",
-        gradient_checkpointing=False, model_init_kwargs={"dtype": args.dtype}, report_to="none",
-        logging_strategy="no", save_strategy="no", disable_tqdm=True, seed=0, shuffle_dataset=False,
-        log_completions=False, dataloader_num_workers=0,
+        max_steps=args.steps,
+        max_completion_length=POLICY_TOKENS,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.001,
+        num_iterations=1,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        learning_rate=1e-6,
+        lr_scheduler_type="constant",
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        use_cpu=not gpu,
+        bf16=args.dtype == "bfloat16",
+        gradient_checkpointing=False,
+        model_init_kwargs={"dtype": args.dtype},
+        report_to="none",
+        logging_strategy="no",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        shuffle_dataset=False,
+        log_completions=False,
+        dataloader_num_workers=0,
     )
     lora = ours["lora"]
-    peft = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
-                      bias="none", task_type="CAUSAL_LM")
+    peft = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     reset_peak(args.device)
     timer = Steps()
-    trainer = GRPOTrainer(model=str(model), reward_funcs=[validity], args=config, train_dataset=Dataset.from_list(rows),
-                          peft_config=peft, callbacks=[timer])
+    trainer = GRPOTrainer(
+        model=str(model),
+        reward_funcs=[validity],
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        peft_config=peft,
+        callbacks=[timer],
+    )
     gen_s: list[float] = []
     generate = trainer._generate
 
@@ -355,43 +405,66 @@ def run_trl(args, model: Path, ours: dict, out: Path) -> dict:
     steps = []
     bounds = [s[2] for s in timer.spans] + [len(seen)]
     for i, (begin, end, _) in enumerate(timer.spans):
-        tokens = sum(seen[bounds[i]:bounds[i + 1]])
+        tokens = sum(seen[bounds[i] : bounds[i + 1]])
         update_s = end - begin - gen_s[i]
-        steps.append({"step": i + 1, "rollout_s": gen_s[i], "update_s": update_s, "generated_tokens": tokens,
-                      "trained_tokens": tokens, "rows": n * group,
-                      "rollout_tok_s": tokens / gen_s[i] if gen_s[i] > 0 else 0.0,
-                      "update_tok_s": tokens / update_s if update_s > 0 else 0.0})
+        steps.append(
+            {
+                "step": i + 1,
+                "rollout_s": gen_s[i],
+                "update_s": update_s,
+                "generated_tokens": tokens,
+                "trained_tokens": tokens,
+                "rows": n * group,
+                "rollout_tok_s": tokens / gen_s[i] if gen_s[i] > 0 else 0.0,
+                "update_tok_s": tokens / update_s if update_s > 0 else 0.0,
+            }
+        )
     del trainer
-    print(f"TRL {__import__('trl').__version__} ({__import__('trl').__file__}): {n} prompts x {group} completions per step, micro-batches of {m * group} "
-          f"rows (torch {torch.__version__})")
+    print(
+        f"TRL {__import__('trl').__version__} ({__import__('trl').__file__}): {n} prompts x {group} completions per "
+        f"step, micro-batches of {m * group} "
+        f"rows (torch {torch.__version__})"
+    )
     return {"steps": steps, "peak_mem_gib": peak, "total_s": total}
 
 
 def table(name: str, result: dict) -> None:
     print(f"{name}: {result['total_s']:.1f}s in all, peak memory {result['peak_mem_gib']:.2f} GiB")
-    print(f"  {'step':>4} {'rows':>6} {'gen tok':>8} {'rollout s':>10} {'rollout tok/s':>14} {'train tok':>10} "
-          f"{'update s':>9} {'update tok/s':>13}")
+    print(
+        f"  {'step':>4} {'rows':>6} {'gen tok':>8} {'rollout s':>10} {'rollout tok/s':>14} {'train tok':>10} "
+        f"{'update s':>9} {'update tok/s':>13}"
+    )
     for s in result["steps"]:
-        print(f"  {s['step']:>4} {s['rows']:>6} {s['generated_tokens']:>8} {s['rollout_s']:>10.2f} {s['rollout_tok_s']:>14.1f} "
-              f"{s['trained_tokens']:>10} {s['update_s']:>9.2f} {s['update_tok_s']:>13.1f}")
+        print(
+            f"  {s['step']:>4} {s['rows']:>6} {s['generated_tokens']:>8} {s['rollout_s']:>10.2f} "
+            f"{s['rollout_tok_s']:>14.1f} "
+            f"{s['trained_tokens']:>10} {s['update_s']:>9.2f} {s['update_tok_s']:>13.1f}"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--shape", choices=tuple(SHAPES), default="qwen0.5b")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
-                        help="default: bfloat16 on cuda, float32 on cpu")
+    parser.add_argument(
+        "--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu"
+    )
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--tasks-per-step", type=int, default=None, help="default: 16 on cuda, 1 on cpu")
     parser.add_argument("--group-size", type=int, default=None, help="default: 8 on cuda, 2 on cpu")
     parser.add_argument("--no-schema", action="store_true", help="sample the memory role without the ops JSON schema")
     parser.add_argument("--tokenizer", default=None, help="a saved tokenizer folder (default: the embedded one)")
-    parser.add_argument("--trl-wheel", action="append", default=[],
-                        help="a wheel or a folder of wheels (trl, datasets, ...) to pip-install into a temporary "
-                             "folder first on sys.path; repeatable")
+    parser.add_argument(
+        "--trl-wheel",
+        action="append",
+        default=[],
+        help="a wheel or a folder of wheels (trl, datasets, ...) to pip-install into a temporary "
+        "folder first on sys.path; repeatable",
+    )
     parser.add_argument("--no-trl", action="store_true", help="skip the TRL side")
-    parser.add_argument("--keep", default=None, help="keep the model and run folders here (default: a temporary folder)")
+    parser.add_argument(
+        "--keep", default=None, help="keep the model and run folders here (default: a temporary folder)"
+    )
     args = parser.parse_args()
     gpu = args.device == "cuda"
     args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
@@ -416,16 +489,18 @@ def main() -> None:
     if gpu:
         print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
 
+    from memsearch.assets.samples import HOTPOT_TRAIN, samples_dir
     from memsearch.data.dataset import save_dataset
     from memsearch.data.hotpot import convert_hotpot
-    from memsearch.assets.samples import HOTPOT_TRAIN, samples_dir
 
     model = work / "model"
     vocab = build_model(args.shape, args.dtype, args.tokenizer, model)
     data = work / "hotpot-train"
     save_dataset(convert_hotpot(samples_dir() / HOTPOT_TRAIN, split="train"), data)
-    print(f"ours: {args.steps} steps x {args.tasks_per_step} tasks x group {args.group_size}, memory role, "
-          f"schema mode {'off' if args.no_schema else 'on'}, {args.device}, {args.dtype}")
+    print(
+        f"ours: {args.steps} steps x {args.tasks_per_step} tasks x group {args.group_size}, memory role, "
+        f"schema mode {'off' if args.no_schema else 'on'}, {args.device}, {args.dtype}"
+    )
     ours = run_ours(args, model, data, work / "ours")
     table("ours (memsearch train_grpo)", ours)
 
@@ -452,11 +527,15 @@ def main() -> None:
         if res is None:
             return f"{prefix}_rollout_tok_s=n/a {prefix}_update_tok_s=n/a {prefix}_peak_mem_gib=n/a"
         last = res["steps"][-1]
-        return (f"{prefix}_rollout_tok_s={last['rollout_tok_s']:.1f} {prefix}_update_tok_s={last['update_tok_s']:.1f} "
-                f"{prefix}_peak_mem_gib={res['peak_mem_gib']:.3f}")
+        return (
+            f"{prefix}_rollout_tok_s={last['rollout_tok_s']:.1f} {prefix}_update_tok_s={last['update_tok_s']:.1f} "
+            f"{prefix}_peak_mem_gib={res['peak_mem_gib']:.3f}"
+        )
 
-    print(f"RESULT shape={args.shape} vocab={vocab} device={args.device} steps={args.steps} "
-          f"{fields('ours', ours)} {fields('trl', trl)}")
+    print(
+        f"RESULT shape={args.shape} vocab={vocab} device={args.device} steps={args.steps} "
+        f"{fields('ours', ours)} {fields('trl', trl)}"
+    )
 
 
 if __name__ == "__main__":

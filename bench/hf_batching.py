@@ -41,7 +41,10 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data" / "samples" / "hotpotqa" /
 N_PROMPTS = 16
 NEW_TOKENS = 64
 MIN_TOKENS, MAX_TOKENS = 300, 500
-SYSTEM = "You answer multi-hop questions using only the evidence given. Reply with a short answer: a few words, no explanation."
+SYSTEM = (
+    "You answer multi-hop questions using only the evidence given. "
+    "Reply with a short answer: a few words, no explanation."
+)
 
 
 def build_prompts(backend: HFBackend) -> list[tuple[tuple[dict[str, str], ...], int]]:
@@ -126,7 +129,8 @@ async def main() -> None:
     prompts = build_prompts(backend)
     lengths = [n for _, n in prompts]
     print(
-        f"{len(prompts)} prompts, {min(lengths)}-{max(lengths)} tokens (mean {sum(lengths) / len(lengths):.0f}), {NEW_TOKENS} new tokens each",
+        f"{len(prompts)} prompts, {min(lengths)}-{max(lengths)} tokens (mean {sum(lengths) / len(lengths):.0f}), "
+        f"{NEW_TOKENS} new tokens each",
         flush=True,
     )
     reqs = requests_for(prompts)

@@ -66,11 +66,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from memsearch.assets.samples import HOTPOT_DEV, config_path, samples_dir
 from memsearch.data.dataset import save_dataset
 from memsearch.data.hotpot import convert_hotpot
 from memsearch.data.ruler import prepare_ruler
 from memsearch.io import iter_jsonl
-from memsearch.assets.samples import HOTPOT_DEV, config_path, samples_dir
 
 ROLES = ("memory", "controller", "reader")
 
@@ -83,8 +83,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--questions", type=int, default=5, help="questions in the rules run")
     p.add_argument("--hf-questions", type=int, default=1, help="questions in the hf run")
     p.add_argument("--chunk-tokens", type=int, default=2048, help="tokens per chunk (both runs; the recipe's 2048)")
-    p.add_argument("--max-chunks", type=int, default=128, help="chunks read at most (both runs); the rest is counted as cut")
-    p.add_argument("--memory-tokens", type=int, default=128, help="hf run: memory limit (the rules run keeps the recipe's 1024)")
+    p.add_argument(
+        "--max-chunks", type=int, default=128, help="chunks read at most (both runs); the rest is counted as cut"
+    )
+    p.add_argument(
+        "--memory-tokens", type=int, default=128, help="hf run: memory limit (the rules run keeps the recipe's 1024)"
+    )
     p.add_argument("--policy-tokens", type=int, default=32, help="hf run: tokens written per memory call")
     p.add_argument("--answer-tokens", type=int, default=32, help="hf run: tokens of the final answer")
     p.add_argument("--keep", type=Path, default=None, help="keep the data and run folders here (a new folder)")
@@ -100,9 +104,15 @@ def cases(args: argparse.Namespace) -> list[tuple[str, int, int, list[str]]]:
     common = [f"budgets.chunk_tokens={args.chunk_tokens}", f"budgets.max_chunks={args.max_chunks}", "concurrency=1"]
     plans = {
         "rules": (sizes(args.docs), args.questions, [f'backends.{r}.kind="rules"' for r in ROLES]),
-        "hf": (sizes(args.hf_docs or args.docs), args.hf_questions,
-               [f"budgets.memory_tokens={args.memory_tokens}", f"budgets.policy_tokens={args.policy_tokens}",
-                f"budgets.answer_tokens={args.answer_tokens}"]),
+        "hf": (
+            sizes(args.hf_docs or args.docs),
+            args.hf_questions,
+            [
+                f"budgets.memory_tokens={args.memory_tokens}",
+                f"budgets.policy_tokens={args.policy_tokens}",
+                f"budgets.answer_tokens={args.answer_tokens}",
+            ],
+        ),
     }
     out = []
     for backend in args.backends.split(","):
@@ -116,8 +126,21 @@ def cases(args: argparse.Namespace) -> list[tuple[str, int, int, list[str]]]:
 def run_case(data: Path, out: Path, questions: int, overrides: list[str]) -> dict:
     """One ``memsearch eval`` in a fresh child; its own peak RSS via ``wait4`` (not the max
     over all children that ``RUSAGE_CHILDREN`` gives)."""
-    cmd = [sys.executable, "-m", "memsearch.cli.app", "eval", "run", "--config", str(config_path("memagent.toml")),
-           "--data", str(data), "--out", str(out), "--limit", str(questions)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "memsearch.cli.app",
+        "eval",
+        "run",
+        "--config",
+        str(config_path("memagent.toml")),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--limit",
+        str(questions),
+    ]
     for item in overrides:
         cmd += ["--set", item]
     log = out.with_suffix(".log")
@@ -135,26 +158,43 @@ def run_case(data: Path, out: Path, questions: int, overrides: list[str]) -> dic
     trajectories = [t for _, t in iter_jsonl(out / "trajectories.jsonl")]
     read = [sum(e["tokens"] for e in t["events"] if e["type"] == "chunk") for t in trajectories]
     # One memory call per chunk; its median latency is robust to bursts of load from other processes.
-    latencies = [e["latency_s"] for t in trajectories for e in t["events"]
-                 if e["type"] == "policy_call" and e["role"] == "memory"]
+    latencies = [
+        e["latency_s"]
+        for t in trajectories
+        for e in t["events"]
+        if e["type"] == "policy_call" and e["role"] == "memory"
+    ]
     chunks = sum(r["chunks"] for r in rows)
     timing = summary["timing"]
-    return {"chunks": chunks, "chunks_cut": summary["truncation"]["chunks_cut"],
-            "read_whole_context": summary["truncation"]["read_whole_context"],
-            "tokens_read_per_question": sum(read) / len(read), "wall_s": timing["episodes_wall_s"],
-            "cpu_s": timing["episodes_cpu_s"], "cpu_s_per_chunk": timing["episodes_cpu_s"] / chunks,
-            "median_chunk_call_s": statistics.median(latencies),
-            "process_s": time.perf_counter() - started, "process_cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_rss_mib": usage.ru_maxrss / 1024,  # Linux reports KiB
-            "sub_em": summary["metrics"]["sub_em"]}
+    return {
+        "chunks": chunks,
+        "chunks_cut": summary["truncation"]["chunks_cut"],
+        "read_whole_context": summary["truncation"]["read_whole_context"],
+        "tokens_read_per_question": sum(read) / len(read),
+        "wall_s": timing["episodes_wall_s"],
+        "cpu_s": timing["episodes_cpu_s"],
+        "cpu_s_per_chunk": timing["episodes_cpu_s"] / chunks,
+        "median_chunk_call_s": statistics.median(latencies),
+        "process_s": time.perf_counter() - started,
+        "process_cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_mib": usage.ru_maxrss / 1024,  # Linux reports KiB
+        "sub_em": summary["metrics"]["sub_em"],
+    }
 
 
 COLUMNS = (  # header, width, format of one result
-    ("backend", 7, None), ("N", 4, None), ("tok/q", 7, lambda r: f"{r['tokens_read_per_question']:.0f}"),
-    ("chunks", 6, lambda r: r["chunks"]), ("cut", 4, lambda r: r["chunks_cut"]), ("whole", 5, lambda r: r["read_whole_context"]),
-    ("wall_s", 8, lambda r: f"{r['wall_s']:.2f}"), ("med_call", 8, lambda r: f"{r['median_chunk_call_s']:.3f}"),
-    ("cpu_s", 8, lambda r: f"{r['cpu_s']:.2f}"), ("cpu/chunk", 9, lambda r: f"{r['cpu_s_per_chunk']:.3f}"),
-    ("peak_MiB", 8, lambda r: f"{r['peak_rss_mib']:.0f}"), ("sub_em", 6, lambda r: f"{r['sub_em']:.2f}"),
+    ("backend", 7, None),
+    ("N", 4, None),
+    ("tok/q", 7, lambda r: f"{r['tokens_read_per_question']:.0f}"),
+    ("chunks", 6, lambda r: r["chunks"]),
+    ("cut", 4, lambda r: r["chunks_cut"]),
+    ("whole", 5, lambda r: r["read_whole_context"]),
+    ("wall_s", 8, lambda r: f"{r['wall_s']:.2f}"),
+    ("med_call", 8, lambda r: f"{r['median_chunk_call_s']:.3f}"),
+    ("cpu_s", 8, lambda r: f"{r['cpu_s']:.2f}"),
+    ("cpu/chunk", 9, lambda r: f"{r['cpu_s_per_chunk']:.3f}"),
+    ("peak_MiB", 8, lambda r: f"{r['peak_rss_mib']:.0f}"),
+    ("sub_em", 6, lambda r: f"{r['sub_em']:.2f}"),
 )
 
 
@@ -164,9 +204,12 @@ def print_table(results: dict[str, dict[int, dict]]) -> None:
         for n, r in by_n.items():
             cells = [backend, n] + [fmt(r) for _, _, fmt in COLUMNS[2:]]
             print(" ".join(f"{str(c):>{w}}" for c, (_, w, _) in zip(cells, COLUMNS)))
-    print("tok/q: context tokens read per question; cut: chunks cut by max_chunks; whole: the summary's read_whole_context;\n"
-          "wall_s / cpu_s: wall and CPU seconds of the episode phase (model loading excluded); med_call: median wall\n"
-          "seconds of one memory call (one chunk); peak_MiB: the child process's peak RSS")
+    print(
+        "tok/q: context tokens read per question; cut: chunks cut by max_chunks; whole: the summary's "
+        "read_whole_context;\n"
+        "wall_s / cpu_s: wall and CPU seconds of the episode phase (model loading excluded); med_call: median wall\n"
+        "seconds of one memory call (one chunk); peak_MiB: the child process's peak RSS"
+    )
 
 
 def ratio(results: dict[int, dict], key: str, a: int, b: int) -> str:
@@ -184,27 +227,44 @@ def main() -> None:
         all_docs = sorted({n for _, n, _, _ in plan})
         print(f"preparing RULER-HQA-style sets N={all_docs} from the shipped HotpotQA dev sample ...", flush=True)
         save_dataset(convert_hotpot(samples_dir() / HOTPOT_DEV, split="dev"), work / "dev")
-        prepare_ruler(work / "dev", work / "ruler", all_docs, seed=42, limit=max(q for _, _, q, _ in plan), tokenizer=None,
-                      show_progress=False)
+        prepare_ruler(
+            work / "dev",
+            work / "ruler",
+            all_docs,
+            seed=42,
+            limit=max(q for _, _, q, _ in plan),
+            tokenizer=None,
+            show_progress=False,
+        )
         results: dict[str, dict[int, dict]] = {}
         for backend, n, questions, overrides in plan:
-            print(f"{backend} N={n}: {questions} question(s), " + " ".join(o for o in overrides if "kind" not in o), flush=True)
+            print(
+                f"{backend} N={n}: {questions} question(s), " + " ".join(o for o in overrides if "kind" not in o),
+                flush=True,
+            )
             res = run_case(work / "ruler" / f"docs{n}", work / f"{backend}-docs{n}", questions, overrides)
             results.setdefault(backend, {})[n] = res
-            print(f"  {res['chunks']} chunks in {res['wall_s']:.1f}s wall, {res['cpu_s']:.1f}s CPU "
-                  f"({res['cpu_s_per_chunk']:.3f} CPU s/chunk), peak RSS {res['peak_rss_mib']:.0f} MiB; "
-                  f"whole process {res['process_s']:.1f}s wall / {res['process_cpu_s']:.1f}s CPU", flush=True)
+            print(
+                f"  {res['chunks']} chunks in {res['wall_s']:.1f}s wall, {res['cpu_s']:.1f}s CPU "
+                f"({res['cpu_s_per_chunk']:.3f} CPU s/chunk), peak RSS {res['peak_rss_mib']:.0f} MiB; "
+                f"whole process {res['process_s']:.1f}s wall / {res['process_cpu_s']:.1f}s CPU",
+                flush=True,
+            )
 
     print()
     print_table(results)
     lines = {}
     for backend, by_n in results.items():
-        lines[backend] = (f"time_ratio_800_200={ratio(by_n, 'cpu_s', 800, 200)} "
-                          f"chunk_ratio_800_200={ratio(by_n, 'chunks', 800, 200)} "
-                          f"peak_mem_ratio_800_50={ratio(by_n, 'peak_rss_mib', 800, 50)}")
-        print(f"{backend}: {lines[backend]} cpu_per_chunk_ratio_800_200={ratio(by_n, 'cpu_s_per_chunk', 800, 200)} "
-              f"wall_ratio_800_200={ratio(by_n, 'wall_s', 800, 200)} "
-              f"median_call_wall_ratio_800_200={ratio(by_n, 'median_chunk_call_s', 800, 200)}")
+        lines[backend] = (
+            f"time_ratio_800_200={ratio(by_n, 'cpu_s', 800, 200)} "
+            f"chunk_ratio_800_200={ratio(by_n, 'chunks', 800, 200)} "
+            f"peak_mem_ratio_800_50={ratio(by_n, 'peak_rss_mib', 800, 50)}"
+        )
+        print(
+            f"{backend}: {lines[backend]} cpu_per_chunk_ratio_800_200={ratio(by_n, 'cpu_s_per_chunk', 800, 200)} "
+            f"wall_ratio_800_200={ratio(by_n, 'wall_s', 800, 200)} "
+            f"median_call_wall_ratio_800_200={ratio(by_n, 'median_chunk_call_s', 800, 200)}"
+        )
     print("(time_ratio: CPU seconds of the episode phase; wall_ratio: the same in wall seconds)")
     final = "hf" if "hf" in lines else next(iter(lines))
     if final != "hf":

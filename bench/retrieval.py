@@ -109,10 +109,15 @@ def main() -> None:
         timed_n, timed_s = i + 1, elapsed
     base_qps = timed_n / timed_s
     subset = "" if timed_n == len(queries) else f" (timed on the first {timed_n} of {len(queries)} queries)"
-    print(f"rank_bm25 get_scores+argmax, one query at a time: {timed_n} queries in {timed_s:.2f} s = {base_qps:.1f} queries/s{subset}")
+    print(
+        f"rank_bm25 get_scores+argmax, one query at a time: {timed_n} queries in {timed_s:.2f} s = {base_qps:.1f} "
+        f"queries/s{subset}"
+    )
 
     top1_agreement, n_both = agreement(ours[: len(theirs)], theirs)
-    print(f"top-1 agreement (default method={settings.method!r}) over {n_both} queries both answer: {top1_agreement:.4f}")
+    print(
+        f"top-1 agreement (default method={settings.method!r}) over {n_both} queries both answer: {top1_agreement:.4f}"
+    )
     # Variants: rank_bm25's Okapi idf is log((N-df+0.5)/(df+0.5)) with a floor for common terms,
     # bm25s's lucene idf is log(1 + (N-df+0.5)/(df+0.5)); other variants for comparison.
     for method in ("robertson", "atire"):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memsearch.data.hotpot import convert_hotpot
 from memsearch.assets.samples import HOTPOT_DEV, samples_dir
+from memsearch.data.hotpot import convert_hotpot
 
 
 def dev_dataset():

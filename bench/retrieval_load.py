@@ -68,7 +68,9 @@ async def run(port: int, pid: int, questions: list[str], total: int, max_s: floa
                 return
             if i == total // 10:
                 warm["rss"] = rss_mb(pid)
-            body = json.dumps({"queries": [f"{questions[i % len(questions)]} {i // len(questions)}"], "topk": 5}).encode()
+            body = json.dumps(
+                {"queries": [f"{questions[i % len(questions)]} {i // len(questions)}"], "topk": 5}
+            ).encode()
             counts[kind] += 1
             if kind == "disconnect":
                 await disconnect(port, body, half=i % 2 == 0)
@@ -76,8 +78,9 @@ async def run(port: int, pid: int, questions: list[str], total: int, max_s: floa
             payload = body if kind == "ok" else body[: len(body) // 2] + b"}{"
             start = time.perf_counter()
             try:
-                async with session.post(f"http://127.0.0.1:{port}/retrieve", data=payload,
-                                        headers={"Content-Type": "application/json"}) as response:
+                async with session.post(
+                    f"http://127.0.0.1:{port}/retrieve", data=payload, headers={"Content-Type": "application/json"}
+                ) as response:
                     answer = await response.read()
                     status = response.status
             except aiohttp.ClientError:
@@ -92,14 +95,20 @@ async def run(port: int, pid: int, questions: list[str], total: int, max_s: floa
                 counts["other"] += 1
 
     started = time.perf_counter()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CLIENTS),
-                                     timeout=aiohttp.ClientTimeout(total=60)) as session:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=CLIENTS), timeout=aiohttp.ClientTimeout(total=60)
+    ) as session:
         await asyncio.gather(*(client(session) for _ in range(CLIENTS)))
     took = time.perf_counter() - started
     latencies.sort()
-    return {**counts, "sent": sum(counts[k] for k in ("ok", "malformed", "disconnect")), "seconds": took,
-            "rss_warm_mb": warm["rss"] or rss_mb(pid), "rss_end_mb": rss_mb(pid),
-            "p99_ms": latencies[int(len(latencies) * 0.99)] if latencies else float("nan")}
+    return {
+        **counts,
+        "sent": sum(counts[k] for k in ("ok", "malformed", "disconnect")),
+        "seconds": took,
+        "rss_warm_mb": warm["rss"] or rss_mb(pid),
+        "rss_end_mb": rss_mb(pid),
+        "p99_ms": latencies[int(len(latencies) * 0.99)] if latencies else float("nan"),
+    }
 
 
 def main() -> None:
@@ -113,9 +122,25 @@ def main() -> None:
     index = args.index
     if index is None:
         _, _, index = dense_index(dataset.documents)
-    server = subprocess.Popen([sys.executable, "-m", "memsearch.cli.app", "retrieval", "serve", "--index", str(index),
-                               "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "memsearch.cli.app",
+            "retrieval",
+            "serve",
+            "--index",
+            str(index),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         line = server.stdout.readline()
         if "serving on" not in line:
@@ -128,16 +153,22 @@ def main() -> None:
         code = server.wait(60)
     growth = r["rss_end_mb"] / r["rss_warm_mb"] - 1
     answered = r["ok_answered"] / max(r["ok"], 1)
-    print(f"sent {r['sent']} in {r['seconds']:.1f}s ({r['sent'] / r['seconds']:.0f} req/s): {r['ok']} well-formed "
-          f"({r['ok_answered']} answered), {r['malformed']} malformed ({r['malformed_400']} got 400), "
-          f"{r['disconnect']} disconnected mid-request, {r['other']} other outcomes")
-    print(f"server RSS {r['rss_warm_mb']:.0f} MB after warm-up, {r['rss_end_mb']:.0f} MB at the end ({growth:+.1%}); "
-          f"alive at the end: {alive}; exit status after SIGTERM: {code}; p99 {r['p99_ms']:.0f} ms")
+    print(
+        f"sent {r['sent']} in {r['seconds']:.1f}s ({r['sent'] / r['seconds']:.0f} req/s): {r['ok']} well-formed "
+        f"({r['ok_answered']} answered), {r['malformed']} malformed ({r['malformed_400']} got 400), "
+        f"{r['disconnect']} disconnected mid-request, {r['other']} other outcomes"
+    )
+    print(
+        f"server RSS {r['rss_warm_mb']:.0f} MB after warm-up, {r['rss_end_mb']:.0f} MB at the end ({growth:+.1%}); "
+        f"alive at the end: {alive}; exit status after SIGTERM: {code}; p99 {r['p99_ms']:.0f} ms"
+    )
     ok = alive and answered == 1.0 and r["malformed_400"] == r["malformed"] and abs(growth) <= 0.10 and code == 0
     print("PASS" if ok else "FAIL")
-    print(f"RESULT requests={r['sent']} answered_ok={answered:.4f} malformed_400={r['malformed_400']}/{r['malformed']} "
-          f"disconnects={r['disconnect']} rss_growth={growth:.4f} p99_ms={r['p99_ms']:.0f} seconds={r['seconds']:.1f} "
-          f"exit_code={code}")
+    print(
+        f"RESULT requests={r['sent']} answered_ok={answered:.4f} malformed_400={r['malformed_400']}/{r['malformed']} "
+        f"disconnects={r['disconnect']} rss_growth={growth:.4f} p99_ms={r['p99_ms']:.0f} seconds={r['seconds']:.1f} "
+        f"exit_code={code}"
+    )
 
 
 if __name__ == "__main__":

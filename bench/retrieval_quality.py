@@ -56,7 +56,9 @@ def main() -> None:
             figures.update({f"{name}_{scope}_r{k}": r[k] for k in KS})
     diff = figures["hybrid_corpus_r10"] - figures["bm25_corpus_r10"]
     print(f"hybrid vs bm25 at @10, corpus scope: {diff:+.3f} ({'ok' if diff >= 0 else 'BELOW the goal'})")
-    print("RESULT " + " ".join(f"{k}={v:.3f}" for k, v in figures.items()) + f" hybrid_minus_bm25_corpus_r10={diff:.3f}")
+    print(
+        "RESULT " + " ".join(f"{k}={v:.3f}" for k, v in figures.items()) + f" hybrid_minus_bm25_corpus_r10={diff:.3f}"
+    )
 
 
 if __name__ == "__main__":

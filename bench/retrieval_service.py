@@ -2,7 +2,8 @@
 
     uv run python bench/retrieval_service.py
 
-64 concurrent clients (one aiohttp session, 64 workers, in a client process of their own) send the shipped HotpotQA dev questions,
+64 concurrent clients (one aiohttp session, 64 workers, in a client process of their own) send the shipped
+HotpotQA dev questions,
 one query per request, to ``memsearch retrieval serve``'s application on a loopback port, for the
 dense index and for BM25. The baseline is the same service in the same process over the same
 index with batching off (``max_batch = 1``: every request is encoded and searched on its own);
@@ -11,7 +12,8 @@ against a warm cache. Answers must be identical with batching on and off. Goal: 
 ``batched_qps_ratio >= 5``. The dense index is the one ``bench/retrieval_quality.py`` builds and
 caches (built here if absent, ~5-20 min once on 2 CPU cores). The last line is machine-readable:
 
-    RESULT batched_qps_ratio=<dense batched/unbatched> p99_ms=<dense batched p99> cache_hit_qps_ratio=<cache hits/batched> ...
+    RESULT batched_qps_ratio=<dense batched/unbatched> p99_ms=<dense batched p99>
+           cache_hit_qps_ratio=<cache hits/batched> ...
 """
 
 from __future__ import annotations
@@ -88,9 +90,17 @@ def run(retriever, questions: list[str], unbatched_n: int) -> dict[str, float]:
         qps_hit, lat_hit, ans_hit = load_elsewhere(url, questions)
     assert ans_hit == ans_on and cached.counts["cache_hits"] >= len(questions)
     mean_batch = on.counts["searched"] / on.counts["batches"]
-    return {"qps_unbatched": qps_off, "qps_batched": qps_on, "qps_cache": qps_hit, "ratio": qps_on / qps_off,
-            "cache_ratio": qps_hit / qps_on, "p99_ms": p99(lat_on), "p99_unbatched_ms": p99(lat_off),
-            "p99_cache_ms": p99(lat_hit), "mean_batch": mean_batch}
+    return {
+        "qps_unbatched": qps_off,
+        "qps_batched": qps_on,
+        "qps_cache": qps_hit,
+        "ratio": qps_on / qps_off,
+        "cache_ratio": qps_hit / qps_on,
+        "p99_ms": p99(lat_on),
+        "p99_unbatched_ms": p99(lat_off),
+        "p99_cache_ms": p99(lat_hit),
+        "mean_batch": mean_batch,
+    }
 
 
 def main() -> None:
@@ -102,17 +112,28 @@ def main() -> None:
     questions = [t.question for t in dataset.tasks]
     questions += [q + " ?" for q in questions]
     results = {}
-    for name, retriever, n, unbatched in (("dense", dense, QUERIES["dense"], UNBATCHED_DENSE),
-                                          ("bm25", dense.bm25, QUERIES["bm25"], QUERIES["bm25"])):
+    for name, retriever, n, unbatched in (
+        ("dense", dense, QUERIES["dense"], UNBATCHED_DENSE),
+        ("bm25", dense.bm25, QUERIES["bm25"], QUERIES["bm25"]),
+    ):
         r = results[name] = run(retriever, questions[:n], unbatched)
-        print(f"{name:5s} unbatched {r['qps_unbatched']:7.1f} qps (p99 {r['p99_unbatched_ms']:.0f} ms) | batched "
-              f"{r['qps_batched']:7.1f} qps (p99 {r['p99_ms']:.0f} ms, mean batch {r['mean_batch']:.1f}) | cache hits "
-              f"{r['qps_cache']:7.1f} qps (p99 {r['p99_cache_ms']:.0f} ms) | batched/unbatched {r['ratio']:.2f}x")
+        print(
+            f"{name:5s} unbatched {r['qps_unbatched']:7.1f} qps (p99 {r['p99_unbatched_ms']:.0f} ms) | batched "
+            f"{r['qps_batched']:7.1f} qps (p99 {r['p99_ms']:.0f} ms, mean batch {r['mean_batch']:.1f}) | cache hits "
+            f"{r['qps_cache']:7.1f} qps (p99 {r['p99_cache_ms']:.0f} ms) | batched/unbatched {r['ratio']:.2f}x"
+        )
     d, b = results["dense"], results["bm25"]
-    print(f"dense batched_qps_ratio {d['ratio']:.2f} ({'meets' if d['ratio'] >= 5 else 'BELOW'} the goal of 5); answers identical")
-    print(f"RESULT batched_qps_ratio={d['ratio']:.2f} p99_ms={d['p99_ms']:.0f} cache_hit_qps_ratio={d['cache_ratio']:.2f} "
-          f"dense_qps={d['qps_batched']:.0f} dense_unbatched_qps={d['qps_unbatched']:.0f} "
-          f"bm25_batched_qps_ratio={b['ratio']:.2f} bm25_p99_ms={b['p99_ms']:.0f} bm25_cache_hit_qps_ratio={b['cache_ratio']:.2f}")
+    print(
+        f"dense batched_qps_ratio {d['ratio']:.2f} ({'meets' if d['ratio'] >= 5 else 'BELOW'} the goal of 5); answers "
+        "identical"
+    )
+    print(
+        f"RESULT batched_qps_ratio={d['ratio']:.2f} p99_ms={d['p99_ms']:.0f} "
+        f"cache_hit_qps_ratio={d['cache_ratio']:.2f} "
+        f"dense_qps={d['qps_batched']:.0f} dense_unbatched_qps={d['qps_unbatched']:.0f} "
+        f"bm25_batched_qps_ratio={b['ratio']:.2f} bm25_p99_ms={b['p99_ms']:.0f} "
+        f"bm25_cache_hit_qps_ratio={b['cache_ratio']:.2f}"
+    )
 
 
 if __name__ == "__main__":

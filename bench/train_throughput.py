@@ -165,14 +165,22 @@ def run_ours(args) -> dict:
                      optim=OptimSettings(lr=LR, weight_decay=0.0, schedule="constant", max_grad_norm=1.0),
                      max_batch_size=16, device="cpu", dtype="float32", seed=SEED)
     policy, tokenizer, note = load_policy("embedded", None, lora, device="cpu", dtype="float32", seed=SEED)
-    backend = HFBackend(model="embedded", loaded=(policy, tokenizer), ignore_eos=True, max_batch_size=cfg.max_batch_size,
-                        seed=SEED)
+    backend = HFBackend(
+        model="embedded", loaded=(policy, tokenizer), ignore_eos=True, max_batch_size=cfg.max_batch_size, seed=SEED
+    )
     optimizer, scheduler = make_optimizer(policy, cfg.optim, 1)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    requests = [GenerationRequest(role="reader", messages=tuple(item["messages"]),
-                                  sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=args.new_tokens,
-                                                          seed=SEED * 100003 + p * args.group + k))
-                for p, item in enumerate(items) for k in range(args.group)]
+    requests = [
+        GenerationRequest(
+            role="reader",
+            messages=tuple(item["messages"]),
+            sampling=SamplingParams(
+                temperature=1.0, top_p=1.0, max_tokens=args.new_tokens, seed=SEED * 100003 + p * args.group + k
+            ),
+        )
+        for p, item in enumerate(items)
+        for k in range(args.group)
+    ]
     prompt_ids = [backend.prompt_ids(GenerationRequest(role="reader", messages=tuple(it["messages"]))) for it in items]
     before = rss_mib()
 
@@ -185,13 +193,23 @@ def run_ours(args) -> dict:
         raise RuntimeError(f"generation failed: {bad[0]}")
     rows, rewards = [], []
     for p, item in enumerate(items):
-        group = results[p * args.group:(p + 1) * args.group]
+        group = results[p * args.group : (p + 1) * args.group]
         rs = [reward(r.text, item["golds"]) for r in group]
         for k, (res, adv) in enumerate(zip(group, group_advantages(rs, std_scale=False), strict=True)):
             ids = list(res.completion_ids)
-            rows.append(Row(prompt_ids=list(res.prompt_ids), completion_ids=ids, rollout_logprobs=list(res.logprobs),
-                            loss_mask=[1] * len(ids), trajectory=p * args.group + k, group=p, role="reader", step=0,
-                            advantage=adv))
+            rows.append(
+                Row(
+                    prompt_ids=list(res.prompt_ids),
+                    completion_ids=ids,
+                    rollout_logprobs=list(res.logprobs),
+                    loss_mask=[1] * len(ids),
+                    trajectory=p * args.group + k,
+                    group=p,
+                    role="reader",
+                    step=0,
+                    advantage=adv,
+                )
+            )
         rewards += rs
     t1 = time.perf_counter()
     stats = update(policy, optimizer, Batch(rows=rows), cfg, Dist(), pad_id)
@@ -200,13 +218,23 @@ def run_ours(args) -> dict:
     after = rss_mib()
 
     return {
-        "step_s": t_end - t0, "generate_s": t_gen, "update_s": t_end - t1, "train_total_s": None,
+        "step_s": t_end - t0,
+        "generate_s": t_gen,
+        "update_s": t_end - t1,
+        "train_total_s": None,
         "completion_lengths": [len(r.completion_ids) for r in results],
         "eos_in_completions": sum(int(tokenizer.eos_token_id in r.completion_ids) for r in results),
-        "prompt_lengths": [len(ids) for ids in prompt_ids], "prompt_digest": ids_digest(prompt_ids),
-        "rewards": rewards, "loss": stats.loss, "grad_norm": stats.grad_norm, "tokens": stats.tokens,
-        "logprob_mismatch": stats.logprob_mismatch, "rss_before_step": before,
-        "rss_after_generation": after_gen, "rss_after_step": after, "torch_threads": torch.get_num_threads(),
+        "prompt_lengths": [len(ids) for ids in prompt_ids],
+        "prompt_digest": ids_digest(prompt_ids),
+        "rewards": rewards,
+        "loss": stats.loss,
+        "grad_norm": stats.grad_norm,
+        "tokens": stats.tokens,
+        "logprob_mismatch": stats.logprob_mismatch,
+        "rss_before_step": before,
+        "rss_after_generation": after_gen,
+        "rss_after_step": after,
+        "torch_threads": torch.get_num_threads(),
         "note": note,
     }
 
@@ -246,21 +274,57 @@ def run_trl(args) -> dict:
 
     n = args.prompts * args.group
     config = GRPOConfig(
-        output_dir=args.tmp, per_device_train_batch_size=n, gradient_accumulation_steps=1, num_generations=args.group,
-        max_steps=1, max_completion_length=args.new_tokens, generation_kwargs={"min_new_tokens": args.new_tokens},
-        temperature=1.0, top_p=1.0, top_k=0, beta=0.0, num_iterations=1, epsilon=0.2, loss_type="dapo",
-        scale_rewards="none", learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0, optim="adamw_torch", use_cpu=True, bf16=False, fp16=False,
-        gradient_checkpointing=False, model_init_kwargs={"dtype": "float32"}, report_to="none", logging_strategy="no",
-        save_strategy="no", disable_tqdm=True, seed=SEED, data_seed=SEED, shuffle_dataset=False, log_completions=False,
+        output_dir=args.tmp,
+        per_device_train_batch_size=n,
+        gradient_accumulation_steps=1,
+        num_generations=args.group,
+        max_steps=1,
+        max_completion_length=args.new_tokens,
+        generation_kwargs={"min_new_tokens": args.new_tokens},
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        num_iterations=1,
+        epsilon=0.2,
+        loss_type="dapo",
+        scale_rewards="none",
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        model_init_kwargs={"dtype": "float32"},
+        report_to="none",
+        logging_strategy="no",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=SEED,
+        data_seed=SEED,
+        shuffle_dataset=False,
+        log_completions=False,
         dataloader_num_workers=0,
     )
-    peft = LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=TARGETS, bias="none",
-                      task_type="CAUSAL_LM")
+    peft = LoraConfig(
+        r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=TARGETS, bias="none", task_type="CAUSAL_LM"
+    )
     dataset = Dataset.from_list([{"prompt": it["messages"], "golds": it["golds"]} for it in items])
     timer = StepTimer()
-    trainer = GRPOTrainer(model=str(model_dir()), reward_funcs=[f1_reward], args=config, train_dataset=dataset,
-                          peft_config=peft, callbacks=[timer])
+    trainer = GRPOTrainer(
+        model=str(model_dir()),
+        reward_funcs=[f1_reward],
+        args=config,
+        train_dataset=dataset,
+        peft_config=peft,
+        callbacks=[timer],
+    )
     t_gen = [0.0]
     after_gen = {}
     generate = trainer._generate
@@ -282,13 +346,24 @@ def run_trl(args) -> dict:
     prompt_ids = [list(map(int, ids)) for ids in trainer._tokenize_prompts([it["messages"] for it in items])[0]]
     eos = trainer._tokenizer.eos_token_id
     return {
-        "step_s": timer.end - timer.begin, "generate_s": t_gen[0], "update_s": timer.end - timer.begin - t_gen[0],
-        "train_total_s": total, "completion_lengths": seen["lengths"],
-        "eos_in_completions": None, "eos_id": eos,
-        "prompt_lengths": [len(ids) for ids in prompt_ids], "prompt_digest": ids_digest(prompt_ids),
-        "rewards": seen["rewards"], "loss": float(out.training_loss), "grad_norm": None, "tokens": sum(seen["lengths"]),
-        "logprob_mismatch": None, "rss_before_step": timer.rss,
-        "rss_after_generation": after_gen, "rss_after_step": timer.after, "torch_threads": torch.get_num_threads(),
+        "step_s": timer.end - timer.begin,
+        "generate_s": t_gen[0],
+        "update_s": timer.end - timer.begin - t_gen[0],
+        "train_total_s": total,
+        "completion_lengths": seen["lengths"],
+        "eos_in_completions": None,
+        "eos_id": eos,
+        "prompt_lengths": [len(ids) for ids in prompt_ids],
+        "prompt_digest": ids_digest(prompt_ids),
+        "rewards": seen["rewards"],
+        "loss": float(out.training_loss),
+        "grad_norm": None,
+        "tokens": sum(seen["lengths"]),
+        "logprob_mismatch": None,
+        "rss_before_step": timer.rss,
+        "rss_after_generation": after_gen,
+        "rss_after_step": timer.after,
+        "torch_threads": torch.get_num_threads(),
         "note": f"trl {__import__('trl').__version__}",
     }
 
@@ -299,8 +374,22 @@ def child(side: str, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         log = Path(tmp) / "log.txt"
-        cmd = [sys.executable, __file__, "--side", side, "--out", str(out), "--tmp", tmp, "--prompts", str(args.prompts),
-               "--group", str(args.group), "--new-tokens", str(args.new_tokens)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--side",
+            side,
+            "--out",
+            str(out),
+            "--tmp",
+            tmp,
+            "--prompts",
+            str(args.prompts),
+            "--group",
+            str(args.group),
+            "--new-tokens",
+            str(args.new_tokens),
+        ]
         t0 = time.perf_counter()
         with log.open("w") as fh:
             proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
@@ -331,19 +420,28 @@ def main() -> None:
         return
 
     n = args.prompts * args.group
-    print(f"GRPO step, embedded SmolLM2-135M-Instruct, CPU fp32, torch threads from OMP_NUM_THREADS="
-          f"{os.environ.get('OMP_NUM_THREADS', '(unset)')}; host load {os.getloadavg()[0]:.1f}")
-    print(f"{args.prompts} reader prompts (HotpotQA dev, gold memory) x group {args.group} = {n} samples, "
-          f"{args.new_tokens} new tokens each, temperature 1.0, LoRA r={LORA_R} alpha={LORA_ALPHA} on {','.join(TARGETS)}, "
-          f"lr {LR}, 1 optimizer step, no KL, 1 iteration, token-level loss, advantages not std-scaled", flush=True)
+    print(
+        f"GRPO step, embedded SmolLM2-135M-Instruct, CPU fp32, torch threads from OMP_NUM_THREADS="
+        f"{os.environ.get('OMP_NUM_THREADS', '(unset)')}; host load {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{args.prompts} reader prompts (HotpotQA dev, gold memory) x group {args.group} = {n} samples, "
+        f"{args.new_tokens} new tokens each, temperature 1.0, LoRA r={LORA_R} alpha={LORA_ALPHA} on "
+        f"{','.join(TARGETS)}, "
+        f"lr {LR}, 1 optimizer step, no KL, 1 iteration, token-level loss, advantages not std-scaled",
+        flush=True,
+    )
     results = {}
     for side in ("ours", "trl"):
         print(f"running {side} in a child process (host load {os.getloadavg()[0]:.1f}) ...", flush=True)
         results[side] = r = child(side, args)
         r["samples_per_s"] = n / r["step_s"]
-        print(f"  {side}: step {r['step_s']:.2f}s (generation {r['generate_s']:.2f}s, rest {r['update_s']:.2f}s), "
-              f"{r['samples_per_s']:.3f} samples/s, peak RSS {r['peak_rss_mib']:.0f} MiB, process {r['process_s']:.1f}s"
-              + (f", trainer.train() {r['train_total_s']:.2f}s" if r["train_total_s"] is not None else ""), flush=True)
+        print(
+            f"  {side}: step {r['step_s']:.2f}s (generation {r['generate_s']:.2f}s, rest {r['update_s']:.2f}s), "
+            f"{r['samples_per_s']:.3f} samples/s, peak RSS {r['peak_rss_mib']:.0f} MiB, process {r['process_s']:.1f}s"
+            + (f", trainer.train() {r['train_total_s']:.2f}s" if r["train_total_s"] is not None else ""),
+            flush=True,
+        )
 
     ours, trl = results["ours"], results["trl"]
     print()
@@ -354,29 +452,50 @@ def main() -> None:
         ("  reward+logprobs+loss+bwd+opt (s)", f"{ours['update_s']:.2f}", f"{trl['update_s']:.2f}"),
         ("samples/s", f"{ours['samples_per_s']:.3f}", f"{trl['samples_per_s']:.3f}"),
         ("peak RSS (MiB, wait4)", f"{ours['peak_rss_mib']:.0f}", f"{trl['peak_rss_mib']:.0f}"),
-        ("RSS at step start (MiB)", f"{ours['rss_before_step']['VmRSS']:.0f}", f"{trl['rss_before_step']['VmRSS']:.0f}"),
+        (
+            "RSS at step start (MiB)",
+            f"{ours['rss_before_step']['VmRSS']:.0f}",
+            f"{trl['rss_before_step']['VmRSS']:.0f}",
+        ),
         ("  anonymous / file-backed", anon_file(ours["rss_before_step"]), anon_file(trl["rss_before_step"])),
-        ("peak RSS to end of generation", f"{ours['rss_after_generation']['VmHWM']:.0f}",
-         f"{trl['rss_after_generation']['VmHWM']:.0f}"),
+        (
+            "peak RSS to end of generation",
+            f"{ours['rss_after_generation']['VmHWM']:.0f}",
+            f"{trl['rss_after_generation']['VmHWM']:.0f}",
+        ),
         ("RSS at step end (MiB)", f"{ours['rss_after_step']['VmRSS']:.0f}", f"{trl['rss_after_step']['VmRSS']:.0f}"),
         ("  anonymous / file-backed", anon_file(ours["rss_after_step"]), anon_file(trl["rss_after_step"])),
         ("completion tokens", str(sum(ours["completion_lengths"])), str(sum(trl["completion_lengths"]))),
-        ("completion lengths (min-max)", f"{min(ours['completion_lengths'])}-{max(ours['completion_lengths'])}",
-         f"{min(trl['completion_lengths'])}-{max(trl['completion_lengths'])}"),
+        (
+            "completion lengths (min-max)",
+            f"{min(ours['completion_lengths'])}-{max(ours['completion_lengths'])}",
+            f"{min(trl['completion_lengths'])}-{max(trl['completion_lengths'])}",
+        ),
         ("prompt tokens", str(sum(ours["prompt_lengths"])), str(sum(trl["prompt_lengths"]))),
-        ("mean reward (f1)", f"{sum(ours['rewards']) / len(ours['rewards']):.3f}",
-         f"{sum(trl['rewards']) / len(trl['rewards']):.3f}"),
+        (
+            "mean reward (f1)",
+            f"{sum(ours['rewards']) / len(ours['rewards']):.3f}",
+            f"{sum(trl['rewards']) / len(trl['rewards']):.3f}",
+        ),
         ("loss", f"{ours['loss']:.4f}", f"{trl['loss']:.4f}"),
         ("torch threads", str(ours["torch_threads"]), str(trl["torch_threads"])),
     ]
     for name, a, b in rows:
         print(f"{name:<32}{a:>14}{b:>14}")
     same_prompts = ours["prompt_digest"] == trl["prompt_digest"]
-    print(f"prompt token ids identical on both sides: {same_prompts} (lengths {ours['prompt_lengths']} vs {trl['prompt_lengths']})")
-    print(f"ours: {ours['eos_in_completions']} of {n} completions sampled an EOS mid-way and went on (ignore_eos); "
-          f"rollout vs recomputed log-prob max |diff| {ours['logprob_mismatch']:.2e}")
+    print(
+        f"prompt token ids identical on both sides: {same_prompts} (lengths {ours['prompt_lengths']} vs "
+        f"{trl['prompt_lengths']})"
+    )
+    print(
+        f"ours: {ours['eos_in_completions']} of {n} completions sampled an EOS mid-way and went on (ignore_eos); "
+        f"rollout vs recomputed log-prob max |diff| {ours['logprob_mismatch']:.2e}"
+    )
     if len(trl["completion_lengths"]) != n or len(ours["completion_lengths"]) != n:
-        print(f"WARNING: completions ours {len(ours['completion_lengths'])}, trl {len(trl['completion_lengths'])}, expected {n}")
+        print(
+            f"WARNING: completions ours {len(ours['completion_lengths'])}, trl {len(trl['completion_lengths'])}, "
+            f"expected {n}"
+        )
     if set(ours["completion_lengths"]) != {args.new_tokens} or set(trl["completion_lengths"]) != {args.new_tokens}:
         print(f"WARNING: not every completion is {args.new_tokens} tokens long")
     speed = ours["samples_per_s"] / trl["samples_per_s"]

@@ -1,6 +1,7 @@
 """Ship a trained memory-policy adapter into models/memory-policy-cpu with its fingerprint.json.
 
-    uv run python scripts/ship_adapter.py runs/mp/seed-1/grpo1/adapter --run runs/mp --seed 1 [--dtype bfloat16] [--force] [--dest DIR]
+    uv run python scripts/ship_adapter.py runs/mp/seed-1/grpo1/adapter --run runs/mp --seed 1 \
+        [--dtype bfloat16] [--force] [--dest DIR]
 
 SRC_ADAPTER_DIR is the GRPO stage-1 trainer's final adapter of a `memsearch pipeline
 memory-policy` run (RUN/seed-N/grpo1/adapter); it must hash to the adapter recorded in
@@ -18,9 +19,9 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    from memsearch.assets.adapter import FINGERPRINT
     from memsearch.errors import InputError
     from memsearch.pipelines.memory_policy.ship import CAST_DTYPES, ship_adapter
-    from memsearch.assets.adapter import FINGERPRINT
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", type=Path, metavar="SRC_ADAPTER_DIR", help="RUN/seed-N/grpo1/adapter")
@@ -28,8 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, required=True, help="the seed whose adapter this is")
     parser.add_argument("--dest", type=Path, default=None, help="default: models/memory-policy-cpu of this checkout")
     parser.add_argument("--force", action="store_true", help="replace an existing shipped adapter")
-    parser.add_argument("--dtype", choices=CAST_DTYPES, default=None,
-                        help="store the weights in this precision (half the bytes; evaluate the shipped copy again)")
+    parser.add_argument(
+        "--dtype",
+        choices=CAST_DTYPES,
+        default=None,
+        help="store the weights in this precision (half the bytes; evaluate the shipped copy again)",
+    )
     args = parser.parse_args(argv)
     try:
         dest = ship_adapter(args.source, args.run, args.seed, args.dest, args.force, args.dtype)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from memsearch.assets.samples import HOTPOT_DEV, samples_dir
 from memsearch.data.dataset import save_dataset
 from memsearch.data.hotpot import convert_hotpot
-from memsearch.assets.samples import HOTPOT_DEV, samples_dir
 
 
 @pytest.fixture(scope="session")
@@ -70,8 +70,8 @@ def make_embedded_lora_adapter(out, seed: int = 0):
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from memsearch.backends.hf.model import load_model
     from memsearch.assets.adapter import write_fingerprint
+    from memsearch.backends.hf.model import load_model
     from memsearch.train.config import LoraSettings
 
     base, _, _ = load_model("embedded", device="cpu", dtype="float32")

@@ -59,7 +59,8 @@ def test_the_memory_backends_are_the_pipelines_heldout_rows():
 
     pipeline = load_config(ROOT / "configs" / "memory_policy_cpu.toml", model=MemoryPolicyPipeline)
     assert _load("base").backends.memory.model_dump(mode="json") == policy_backend(pipeline, "base")
-    assert _load("rules").backends.memory.model_dump(mode="json") == \
-        RunConfig.model_validate({"backends": {"memory": policy_backend(pipeline, "rules")}}).backends.memory.model_dump(mode="json")
+    assert _load("rules").backends.memory.model_dump(mode="json") == RunConfig.model_validate(
+        {"backends": {"memory": policy_backend(pipeline, "rules")}}
+    ).backends.memory.model_dump(mode="json")
     trained = _load("trained").backends.memory.model_dump(mode="json")
     assert trained == {**pipeline.base_backend(), "adapter": "models/memory-policy-cpu"}

@@ -109,17 +109,25 @@ def test_jsonl_bad_line_names_file_and_line(tmp_path):
     path = _write(tmp_path / "r.jsonl", '{"a": 1}\n{"a": tru}\n{"a": 3}\n')
     err = _error(path)
     assert str(err) == f"{path}:2: json: invalid JSON (Expecting value, column 7), expected one JSON object per line"
-    assert err.problems == [Problem(str(path), 2, "json", "invalid JSON (Expecting value, column 7), expected one JSON object per line")]
+    assert err.problems == [
+        Problem(str(path), 2, "json", "invalid JSON (Expecting value, column 7), expected one JSON object per line")
+    ]
 
 
 def test_jsonl_truncated_last_line_without_newline(tmp_path):
     path = _write(tmp_path / "r.jsonl", '{"a": 1}\n{"a": 2')
-    assert str(_error(path)) == f"{path}:2: json: invalid JSON (Expecting ',' delimiter, column 8), expected one JSON object per line"
+    assert (
+        str(_error(path))
+        == f"{path}:2: json: invalid JSON (Expecting ',' delimiter, column 8), expected one JSON object per line"
+    )
 
 
 def test_jsonl_truncated_line_reports_column_at_end_of_line(tmp_path):
     path = _write(tmp_path / "r.jsonl", '{"a": 1}\n{"a": 2\n{"a": 3}\n')
-    assert str(_error(path)) == f"{path}:2: json: invalid JSON (Expecting ',' delimiter, column 8), expected one JSON object per line"
+    assert (
+        str(_error(path))
+        == f"{path}:2: json: invalid JSON (Expecting ',' delimiter, column 8), expected one JSON object per line"
+    )
 
 
 # --------------------------------------------------------------------------- broken files
@@ -140,13 +148,18 @@ def test_missing_file(tmp_path):
 def test_not_utf8(tmp_path):
     path = tmp_path / "latin1.json"
     path.write_bytes('[{"a": "caf\u00e9"}]'.encode("latin-1"))
-    assert str(_error(path)) == f"{path}: encoding: not UTF-8 text (invalid continuation byte), expected a JSON or JSON-lines file"
+    assert (
+        str(_error(path))
+        == f"{path}: encoding: not UTF-8 text (invalid continuation byte), expected a JSON or JSON-lines file"
+    )
 
 
 def test_truncated_list_not_closed(tmp_path):
     text = json.dumps([{"a": 1}, {"b": 2}], indent=2)  # 8 lines, ']' on line 8
     path = _write(tmp_path / "t.json", text[: text.rindex("]")])
-    assert str(_error(path)) == f"{path}:8: json: truncated JSON: the list is not closed, expected ']' or another record"
+    assert (
+        str(_error(path)) == f"{path}:8: json: truncated JSON: the list is not closed, expected ']' or another record"
+    )
     # records before the cut are yielded before the error
     with pytest.raises(InputError):
         seen = []
@@ -158,7 +171,10 @@ def test_truncated_list_not_closed(tmp_path):
 def test_truncated_after_comma(tmp_path):
     text = json.dumps([{"a": 1}, {"b": 2}], indent=2)
     path = _write(tmp_path / "t.json", text[: text.index("{", 5)])  # '[\n  {\n    "a": 1\n  },\n  '
-    assert str(_error(path)) == f"{path}:5: json: truncated JSON in record 1 (Expecting value, column 3), expected a complete JSON record"
+    assert (
+        str(_error(path))
+        == f"{path}:5: json: truncated JSON in record 1 (Expecting value, column 3), expected a complete JSON record"
+    )
 
 
 def test_truncated_inside_a_record_between_tokens(tmp_path):
@@ -174,7 +190,8 @@ def test_truncated_inside_a_string_is_called_truncated(tmp_path):
     text = json.dumps([{"a": "first"}, {"b": "a long string value"}], indent=2)
     path = _write(tmp_path / "t.json", text[: text.index("long")])  # cut mid-string in record 1
     assert str(_error(path)) == (
-        f"{path}:6: json: truncated JSON in record 1 (Unterminated string starting at, column 10), expected a complete JSON record"
+        f"{path}:6: json: truncated JSON in record 1 (Unterminated string starting at, column 10), expected a complete "
+        "JSON record"
     )
 
 
@@ -185,7 +202,10 @@ def test_missing_comma_between_records(tmp_path):
 
 def test_invalid_record(tmp_path):
     path = _write(tmp_path / "t.json", '[\n{"a": 1},\n{"b": tru},\n{"c": 3}\n]\n')
-    assert str(_error(path)) == f"{path}:3: json: invalid JSON in record 1 (Expecting value, column 7), expected a complete JSON record"
+    assert (
+        str(_error(path))
+        == f"{path}:3: json: invalid JSON in record 1 (Expecting value, column 7), expected a complete JSON record"
+    )
 
 
 @pytest.mark.parametrize(
@@ -290,8 +310,8 @@ def test_sha256_file(tmp_path):
 def test_a_byte_order_mark_is_not_part_of_the_first_record(tmp_path):
     """Windows editors write a UTF-8 BOM; it used to make a JSON list "not one object per line"."""
     listed, lines = tmp_path / "list.json", tmp_path / "lines.jsonl"
-    listed.write_bytes("\ufeff[\n  {\"a\": 1},\n  {\"a\": 2}\n]\n".encode())
-    lines.write_bytes("\ufeff{\"a\": 1}\n{\"a\": 2}\n".encode())
+    listed.write_bytes('\ufeff[\n  {"a": 1},\n  {"a": 2}\n]\n'.encode())
+    lines.write_bytes('\ufeff{"a": 1}\n{"a": 2}\n'.encode())
     assert list(iter_json_records(listed)) == [(2, 0, {"a": 1}), (3, 1, {"a": 2})]
     assert list(iter_json_records(lines)) == [(1, 0, {"a": 1}), (2, 1, {"a": 2})]
     assert list(iter_jsonl(lines)) == [(1, {"a": 1}), (2, {"a": 2})]

@@ -78,7 +78,9 @@ def upward_imports(modules: dict[str, Path]) -> list[str]:
     bad = []
     for module, path in modules.items():
         here = layer_of(module)
-        for target in sorted(imported_modules(module, path.read_text(encoding="utf-8"), path.name == "__init__.py", known)):
+        for target in sorted(
+            imported_modules(module, path.read_text(encoding="utf-8"), path.name == "__init__.py", known)
+        ):
             there = layer_of(target)
             if here is not None and there is not None and there > here and (module, target) not in KNOWN_EXCEPTIONS:
                 bad.append(f"{module} -> {target} ({LAYERS[here][0]} -> {LAYERS[there][0]})")
@@ -99,9 +101,12 @@ def test_known_exceptions_still_exist():
     # An exception that no longer occurs must go, or it would silently allow the import back.
     modules = package_modules()
     known = set(modules)
-    stale = [(a, b) for a, b in KNOWN_EXCEPTIONS
-             if a not in modules or b not in imported_modules(a, modules[a].read_text(encoding="utf-8"),
-                                                               modules[a].name == "__init__.py", known)]
+    stale = [
+        (a, b)
+        for a, b in KNOWN_EXCEPTIONS
+        if a not in modules
+        or b not in imported_modules(a, modules[a].read_text(encoding="utf-8"), modules[a].name == "__init__.py", known)
+    ]
     assert not stale, f"remove these from KNOWN_EXCEPTIONS, the imports are gone: {stale}"
 
 
@@ -130,9 +135,14 @@ def import_cycles(modules: dict[str, Path]) -> list[list[str]]:
     """Every strongly connected component of more than one module in the import graph (lazy
     imports included), each sorted: a cycle of any length shows up as one component."""
     known = set(modules)
-    graph = {m: sorted(t for t in imported_modules(m, p.read_text(encoding="utf-8"), p.name == "__init__.py", known)
-                       if t in known and t != m and not m.startswith(t + "."))
-             for m, p in modules.items()}
+    graph = {
+        m: sorted(
+            t
+            for t in imported_modules(m, p.read_text(encoding="utf-8"), p.name == "__init__.py", known)
+            if t in known and t != m and not m.startswith(t + ".")
+        )
+        for m, p in modules.items()
+    }
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []

@@ -55,14 +55,18 @@ def build() -> tuple[list[str], DataProto, list[int]]:
 
 
 def main() -> None:
-    out = {"verl_version": verl.__version__, "function": "verl.trainer.ppo.v1.utils.compute_advantage_for_multi_trajectories",
-           "max_len": MAX_LEN,
-           "sessions": [{"uid": u, "session": s, "reward": r, "lengths": lens} for u, s, r, lens in SESSIONS],
-           "advantages": {}}
+    out = {
+        "verl_version": verl.__version__,
+        "function": "verl.trainer.ppo.v1.utils.compute_advantage_for_multi_trajectories",
+        "max_len": MAX_LEN,
+        "sessions": [{"uid": u, "session": s, "reward": r, "lengths": lens} for u, s, r, lens in SESSIONS],
+        "advantages": {},
+    }
     for norm in (True, False):
         keys, data, lengths = build()
-        result = compute_advantage_for_multi_trajectories(data, keys, core_algos.AdvantageEstimator.GRPO,
-                                                          norm_adv_by_std_in_grpo=norm)
+        result = compute_advantage_for_multi_trajectories(
+            data, keys, core_algos.AdvantageEstimator.GRPO, norm_adv_by_std_in_grpo=norm
+        )
         adv = result.batch["advantages"]
         rows = []
         for i, key in enumerate(keys):

@@ -55,24 +55,32 @@ class BackendConfig(StrictConfig):
     """Which backend answers one role's calls."""
 
     kind: Literal["rules", "hf", "openai", "oracle"] = Field(
-        "rules", description="rules | hf (local transformers) | openai (HTTP server) | oracle (gold teacher from train labels)")
+        "rules",
+        description="rules | hf (local transformers) | openai (HTTP server) | oracle (gold teacher from train labels)",
+    )
     model: str = Field("embedded", description="hf: 'embedded' or a local model folder; openai: the served model name")
     adapter: str | None = Field(None, description="hf: a LoRA adapter folder")
-    base_url: str | None = Field(None, description="openai: e.g. http://127.0.0.1:8000/v1 (key only from MEMSEARCH_API_KEY)")
+    base_url: str | None = Field(
+        None, description="openai: e.g. http://127.0.0.1:8000/v1 (key only from MEMSEARCH_API_KEY)"
+    )
     max_concurrency: int = Field(16, ge=1, description="openai: requests in flight; hf: largest dynamic batch")
     timeout_s: float = Field(120.0, gt=0, description="openai: per-request timeout")
     max_retries: int = Field(4, ge=0, description="openai: retries on 429/5xx/connection errors")
     sampling: Sampling = Field(default_factory=Sampling, description="Decoding parameters")
     schema_mode: bool = Field(
-        False, description="hf: sample memory operations (decision mode) from the distribution renormalized on the "
-        "tokens the memory-ops JSON schema allows; the mask is recorded so training replays it")
+        False,
+        description="hf: sample memory operations (decision mode) from the distribution renormalized on the "
+        "tokens the memory-ops JSON schema allows; the mask is recorded so training replays it",
+    )
     open_items: bool = Field(
-        False, description="oracle (decision memory): also write open sub-questions (kind 'open') from the train "
+        False,
+        description="oracle (decision memory): also write open sub-questions (kind 'open') from the train "
         "labels, each citing the shown evidence it was inferred from, and DELETE one once it is resolved. HotpotQA: "
         "'Find: <title>' for a gold paragraph the question does not name and no evidence of it was shown yet, once a "
         "shown gold sentence names that title (the bridge entity); MuSiQue: the next decomposition sub-question whose "
         "earlier answers ('#1', ...) a shown gold paragraph holds, with those answers filled in. Facts come first: an "
-        "open item is written only if it still fits the memory budget (the open-items control, docs/memory_policy.md)")
+        "open item is written only if it still fits the memory budget (the open-items control, docs/memory_policy.md)",
+    )
 
     @model_validator(mode="after")
     def _oracle_only(self) -> BackendConfig:
@@ -84,26 +92,41 @@ class BackendConfig(StrictConfig):
 class Agent(StrictConfig):
     """The three orthogonal choices of an episode (see docs/design.md §3)."""
 
-    evidence: Literal["search", "stream"] = Field("search", description="search a retriever, or stream a long context in chunks")
+    evidence: Literal["search", "stream"] = Field(
+        "search", description="search a retriever, or stream a long context in chunks"
+    )
     memory: Literal["summary", "decision", "overwrite"] = Field("decision", description="how memory changes")
-    controller: Literal["fixed", "policy", "exhaust"] = Field("fixed", description="who decides the next search / when to stop")
-    retrieval_scope: Literal["candidates", "corpus"] = Field("candidates", description="search the task's candidates or the whole corpus")
+    controller: Literal["fixed", "policy", "exhaust"] = Field(
+        "fixed", description="who decides the next search / when to stop"
+    )
+    retrieval_scope: Literal["candidates", "corpus"] = Field(
+        "candidates", description="search the task's candidates or the whole corpus"
+    )
     memory_sources: Literal["shown", "hidden"] = Field(
-        "shown", description="Decision memory: 'shown' renders each item with its evidence ids; 'hidden' renders "
+        "shown",
+        description="Decision memory: 'shown' renders each item with its evidence ids; 'hidden' renders "
         "items without them to the memory policy, controller and reader (and counts the budget on that rendering), "
         "while the store still records them, so memory support recall is scored as before (the no-sources control, "
-        "docs/design.md §5). Summary and overwrite notes are unaffected")
+        "docs/design.md §5). Summary and overwrite notes are unaffected",
+    )
 
 
 class Retrieval(StrictConfig):
     """Which retriever answers ``search`` evidence (docs/design.md §8); identical for all groups of a matrix."""
 
-    method: Literal["bm25", "dense", "hybrid"] = Field("bm25", description="bm25 (bm25s), dense (MiniLM + faiss) "
-                                                       "or hybrid (both, reciprocal-rank fusion)")
-    index: str | None = Field(None, description="a folder from `memsearch retrieval build` (built from the run's "
-                              "data folder); none: the index is built in process")
-    url: str | None = Field(None, description="a `memsearch retrieval serve` service, e.g. http://127.0.0.1:8000; "
-                            "the service's index and method answer (method and index are then unused)")
+    method: Literal["bm25", "dense", "hybrid"] = Field(
+        "bm25", description="bm25 (bm25s), dense (MiniLM + faiss) or hybrid (both, reciprocal-rank fusion)"
+    )
+    index: str | None = Field(
+        None,
+        description="a folder from `memsearch retrieval build` (built from the run's "
+        "data folder); none: the index is built in process",
+    )
+    url: str | None = Field(
+        None,
+        description="a `memsearch retrieval serve` service, e.g. http://127.0.0.1:8000; "
+        "the service's index and method answer (method and index are then unused)",
+    )
 
 
 class Backends(StrictConfig):
@@ -113,10 +136,12 @@ class Backends(StrictConfig):
     controller: BackendConfig = Field(default_factory=BackendConfig, description="search controller")
     reader: BackendConfig = Field(default_factory=BackendConfig, description="final answer")
     baseline_memory: BackendConfig | None = Field(
-        None, description="Matrix only: the backend that writes the memory of the summary groups A and C (the seed's "
+        None,
+        description="Matrix only: the backend that writes the memory of the summary groups A and C (the seed's "
         "baseline_memory_backend), so they never summarize with the trained memory policy of B/D. Unset: "
         "backends.memory with its adapter removed and, when its model is a merged checkpoint (a folder with "
-        "memsearch_merge.json), that checkpoint's recorded base model; see group_config")
+        "memsearch_merge.json), that checkpoint's recorded base model; see group_config",
+    )
 
 
 GROUP_DESIGNS = {
@@ -130,7 +155,9 @@ GROUP_DESIGNS = {
 class Matrix(StrictConfig):
     """Groups of ``memsearch matrix``: memory x controller (docs/design.md §3), same budgets for all."""
 
-    groups: list[Literal["A", "B", "C", "D"]] = Field(["A", "B", "C", "D"], description="A summary+fixed, B decision+fixed, C summary+policy, D decision+policy")
+    groups: list[Literal["A", "B", "C", "D"]] = Field(
+        ["A", "B", "C", "D"], description="A summary+fixed, B decision+fixed, C summary+policy, D decision+policy"
+    )
     overrides: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="Per-group dotted overrides, e.g. [matrix.overrides.B] 'backends.memory.adapter' = 'runs/stage1'. "
@@ -149,9 +176,11 @@ class Prompts(StrictConfig):
 
     initial_memory: str | None = Field(None, description="Memory shown before the first chunk (built-in: '(empty)')")
     overwrite_update: str | None = Field(
-        None, description="User message of a memory update: a template with {question}, {memory} and {chunk}")
+        None, description="User message of a memory update: a template with {question}, {memory} and {chunk}"
+    )
     overwrite_final: str | None = Field(
-        None, description="User message of the final answer: a template with {question} and {memory}; ask for \\boxed{}")
+        None, description="User message of the final answer: a template with {question} and {memory}; ask for \\boxed{}"
+    )
 
     @model_validator(mode="after")
     def _templates_name_their_fields(self) -> Prompts:
@@ -164,10 +193,14 @@ class Prompts(StrictConfig):
             try:
                 used = {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
             except ValueError as exc:
-                raise ValueError(f"{name}: not a format template ({exc}); write literal braces as {{{{ and }}}}") from None
+                raise ValueError(
+                    f"{name}: not a format template ({exc}); write literal braces as {{{{ and }}}}"
+                ) from None
             if used != wanted:
-                raise ValueError(f"{name}: uses {{{'}, {'.join(sorted(used))}}} but must use exactly "
-                                 f"{{{'}, {'.join(sorted(wanted))}}} (literal braces as {{{{ and }}}})")
+                raise ValueError(
+                    f"{name}: uses {{{'}, {'.join(sorted(used))}}} but must use exactly "
+                    f"{{{'}, {'.join(sorted(wanted))}}} (literal braces as {{{{ and }}}})"
+                )
         return self
 
 
@@ -188,7 +221,9 @@ class RunConfig(StrictConfig):
     def _consistent_agent(self) -> RunConfig:
         agent = self.agent
         if agent.evidence == "stream" and (agent.controller != "exhaust" or agent.memory == "decision"):
-            raise ValueError("evidence 'stream' reads every chunk: use controller 'exhaust' and memory 'summary' or 'overwrite'")
+            raise ValueError(
+                "evidence 'stream' reads every chunk: use controller 'exhaust' and memory 'summary' or 'overwrite'"
+            )
         if agent.evidence == "search" and agent.controller == "exhaust":
             raise ValueError("controller 'exhaust' belongs to evidence 'stream'; use 'fixed' or 'policy' with 'search'")
         return self
@@ -215,7 +250,9 @@ def _merged_base(model: str) -> str:
         if not record.is_file():
             return model
         model = json.loads(record.read_text(encoding="utf-8"))["base"]
-    raise InputError(f"{model}: memsearch_merge.json records bases 8 levels deep; set backends.baseline_memory explicitly")
+    raise InputError(
+        f"{model}: memsearch_merge.json records bases 8 levels deep; set backends.baseline_memory explicitly"
+    )
 
 
 def baseline_memory_backend(backends: Backends) -> dict[str, Any]:
@@ -316,7 +353,7 @@ def config_from_tables(data: dict[str, Any], overrides: list[str] | None, model:
         problems = []
         for err in exc.errors():
             loc = tuple(str(p) for p in err["loc"])
-            origin = next((flag for key, flag in set_by.items() if loc[:len(key)] == key), where)
+            origin = next((flag for key, flag in set_by.items() if loc[: len(key)] == key), where)
             msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
             problems.append(Problem(origin, None, ".".join(loc), msg))
         raise InputError(problems) from None

@@ -74,7 +74,14 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
                 yield lineno, json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as exc:
                 raise InputError(
-                    [Problem(str(path), lineno, "json", f"invalid JSON ({exc.msg}, column {exc.colno}), expected one JSON object per line")]
+                    [
+                        Problem(
+                            str(path),
+                            lineno,
+                            "json",
+                            f"invalid JSON ({exc.msg}, column {exc.colno}), expected one JSON object per line",
+                        )
+                    ]
                 ) from None
 
 
@@ -89,10 +96,14 @@ def iter_json_records(path: str | Path) -> Iterator[tuple[int, int, Any]]:
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise InputError([Problem(str(path), None, "encoding", f"not UTF-8 text ({exc.reason}), expected a JSON or JSON-lines file")]) from None
+        raise InputError(
+            [Problem(str(path), None, "encoding", f"not UTF-8 text ({exc.reason}), expected a JSON or JSON-lines file")]
+        ) from None
     start = len(text) - len(text.lstrip())
     if start == len(text):
-        raise InputError([Problem(str(path), None, "file", "empty file, expected a JSON list of records or JSON lines")])
+        raise InputError(
+            [Problem(str(path), None, "file", "empty file, expected a JSON list of records or JSON lines")]
+        )
     if text[start] != "[":
         for index, (lineno, obj) in enumerate(iter_jsonl(path)):
             yield lineno, index, obj
@@ -130,7 +141,14 @@ def iter_json_records(path: str | Path) -> Iterator[tuple[int, int, Any]]:
             truncated = exc.pos >= len(text.rstrip()) - 1 or exc.msg.startswith("Unterminated string")
             kind = "truncated JSON" if truncated else "invalid JSON"
             raise InputError(
-                [Problem(str(path), exc.lineno, "json", f"{kind} in record {index} ({exc.msg}, column {exc.colno}), expected a complete JSON record")]
+                [
+                    Problem(
+                        str(path),
+                        exc.lineno,
+                        "json",
+                        f"{kind} in record {index} ({exc.msg}, column {exc.colno}), expected a complete JSON record",
+                    )
+                ]
             ) from None
         yield line_of(pos), index, obj
         pos, index = end, index + 1

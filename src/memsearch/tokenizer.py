@@ -118,7 +118,9 @@ class HFTokenizer:
 
         self.path = Path(path)
         if not self.path.is_dir():
-            raise FileNotFoundError(f"{path}: no such tokenizer folder (expected a Hugging Face model or tokenizer folder)")
+            raise FileNotFoundError(
+                f"{path}: no such tokenizer folder (expected a Hugging Face model or tokenizer folder)"
+            )
         self._tok = AutoTokenizer.from_pretrained(str(self.path))
         self.name = name or f"hf:{self.path.name}"
 
@@ -155,7 +157,6 @@ class HFTokenizer:
         # before that character, keeping the count within budget.
         return text[: offsets[max_tokens][0]]
 
-
     def chunks(self, text: str, size: int) -> list[str]:
         """Pieces whose own token ids, concatenated, are exactly the ids of ``text``.
 
@@ -183,7 +184,7 @@ class HFTokenizer:
             if at <= begin or self.encode(text[begin:at]) != ids[i:j]:
                 return False
             ahead = min(j + 16, n)  # merges are local: 8 tokens after the cut must survive it
-            return self.encode(text[at:char_at(ahead)])[:8] == ids[j:min(j + 8, n)]
+            return self.encode(text[at : char_at(ahead)])[:8] == ids[j : min(j + 8, n)]
 
         pieces, i, begin = [], 0, 0
         while i + size < n:
@@ -192,7 +193,7 @@ class HFTokenizer:
             # back; the piece then grows to the next clean cut rather than corrupt the ids.
             ahead = (j for j in range(i + size + 1, n) if clean(i, j, begin))
             cut = next(back, None) or next(ahead, n)
-            pieces.append(text[begin:char_at(cut)])
+            pieces.append(text[begin : char_at(cut)])
             i, begin = cut, char_at(cut)
         if begin < len(text):
             pieces.append(text[begin:])

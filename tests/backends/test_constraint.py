@@ -83,13 +83,30 @@ def test_automaton_rejects_invalid_ops(text):
 def test_other_schema_features_and_choices():
     bounded = Automaton(Constraint("s", json_schema={"type": "array", "maxItems": 2,
                                                      "items": {"type": "string", "maxLength": 3}}))
-    assert [bounded.accepts(t) for t in ('["abc"]', '["abcd"]', '["a", "b"]', '["a","b","c"]', "[]", '["\\u0041bc"]')] == [
-        True, False, True, False, True, True]
-    scalars = Automaton(Constraint("b", json_schema={"anyOf": [{"type": "boolean"}, {"type": "null"}, {"enum": [1, "x"]}]}))
-    assert [scalars.accepts(t) for t in ("true", "null", "1", '"x"', "tru", '"y"')] == [True, True, True, True, False, False]
+    assert [
+        bounded.accepts(t) for t in ('["abc"]', '["abcd"]', '["a", "b"]', '["a","b","c"]', "[]", '["\\u0041bc"]')
+    ] == [True, False, True, False, True, True]
+    scalars = Automaton(
+        Constraint("b", json_schema={"anyOf": [{"type": "boolean"}, {"type": "null"}, {"enum": [1, "x"]}]})
+    )
+    assert [scalars.accepts(t) for t in ("true", "null", "1", '"x"', "tru", '"y"')] == [
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
     choice = Automaton(Constraint("c", choices=("yes", "yes sir", "no")))
     assert [choice.accepts(t) for t in ("yes", "yes sir", "no", "ye", "yes s", "nope", " no")] == [
-        True, True, True, False, False, False, False]
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+    ]
     assert choice.prefix_ok("yes s") and not choice.prefix_ok("nope")
 
 
@@ -114,8 +131,10 @@ def tokenizer():
 
 
 REPLAYED = (
-    '{"ops": [{"op": "ADD", "text": "Scott Derrickson is an American director, born 1966.", "sources": ["d3:0", "d3:1"], '
-    '"kind": "fact"}, {"op": "UPDATE", "id": "m1", "text": "café \\"x\\"", "sources": ["d2:0"]}, {"op": "DELETE", "id": "m2"}]}'
+    '{"ops": [{"op": "ADD", "text": "Scott Derrickson is an American director, born 1966.", "sources": ["d3:0", '
+    '"d3:1"], '
+    '"kind": "fact"}, {"op": "UPDATE", "id": "m1", "text": "café \\"x\\"", "sources": ["d2:0"]}, {"op": "DELETE", '
+    '"id": "m2"}]}'
 )
 
 
@@ -144,9 +163,15 @@ def test_masks_equal_a_brute_force_walk_of_every_token(tokenizer):
     mask equals walking every vocabulary token through the automaton on its own."""
     tc = compile_constraint(MEMORY_OPS, tokenizer)
     auto, texts = tc.automaton, token_texts(tokenizer)
-    prefixes = ["", '{"ops": [{"op": "', '{"ops": [{"op": "ADD", "text": "Scott', '{"ops": [{"op": "ADD", "text": "a\\',
-                '{"ops": [{"op": "ADD", "text": "a", "sources": ["d1:0"]', '{"ops": [{"op": "DELETE", "id": "m1"}',
-                '{"ops": [{"op": "NOOP"}]}']
+    prefixes = [
+        "",
+        '{"ops": [{"op": "',
+        '{"ops": [{"op": "ADD", "text": "Scott',
+        '{"ops": [{"op": "ADD", "text": "a\\',
+        '{"ops": [{"op": "ADD", "text": "a", "sources": ["d1:0"]',
+        '{"ops": [{"op": "DELETE", "id": "m1"}',
+        '{"ops": [{"op": "NOOP"}]}',
+    ]
     for prefix in prefixes:
         state = auto.walk(prefix)
         assert state, prefix
@@ -167,9 +192,12 @@ def backend():
 
 def memory_prompt():
     return prompts.memory_decision(
-        "Were Scott Derrickson and Ed Wood of the same nationality?", "(empty)",
+        "Were Scott Derrickson and Ed Wood of the same nationality?",
+        "(empty)",
         "[d1:0] Scott Derrickson (born July 16, 1966) is an American director.\n"
-        "[d2:0] Edward Davis Wood Jr. was an American filmmaker.", 200)
+        "[d2:0] Edward Davis Wood Jr. was an American filmmaker.",
+        200,
+    )
 
 
 def reference_logprobs(backend, result, temperature: float, masks: torch.Tensor | None) -> list[float]:
@@ -191,8 +219,15 @@ def reference_logprobs(backend, result, temperature: float, masks: torch.Tensor 
 def test_constrained_sampling_gives_ops_json_and_replayable_logprobs(backend):
     messages = memory_prompt()
     settings = [(1.0, 0), (1.0, 1), (0.0, None), (0.7, 2)]  # (temperature, seed)
-    requests = [GenerationRequest(role="memory", messages=messages, constraint=MEMORY_OPS,
-                                  sampling=SamplingParams(temperature=t, seed=s, max_tokens=120)) for t, s in settings]
+    requests = [
+        GenerationRequest(
+            role="memory",
+            messages=messages,
+            constraint=MEMORY_OPS,
+            sampling=SamplingParams(temperature=t, seed=s, max_tokens=120),
+        )
+        for t, s in settings
+    ]
     plain = GenerationRequest(role="memory", messages=messages, sampling=SamplingParams(max_tokens=16))
 
     async def concurrently():
@@ -218,17 +253,25 @@ def test_constrained_sampling_gives_ops_json_and_replayable_logprobs(backend):
             assert result.logprobs[-1] == pytest.approx(0.0, abs=LOGPROB_TOL)  # EOS was the only choice
     assert any(r.finish_reason == "stop" for r in results)
     assert unconstrained.constraint_id is None
-    assert unconstrained.logprobs == pytest.approx(reference_logprobs(backend, unconstrained, 1.0, None), abs=LOGPROB_TOL)
+    assert unconstrained.logprobs == pytest.approx(
+        reference_logprobs(backend, unconstrained, 1.0, None), abs=LOGPROB_TOL
+    )
 
 
 @pytest.mark.slow
 def test_choices_decode_and_bad_constraints_fail_their_request(backend):
     yes_no = Constraint("yes-no", choices=("yes", "no"))
     question = ({"role": "user", "content": "Is Paris in France? Answer yes or no."},)
-    good, bad = backend.generate_sync([
-        GenerationRequest(role="reader", messages=question, constraint=yes_no, sampling=SamplingParams(max_tokens=8)),
-        GenerationRequest(role="reader", messages=question, constraint=Constraint("n", json_schema={"type": "number"})),
-    ])
+    good, bad = backend.generate_sync(
+        [
+            GenerationRequest(
+                role="reader", messages=question, constraint=yes_no, sampling=SamplingParams(max_tokens=8)
+            ),
+            GenerationRequest(
+                role="reader", messages=question, constraint=Constraint("n", json_schema={"type": "number"})
+            ),
+        ]
+    )
     assert good.finish_reason == "stop" and good.text in ("yes", "no") and good.constraint_id == "yes-no"
     assert bad.finish_reason == "error" and "unsupported schema type 'number'" in bad.error
 
@@ -241,8 +284,15 @@ def rules_env(hotpot_dev_dir):
     from memsearch.eval.runner import build_environment
 
     dataset = load_dataset(hotpot_dev_dir)
-    cfg = load_config(RULES, ["budgets.max_searches=1", "budgets.passages_per_search=1", "budgets.evidence_tokens=64",
-                              "budgets.policy_tokens=80"])
+    cfg = load_config(
+        RULES,
+        [
+            "budgets.max_searches=1",
+            "budgets.passages_per_search=1",
+            "budgets.evidence_tokens=64",
+            "budgets.policy_tokens=80",
+        ],
+    )
     return build_environment(cfg, dataset), dataset.tasks[0]
 
 
@@ -276,4 +326,5 @@ def test_schema_mode_episode_records_the_constraint(rules_env, backend):
     assert memory["finish_reason"] == "stop", memory["text"]
     assert isinstance(json.loads(memory["text"]), dict) and parse_ops(memory["text"]).ok
     assert compile_constraint(MEMORY_OPS, backend.tokenizer).masks_for(memory["completion_ids"]).shape[0] == len(
-        memory["completion_ids"])
+        memory["completion_ids"]
+    )

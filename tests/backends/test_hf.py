@@ -314,12 +314,13 @@ def test_lora_adapter_is_applied(tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from memsearch.backends.hf.backend import HFBackend
     from memsearch.assets.embedded import model_dir
+    from memsearch.backends.hf.backend import HFBackend
 
     base = AutoModelForCausalLM.from_pretrained(str(model_dir()))
     torch.manual_seed(0)
-    adapted = get_peft_model(base, LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    lora = LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    adapted = get_peft_model(base, lora)
     adapted.save_pretrained(str(tmp_path / "adapter"))
     backend = HFBackend("embedded", adapter=str(tmp_path / "adapter"), device="cpu")
     plain = HFBackend("embedded", device="cpu")
@@ -328,8 +329,10 @@ def test_lora_adapter_is_applied(tmp_path):
     (without,) = run(plain.generate([request]))
     ids = torch.tensor([list(with_adapter.prompt_ids)])
     with torch.no_grad():
-        expected = adapted.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
-    assert list(with_adapter.completion_ids) == expected[0, ids.shape[1]:].tolist()
+        expected = adapted.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False
+        )
+    assert list(with_adapter.completion_ids) == expected[0, ids.shape[1] :].tolist()
     assert with_adapter.completion_ids != without.completion_ids
     run(backend.aclose())
     run(plain.aclose())

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from memsearch.assets.samples import HOTPOT_TRAIN, MUSIQUE_TRAIN, samples_dir
 from memsearch.backends import GenerationRequest, SamplingParams, make_backend
 from memsearch.backends.oracle import OracleBackend, mentions_title
 from memsearch.config import load_config
@@ -22,7 +23,6 @@ from memsearch.io import iter_jsonl
 from memsearch.memory import Memory
 from memsearch.memory.ops import format_ops, parse_ops
 from memsearch.retrieval import BM25Retriever
-from memsearch.assets.samples import HOTPOT_TRAIN, MUSIQUE_TRAIN, samples_dir
 from memsearch.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,7 +121,10 @@ def test_oracle_controller_searches_gold_titles(musique_train, tmp_path):
         assert all(c["valid"] for c in calls)
         titles = {docs[d].title for d in labels[traj["task_id"]].gold_doc_ids}
         assert all(c["text"].removeprefix("SEARCH: ") in titles for c in calls if c["text"] != "FINISH")
-    mean = lambda rs: sum(r["retrieval_support_recall"] for r in rs) / len(rs)
+
+    def mean(rs):
+        return sum(r["retrieval_support_recall"] for r in rs) / len(rs)
+
     assert mean(rows) > mean(fixed) + 0.2  # searching gold titles finds far more of the gold evidence
 
 
@@ -190,7 +193,8 @@ def test_summary_mode_and_unknown_questions_are_error_results(hotpot_train):
     oracle = OracleBackend(dataset, load_tokenizer("lexical"))
     result = _generate(oracle, "memory", {**_obs(dataset), "mode": "summary", "memory_text": ""})
     assert result.finish_reason == "error" and "oracle supports decision mode only" in result.error
-    result = _generate(oracle, "reader", {"question": "Who wrote a question that is not in the data?", "memory_items": []})
+    unknown = {"question": "Who wrote a question that is not in the data?", "memory_items": []}
+    result = _generate(oracle, "reader", unknown)
     assert result.finish_reason == "error" and "not in the train dataset" in result.error
 
 
@@ -218,8 +222,13 @@ def test_duplicate_question_is_resolved_by_candidate_documents(hotpot_train, tmp
         return bool(found) and found[0].doc_id in labels[k]["gold_doc_ids"]
 
     assert top_is_gold(0)
-    j = next(k for k in range(1, len(tasks)) if top_is_gold(k) and labels[k]["answers"][0] != labels[0]["answers"][0]
-             and not set(tasks[k]["doc_ids"]) & set(tasks[0]["doc_ids"]))
+    j = next(
+        k
+        for k in range(1, len(tasks))
+        if top_is_gold(k)
+        and labels[k]["answers"][0] != labels[0]["answers"][0]
+        and not set(tasks[k]["doc_ids"]) & set(tasks[0]["doc_ids"])
+    )
     tasks[j]["question"] = tasks[0]["question"]
     rewrite_data_file(data, "tasks.jsonl", tasks)
     _, rows, summary = _run(data, tmp_path / "run", *ROOMY, f"limit={j + 1}")
@@ -237,7 +246,7 @@ def test_duplicate_question_is_resolved_by_candidate_documents(hotpot_train, tmp
 
 # --- open sub-questions (backends.memory.open_items, the open-items control) ---------------------
 
-OPEN = ['backends.memory.open_items=true']
+OPEN = ["backends.memory.open_items=true"]
 RULES_CONTROLLER = ['agent.controller="policy"', 'backends.controller.kind="rules"']
 
 
@@ -276,7 +285,9 @@ def test_open_items_on_hotpot_train_name_the_bridge_paragraph_and_steer_the_rule
                     (source,) = op.sources
                     source_doc, index = source.rsplit(":", 1)
                     assert source in label.supporting_facts and source_doc != target.doc_id
-                    assert mentions_title(docs[source_doc].sentences[int(index)], title)  # the evidence it was inferred from
+                    assert mentions_title(
+                        docs[source_doc].sentences[int(index)], title
+                    )  # the evidence it was inferred from
                     open_items[op.text] = f"m{next_id}"
                     written += 1
                     # The rules controller's next query is the open item (unless the plan is over).
@@ -285,7 +296,9 @@ def test_open_items_on_hotpot_train_name_the_bridge_paragraph_and_steer_the_rule
                         queried += 1
                 if op.name == "DELETE":
                     text = next(t for t, i in open_items.items() if i == op.id)
-                    assert by_title[text.removeprefix("Find: ")].doc_id in shown_docs  # resolved: its paragraph was shown
+                    assert (
+                        by_title[text.removeprefix("Find: ")].doc_id in shown_docs
+                    )  # resolved: its paragraph was shown
                     del open_items[text]
                     deleted += 1
                 next_id += op.name == "ADD"
@@ -299,9 +312,14 @@ def test_open_items_on_hotpot_train_name_the_bridge_paragraph_and_steer_the_rule
 
 def test_open_items_leave_the_facts_of_a_fixed_plan_unchanged(hotpot_train, tmp_path):
     """Same plan, roomy budget: with or without open items the oracle adds the same facts."""
+
     def facts(trajectories):
-        return {t["task_id"]: [op.sources for _, ops, _ in _memory_steps(t) for op in ops if op.name == "ADD" and op.kind == "fact"]
-                for t in trajectories}
+        return {
+            t["task_id"]: [
+                op.sources for _, ops, _ in _memory_steps(t) for op in ops if op.name == "ADD" and op.kind == "fact"
+            ]
+            for t in trajectories
+        }
 
     with_open = _run(hotpot_train, tmp_path / "open", *ROOMY, *OPEN)[0]
     assert facts(with_open) == facts(_run(hotpot_train, tmp_path / "closed", *ROOMY)[0])
@@ -319,8 +337,12 @@ def test_open_items_on_musique_train_are_the_next_decomposition_subquestions(mus
         for _, ops, _ in _memory_steps(traj):
             for op in (o for o in ops if o.name == "ADD" and o.kind == "open"):
                 # A later sub-question with the earlier answers filled in, citing the paragraph holding one.
-                filled = [s for s in steps[1:] if "#" in s["question"] and all(
-                    a["answer"] in op.text for a in steps if f"#{steps.index(a) + 1}" in s["question"])]
+                filled = [
+                    s
+                    for s in steps[1:]
+                    if "#" in s["question"]
+                    and all(a["answer"] in op.text for a in steps if f"#{steps.index(a) + 1}" in s["question"])
+                ]
                 assert filled, (op.text, steps)
                 (source,) = op.sources
                 assert source in labels[traj["task_id"]].supporting_facts
@@ -331,7 +353,7 @@ def test_open_items_on_musique_train_are_the_next_decomposition_subquestions(mus
 
 def test_open_items_is_an_oracle_option():
     with pytest.raises(Exception, match="open_items is an option of the oracle teacher"):
-        load_config(RULES, ['backends.memory.open_items=true'])
+        load_config(RULES, ["backends.memory.open_items=true"])
 
 
 def test_hidden_sources_budget_is_judged_on_the_hidden_rendering(hotpot_train):

@@ -30,7 +30,10 @@ def test_controller_queries_the_first_open_item_not_asked_yet():
     assert _controller([], []) == f"SEARCH: {QUESTION}"  # first the question
     assert _controller([FACT, OPEN, LATER], [QUESTION]) == "SEARCH: Find: Tim Burton (director)"
     # Asked already, as the engine recorded it (the parser drops the closing parenthesis): the next one.
-    assert _controller([FACT, OPEN, LATER], [QUESTION, "Find: Tim Burton (director"]) == "SEARCH: Find: Plan 9 from Outer Space"
+    assert (
+        _controller([FACT, OPEN, LATER], [QUESTION, "Find: Tim Burton (director"])
+        == "SEARCH: Find: Plan 9 from Outer Space"
+    )
     # Without open items: a query from memory words the question lacks (the bridge entity guess).
     assert _controller([FACT], [QUESTION]) == f"SEARCH: Ed Wood {QUESTION}"
 

@@ -52,7 +52,20 @@ def test_prepare_musique_then_validate(tmp_path):
 
 def test_prepare_ruler_then_validate(dev20, tmp_path):
     out = tmp_path / "ruler"
-    result = invoke("data", "prepare-ruler", "--data", dev20, "--docs", "20,40", "--out", out, "--tokenizer", "lexical", "--limit", "4")
+    result = invoke(
+        "data",
+        "prepare-ruler",
+        "--data",
+        dev20,
+        "--docs",
+        "20,40",
+        "--out",
+        out,
+        "--tokenizer",
+        "lexical",
+        "--limit",
+        "4",
+    )
     assert result.exit_code == 0, result.output
     out_lines = result.stdout.splitlines()
     assert len(out_lines) == 2
@@ -67,9 +80,16 @@ def test_prepare_ruler_then_validate(dev20, tmp_path):
 
 
 def test_prepare_ruler_bad_docs_and_too_big(dev20, tmp_path):
-    result = invoke("data", "prepare-ruler", "--data", dev20, "--docs", "20,x", "--out", tmp_path / "r", "--tokenizer", "none")
-    assert (result.exit_code, result.stderr) == (2, "error: --docs '20,x': expected comma-separated integers, e.g. 50,200,800\n")
-    result = invoke("data", "prepare-ruler", "--data", dev20, "--docs", "500", "--out", tmp_path / "r", "--tokenizer", "none")
+    result = invoke(
+        "data", "prepare-ruler", "--data", dev20, "--docs", "20,x", "--out", tmp_path / "r", "--tokenizer", "none"
+    )
+    assert (result.exit_code, result.stderr) == (
+        2,
+        "error: --docs '20,x': expected comma-separated integers, e.g. 50,200,800\n",
+    )
+    result = invoke(
+        "data", "prepare-ruler", "--data", dev20, "--docs", "500", "--out", tmp_path / "r", "--tokenizer", "none"
+    )
     assert result.exit_code == 2
     assert result.stderr == (
         f"error: --docs [500]: larger than the dev pool of 199 distinct paragraphs in {dev20}; "
@@ -93,7 +113,11 @@ def test_validate_corrupted_folder_exits_2_with_problem_lines(dev20, tmp_path):
     assert result.exit_code == 2
     assert result.stdout == ""
     err = result.stderr.splitlines()
-    assert err[0] == f"{bad / 'corpus.jsonl'}:200: json: invalid JSON (Expecting property name enclosed in double quotes, column 2), expected one JSON object per line"
+    assert (
+        err[0]
+        == f"{bad / 'corpus.jsonl'}:200: json: invalid JSON (Expecting property name enclosed in double quotes, "
+        "column 2), expected one JSON object per line"
+    )
     assert err[1] == (
         f"{tasks}:3: answer: label field in a task, expected tasks to carry only id, question and doc_ids "
         "(labels belong in labels.jsonl)"
@@ -108,7 +132,11 @@ def test_validate_against_overlapping_folder(dev20, tmp_path):
     assert result.exit_code == 2
     err = result.stderr.splitlines()
     assert len(err) == 41 and err[-1] == f"40 problem(s) in {dev20}"
-    assert err[0] == f"{dev20 / 'tasks.jsonl'}:1: id: '5a8b57f25542995d1e6f1371' also in {dev20 / 'tasks.jsonl'}:1, expected no id shared between splits"
+    assert (
+        err[0]
+        == f"{dev20 / 'tasks.jsonl'}:1: id: '5a8b57f25542995d1e6f1371' also in {dev20 / 'tasks.jsonl'}:1, "
+        "expected no id shared between splits"
+    )
 
     train = tmp_path / "train"
     assert invoke("data", "prepare-hotpot", "--input", HOTPOT_TRAIN, "--out", train, "--split", "train").exit_code == 0
@@ -137,14 +165,25 @@ def test_prepare_into_existing_folder_exits_2(dev20):
 
 def test_prepare_bad_input_exits_2_and_writes_nothing(tmp_path):
     src = tmp_path / "in.json"
-    src.write_text('[\n  {"_id": "a", "question": "q?", "answer": "x", "context": [], "supporting_facts": []}\n', encoding="utf-8")
+    src.write_text(
+        '[\n  {"_id": "a", "question": "q?", "answer": "x", "context": [], "supporting_facts": []}\n', encoding="utf-8"
+    )
     out = tmp_path / "out"
     result = invoke("data", "prepare-hotpot", "--input", src, "--split", "dev", "--out", out)
     assert result.exit_code == 2
-    assert result.stderr == f"error: {src}:3: json: truncated JSON: the list is not closed, expected ']' or another record\n"
-    src.write_text('[\n  {"_id": "a", "question": "q?", "answer": "x", "context": [], "supporting_facts": []}\n]\n', encoding="utf-8")
+    assert (
+        result.stderr
+        == f"error: {src}:3: json: truncated JSON: the list is not closed, expected ']' or another record\n"
+    )
+    src.write_text(
+        '[\n  {"_id": "a", "question": "q?", "answer": "x", "context": [], "supporting_facts": []}\n]\n',
+        encoding="utf-8",
+    )
     result = invoke("data", "prepare-hotpot", "--input", src, "--split", "dev", "--out", out)
-    assert (result.exit_code, result.stderr) == (2, f"error: {src}:2: [0].context: empty, expected at least one paragraph\n")
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"error: {src}:2: [0].context: empty, expected at least one paragraph\n",
+    )
     result = invoke("data", "prepare-musique", "--input", tmp_path / "missing.json", "--split", "dev", "--out", out)
     assert (result.exit_code, result.stderr) == (2, f"error: {tmp_path / 'missing.json'}: no such file\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json"]
@@ -163,15 +202,36 @@ def _env() -> dict[str, str]:
 def test_console_script_prepare_and_validate(tmp_path):
     out = tmp_path / "dev5"
     run = subprocess.run(
-        [str(SCRIPT), "data", "prepare-hotpot", "--input", str(HOTPOT_DEV), "--split", "dev", "--out", str(out), "--limit", "5"],
-        capture_output=True, text=True, timeout=120, env=_env(),
+        [
+            str(SCRIPT),
+            "data",
+            "prepare-hotpot",
+            "--input",
+            str(HOTPOT_DEV),
+            "--split",
+            "dev",
+            "--out",
+            str(out),
+            "--limit",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout == f"wrote {out}: 5 tasks, 50 documents (hotpotqa dev)\n"
-    run = subprocess.run([str(SCRIPT), "data", "validate", "--data", str(out)], capture_output=True, text=True, timeout=120, env=_env())
+    run = subprocess.run(
+        [str(SCRIPT), "data", "validate", "--data", str(out)], capture_output=True, text=True, timeout=120, env=_env()
+    )
     assert (run.returncode, run.stdout) == (0, f"{out}: valid\n")
     run = subprocess.run(
-        [str(SCRIPT), "data", "prepare-hotpot", "--input", str(HOTPOT_DEV), "--split", "dev", "--out", str(out)], capture_output=True, text=True, timeout=120, env=_env()
+        [str(SCRIPT), "data", "prepare-hotpot", "--input", str(HOTPOT_DEV), "--split", "dev", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
     )
     assert run.returncode == 2
     assert run.stderr == f"error: {out}: output folder already exists; choose a new folder (nothing was written)\n"
@@ -206,7 +266,11 @@ def test_help_does_not_import_heavy_libraries():
 
 def test_help_importtime_has_no_heavy_modules():
     run = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import memsearch.cli.app"], capture_output=True, text=True, timeout=60, env=_env()
+        [sys.executable, "-X", "importtime", "-c", "import memsearch.cli.app"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
     )
     assert run.returncode == 0, run.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
@@ -222,8 +286,10 @@ def test_prepare_needs_a_split_and_refuses_one_the_file_name_contradicts(tmp_pat
     assert result.exit_code == 2 and "Missing option '--split'" in result.output
     result = invoke("data", "prepare-hotpot", "--input", HOTPOT_TRAIN, "--split", "dev", "--out", out)
     assert result.exit_code == 2
-    assert result.stderr == (f"error: {HOTPOT_TRAIN}: the file name says 'train' but --split is 'dev'; "
-                             "expected --split train (or rename the file if the name is wrong)\n")
+    assert result.stderr == (
+        f"error: {HOTPOT_TRAIN}: the file name says 'train' but --split is 'dev'; "
+        "expected --split train (or rename the file if the name is wrong)\n"
+    )
     result = invoke("data", "prepare-musique", "--input", MUSIQUE_DEV, "--split", "train", "--out", out)
     assert result.exit_code == 2 and "the file name says 'dev' but --split is 'train'" in result.stderr
     assert not out.exists()

@@ -62,8 +62,19 @@ def test_matrix_exit_status_follows_its_groups(hotpot_dev_dir, tmp_path):
     ok = invoke("eval", "matrix", "--config", RULES, "--data", hotpot_dev_dir, "--out", tmp_path / "ok", "--limit", "2")
     assert ok.exit_code == 0, ok.output
     with AgentServer(delay_s=0.0, fail_every=2) as server:
-        bad = invoke("eval", "matrix", "--config", API, "--data", hotpot_dev_dir, "--out", tmp_path / "bad", "--limit", "2",
-                     *_api_args(server.base_url))
+        bad = invoke(
+            "eval",
+            "matrix",
+            "--config",
+            API,
+            "--data",
+            hotpot_dev_dir,
+            "--out",
+            tmp_path / "bad",
+            "--limit",
+            "2",
+            *_api_args(server.base_url),
+        )
     matrix = json.loads((tmp_path / "bad" / "matrix.json").read_text())
     assert not all(g["complete"] for g in matrix["groups"].values())
     assert bad.exit_code == EXIT_INCOMPLETE, bad.output
@@ -76,19 +87,50 @@ def test_a_missing_backend_table_is_named_in_a_notice(hotpot_dev_dir, tmp_path):
     config = tmp_path / "api-no-reader.toml"
     config.write_text(text[: text.index("[backends.reader]")])
     with AgentServer(delay_s=0.0) as server:
-        result = invoke("eval", "run", "--config", config, "--data", hotpot_dev_dir, "--out", tmp_path / "run", "--limit", "1",
-                        *_api_args(server.base_url, roles=("memory", "controller")))
+        result = invoke(
+            "eval",
+            "run",
+            "--config",
+            config,
+            "--data",
+            hotpot_dev_dir,
+            "--out",
+            tmp_path / "run",
+            "--limit",
+            "1",
+            *_api_args(server.base_url, roles=("memory", "controller")),
+        )
     assert result.exit_code == 0, result.output
-    assert f"notice: {config} has no [backends.reader] table: that role runs the default backend (kind = 'rules')" in result.output
+    assert (
+        f"notice: {config} has no [backends.reader] table: that role runs the default backend (kind = 'rules')"
+        in result.output
+    )
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["backends"]["reader"] == "rules"
-    complete = invoke("eval", "run", "--config", RULES, "--data", hotpot_dev_dir, "--out", tmp_path / "rules", "--limit", "1")
+    complete = invoke(
+        "eval", "run", "--config", RULES, "--data", hotpot_dev_dir, "--out", tmp_path / "rules", "--limit", "1"
+    )
     assert "notice:" not in complete.output
 
 
 def test_set_values_are_strictly_typed_and_errors_name_the_flag(hotpot_dev_dir, tmp_path):
-    result = invoke("eval", "run", "--config", RULES, "--data", hotpot_dev_dir, "--out", tmp_path / "run",
-                    "--set", "concurrency=true", "--set", "budgets.max_searches=0")
+    result = invoke(
+        "eval",
+        "run",
+        "--config",
+        RULES,
+        "--data",
+        hotpot_dev_dir,
+        "--out",
+        tmp_path / "run",
+        "--set",
+        "concurrency=true",
+        "--set",
+        "budgets.max_searches=0",
+    )
     assert result.exit_code == 2
     assert "error: --set concurrency=true: concurrency: Input should be a valid integer" in result.output
-    assert "error: --set budgets.max_searches=0: budgets.max_searches: Input should be greater than or equal to 1" in result.output
+    assert (
+        "error: --set budgets.max_searches=0: budgets.max_searches: Input should be greater than or equal to 1"
+        in result.output
+    )
     assert not (tmp_path / "run").exists()

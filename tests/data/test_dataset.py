@@ -49,7 +49,9 @@ def test_edited_labels_are_refused_with_validate_datas_message(folder):
 def test_an_edited_folder_is_refused_by_eval_before_a_run_folder_exists(folder, tmp_path):
     cfg = load_config(CONFIGS / "rules.toml", ["limit=2"])
     run_eval(cfg, folder, tmp_path / "run", show_progress=False)
-    (folder / "labels.jsonl").write_text((folder / "labels.jsonl").read_text().replace('"answers":["', '"answers":["yes","'))
+    (folder / "labels.jsonl").write_text(
+        (folder / "labels.jsonl").read_text().replace('"answers":["', '"answers":["yes","')
+    )
     with pytest.raises(InputError, match="does not match the file"):
         run_eval(cfg, folder, tmp_path / "run2", show_progress=False)
     assert not (tmp_path / "run2").exists()

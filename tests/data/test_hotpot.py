@@ -68,7 +68,10 @@ def to_hf(ex: dict) -> dict:
         "answer": ex["answer"],
         "type": ex["type"],
         "level": ex["level"],
-        "supporting_facts": {"title": [t for t, _ in ex["supporting_facts"]], "sent_id": [s for _, s in ex["supporting_facts"]]},
+        "supporting_facts": {
+            "title": [t for t, _ in ex["supporting_facts"]],
+            "sent_id": [s for _, s in ex["supporting_facts"]],
+        },
         "context": {"title": [t for t, _ in ex["context"]], "sentences": [s for _, s in ex["context"]]},
     }
 
@@ -86,7 +89,11 @@ def test_doc_ids_follow_first_appearance(head, converted):
     assert [(d.title, tuple(d.sentences)) for d in converted.documents] == list(expected)
     assert converted.tasks[0].doc_ids == [f"d{i}" for i in range(10)]
     assert [converted.documents[i].title for i in range(5)] == [
-        "Ed Wood (film)", "Scott Derrickson", "Woodson, Arkansas", "Tyler Bates", "Ed Wood"
+        "Ed Wood (film)",
+        "Scott Derrickson",
+        "Woodson, Arkansas",
+        "Tyler Bates",
+        "Ed Wood",
     ]
 
 
@@ -102,7 +109,9 @@ def test_shared_paragraph_gets_one_id(head, converted):
 
 def test_document_text_joins_sentences(converted):
     doc = converted.documents_by_id()["d1"]
-    assert doc.sentences[0] == "Scott Derrickson (born July 16, 1966) is an American director, screenwriter and producer."
+    assert (
+        doc.sentences[0] == "Scott Derrickson (born July 16, 1966) is an American director, screenwriter and producer."
+    )
     assert doc.text == "".join(doc.sentences)
 
 
@@ -139,7 +148,9 @@ def test_labels_of_a_known_example(saved):
     docs = {d["doc_id"]: d for _, d in iter_jsonl(saved / "corpus.jsonl")}
     assert docs["d1"]["title"] == "Scott Derrickson"
     assert docs["d4"]["title"] == "Ed Wood"
-    assert docs["d4"]["sentences"][0].startswith("Edward Davis Wood Jr. (October 10, 1924 \u2013 December 10, 1978) was an American filmmaker")
+    assert docs["d4"]["sentences"][0].startswith(
+        "Edward Davis Wood Jr. (October 10, 1924 \u2013 December 10, 1978) was an American filmmaker"
+    )
     assert docs["d16"]["title"] == "Kiss and Tell (1945 film)"
     assert docs["d11"]["title"] == "Shirley Temple"
 
@@ -230,7 +241,10 @@ def test_limit_on_the_real_sample_file(converted):
     """The real file is one 6 MB line; --limit reads it record by record."""
     ds = convert_hotpot(DEV_SAMPLE, limit=N)
     assert ds.tasks == converted.tasks and ds.labels == converted.labels and ds.documents == converted.documents
-    assert ds.manifest["source"] == {"name": DEV_SAMPLE.name, "sha256": hashlib.sha256(DEV_SAMPLE.read_bytes()).hexdigest()}
+    assert ds.manifest["source"] == {
+        "name": DEV_SAMPLE.name,
+        "sha256": hashlib.sha256(DEV_SAMPLE.read_bytes()).hexdigest(),
+    }
 
 
 def test_two_runs_are_byte_identical(head_file, tmp_path):
@@ -257,7 +271,8 @@ def test_truncated_json(head, tmp_path):
     path.write_text(text[:cut], encoding="utf-8")
     line = text[:cut].count("\n") + 1
     assert problems_of(path) == [
-        f"{path}:{line}: json: truncated JSON in record 1 (Expecting property name enclosed in double quotes, column 5), "
+        f"{path}:{line}: json: truncated JSON in record 1 (Expecting property name enclosed in double quotes, column "
+        "5), "
         "expected a complete JSON record"
     ]
 
@@ -266,7 +281,9 @@ def test_missing_question(pretty, head, tmp_path):
     records = [dict(ex) for ex in head[:3]]
     del records[1]["question"]
     starts = pretty(tmp_path / "q.json", records)
-    assert problems_of(tmp_path / "q.json") == [f"{tmp_path / 'q.json'}:{starts[1]}: [1].question: missing, expected the question string"]
+    assert problems_of(tmp_path / "q.json") == [
+        f"{tmp_path / 'q.json'}:{starts[1]}: [1].question: missing, expected the question string"
+    ]
 
 
 def test_supporting_facts_as_string(pretty, head, tmp_path):
@@ -289,7 +306,8 @@ def test_wrong_types(pretty, head, tmp_path):
     s = pretty(path, records)
     assert problems_of(path) == [
         f"{path}:{s[0]}: [0].answer: got int 7, expected the answer string",
-        f"{path}:{s[1]}: [1].supporting_facts[0]: got ['Kiss and Tell (1945 film)', '0'], expected [title string, integer sentence index]",
+        f"{path}:{s[1]}: [1].supporting_facts[0]: got ['Kiss and Tell (1945 film)', '0'], expected [title string, "
+        "integer sentence index]",
         f"{path}:{s[2]}: [2].context[2]: got ['Title only'], expected [title, [sentence, ...]]",
         f"{path}:{s[3]}: [3]._id: got NoneType None, expected the example id (string '_id' or 'id')",
     ]
@@ -309,7 +327,8 @@ def test_duplicate_id(pretty, head, tmp_path):
     path = tmp_path / "dup.json"
     s = pretty(path, records)
     assert problems_of(path) == [
-        f"{path}:{s[2]}: [2]._id: duplicate id '5a8b57f25542995d1e6f1371' (first used at line {s[0]}), expected unique ids"
+        f"{path}:{s[2]}: [2]._id: duplicate id '5a8b57f25542995d1e6f1371' (first used at line {s[0]}), expected unique "
+        "ids"
     ]
 
 
@@ -356,7 +375,8 @@ def test_all_problems_of_a_file_are_reported_together(pretty, head, tmp_path):
     assert problems_of(path) == [
         f"{path}:{s[1]}: [1].question: missing, expected the question string",
         f"{path}:{s[3]}: [3].supporting_facts: missing or not a list, expected [[title, sentence_index], ...]",
-        f"{path}:{s[4]}: [4]._id: duplicate id '5a8b57f25542995d1e6f1371' (first used at line {s[0]}), expected unique ids",
+        f"{path}:{s[4]}: [4]._id: duplicate id '5a8b57f25542995d1e6f1371' (first used at line {s[0]}), expected unique "
+        "ids",
     ]
 
 
@@ -379,13 +399,17 @@ def test_nothing_written_on_error_through_cli(pretty, head, tmp_path):
     s = pretty(path, records)
     out = tmp_path / "runs" / "out"
     out.parent.mkdir()
-    result = CliRunner().invoke(app, ["data", "prepare-hotpot", "--input", str(path), "--split", "dev", "--out", str(out)])
+    result = CliRunner().invoke(
+        app, ["data", "prepare-hotpot", "--input", str(path), "--split", "dev", "--out", str(out)]
+    )
     assert result.exit_code == 2
     assert result.stderr == f"error: {path}:{s[1]}: [1].question: missing, expected the question string\n"
     assert result.stdout == ""
     assert not out.exists()
     assert list(out.parent.iterdir()) == []
 
-    result = CliRunner().invoke(app, ["data", "prepare-hotpot", "--input", str(path), "--out", str(out), "--split", "val"])
+    result = CliRunner().invoke(
+        app, ["data", "prepare-hotpot", "--input", str(path), "--out", str(out), "--split", "val"]
+    )
     assert (result.exit_code, result.stderr) == (2, "error: --split 'val': expected one of train, dev\n")
     assert list(out.parent.iterdir()) == []

@@ -58,7 +58,9 @@ def test_paragraph_shared_by_examples_gets_one_id(dev, converted):
     assert (a["title"], a["paragraph_text"]) == (b["title"], b["paragraph_text"]) and a["title"] == "World Series"
     doc_id = converted.tasks[9].doc_ids[12]
     assert converted.tasks[12].doc_ids[2] == doc_id
-    assert sum(1 for d in converted.documents if d.title == "World Series" and d.sentences == [a["paragraph_text"]]) == 1
+    assert (
+        sum(1 for d in converted.documents if d.title == "World Series" and d.sentences == [a["paragraph_text"]]) == 1
+    )
     # the shared paragraph keeps the id of its first appearance; later new paragraphs continue the count
     assert converted.tasks[12].doc_ids[:2] == ["d240", "d241"] and converted.tasks[12].doc_ids[3] == "d242"
 
@@ -67,7 +69,11 @@ def test_answers_and_supporting_facts_of_a_known_example(converted):
     label, task = converted.labels[0], converted.tasks[0]
     assert label.id == "2hop__82713_84616"
     assert label.answers == [
-        "for Best Performance by a Leading Actress in a Play in Ondine", "leading role", "star", "leading actress", "lead"
+        "for Best Performance by a Leading Actress in a Play in Ondine",
+        "leading role",
+        "star",
+        "leading actress",
+        "lead",
     ]
     assert label.supporting_facts == [f"{task.doc_ids[1]}:0", f"{task.doc_ids[12]}:0"] == ["d1:0", "d12:0"]
     assert label.gold_doc_ids == ["d1", "d12"]
@@ -75,7 +81,10 @@ def test_answers_and_supporting_facts_of_a_known_example(converted):
     assert label.level is None and label.gold_positions is None
     assert label.decomposition == [
         {"question": "who was the actress in my fair lady", "answer": "Audrey Hepburn"},
-        {"question": "what did #1 won a tony for", "answer": "for Best Performance by a Leading Actress in a Play in Ondine"},
+        {
+            "question": "what did #1 won a tony for",
+            "answer": "for Best Performance by a Leading Actress in a Play in Ondine",
+        },
     ]
 
 
@@ -86,8 +95,19 @@ def test_all_labels_follow_the_source(dev, converted):
         assert label.supporting_facts == [f"{d}:0" for d in support]
         assert label.answers == list(dict.fromkeys([ex["answer"], *ex["answer_aliases"]]))
         assert label.type == ex["id"].split("__")[0]
-        assert label.decomposition == [{"question": s["question"], "answer": s["answer"]} for s in ex["question_decomposition"]]
-    assert [lab.type for lab in converted.labels[:8]] == ["2hop", "2hop", "2hop", "3hop1", "2hop", "2hop", "3hop1", "3hop2"]
+        assert label.decomposition == [
+            {"question": s["question"], "answer": s["answer"]} for s in ex["question_decomposition"]
+        ]
+    assert [lab.type for lab in converted.labels[:8]] == [
+        "2hop",
+        "2hop",
+        "2hop",
+        "3hop1",
+        "2hop",
+        "2hop",
+        "3hop1",
+        "3hop2",
+    ]
 
 
 def test_answers_deduplicated_and_type_without_prefix(dev, tmp_path):
@@ -112,7 +132,10 @@ def test_tasks_carry_no_label_fields(converted, tmp_path):
     assert all(list(obj) == ["id", "question", "doc_ids"] for _, obj in iter_jsonl(out / "tasks.jsonl"))
     manifest = json.loads((out / "manifest.json").read_text())
     assert (manifest["kind"], manifest["split"], manifest["evidence_granularity"], manifest["converter"]) == (
-        "musique", "dev", "paragraph", "musique-1"
+        "musique",
+        "dev",
+        "paragraph",
+        "musique-1",
     )
     assert manifest["source"] == {"name": "dev13.json", "sha256": manifest["source"]["sha256"]}
     assert manifest["counts"] == {"documents": len(converted.documents), "tasks": N, "labels": N}
@@ -163,7 +186,10 @@ def test_other_broken_records(pretty, dev, tmp_path):
     records[0]["id"] = records[3]["id"] = "shared"
     s = pretty(path, records)
     assert problems_of(path)[0] == f"{path}:{s[1]}: [1].answer_aliases: got 'lead', expected a list of alias strings"
-    assert f"{path}:{s[3]}: [3].id: duplicate id 'shared' (first used at line {s[0]}), expected unique ids" in problems_of(path)
+    assert (
+        f"{path}:{s[3]}: [3].id: duplicate id 'shared' (first used at line {s[0]}), expected unique ids"
+        in problems_of(path)
+    )
 
 
 def test_invalid_split_and_empty_file(tmp_path):

@@ -52,7 +52,11 @@ def built(dev_dir, tmp_path_factory):
 
 
 def tree_hashes(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def lines(path: Path) -> list[dict]:
@@ -116,9 +120,13 @@ def test_render_format_exact(dev):
     docs = dev.documents_by_id()
     d1, d4 = docs["d1"], docs["d4"]
     text = render_context(["d1", "d4"], docs)
-    assert text == f"Document 1:\nScott Derrickson\n{''.join(d1.sentences)}\n\nDocument 2:\nEd Wood\n{''.join(d4.sentences)}"
+    assert (
+        text
+        == f"Document 1:\nScott Derrickson\n{''.join(d1.sentences)}\n\nDocument 2:\nEd Wood\n{''.join(d4.sentences)}"
+    )
     assert text.startswith(
-        "Document 1:\nScott Derrickson\nScott Derrickson (born July 16, 1966) is an American director, screenwriter and producer."
+        "Document 1:\nScott Derrickson\nScott Derrickson (born July 16, 1966) is an American director, screenwriter "
+        "and producer."
         " He lives in Los Angeles, California."
     )
     assert render_context(["d4"], docs) == f"Document 1:\nEd Wood\n{d4.text}"
@@ -154,7 +162,9 @@ def test_manifest(built, dev_dir, dev):
 def test_deterministic_byte_identical(built, dev_dir, tmp_path):
     out, _ = built
     again = tmp_path / "again"
-    prepare_ruler(dev_dir, again, [50, 20], seed=42, tokenizer=LexicalTokenizer(), show_progress=False)  # N order differs
+    prepare_ruler(
+        dev_dir, again, [50, 20], seed=42, tokenizer=LexicalTokenizer(), show_progress=False
+    )  # N order differs
     assert tree_hashes(again) == tree_hashes(out)
     assert len(tree_hashes(out)) == 8
 
@@ -201,7 +211,9 @@ def test_n_smaller_than_own_paragraphs_refused_and_nothing_written(dev_dir, tmp_
     out = tmp_path / "small"
     with pytest.raises(InputError) as info:
         prepare_ruler(dev_dir, out, [20, 5], tokenizer=None, show_progress=False)
-    assert str(info.value) == "--docs 5: task 5a8b57f25542995d1e6f1371 already has 10 paragraphs; N must be at least that"
+    assert (
+        str(info.value) == "--docs 5: task 5a8b57f25542995d1e6f1371 already has 10 paragraphs; N must be at least that"
+    )
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []  # docs20 was written in a temporary folder that is gone
 
@@ -224,7 +236,9 @@ def test_train_folder_refused(tmp_path):
     train = save_dataset(convert_hotpot(TRAIN_SAMPLE, split="train", limit=5), tmp_path / "train")
     with pytest.raises(InputError) as info:
         prepare_ruler(train, tmp_path / "out", [20], tokenizer=None, show_progress=False)
-    assert str(info.value) == f"{train}: manifest split is 'train'; RULER-HQA sets are built from a prepared dev set only"
+    assert (
+        str(info.value) == f"{train}: manifest split is 'train'; RULER-HQA sets are built from a prepared dev set only"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -232,7 +246,9 @@ def test_train_contexts_only_when_asked_and_only_from_train(tmp_path):
     """The MemAgent pipeline's long training contexts: questions and distractors from train,
     split kept "train" (so GRPO accepts it and eval never mistakes it for dev)."""
     train = save_dataset(convert_hotpot(TRAIN_SAMPLE, split="train", limit=5), tmp_path / "train")
-    (manifest,) = prepare_ruler(train, tmp_path / "out", [20], tokenizer=None, show_progress=False, allow_train=True).values()
+    (manifest,) = prepare_ruler(
+        train, tmp_path / "out", [20], tokenizer=None, show_progress=False, allow_train=True
+    ).values()
     assert manifest["split"] == "train" and manifest["num_docs"] == 20
     built = load_dataset(tmp_path / "out" / "docs20")
     pool = {d.doc_id for d in load_dataset(train).documents}

@@ -190,7 +190,8 @@ def test_empty_doc_ids(bad):
 
 def test_supporting_facts_pointing_nowhere(bad):
     labels = bad / "labels.jsonl"
-    edit_record(labels, 1, lambda o: o.update(supporting_facts=["d1:3", "d1:99", "d999:0", "d1", "d1:-1", ":0", "d20:0", "d4:0"]))
+    facts = ["d1:3", "d1:99", "d999:0", "d1", "d1:-1", ":0", "d20:0", "d4:0"]
+    edit_record(labels, 1, lambda o: o.update(supporting_facts=facts))
     reseal(bad)
     assert problems(bad) == [
         f"{labels}:1: supporting_facts[0]: 'd1:3' points at sentence 3 but d1 has 3, expected an existing sentence",

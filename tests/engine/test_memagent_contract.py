@@ -58,7 +58,9 @@ def ruler(ruler_dir):
 
 def memagent_config(tokenizer: str, *extra: str):
     """configs/memagent.toml with the rules backend in every role (no model) and overrides."""
-    return load_run_config(MEMAGENT, [f'tokenizer="{tokenizer}"', *[f'backends.{r}.kind="rules"' for r in ROLES], *extra])
+    return load_run_config(
+        MEMAGENT, [f'tokenizer="{tokenizer}"', *[f'backends.{r}.kind="rules"' for r in ROLES], *extra]
+    )
 
 
 def environment(dataset, config, **backends):
@@ -190,9 +192,12 @@ def test_reader_sees_only_the_question_and_the_final_memory(ruler):
         assert traj["events"][-1] is reader  # after the last chunk
         n = traj["counts"]["chunks"]
         assert traj["memory_final"] == f"memo {n - 1}: still looking"
-        assert reader["messages"] == list(prompts.reader(task.question, traj["memory_final"], boxed=True,
-                                                         template=config.prompts.overwrite_final))
-        assert reader["messages"][1]["content"] == config.prompts.overwrite_final.format(question=task.question, memory=traj["memory_final"])
+        assert reader["messages"] == list(
+            prompts.reader(task.question, traj["memory_final"], boxed=True, template=config.prompts.overwrite_final)
+        )
+        assert reader["messages"][1]["content"] == config.prompts.overwrite_final.format(
+            question=task.question, memory=traj["memory_final"]
+        )
         content = "\n".join(m["content"] for m in reader["messages"])
         _, chunked = chunk_context(task.doc_ids, docs, env.tokenizer, 512, 10**6)
         lines = {ln.strip() for chunk in chunked.chunks for ln in chunk.splitlines() if len(ln.strip()) > 20}
@@ -252,8 +257,13 @@ def test_a_reader_asked_for_a_box_scores_the_box_only(ruler):
         got = tuple(row[k] for k in ("em", "f1", "sub_em", "boxed_em", "sub_em_lenient"))
         assert got == pytest.approx(expected), name
     # The same hedge from a reader that was not asked for a box keeps the tolerant parse.
-    free = {"task_id": label.id, "status": "ok", "answer_format": "free", "reader_text": replies["hedge"][0],
-            "prediction": parse_reader(replies["hedge"][0]).answer}
+    free = {
+        "task_id": label.id,
+        "status": "ok",
+        "answer_format": "free",
+        "reader_text": replies["hedge"][0],
+        "prediction": parse_reader(replies["hedge"][0]).answer,
+    }
     row = score_trajectory(free, label)
     assert (row["sub_em"], row["sub_em_lenient"], row["em"]) == (1.0, 1.0, 0.0)
 
@@ -295,11 +305,20 @@ def test_configured_wording_reaches_every_prompt_and_is_versioned(ruler):
     first, second = calls(traj, "memory")
     _, chunked = chunk_context(task.doc_ids, ruler.documents_by_id(), load_tokenizer("lexical"), 512, 2)
     assert first["messages"][1]["content"] == wording.overwrite_update.format(
-        question=task.question, memory=wording.initial_memory, chunk=chunked.chunks[0])
+        question=task.question, memory=wording.initial_memory, chunk=chunked.chunks[0]
+    )
     assert second["messages"][1]["content"] == wording.overwrite_update.format(
-        question=task.question, memory="memo 0", chunk=chunked.chunks[1])
-    builtin = load_run_config(MEMAGENT, ['tokenizer="lexical"', *[f'backends.{r}.kind="rules"' for r in ROLES],
-                                         "prompts.initial_memory=\"(empty)\"", "prompts.overwrite_update=\"Q {question} M {memory} C {chunk}\""])
+        question=task.question, memory="memo 0", chunk=chunked.chunks[1]
+    )
+    builtin = load_run_config(
+        MEMAGENT,
+        [
+            'tokenizer="lexical"',
+            *[f'backends.{r}.kind="rules"' for r in ROLES],
+            'prompts.initial_memory="(empty)"',
+            'prompts.overwrite_update="Q {question} M {memory} C {chunk}"',
+        ],
+    )
     versions = {prompts.prompt_version(c.prompts.model_dump()) for c in (config, builtin)}
     assert len(versions) == 2 and prompts.prompt_version({}) == prompts.PROMPT_VERSION
     assert prompts.prompt_version({"initial_memory": None}) == prompts.PROMPT_VERSION

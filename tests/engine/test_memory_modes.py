@@ -27,7 +27,10 @@ def test_hidden_sources_hide_ids_from_every_role_and_keep_provenance_for_scoring
     shown, shown_trajs = _run(hotpot_dev_dir, tmp_path / "shown", "shown")
     hidden, hidden_trajs = _run(hotpot_dev_dir, tmp_path / "hidden", "hidden")
     # Recorded, like every field, at its default too.
-    assert shown["config"]["agent"]["memory_sources"] == "shown" and hidden["config"]["agent"]["memory_sources"] == "hidden"
+    assert (
+        shown["config"]["agent"]["memory_sources"] == "shown"
+        and hidden["config"]["agent"]["memory_sources"] == "hidden"
+    )
     kept = 0
     for traj in hidden_trajs:
         assert evidence_ids_in(traj["memory_final"]) == ()  # the rendering names no evidence id ...
@@ -59,7 +62,9 @@ def test_hidden_sources_observation_and_prompt():
     # Rule-based backends get the items (the oracle teacher needs their sources) and the flag.
     assert obs["sources_shown"] is False and obs["memory_items"][0]["sources"] == ["d3:0"]
     assert memory.render() == "[m1] (fact) Paris is in France."
-    assert "Memory (id, kind, text):\n[m1] (fact) Paris is in France." in memory.messages("Q?", "[d4:0] x")[1]["content"]
+    assert (
+        "Memory (id, kind, text):\n[m1] (fact) Paris is in France." in memory.messages("Q?", "[d4:0] x")[1]["content"]
+    )
     shown = make_memory("decision", LexicalTokenizer(), 100)
     assert "sources_shown" not in shown.observation()
     assert "Memory (id, kind, sources, text):" in shown.messages("Q?", "[d4:0] x")[1]["content"]

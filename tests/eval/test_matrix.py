@@ -43,7 +43,8 @@ def test_summary_groups_take_the_base_of_a_merged_checkpoint(tmp_path):
 
 def test_baseline_memory_is_used_by_summary_groups_and_group_overrides_still_win():
     cfg = load_config(RULES, ['backends.memory.kind="hf"', 'backends.memory.adapter="runs/stage1/adapter"',
-                              'backends.baseline_memory={kind="openai", model="base-7b", base_url="http://127.0.0.1:8000/v1"}',
+                              'backends.baseline_memory={kind="openai", model="base-7b", '
+                              'base_url="http://127.0.0.1:8000/v1"}',
                               'matrix.overrides.C={"backends.memory.model" = "other-7b"}'])
     assert _memory(group_config(cfg, "A")) == ("openai", "base-7b", None)
     assert _memory(group_config(cfg, "C")) == ("openai", "other-7b", None)  # the group's own override is applied last
@@ -61,7 +62,12 @@ def test_matrix_summaries_record_which_backend_wrote_the_memory(hotpot_dev_dir, 
     result = run_matrix(cfg, hotpot_dev_dir, out, show_progress=False)
     summaries = {g: json.loads((out / g / "summary.json").read_text()) for g in "AB"}
     assert summaries["A"]["memory_backend"] == {"kind": "rules", "model": "embedded", "adapter": None, "name": "rules"}
-    assert summaries["B"]["memory_backend"] == {"kind": "hf", "model": str(tiny_model_dir), "adapter": None, "name": "hf"}
+    assert summaries["B"]["memory_backend"] == {
+        "kind": "hf",
+        "model": str(tiny_model_dir),
+        "adapter": None,
+        "name": "hf",
+    }
     assert summaries["A"]["backends"]["memory"] == "rules" and summaries["B"]["backends"]["memory"] == "hf"
     for g in "AB":
         assert result["groups"][g]["memory_backend"] == summaries[g]["memory_backend"]
@@ -70,7 +76,9 @@ def test_matrix_summaries_record_which_backend_wrote_the_memory(hotpot_dev_dir, 
         memory_calls = [e for t in calls for e in t["events"] if e["type"] == "policy_call" and e["role"] == "memory"]
         assert memory_calls and {e["usage"]["source"] for e in memory_calls} == ({"none"} if g == "A" else {"reported"})
     table = (out / "matrix.md").read_text()
-    assert "| A | summary | fixed | rules |" in table and f"| B | decision | fixed | hf:{tiny_model_dir.name} |" in table
+    assert (
+        "| A | summary | fixed | rules |" in table and f"| B | decision | fixed | hf:{tiny_model_dir.name} |" in table
+    )
 
 
 def test_baseline_memory_must_be_a_backend_table():

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memsearch.text.answers import boxed_answer
 from memsearch.eval.metrics import (
     ANSWER_METRICS,
     aggregate,
@@ -24,6 +23,7 @@ from memsearch.eval.metrics import (
     sub_em,
     support_recall,
 )
+from memsearch.text.answers import boxed_answer
 
 # --- reference: the HotpotQA evaluation formulas, written from the published definition -----
 

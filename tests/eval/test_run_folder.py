@@ -28,18 +28,25 @@ def _lines(path: Path) -> list[dict]:
 
 
 def _api(url: str, *extra: str) -> list[str]:
-    return ['tokenizer="lexical"', *[f'backends.{r}.base_url="{url}"' for r in ("memory", "controller", "reader")], *extra]
+    return [
+        'tokenizer="lexical"',
+        *[f'backends.{r}.base_url="{url}"' for r in ("memory", "controller", "reader")],
+        *extra,
+    ]
 
 
 # ------------------------------------------------------------------ nothing made before checks
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (['tokenizer="no/such/tokenizer"'], "unknown tokenizer"),
-    (['backends.reader.kind="openai"'], "backend kind 'openai' needs base_url"),
-    (['backends.memory.kind="oracle"'], "oracle backend refuses a 'dev' split"),
-    (['backends.memory.kind="hf"', 'backends.memory.model="no/such/model"'], "no such model folder"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (['tokenizer="no/such/tokenizer"'], "unknown tokenizer"),
+        (['backends.reader.kind="openai"'], "backend kind 'openai' needs base_url"),
+        (['backends.memory.kind="oracle"'], "oracle backend refuses a 'dev' split"),
+        (['backends.memory.kind="hf"', 'backends.memory.model="no/such/model"'], "no such model folder"),
+    ],
+)
 def test_a_bad_setting_leaves_no_folder_and_the_corrected_command_runs(overrides, message, hotpot_dev_dir, tmp_path):
     out = tmp_path / "run"
     with pytest.raises((InputError, ValueError), match=message):
@@ -58,11 +65,14 @@ def test_matrix_with_bad_data_or_nothing_to_resume_leaves_no_folder(tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("damage, problem", [
-    (lambda out: (out / "run.json").unlink(), "run.json missing"),
-    (lambda out: (out / "run.json").write_text(""), "run.json unreadable"),
-    (lambda out: (out / "config.json").write_text('{"tokenizer": '), "config.json unreadable"),
-])
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (lambda out: (out / "run.json").unlink(), "run.json missing"),
+        (lambda out: (out / "run.json").write_text(""), "run.json unreadable"),
+        (lambda out: (out / "config.json").write_text('{"tokenizer": '), "config.json unreadable"),
+    ],
+)
 def test_resume_of_a_half_made_folder_says_what_is_missing(damage, problem, hotpot_dev_dir, tmp_path):
     out = tmp_path / "run"
     cfg = load_config(RULES, ["limit=2"])
@@ -137,8 +147,10 @@ def test_a_storage_error_is_one_line_naming_the_file():
 
     error = storage_error(OSError(28, "No space left on device"), Path("runs/x/trajectories.jsonl"), 7, 30)
     assert isinstance(error, StorageError)
-    assert str(error) == ("runs/x/trajectories.jsonl: No space left on device; 7 of 30 task(s) are saved in runs/x; "
-                          "free space or fix permissions, then run the same command with --resume to continue")
+    assert str(error) == (
+        "runs/x/trajectories.jsonl: No space left on device; 7 of 30 task(s) are saved in runs/x; "
+        "free space or fix permissions, then run the same command with --resume to continue"
+    )
     assert storage_error(OSError(2, "No such file or directory"), Path("x"), 0, 1) is None  # a bug, not the disk
 
 
@@ -147,8 +159,12 @@ def test_a_storage_error_is_one_line_naming_the_file():
 
 def test_backend_retry_statistics_reach_the_summary(hotpot_dev_dir, tmp_path):
     with AgentServer(delay_s=0.0, fail_every=5) as server:
-        cfg = load_config(API, _api(server.base_url, "limit=6", *[f"backends.{r}.max_retries=3"
-                                                                 for r in ("memory", "controller", "reader")]))
+        cfg = load_config(
+            API,
+            _api(
+                server.base_url, "limit=6", *[f"backends.{r}.max_retries=3" for r in ("memory", "controller", "reader")]
+            ),
+        )
         summary = run_eval(cfg, hotpot_dev_dir, tmp_path / "run", show_progress=False)
     (entry,) = summary["backend_stats"]  # the three roles share one backend
     assert entry["roles"] == ["memory", "controller", "reader"] and entry["name"] == "openai"
@@ -164,8 +180,12 @@ def test_run_json_names_the_model_by_content_and_resume_refuses_another(hotpot_d
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)
-    overrides = ["limit=1", 'backends.reader.kind="hf"', f"backends.reader.model={json.dumps(str(model))}",
-                 "budgets.answer_tokens=4"]
+    overrides = [
+        "limit=1",
+        'backends.reader.kind="hf"',
+        f"backends.reader.model={json.dumps(str(model))}",
+        "budgets.answer_tokens=4",
+    ]
     cfg = load_config(RULES, overrides)
     out = tmp_path / "run"
     run_eval(cfg, hotpot_dev_dir, out, show_progress=False)

@@ -31,7 +31,11 @@ def _lines(path: Path) -> list[dict]:
 
 
 def _api_overrides(url: str, *extra: str) -> list[str]:
-    return ['tokenizer="lexical"', *[f'backends.{r}.base_url="{url}"' for r in ("memory", "controller", "reader")], *extra]
+    return [
+        'tokenizer="lexical"',
+        *[f'backends.{r}.base_url="{url}"' for r in ("memory", "controller", "reader")],
+        *extra,
+    ]
 
 
 @pytest.fixture()
@@ -57,7 +61,9 @@ def test_rules_matrix_keeps_labels_out_and_budgets_in(canary_data, tmp_path):
         text = (folder / "trajectories.jsonl").read_text()
         assert CANARY not in text, "a label reached the agent"
         trajectories = _lines(folder / "trajectories.jsonl")
-        assert sorted(t["task_id"] for t in trajectories) == sorted(r["task_id"] for r in _lines(folder / "metrics.jsonl"))
+        assert sorted(t["task_id"] for t in trajectories) == sorted(
+            r["task_id"] for r in _lines(folder / "metrics.jsonl")
+        )
         assert len(trajectories) == 25
         for traj in trajectories:
             assert traj["counts"]["searches"] <= budgets.max_searches
@@ -88,14 +94,20 @@ def test_existing_folder_refused_and_resume_needs_same_config(hotpot_dev_dir, tm
     with pytest.raises(InputError, match="already exists"):
         run_eval(load_config(RULES, ["limit=3"]), hotpot_dev_dir, out, show_progress=False)
     with pytest.raises(InputError, match="config differs"):
-        run_eval(load_config(RULES, ["limit=3", "budgets.max_searches=1"]), hotpot_dev_dir, out, resume=True, show_progress=False)
+        run_eval(
+            load_config(RULES, ["limit=3", "budgets.max_searches=1"]),
+            hotpot_dev_dir,
+            out,
+            resume=True,
+            show_progress=False,
+        )
 
 
 def test_openai_backend_run_records_usage_and_never_writes_the_key(hotpot_dev_dir, tmp_path, monkeypatch):
     secret = "sk-memsearch-SECRET-4242"
     monkeypatch.setenv("MEMSEARCH_API_KEY", secret)
     with AgentServer(delay_s=0.0) as server:
-        cfg = load_config(API, _api_overrides(server.base_url, "limit=8", "agent.controller=\"policy\""))
+        cfg = load_config(API, _api_overrides(server.base_url, "limit=8", 'agent.controller="policy"'))
         summary = run_eval(cfg, hotpot_dev_dir, tmp_path / "run", show_progress=False)
     assert set(server.auth_headers) == {f"Bearer {secret}"}
     for path in (tmp_path / "run").iterdir():
@@ -107,16 +119,26 @@ def test_openai_backend_run_records_usage_and_never_writes_the_key(hotpot_dev_di
 
 def test_server_faults_are_reported_not_fatal(hotpot_dev_dir, tmp_path):
     with AgentServer(delay_s=0.0, fail_every=4, garbage_every=7) as server:
-        cfg = load_config(API, _api_overrides(server.base_url, "limit=10", "backends.memory.max_retries=0",
-                                              "backends.controller.max_retries=0", "backends.reader.max_retries=0",
-                                              'agent.controller="policy"'))
+        cfg = load_config(
+            API,
+            _api_overrides(
+                server.base_url,
+                "limit=10",
+                "backends.memory.max_retries=0",
+                "backends.controller.max_retries=0",
+                "backends.reader.max_retries=0",
+                'agent.controller="policy"',
+            ),
+        )
         summary = run_eval(cfg, hotpot_dev_dir, tmp_path / "run", show_progress=False)
     rows = _lines(tmp_path / "run" / "metrics.jsonl")
     assert len(rows) == 10, "no task may be lost"
     assert summary["request_errors"] == sum(r["request_errors"] for r in rows) > 0
     assert summary["complete"] is False and summary["usable_for_comparison"] is False
     assert summary["note"].startswith("INCOMPLETE")
-    calls = [e for t in _lines(tmp_path / "run" / "trajectories.jsonl") for e in t["events"] if e["type"] == "policy_call"]
+    calls = [
+        e for t in _lines(tmp_path / "run" / "trajectories.jsonl") for e in t["events"] if e["type"] == "policy_call"
+    ]
     # A failed request is a request error, never the policy's invalid action (issue 11 item 4).
     failed = [e for e in calls if e["error"] is not None]
     assert len(failed) == summary["request_errors"] and all(e["valid"] is None for e in failed)
@@ -150,7 +172,9 @@ def test_resume_after_killing_the_process(hotpot_dev_dir, tmp_path):
             args += ["--set", o]
         full, cut = tmp_path / "full", tmp_path / "cut"
         subprocess.run([str(exe), "eval", "run", *args, "--out", str(full)], check=True, capture_output=True)
-        proc = subprocess.Popen([str(exe), "eval", "run", *args, "--out", str(cut)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [str(exe), "eval", "run", *args, "--out", str(cut)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.time() + 60
         while time.time() < deadline:
             traj = cut / "trajectories.jsonl"
@@ -174,8 +198,12 @@ def test_a_server_that_never_answers_is_not_an_invalid_policy(hotpot_dev_dir, tm
     """Every request fails: 100% request errors, and no invalid-action rate at all (it used to
     read 1.000, blaming the policy for the transport)."""
     with AgentServer(delay_s=0.0, fail_every=1) as server:
-        cfg = load_config(API, _api_overrides(server.base_url, "limit=3", *[f"backends.{r}.max_retries=0"
-                                                                           for r in ("memory", "controller", "reader")]))
+        cfg = load_config(
+            API,
+            _api_overrides(
+                server.base_url, "limit=3", *[f"backends.{r}.max_retries=0" for r in ("memory", "controller", "reader")]
+            ),
+        )
         summary = run_eval(cfg, hotpot_dev_dir, tmp_path / "run", show_progress=False)
     assert summary["request_errors"] > 0 and summary["tasks"]["failed"] == 3
     assert summary["metrics"]["invalid_action_rate"] is None and summary["metrics"]["invalid_actions"] == 0

@@ -39,8 +39,15 @@ def docs50(hotpot_dev_dir, tmp_path_factory):
 
 def memagent(*extra: str):
     """The MemAgent design on the rules backend (no model), lexical tokenizer."""
-    return load_run_config(MEMAGENT, ['tokenizer="lexical"', *[f'backends.{r}.kind="rules"' for r in ("memory", "controller", "reader")],
-                                      "budgets.chunk_tokens=1024", *extra])
+    return load_run_config(
+        MEMAGENT,
+        [
+            'tokenizer="lexical"',
+            *[f'backends.{r}.kind="rules"' for r in ("memory", "controller", "reader")],
+            "budgets.chunk_tokens=1024",
+            *extra,
+        ],
+    )
 
 
 def test_summary_records_what_a_comparison_needs(docs50, tmp_path):
@@ -50,24 +57,47 @@ def test_summary_records_what_a_comparison_needs(docs50, tmp_path):
     manifest = json.loads((docs50 / "manifest.json").read_text())
     data = summary["data"]
     assert data["manifest_sha256"] == sha256_file(docs50 / "manifest.json")
-    assert data["files"] == {name: sha256_file(docs50 / name) for name in ("corpus.jsonl", "tasks.jsonl", "labels.jsonl")}
-    assert summary["data_build"] == {"builder": "ruler-hqa-1", "num_docs": 50, "seed": 42, "pool_size": manifest["pool_size"],
-                                     "context_sha256": manifest["context_sha256"], "counts": manifest["counts"]}
+    assert data["files"] == {
+        name: sha256_file(docs50 / name) for name in ("corpus.jsonl", "tasks.jsonl", "labels.jsonl")
+    }
+    assert summary["data_build"] == {
+        "builder": "ruler-hqa-1",
+        "num_docs": 50,
+        "seed": 42,
+        "pool_size": manifest["pool_size"],
+        "context_sha256": manifest["context_sha256"],
+        "counts": manifest["counts"],
+    }
     # the recipe sets its own wording: the prompt version carries its hash
     assert (summary["evaluator_version"], summary["prompt_version"], summary["engine_version"]) == (
-        EVALUATOR_VERSION, prompt_version(config.prompts.model_dump()), ENGINE_VERSION)
+        EVALUATOR_VERSION,
+        prompt_version(config.prompts.model_dump()),
+        ENGINE_VERSION,
+    )
     assert summary["prompt_version"].startswith(PROMPT_VERSION + "+custom-")
     assert summary["tokenizer"] == "lexical-v1"
-    assert summary["sampling"] == {r: getattr(config.backends, r).sampling.model_dump() for r in ("memory", "controller", "reader")}
+    assert summary["sampling"] == {
+        r: getattr(config.backends, r).sampling.model_dump() for r in ("memory", "controller", "reader")
+    }
     budgets = summary["budgets"]
-    assert (budgets["chunk_tokens"], budgets["max_chunks"], budgets["memory_tokens"], budgets["answer_tokens"]) == (1024, 64, 1024, 256)
+    assert (budgets["chunk_tokens"], budgets["max_chunks"], budgets["memory_tokens"], budgets["answer_tokens"]) == (
+        1024,
+        64,
+        1024,
+        256,
+    )
     assert summary["tasks"] == {"expected": N_TASKS, "scored": N_TASKS, "failed": 0, "failed_ids": []}
     assert summary["request_errors"] == 0
     assert all(isinstance(summary["metrics"][k], float) for k in ("em", "f1", "sub_em", "boxed_em"))
     assert all(summary["metric_counts"][k] == N_TASKS for k in ("em", "f1", "sub_em", "boxed_em"))
     assert summary["truncation"] | {"memory_truncations": None} == {
-        "max_chunks": 64, "tasks_cut_by_chunk_limit": 0, "chunks_cut": 0, "read_whole_context": True,
-        "disclosure": None, "memory_truncations": None}
+        "max_chunks": 64,
+        "tasks_cut_by_chunk_limit": 0,
+        "chunks_cut": 0,
+        "read_whole_context": True,
+        "disclosure": None,
+        "memory_truncations": None,
+    }
     assert summary["complete"] and summary["usable_for_comparison"] and summary["note"] is None
     assert summary["timing"]["episodes_cpu_s"] >= 0 and summary["timing"]["episodes_wall_s"] > 0
 
@@ -78,9 +108,15 @@ def test_a_run_cut_by_max_chunks_says_it_did_not_read_the_whole_context(docs50, 
     cut = sum(r["chunks_cut"] for r in rows)
     assert all(r["chunks"] == 2 and r["truncated_by_chunk_limit"] for r in rows) and cut >= N_TASKS
     trunc = summary["truncation"]
-    assert (trunc["tasks_cut_by_chunk_limit"], trunc["chunks_cut"], trunc["read_whole_context"]) == (N_TASKS, cut, False)
-    assert trunc["disclosure"] == (f"TRUNCATED: {N_TASKS} of {N_TASKS} task(s) were cut by max_chunks=2 ({cut} chunk(s) "
-                                   "never read); this run did not read the whole context")
+    assert (trunc["tasks_cut_by_chunk_limit"], trunc["chunks_cut"], trunc["read_whole_context"]) == (
+        N_TASKS,
+        cut,
+        False,
+    )
+    assert trunc["disclosure"] == (
+        f"TRUNCATED: {N_TASKS} of {N_TASKS} task(s) were cut by max_chunks=2 ({cut} chunk(s) "
+        "never read); this run did not read the whole context"
+    )
     assert summary["note"] == trunc["disclosure"]
     # A cut is a budget (identical for every run compared), not a failure: still comparable.
     assert summary["complete"] and summary["usable_for_comparison"]
@@ -93,8 +129,9 @@ def test_missing_samples_make_the_run_unusable(docs50, tmp_path):
     run_info = json.loads((tmp_path / "run" / "run.json").read_text())
     summary = summarize(config, run_info, rows[:-1], N_TASKS, {})
     assert full["usable_for_comparison"] and not summary["usable_for_comparison"] and not summary["complete"]
-    assert summary["note"] == ("INCOMPLETE: 1 task(s) missing, 0 failed (a failed task scores 0 in every answer "
-                               "metric); not a result")
+    assert summary["note"] == (
+        "INCOMPLETE: 1 task(s) missing, 0 failed (a failed task scores 0 in every answer metric); not a result"
+    )
     assert summary["truncation"]["read_whole_context"] is False  # a missing task is not known to have read anything
     assert summary["tasks"] == {"expected": N_TASKS, "scored": N_TASKS - 1, "failed": 0, "failed_ids": []}
 
@@ -102,6 +139,11 @@ def test_missing_samples_make_the_run_unusable(docs50, tmp_path):
 def test_search_runs_have_no_long_context_to_read(hotpot_dev_dir, tmp_path):
     summary = run_eval(load_config(RULES, ["limit=2"]), hotpot_dev_dir, tmp_path / "run", show_progress=False)
     assert summary["truncation"] | {"memory_truncations": None} == {
-        "max_chunks": None, "tasks_cut_by_chunk_limit": 0, "chunks_cut": 0, "read_whole_context": None,
-        "disclosure": None, "memory_truncations": None}
+        "max_chunks": None,
+        "tasks_cut_by_chunk_limit": 0,
+        "chunks_cut": 0,
+        "read_whole_context": None,
+        "disclosure": None,
+        "memory_truncations": None,
+    }
     assert summary["data_build"] == {"counts": load_dataset(hotpot_dev_dir).manifest["counts"]}

@@ -48,7 +48,8 @@ def test_counts_match_a_hand_counted_run(tmp_path):
         "queries_in_question": 4,         # all but "SEARCH helen hunt career"
         "open_items": 2, "open_items_find": 1, "questions_with_open_item": 1,
         "searches_with_open_item_held": 2,  # the second and third searches of the first question
-        "queries_following_open_item": 1}   # "helen hunt career" names Helen Hunt; "jade scorpion" is not in the tagged fact
+        # "helen hunt career" names Helen Hunt; "jade scorpion" is not in the tagged fact
+        "queries_following_open_item": 1}
     with pytest.raises(InputError, match="no such file"):
         search_behaviour(tmp_path / "missing")
 

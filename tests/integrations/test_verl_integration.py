@@ -11,8 +11,14 @@ from pathlib import Path
 import pytest
 
 from memsearch.integrations.verl.backend import VerlPolicyBackend
-from memsearch.integrations.verl.config import (VerlMappingError, agent_loop_yaml, budgets, load_grpo_config,
-                                                refusals, verl_overrides)
+from memsearch.integrations.verl.config import (
+    VerlMappingError,
+    agent_loop_yaml,
+    budgets,
+    load_grpo_config,
+    refusals,
+    verl_overrides,
+)
 from memsearch.integrations.verl.outputs import session_outputs
 from memsearch.integrations.verl.reward import compute_score
 from memsearch.integrations.verl.session import run_session, worker_setup
@@ -104,7 +110,9 @@ def test_group_b_memory_session_untrained_reader_keeps_its_backend(verl_case, hf
     _check_aligned(outputs, server.calls)
     assert all(json.loads(hf_tokenizer.decode(o["response_ids"], skip_special_tokens=True))["ops"] for o in outputs)
     label = dataset.labels_by_id()[task.id]
-    got = compute_score("memsearch/hotpotqa", "", label.answers, {"memsearch": summary}, **setup.cfg.reward.model_dump())
+    got = compute_score(
+        "memsearch/hotpotqa", "", label.answers, {"memsearch": summary}, **setup.cfg.reward.model_dump()
+    )
     assert got["score"] == pytest.approx(trajectory_reward(traj, label, setup.cfg.reward, "memory"))
     assert got["answered"] == int(traj["prediction"] is not None)
 
@@ -121,23 +129,40 @@ def test_overlong_prompt_is_refused_and_counted_not_truncated(verl_case, hf_toke
     assert traj["counts"]["request_errors"] == 2 and traj["status"] == "error"
     assert all("exceeds rollout.prompt_length = 200" in e["error"] for e in traj["events"][:4] if e.get("error"))
     assert len(outputs) == 1 and len(outputs[0]["prompt_ids"]) <= 200  # the reader's row only, answer last
-    got = compute_score("s", "", ["x"], {"memsearch": summary}, metric="boxed_em", invalid_penalty=0.0,
-                        citation_penalty=0.0)
+    got = compute_score(
+        "s", "", ["x"], {"memsearch": summary}, metric="boxed_em", invalid_penalty=0.0, citation_penalty=0.0
+    )
     assert got == {"score": 0.0, "metric": 0.0, "answered": 1}
 
 
 def test_outputs_refuse_a_last_call_without_tokens():
-    call = {"type": "policy_call", "role": "reader", "step": 0, "completion_ids": [], "logprobs": [],
-            "prompt_ids": [1, 2], "error": None}
+    call = {
+        "type": "policy_call",
+        "role": "reader",
+        "step": 0,
+        "completion_ids": [],
+        "logprobs": [],
+        "prompt_ids": [1, 2],
+        "error": None,
+    }
     with pytest.raises(ValueError, match="generated no token"):
         session_outputs({"task_id": "t", "events": [call]}, "overwrite")
 
 
 def test_compute_score_values_and_refusal():
     def summary(**kw):
-        base = {"task_id": "t", "role": "memory", "prediction": "Paris", "reader_text": "Answer: Paris",
-                "answer_format": "free", "citations": [], "invalid_citations": [], "counts": {"searches": 2},
-                "events": [{"type": "policy_call", "role": "memory", "valid": True}] * 4, "status": "ok"}
+        base = {
+            "task_id": "t",
+            "role": "memory",
+            "prediction": "Paris",
+            "reader_text": "Answer: Paris",
+            "answer_format": "free",
+            "citations": [],
+            "invalid_citations": [],
+            "counts": {"searches": 2},
+            "events": [{"type": "policy_call", "role": "memory", "valid": True}] * 4,
+            "status": "ok",
+        }
         return {"memsearch": {**base, **kw}}
 
     assert compute_score("s", "", ["Paris"], summary())["score"] == 1.0
@@ -147,15 +172,20 @@ def test_compute_score_values_and_refusal():
     assert compute_score("s", "", np.array(["paris", "x"]), summary(), metric="em")["score"] == 1.0
     # 1 of 4 memory calls invalid: 1 - 0.5 * 1/4; 1 of 2 citations never shown: - 0.5 * 1/2; 2 searches at 0.1
     events = [{"type": "policy_call", "role": "memory", "valid": v} for v in (True, False, True, True)]
-    got = compute_score("s", "", ["Paris"], summary(events=events, citations=["a:0", "b:1"], invalid_citations=["b:1"]),
-                        search_cost=0.1)
+    got = compute_score(
+        "s", "", ["Paris"], summary(events=events, citations=["a:0", "b:1"], invalid_citations=["b:1"]), search_cost=0.1
+    )
     assert got["score"] == pytest.approx(1.0 - 0.125 - 0.25 - 0.2) and got["metric"] == 1.0
     # F1 of "Paris France" vs "Paris": precision 1/2, recall 1 -> 2/3
     assert compute_score("s", "", ["Paris"], summary(prediction="Paris France"))["score"] == pytest.approx(2 / 3)
     # boxed protocol: no box scores 0 on f1 even when the text has the answer
     assert compute_score("s", "", ["Paris"], summary(answer_format="boxed", reader_text="Paris"))["score"] == 0.0
-    assert compute_score("s", "", ["Paris"], summary(answer_format="boxed", reader_text="\\boxed{Paris}"),
-                         metric="boxed_em")["score"] == 1.0
+    assert (
+        compute_score(
+            "s", "", ["Paris"], summary(answer_format="boxed", reader_text="\\boxed{Paris}"), metric="boxed_em"
+        )["score"]
+        == 1.0
+    )
     assert RewardSettings().metric == "f1"  # the defaults compute_score mirrors
     with pytest.raises(ValueError, match="MemsearchAgentLoop"):
         compute_score("s", "Paris", ["Paris"], {"index": 0})
@@ -178,9 +208,14 @@ def test_export_parquet_schema_labels_only_in_reward_model(tmp_path, hotpot_dev_
         assert row["prompt"] == [{"role": "user", "content": task.question}]
         assert row["agent_name"] == "memsearch_agent" and row["data_source"] == "memsearch/hotpotqa"
         assert row["reward_model"] == {"style": "rule", "ground_truth": labels[task.id].answers}
-        assert row["extra_info"] == {"index": i, "split": "dev", "task_id": task.id, "doc_ids": task.doc_ids,
-                                     "data_dir": str(hotpot_dev_dir.resolve()),
-                                     "dataset_sha256": sha256_file(hotpot_dev_dir / "manifest.json")}
+        assert row["extra_info"] == {
+            "index": i,
+            "split": "dev",
+            "task_id": task.id,
+            "doc_ids": task.doc_ids,
+            "data_dir": str(hotpot_dev_dir.resolve()),
+            "dataset_sha256": sha256_file(hotpot_dev_dir / "manifest.json"),
+        }
         assert not (LABEL_KEYS & set(row["extra_info"])) and not (LABEL_KEYS & set(row))
     # documents stay out: the file is small next to the corpus
     assert out.stat().st_size < (hotpot_dev_dir / "corpus.jsonl").stat().st_size / 4
@@ -217,17 +252,28 @@ def test_config_maps_the_gpu_recipe_and_refuses_what_verl_cannot_run():
     cfg = load_grpo_config(gpu, ["aggregation=token", "std_scale=true"])
     got, notes = _overrides(cfg)
     expected = {
-        "algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": "True", "trainer.use_v1": "True",
-        "data.train_batch_size": "32", "actor_rollout_ref.rollout.n": "8",
-        "actor_rollout_ref.rollout.temperature": "1.0", "actor_rollout_ref.actor.clip_ratio_low": "0.2",
-        "actor_rollout_ref.actor.clip_ratio_high": "0.28", "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
-        "actor_rollout_ref.actor.use_kl_loss": "True", "actor_rollout_ref.actor.kl_loss_coef": "0.001",
-        "actor_rollout_ref.actor.kl_loss_type": "low_var_kl", "actor_rollout_ref.actor.ppo_mini_batch_size": "32",
-        "actor_rollout_ref.model.lora_rank": "64", "actor_rollout_ref.model.lora_alpha": "128",
-        "actor_rollout_ref.actor.optim.lr": "1e-06", "actor_rollout_ref.actor.optim.lr_warmup_steps": "5",
-        "actor_rollout_ref.model.path": "/path/to/local/model", "trainer.total_training_steps": "200",
+        "algorithm.adv_estimator": "grpo",
+        "algorithm.norm_adv_by_std_in_grpo": "True",
+        "trainer.use_v1": "True",
+        "data.train_batch_size": "32",
+        "actor_rollout_ref.rollout.n": "8",
+        "actor_rollout_ref.rollout.temperature": "1.0",
+        "actor_rollout_ref.actor.clip_ratio_low": "0.2",
+        "actor_rollout_ref.actor.clip_ratio_high": "0.28",
+        "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
+        "actor_rollout_ref.actor.use_kl_loss": "True",
+        "actor_rollout_ref.actor.kl_loss_coef": "0.001",
+        "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+        "actor_rollout_ref.actor.ppo_mini_batch_size": "32",
+        "actor_rollout_ref.model.lora_rank": "64",
+        "actor_rollout_ref.model.lora_alpha": "128",
+        "actor_rollout_ref.actor.optim.lr": "1e-06",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps": "5",
+        "actor_rollout_ref.model.path": "/path/to/local/model",
+        "trainer.total_training_steps": "200",
         # memory 512 + evidence 512 + 1024 slack; the longest completion is the 512-token policy budget
-        "data.max_prompt_length": "2048", "data.max_response_length": "512",
+        "data.max_prompt_length": "2048",
+        "data.max_response_length": "512",
         "reward.custom_reward_function.path": "pkg://memsearch.integrations.verl.reward",
         "+reward.custom_reward_function.reward_kwargs.metric": "f1",
         "+reward.custom_reward_function.reward_kwargs.invalid_penalty": "0.5",
@@ -256,13 +302,32 @@ def test_config_refusals_each_with_a_reason(tmp_path, hotpot_dev_dir):
     assert got["actor_rollout_ref.actor.loss_agg_mode"] == "seq-mean-token-mean"
     assert got["+reward.custom_reward_function.reward_kwargs.metric"] == "boxed_em"
     cpu = REPO / "configs/train/grpo_cpu.toml"
-    bad = load_grpo_config(cpu, ["schema_mode=true", "credit=split", "adapter=runs/sft/adapter", "dual_clip=0",
-                                 "lora.dropout=0.1", "optim.schedule=linear", "reward.memory_recall=1.0"])
+    bad = load_grpo_config(
+        cpu,
+        [
+            "schema_mode=true",
+            "credit=split",
+            "adapter=runs/sft/adapter",
+            "dual_clip=0",
+            "lora.dropout=0.1",
+            "optim.schedule=linear",
+            "reward.memory_recall=1.0",
+        ],
+    )
     bad = bad.model_copy(update={"optim": bad.optim.model_copy(update={"max_grad_norm": None})})  # no TOML null
     reasons = refusals(bad)
-    assert [r.split(" ")[0].rstrip(":") for r in reasons] == ["credit", "aggregation", "schema_mode", "model", "adapter",
-                                                  "optim.schedule", "optim.max_grad_norm", "dual_clip", "lora.dropout",
-                                                  "reward.memory_recall"]
+    assert [r.split(" ")[0].rstrip(":") for r in reasons] == [
+        "credit",
+        "aggregation",
+        "schema_mode",
+        "model",
+        "adapter",
+        "optim.schedule",
+        "optim.max_grad_norm",
+        "dual_clip",
+        "lora.dropout",
+        "reward.memory_recall",
+    ]
     assert all(":" in r and len(r.split(":", 1)[1].strip()) > 10 for r in reasons)  # every refusal says why
 
 
@@ -270,9 +335,15 @@ def test_agent_loop_yaml_names_the_loop_and_its_arguments():
     import yaml
 
     text = agent_loop_yaml("cfg/train.toml", "data/train", ["steps=3"])
-    assert yaml.safe_load(text) == [{"name": "memsearch_agent",
-                                     "_target_": "memsearch.integrations.verl.loop.MemsearchAgentLoop",
-                                     "train_config": "cfg/train.toml", "data": "data/train", "overrides": ["steps=3"]}]
+    assert yaml.safe_load(text) == [
+        {
+            "name": "memsearch_agent",
+            "_target_": "memsearch.integrations.verl.loop.MemsearchAgentLoop",
+            "train_config": "cfg/train.toml",
+            "data": "data/train",
+            "overrides": ["steps=3"],
+        }
+    ]
 
 
 def test_cli_export_data_and_config(tmp_path, hotpot_dev_dir):
@@ -286,15 +357,32 @@ def test_cli_export_data_and_config(tmp_path, hotpot_dev_dir):
     out = tmp_path / "train.parquet"
     result = runner.invoke(app, ["verl", "export-data", "--data", str(hotpot_dev_dir), "--out", str(out)])
     assert result.exit_code == 0 and result.output.strip() == f"wrote {out}: 40 rows"
-    bad = runner.invoke(app, ["verl", "export-data", "--data", str(hotpot_dev_dir), "--out", str(out), "--role", "reader"])
+    bad = runner.invoke(
+        app, ["verl", "export-data", "--data", str(hotpot_dev_dir), "--out", str(out), "--role", "reader"]
+    )
     assert bad.exit_code == 2 and "--role 'reader'" in bad.output
     gpu = str(REPO / "configs/train/grpo_gpu.toml")
     loops = tmp_path / "loops.yaml"
     refused = runner.invoke(app, ["verl", "config", "--config", gpu, "--agent-loops", str(loops)])
     # refused with the reason as an `error:` line and status 2, nothing written
     assert refused.exit_code == 2 and "error: - aggregation = 'trajectory'" in refused.output and not loops.exists()
-    ok = runner.invoke(app, ["verl", "config", "--config", gpu, "--set", "aggregation=token", "--data",
-                             str(hotpot_dev_dir), "--train-files", str(out), "--agent-loops", str(loops)])
+    ok = runner.invoke(
+        app,
+        [
+            "verl",
+            "config",
+            "--config",
+            gpu,
+            "--set",
+            "aggregation=token",
+            "--data",
+            str(hotpot_dev_dir),
+            "--train-files",
+            str(out),
+            "--agent-loops",
+            str(loops),
+        ],
+    )
     assert ok.exit_code == 0, ok.output
     lines = [ln for ln in ok.stdout.splitlines() if not ln.startswith("#")]
     assert "actor_rollout_ref.actor.loss_agg_mode=token-mean" in lines

@@ -162,15 +162,20 @@ def test_memagent_two_chunks_on_verl(verl_case, hotpot_dev_dir, tokenizer):
     for reader in (f"\\boxed{{{gold}}}", "\\boxed{no idea}"):  # one right, one wrong: a group with variance
         loop, server, outputs, scored = _rollout(path, tokenizer, row, verl_cfg, reader)
         # 2 chunks: two memory updates then the boxed answer, the answer last
-        assert [e["role"] for e in loop.trajectory["events"] if e["type"] == "policy_call"] == ["memory", "memory", "reader"]
+        roles = [e["role"] for e in loop.trajectory["events"] if e["type"] == "policy_call"]
+        assert roles == ["memory", "memory", "reader"]
         assert len(outputs) == 3
         _check_rows(outputs, server, tokenizer)
         assert tokenizer.decode(outputs[-1].response_ids, skip_special_tokens=True) == reader
         # verl's continuous-token builder gives the prompt ids memsearch's trainer builds
         for o, e in zip(outputs, [e for e in loop.trajectory["events"] if e["type"] == "policy_call"], strict=True):
             assert o.prompt_ids == chat_prompt_ids(tokenizer, e["messages"])
-        assert outputs[-1].extra_fields["memsearch_counts"] == {"rows": 3, "prompt_overflows": 0, "request_errors": 0,
-                                                                "invalid_actions": 0}
+        assert outputs[-1].extra_fields["memsearch_counts"] == {
+            "rows": 3,
+            "prompt_overflows": 0,
+            "request_errors": 0,
+            "invalid_actions": 0,
+        }
         sessions.append((loop.trajectory, outputs, scored))
     assert loop.setup.cfg.steps == 3  # the YAML's overrides were applied
     assert [s[2]["reward_score"] for s in sessions] == [1.0, 0.0]
@@ -191,8 +196,9 @@ def test_group_b_memory_task_on_verl(verl_case, hotpot_dev_dir, tokenizer):
         from memsearch.train.reward import trajectory_reward
 
         # verl's reward manager gives memsearch's reward of the whole trajectory
-        assert scored["reward_score"] == pytest.approx(trajectory_reward(loop.trajectory, label, loop.setup.cfg.reward,
-                                                                          "memory"))
+        assert scored["reward_score"] == pytest.approx(
+            trajectory_reward(loop.trajectory, label, loop.setup.cfg.reward, "memory")
+        )
         sessions.append((loop.trajectory, outputs, scored))
     _check_advantages(sessions, "memory")
 
@@ -213,13 +219,24 @@ def _check_advantages(sessions, role):
                 row_reward[n - 1] = scored["reward_score"]
             rewards.append(row_reward)
     for std in (True, False):
-        data = DataProto.from_dict(tensors={"response_mask": torch.tensor(masks, dtype=torch.float32),
-                                            "token_level_rewards": torch.tensor(rewards)},
-                                   non_tensors={"uid": np.array(["g"] * len(keys), dtype=object)})
-        adv = compute_advantage_for_multi_trajectories(data, keys, core_algos.AdvantageEstimator.GRPO,
-                                                       norm_adv_by_std_in_grpo=std).batch["advantages"]
-        batch = build_batch([[t for t, _, _ in sessions]], [[s[2]["reward_score"] for s in sessions]], role, "share",
-                            std, generated=len(keys))
+        data = DataProto.from_dict(
+            tensors={
+                "response_mask": torch.tensor(masks, dtype=torch.float32),
+                "token_level_rewards": torch.tensor(rewards),
+            },
+            non_tensors={"uid": np.array(["g"] * len(keys), dtype=object)},
+        )
+        adv = compute_advantage_for_multi_trajectories(
+            data, keys, core_algos.AdvantageEstimator.GRPO, norm_adv_by_std_in_grpo=std
+        ).batch["advantages"]
+        batch = build_batch(
+            [[t for t, _, _ in sessions]],
+            [[s[2]["reward_score"] for s in sessions]],
+            role,
+            "share",
+            std,
+            generated=len(keys),
+        )
         assert len(batch.rows) == len(keys)  # one memsearch row per verl output
         for k, row in enumerate(batch.rows):
             assert row.completion_ids == responses[k]  # the same tokens in the same row
@@ -239,9 +256,12 @@ def test_config_overrides_compose_with_verls_trainer_config(hotpot_dev_dir, tmp_
     from memsearch.integrations.verl.config import load_grpo_config, verl_overrides
 
     repo = Path(__file__).resolve().parents[2]
-    configs = [load_grpo_config(repo / "configs/train/grpo_gpu.toml", ["aggregation=token"]),
-               load_grpo_config(repo / "configs/memagent.toml", ["train.credit=share", "model=/models/qwen"],
-                                str(hotpot_dev_dir))]
+    configs = [
+        load_grpo_config(repo / "configs/train/grpo_gpu.toml", ["aggregation=token"]),
+        load_grpo_config(
+            repo / "configs/memagent.toml", ["train.credit=share", "model=/models/qwen"], str(hotpot_dev_dir)
+        ),
+    ]
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
     for cfg in configs:
         overrides, _ = verl_overrides(cfg, str(tmp_path / "loops.yaml"), "train.parquet", "dev.parquet")

@@ -33,7 +33,9 @@ def _memsearch_advantages(fixture: dict, std_scale: bool) -> tuple[list[str], li
         groups.setdefault(s["uid"], []).append(s)
     trajs = [[_trajectory(uid, s["lengths"]) for s in sessions] for uid, sessions in groups.items()]
     rewards = [[s["reward"] for s in sessions] for sessions in groups.values()]
-    batch = build_batch(trajs, rewards, "memory", "share", std_scale, generated=sum(len(s["lengths"]) for s in fixture["sessions"]))
+    batch = build_batch(
+        trajs, rewards, "memory", "share", std_scale, generated=sum(len(s["lengths"]) for s in fixture["sessions"])
+    )
     batch.counts.consumed = len(batch.rows)
     batch.counts.check()  # one row per verl output: nothing dropped or added
     keys = [f"{s['uid']}_{s['session']}_{i}" for ss in groups.values() for s in ss for i in range(len(s["lengths"]))]

@@ -330,11 +330,16 @@ def test_hidden_sources_fit_a_budget_the_shown_rendering_would_exceed():
     hidden = Memory(LexicalTokenizer(), 16, show_sources=False)
     assert hidden.apply(ops, SHOWN).applied and hidden.tokens() == 13
     # A fact must still cite a source, and only shown evidence: the rules are the same.
-    assert hidden.apply([Delete("m1"), Add("Lyon.", ())], SHOWN).reasons == ("op 1 (ADD): a fact must cite at least one source",)
+    reasons = hidden.apply([Delete("m1"), Add("Lyon.", ())], SHOWN).reasons
+    assert reasons == ("op 1 (ADD): a fact must cite at least one source",)
     assert hidden.apply([Delete("m1"), Add("Lyon.", ("d9:9",))], SHOWN).reasons == (
-        "op 1 (ADD): source 'd9:9' was not shown to the agent",)
+        "op 1 (ADD): source 'd9:9' was not shown to the agent",
+    )
 
 
 def filled_ops():
-    return (Add("Paris is the capital of France.", ("d3:0", "d5:2")), Add("Which river flows through Paris?", (), "open"),
-            Add("The Seine flows through Paris.", ("d7:1",)))
+    return (
+        Add("Paris is the capital of France.", ("d3:0", "d5:2")),
+        Add("Which river flows through Paris?", (), "open"),
+        Add("The Seine flows through Paris.", ("d7:1",)),
+    )

@@ -15,12 +15,31 @@ SAMPLES = ROOT / "data" / "samples" / "hotpotqa"
 
 def mp_settings(model: Path, *extra: str) -> list[str]:
     """The ``--set`` overrides of the tiny memory-policy pipeline, then ``extra``."""
-    return [f"model={json.dumps(str(model))}", "seeds=[7]", "matrix_seeds=[7]", f"data.train={json.dumps(str(SAMPLES / 'train_sample.json'))}",
-            f"data.dev={json.dumps(str(SAMPLES / 'dev_distractor_sample.json'))}", "data.train_questions=3",
-            "data.dev_questions=3", "data.val_questions=0", "grpo.eval.every=0", "episode.budgets.policy_tokens=12", "episode.budgets.max_searches=2",
-            "sft.epochs=1.0", "sft.micro_batch_rows=8", "sft.grad_accumulation=1", "grpo.steps=1", "grpo.tasks_per_step=1",
-            "grpo.group_size=2", "grpo.checkpoint_every=1", "stage2.train.steps=1", "stage2.train.tasks_per_step=1",
-            "stage2.train.group_size=2", "report.bootstrap_resamples=200", *extra]
+    return [
+        f"model={json.dumps(str(model))}",
+        "seeds=[7]",
+        "matrix_seeds=[7]",
+        f"data.train={json.dumps(str(SAMPLES / 'train_sample.json'))}",
+        f"data.dev={json.dumps(str(SAMPLES / 'dev_distractor_sample.json'))}",
+        "data.train_questions=3",
+        "data.dev_questions=3",
+        "data.val_questions=0",
+        "grpo.eval.every=0",
+        "episode.budgets.policy_tokens=12",
+        "episode.budgets.max_searches=2",
+        "sft.epochs=1.0",
+        "sft.micro_batch_rows=8",
+        "sft.grad_accumulation=1",
+        "grpo.steps=1",
+        "grpo.tasks_per_step=1",
+        "grpo.group_size=2",
+        "grpo.checkpoint_every=1",
+        "stage2.train.steps=1",
+        "stage2.train.tasks_per_step=1",
+        "stage2.train.group_size=2",
+        "report.bootstrap_resamples=200",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,10 @@ def test_the_record_was_measured_with_the_recipe():
     cfg = load_config(MEMAGENT, model=MemAgentPipeline)
     record = json.loads(RECORD.read_text())
     assert (record["dev"], record["questions"], record["seed"]) == (cfg.data.dev, cfg.data.questions, cfg.data.seed)
-    assert (record["chunk_tokens"], record["max_chunks"]) == (cfg.episode.budgets.chunk_tokens, cfg.episode.budgets.max_chunks)
+    assert (record["chunk_tokens"], record["max_chunks"]) == (
+        cfg.episode.budgets.chunk_tokens,
+        cfg.episode.budgets.max_chunks,
+    )
     assert record["tokenizer"].startswith("hf:embedded") and list(record["sets"]) == [str(n) for n in cfg.data.docs]
     assert all(s["questions"] == cfg.data.questions for s in record["sets"].values())
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from memsearch.errors import InputError
 from memsearch.assets.adapter import ADAPTER_ENV, FINGERPRINT, write_fingerprint
+from memsearch.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,7 +17,9 @@ def test_the_hf_demo_fails_at_once_naming_a_missing_adapter(monkeypatch, tmp_pat
     from memsearch.pipelines.demo import run_demo
 
     monkeypatch.setenv(ADAPTER_ENV, str(tmp_path / "no-adapter"))
-    with pytest.raises(InputError, match=rf"{tmp_path / 'no-adapter'}: no such adapter folder \(the shipped memory-policy adapter"):
+    with pytest.raises(
+        InputError, match=rf"{tmp_path / 'no-adapter'}: no such adapter folder \(the shipped memory-policy adapter"
+    ):
         run_demo(backend="hf", limit=1, out=tmp_path / "demo", echo=lambda _: None, show_progress=False)
     assert not (tmp_path / "demo").exists()  # refused before the data was prepared
 
@@ -31,8 +33,12 @@ def test_the_hf_demo_refuses_a_changed_adapter_before_writing_anything(tmp_path)
     (adapter / "adapter_model.safetensors").write_bytes(b"weights")
     write_fingerprint(adapter, "embedded", {})
     (adapter / "adapter_model.safetensors").write_bytes(b"other weights")
-    with pytest.raises(InputError, match=r"adapter_model\.safetensors: sha256 [0-9a-f]{64} does not match .*'s [0-9a-f]{64}"):
-        run_demo(backend="hf", limit=1, out=tmp_path / "demo", echo=lambda _: None, show_progress=False, adapter=adapter)
+    with pytest.raises(
+        InputError, match=r"adapter_model\.safetensors: sha256 [0-9a-f]{64} does not match .*'s [0-9a-f]{64}"
+    ):
+        run_demo(
+            backend="hf", limit=1, out=tmp_path / "demo", echo=lambda _: None, show_progress=False, adapter=adapter
+        )
     assert not (tmp_path / "demo").exists()
 
 
@@ -43,8 +49,11 @@ def test_the_trained_group_is_group_b_with_only_the_memory_adapter_and_schema_mo
     config = load_config(ROOT / "configs" / "demo.toml", ["limit=4"])
     trained = trained_group_config(config, tmp_path / "adapter").model_dump(mode="json")
     b = group_config(config, "B").model_dump(mode="json")
-    assert trained["backends"]["memory"] == {**b["backends"]["memory"], "adapter": str((tmp_path / "adapter").resolve()),
-                                             "schema_mode": True}
+    assert trained["backends"]["memory"] == {
+        **b["backends"]["memory"],
+        "adapter": str((tmp_path / "adapter").resolve()),
+        "schema_mode": True,
+    }
     trained["backends"]["memory"] = b["backends"]["memory"]
     assert trained == b  # same budgets, reader, controller, retrieval, limit
 
@@ -54,8 +63,15 @@ def test_the_hf_demo_runs_b_trained_beside_the_other_groups(tmp_path, embedded_l
     from memsearch.pipelines.demo import run_demo
 
     lines: list[str] = []
-    result = run_demo(backend="hf", limit=1, out=tmp_path / "demo", echo=lines.append, show_progress=False,
-                      adapter=embedded_lora_adapter, overrides=['matrix.groups=["B"]'])
+    result = run_demo(
+        backend="hf",
+        limit=1,
+        out=tmp_path / "demo",
+        echo=lines.append,
+        show_progress=False,
+        adapter=embedded_lora_adapter,
+        overrides=['matrix.groups=["B"]'],
+    )
     matrix = tmp_path / "demo" / "matrix"
     assert list(result["groups"]) == ["B", "B-trained"]
     # The row is in the printed table and in matrix.md, with the adapter named as the memory backend.
@@ -77,7 +93,9 @@ def test_the_hf_demo_runs_b_trained_beside_the_other_groups(tmp_path, embedded_l
     assert summary["budgets"] == b_summary["budgets"] == result["budgets"]
     assert summary["tasks"]["scored"] == b_summary["tasks"]["scored"] == 1
     run = json.loads((matrix / "B-trained" / "run.json").read_text(encoding="utf-8"))
-    assert {k: v for k, v in run["models"]["memory"]["adapter_files"].items() if k != FINGERPRINT} == fingerprint["files"]
+    assert {k: v for k, v in run["models"]["memory"]["adapter_files"].items() if k != FINGERPRINT} == fingerprint[
+        "files"
+    ]
     # Its pair with B is compared on that question, and the report shows both runs.
     pair = next(p for p in result["pairs"] if (p["a"], p["b"]) == ("B", "B-trained"))
     assert pair["f1"]["n"] == 1
@@ -96,7 +114,9 @@ def test_the_rules_demo_has_no_trained_row_and_says_so(monkeypatch, tmp_path):
     monkeypatch.setenv(ADAPTER_ENV, str(tmp_path / "no-adapter"))  # not needed, so not checked
     lines: list[str] = []
     result = run_demo(backend="rules", limit=1, out=tmp_path / "demo", echo=lines.append, show_progress=False)
-    assert lines[1].startswith("B-trained: not run with --backend rules: the trained adapter is a LoRA on the embedded model")
+    assert lines[1].startswith(
+        "B-trained: not run with --backend rules: the trained adapter is a LoRA on the embedded model"
+    )
     assert list(result["groups"]) == ["A", "B", "C", "D"] and "trained_adapter" not in result
     assert not (tmp_path / "demo" / "matrix" / "B-trained").exists()
     assert "B-trained" not in (tmp_path / "demo" / "matrix" / "matrix.md").read_text(encoding="utf-8")

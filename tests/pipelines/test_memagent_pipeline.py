@@ -26,12 +26,28 @@ DOCS = (10, 20)
 
 def tiny_settings(model: Path, *extra: str) -> list[str]:
     samples = ROOT / "data" / "samples" / "hotpotqa"
-    return [f"model={json.dumps(str(model))}", f"data.dev={json.dumps(str(samples / 'dev_distractor_sample.json'))}",
-            f"data.train={json.dumps(str(samples / 'train_sample.json'))}", f"data.docs={list(DOCS)}", "data.questions=2",
-            "data.train_questions=4", "data.train_docs=12", "episode.budgets.chunk_tokens=256", "episode.budgets.max_chunks=3",
-            "episode.budgets.memory_tokens=32", "episode.budgets.policy_tokens=16", "episode.budgets.answer_tokens=8",
-            "train.steps=2", "train.tasks_per_step=1", "train.group_size=2", "train.dtype=\"float32\"",
-            "train.micro_batch_tokens=2048", "train.checkpoint_every=1", "train.optim.lr=1e-3", *extra]
+    return [
+        f"model={json.dumps(str(model))}",
+        f"data.dev={json.dumps(str(samples / 'dev_distractor_sample.json'))}",
+        f"data.train={json.dumps(str(samples / 'train_sample.json'))}",
+        f"data.docs={list(DOCS)}",
+        "data.questions=2",
+        "data.train_questions=4",
+        "data.train_docs=12",
+        "episode.budgets.chunk_tokens=256",
+        "episode.budgets.max_chunks=3",
+        "episode.budgets.memory_tokens=32",
+        "episode.budgets.policy_tokens=16",
+        "episode.budgets.answer_tokens=8",
+        "train.steps=2",
+        "train.tasks_per_step=1",
+        "train.group_size=2",
+        'train.dtype="float32"',
+        "train.micro_batch_tokens=2048",
+        "train.checkpoint_every=1",
+        "train.optim.lr=1e-3",
+        *extra,
+    ]
 
 
 def pipeline_config(model: Path, *extra: str) -> MemAgentPipeline:
@@ -89,10 +105,15 @@ def test_plain_hotpotqa_is_evaluated_and_every_criterion_gets_a_verdict(finished
         for d in by_metric.values():
             assert (d["diff"], d["ci_low"], d["ci_high"], d["n"]) == (0.0, 0.0, 0.0, 2)
     assert [v["criterion"] for v in report["verdicts"]] == [
-        "trained > base on sub_em at RULER-HQA N=10", "trained > base on sub_em at RULER-HQA N=20",
-        "trained > base on boxed_em at plain HotpotQA"]
+        "trained > base on sub_em at RULER-HQA N=10",
+        "trained > base on sub_em at RULER-HQA N=20",
+        "trained > base on boxed_em at plain HotpotQA",
+    ]
     assert {v["status"] for v in report["verdicts"]} == {"FAIL"} and report["overall"] == "NOT ACCEPTED"
-    assert "FAIL: trained > base on boxed_em at plain HotpotQA: Δ +0.000, 95% CI [+0.000, +0.000] (includes 0), n=2" in lines
+    assert (
+        "FAIL: trained > base on boxed_em at plain HotpotQA: Δ +0.000, 95% CI [+0.000, +0.000] (includes 0), n=2"
+        in lines
+    )
     text = (out / "report.md").read_text()
     assert "## Acceptance criteria" in text and "Overall: NOT ACCEPTED" in text
     assert "| HotpotQA | +0.000 [+0.000, +0.000] |" in text
@@ -118,16 +139,31 @@ def test_base_and_trained_are_evaluated_by_the_identical_code_path(finished, tin
     the first memory call of a question sees the identical prompt under both models."""
     out, _, _ = finished
     for n in DOCS:
-        base, trained = (json.loads((out / "eval" / c / f"docs{n}" / "config.json").read_text()) for c in ("base", "trained"))
+        base, trained = (
+            json.loads((out / "eval" / c / f"docs{n}" / "config.json").read_text()) for c in ("base", "trained")
+        )
         for cfg, model in ((base, str(tiny_model_dir)), (trained, str(out / "merged"))):
             assert cfg["backends"]["memory"]["model"] == cfg["backends"]["reader"]["model"] == model
             cfg["backends"]["memory"]["model"] = cfg["backends"]["reader"]["model"] = "M"
         assert base == trained
         sb, st = (json.loads((out / "eval" / c / f"docs{n}" / "summary.json").read_text()) for c in ("base", "trained"))
-        for key in ("prompt_version", "tokenizer", "budgets", "evaluator_version", "engine_version", "sampling", "data"):
+        for key in (
+            "prompt_version",
+            "tokenizer",
+            "budgets",
+            "evaluator_version",
+            "engine_version",
+            "sampling",
+            "data",
+        ):
             assert sb[key] == st[key], key
-        first = {c: {t["task_id"]: next(e for e in t["events"] if e["type"] == "policy_call")["messages"]
-                     for t in jsonl(out / "eval" / c / f"docs{n}" / "trajectories.jsonl")} for c in ("base", "trained")}
+        first = {
+            c: {
+                t["task_id"]: next(e for e in t["events"] if e["type"] == "policy_call")["messages"]
+                for t in jsonl(out / "eval" / c / f"docs{n}" / "trajectories.jsonl")
+            }
+            for c in ("base", "trained")
+        }
         assert first["base"] == first["trained"]
         assert "No memory yet." in next(iter(first["base"].values()))[1]["content"]  # the recipe's initial memory
 
@@ -142,15 +178,20 @@ def test_without_reward_signal_the_trained_model_is_the_base(finished, tiny_mode
     log = jsonl(out / "train" / "train_log.jsonl")
     assert all(r["zero_variance_groups"] == r["groups"] and r["grad_norm"] == 0.0 for r in log)
     assert "NO LEARNING SIGNAL: in all 2 steps" in (out / "report.md").read_text()
-    base, merged = load_file(str(tiny_model_dir / "model.safetensors")), load_file(str(out / "merged" / "model.safetensors"))
+    base, merged = (
+        load_file(str(tiny_model_dir / "model.safetensors")),
+        load_file(str(out / "merged" / "model.safetensors")),
+    )
     assert base.keys() == merged.keys() and all((base[k] == merged[k]).all() for k in base)
 
 
 def test_rerun_skips_every_stage_and_a_crashed_eval_resumes_only_its_missing_task(finished, tiny_model_dir):
     out, _, _ = finished
     traj = out / "eval" / "trained" / "docs20" / "trajectories.jsonl"
-    before = {p: p.stat().st_mtime_ns for p in (out / "train" / "adapter" / "adapter_model.safetensors",
-                                                 out / "merged" / "model.safetensors", traj)}
+    before = {
+        p: p.stat().st_mtime_ns
+        for p in (out / "train" / "adapter" / "adapter_model.safetensors", out / "merged" / "model.safetensors", traj)
+    }
     lines: list[str] = []
     run_memagent_pipeline(pipeline_config(tiny_model_dir), out, echo=lines.append)
     assert sum(line.endswith(": done") or ": done (" in line for line in lines) == 3 + 2 * (len(DOCS) + 1)
@@ -196,9 +237,15 @@ def test_recipe_config_holds_the_memagent_settings():
     b = cfg.episode.budgets
     assert (b.chunk_tokens, b.memory_tokens, b.answer_tokens, b.max_chunks) == (2048, 1024, 256, 64)
     grpo = cfg.grpo_config("train-folder")
-    assert (grpo.role, grpo.group_size, grpo.optim.lr, grpo.kl_coef, grpo.credit) == ("overwrite", 8, 1e-6, 0.001, "split")
+    assert (grpo.role, grpo.group_size, grpo.optim.lr, grpo.kl_coef, grpo.credit) == (
+        "overwrite",
+        8,
+        1e-6,
+        0.001,
+        "split",
+    )
     assert grpo.reward.metric == "boxed_em"
-    assert load_config(MEMAGENT, ["train.credit=\"share\""], model=MemAgentPipeline).grpo_config("x").credit == "share"
+    assert load_config(MEMAGENT, ['train.credit="share"'], model=MemAgentPipeline).grpo_config("x").credit == "share"
     p = cfg.episode.prompts
     assert p.initial_memory and "{chunk}" in p.overwrite_update and "\\boxed{{answer}}" in p.overwrite_final
     # `memsearch eval --config configs/memagent.toml` runs the recipe's agent: the [episode] tables
@@ -207,14 +254,20 @@ def test_recipe_config_holds_the_memagent_settings():
     assert run.backends.reader.kind == "hf" and run.prompts == cfg.episode.prompts
 
 
-@pytest.mark.parametrize("setting, message", [
-    ("episode.agent.memory=\"summary\"", "needs evidence 'stream', memory 'overwrite'"),
-    ("episode.tokenizer=\"lexical\"", "budgets must be counted with the model's own tokenizer"),
-    ("train.role=\"memory\"", "train: role set by the pipeline itself"),
-    ("train.group_sise=8", "train.group_sise: unknown field"),
-    ("train.group_size=1", "train.group_size: Input should be greater than or equal to 2"),
-    ("episode.prompts.overwrite_final=\"{question} only\"", "overwrite_final: uses {question} but must use exactly {memory}, {question}"),
-])
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ('episode.agent.memory="summary"', "needs evidence 'stream', memory 'overwrite'"),
+        ('episode.tokenizer="lexical"', "budgets must be counted with the model's own tokenizer"),
+        ('train.role="memory"', "train: role set by the pipeline itself"),
+        ("train.group_sise=8", "train.group_sise: unknown field"),
+        ("train.group_size=1", "train.group_size: Input should be greater than or equal to 2"),
+        (
+            'episode.prompts.overwrite_final="{question} only"',
+            "overwrite_final: uses {question} but must use exactly {memory}, {question}",
+        ),
+    ],
+)
 def test_bad_pipeline_configs_say_which_field(setting, message):
     with pytest.raises(InputError) as info:
         load_config(MEMAGENT, [setting], model=MemAgentPipeline)
@@ -226,8 +279,19 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path):
 
     from memsearch.cli.app import app
 
-    result = CliRunner().invoke(app, ["pipeline", "memagent", "--config", str(MEMAGENT), "--out", str(tmp_path / "p"),
-                                      "--set", "train.group_sise=8"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "pipeline",
+            "memagent",
+            "--config",
+            str(MEMAGENT),
+            "--out",
+            str(tmp_path / "p"),
+            "--set",
+            "train.group_sise=8",
+        ],
+    )
     assert result.exit_code == 2
     assert "error: " in result.output and "train.group_sise: unknown field" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "p").exists()

@@ -63,14 +63,29 @@ def searching_model_dir(tmp_path_factory):
     from memsearch.assets.embedded import tokenizer_dir
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir()))
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "q"}], add_generation_prompt=True, tokenize=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "q"}], add_generation_prompt=True, tokenize=True
+    )
     prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
-    chain = [prompt[-1], *tokenizer.encode("SEARCH: first name since", add_special_tokens=False), tokenizer.eos_token_id]
+    chain = [
+        prompt[-1],
+        *tokenizer.encode("SEARCH: first name since", add_special_tokens=False),
+        tokenizer.eos_token_id,
+    ]
     assert len(set(chain)) == len(chain) < 32
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
@@ -97,13 +112,19 @@ def http_run(mp_config, searching_model_dir, tmp_path_factory):
     run_memory_policy_pipeline(mp_config(_on(searching_model_dir), *HTTP), out, echo=lines.append)
     seed = out / "seed-7"
     log = seed / "grpo2.memory_server.log"
-    state = {"out": out, "lines": lines, "log": log.read_text(), "pids": _pids(log),
-             "alive": [pid for pid in _pids(log) if _alive(pid)], "record": _record(seed / "grpo2.stage.json"),
-             "config": _record(seed / "grpo2" / "config.json"),
-             "rollouts": _memory_calls(seed / "grpo2" / "rollouts" / "step-000001.rank0.jsonl"),
-             "eval": _memory_calls(seed / "grpo2" / "eval" / "step-000001" / "trajectories.jsonl"),
-             "eval_run": _record(seed / "grpo2" / "eval" / "step-000001" / "run.json"),
-             "stage1_rollouts": _memory_calls(seed / "grpo1" / "rollouts" / "step-000001.rank0.jsonl")}
+    state = {
+        "out": out,
+        "lines": lines,
+        "log": log.read_text(),
+        "pids": _pids(log),
+        "alive": [pid for pid in _pids(log) if _alive(pid)],
+        "record": _record(seed / "grpo2.stage.json"),
+        "config": _record(seed / "grpo2" / "config.json"),
+        "rollouts": _memory_calls(seed / "grpo2" / "rollouts" / "step-000001.rank0.jsonl"),
+        "eval": _memory_calls(seed / "grpo2" / "eval" / "step-000001" / "trajectories.jsonl"),
+        "eval_run": _record(seed / "grpo2" / "eval" / "step-000001" / "run.json"),
+        "stage1_rollouts": _memory_calls(seed / "grpo1" / "rollouts" / "step-000001.rank0.jsonl"),
+    }
     again: list[str] = []
     run_memory_policy_pipeline(mp_config(_on(searching_model_dir), *HTTP), out, echo=again.append)
     state["again"] = again
@@ -121,8 +142,12 @@ def test_stage2_memory_calls_go_to_the_launched_transformers_serve_and_it_stops(
     inputs = http_run["record"]["inputs"]
     assert http_run["record"]["complete"] is True
     # (paths under the run folder are recorded as $OUT: pipelines/stages.py)
-    assert inputs["memory_server"] == {"serving": "transformers serve", "url": memory["base_url"],
-                                       "model": "$OUT/seed-7/merged1", "args": []}
+    assert inputs["memory_server"] == {
+        "serving": "transformers serve",
+        "url": memory["base_url"],
+        "model": "$OUT/seed-7/merged1",
+        "args": [],
+    }
     assert inputs["stage1"] == _record(seed / "merged1.stage.json")["fingerprint"]
     # Every memory call of stage 2 (rollouts and periodic evaluation) was answered over HTTP: text
     # only (the served model returns no token ids), usage reported by the server, no error; and the
@@ -159,11 +184,15 @@ def test_a_user_run_server_must_list_the_configured_model_name(http_run, mp_conf
             run_memory_policy_pipeline(mp_config(*user, 'stage2.memory_model="not-served"'), out, echo=lambda _: None)
         assert not (seed / "grpo2" / "adapter").exists()
         lines: list[str] = []
-        run_memory_policy_pipeline(mp_config(*user, f"stage2.memory_model={json.dumps(str(merged1))}"), out,
-                                   echo=lines.append)
+        run_memory_policy_pipeline(
+            mp_config(*user, f"stage2.memory_model={json.dumps(str(merged1))}"), out, echo=lines.append
+        )
     record = _record(seed / "grpo2.stage.json")
-    assert record["complete"] and record["inputs"]["memory_server"] == {"serving": "user", "url": url,
-                                                                      "model": "$OUT/seed-7/merged1"}
+    assert record["complete"] and record["inputs"]["memory_server"] == {
+        "serving": "user",
+        "url": url,
+        "model": "$OUT/seed-7/merged1",
+    }
     calls = _memory_calls(seed / "grpo2" / "rollouts" / "step-000001.rank0.jsonl")
     assert calls and all(c["error"] is None and c["completion_ids"] is None for c in calls)
     assert (tmp_path / "user.log").read_text().count('"POST /v1/chat/completions HTTP/1.1" 200') >= len(calls)
@@ -177,7 +206,9 @@ def test_a_server_that_cannot_start_or_crashes_is_stopped_with_a_clear_error(tin
     shutil.copytree(tiny_model_dir, broken)
     (broken / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
     log = tmp_path / "broken.log"
-    with pytest.raises(InputError, match=r"(?s)transformers serve exited with status .* the end of its log.*no-such-architecture"):
+    with pytest.raises(
+        InputError, match=r"(?s)transformers serve exited with status .* the end of its log.*no-such-architecture"
+    ):
         with serving.launched_server(broken, serving.free_port(), log, timeout_s=120, echo=lambda _: None):
             pytest.fail("the server must not be ready")
     assert not _alive(_pids(log)[0])
@@ -190,7 +221,9 @@ def test_a_server_that_cannot_start_or_crashes_is_stopped_with_a_clear_error(tin
     # An error while it serves (a crashed stage) stops it too.
     log = tmp_path / "crash.log"
     with pytest.raises(RuntimeError, match="stage crashed"):
-        with serving.launched_server(tiny_model_dir, serving.free_port(), log, timeout_s=120, echo=lambda _: None) as url:
+        with serving.launched_server(
+            tiny_model_dir, serving.free_port(), log, timeout_s=120, echo=lambda _: None
+        ) as url:
             assert serving.served_models(url) == [str(tiny_model_dir)]
             raise RuntimeError("stage crashed")
     assert not _alive(_pids(log)[0]) and "stopped (exit status" in log.read_text()
@@ -204,14 +237,26 @@ def test_http_memory_serving_settings_are_checked_at_load(mp_config):
     with pytest.raises(Exception, match="stage2.memory_model without stage2.memory_url"):
         mp_config("schema_mode=false", 'stage2.memory_serving="http"', 'stage2.memory_model="m"')
     with pytest.raises(Exception, match="stage2.serve_port: only for the server the pipeline launches"):
-        mp_config("schema_mode=false", 'stage2.memory_serving="http"', 'stage2.memory_url="http://h:1/v1"',
-                  'stage2.memory_model="m"', "stage2.serve_port=8000")
+        mp_config(
+            "schema_mode=false",
+            'stage2.memory_serving="http"',
+            'stage2.memory_url="http://h:1/v1"',
+            'stage2.memory_model="m"',
+            "stage2.serve_port=8000",
+        )
     with pytest.raises(Exception, match="stage2.memory_url: only used with stage2.memory_serving = 'http'"):
         mp_config('stage2.memory_url="http://h:1/v1"')
     with pytest.raises(Exception, match=r"temperature > 0 is not honoured by it"):
-        mp_config("schema_mode=false", 'stage2.memory_serving="http"', "episode.backends.memory.sampling.temperature=0.7")
-    cfg = mp_config("stage2.enabled=true", "schema_mode=false", 'stage2.memory_serving="http"',
-                    'stage2.memory_url="http://h:1/v1"', 'stage2.memory_model="m"')
+        mp_config(
+            "schema_mode=false", 'stage2.memory_serving="http"', "episode.backends.memory.sampling.temperature=0.7"
+        )
+    cfg = mp_config(
+        "stage2.enabled=true",
+        "schema_mode=false",
+        'stage2.memory_serving="http"',
+        'stage2.memory_url="http://h:1/v1"',
+        'stage2.memory_model="m"',
+    )
     memory = cfg.stage2_config("t", 7, "seed-7/merged1").episode.backends.memory
     assert (memory.kind, memory.base_url, memory.model, memory.schema_mode) == ("openai", "http://h:1/v1", "m", False)
     # The openai backend keeps the episode memory backend's client settings.

@@ -31,7 +31,11 @@ def record(path: Path) -> dict:
 
 
 def outputs_snapshot(out: Path) -> dict[str, float]:
-    return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "invocations.jsonl"}
+    return {
+        str(p.relative_to(out)): p.stat().st_mtime_ns
+        for p in out.rglob("*")
+        if p.is_file() and p.name != "invocations.jsonl"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +54,18 @@ def test_every_stage_runs_with_stage2_and_the_report_equals_the_metrics_files(wi
     assert (out / "teacher" / "sft.jsonl").read_text().count("\n") > 0
     # Stage 2 starts from the controller's SFT on every controller call of the teacher run on train
     # (oracle controller: SEARCH a gold title the memory lacks, then FINISH).
-    from memsearch.text.actions import parse_controller
     from memsearch.pipelines.stages import folder_sha256
+    from memsearch.text.actions import parse_controller
 
     teacher2 = record(out / "teacher2" / "run" / "config.json")
     assert (teacher2["agent"]["controller"], teacher2["backends"]["controller"]["kind"]) == ("policy", "oracle")
     rows = [json.loads(x) for x in (out / "teacher2" / "sft.jsonl").read_text().splitlines()]
-    calls = [e for x in (out / "teacher2" / "run" / "trajectories.jsonl").read_text().splitlines()
-             for e in json.loads(x)["events"] if e.get("type") == "policy_call" and e["role"] == "controller"]
+    calls = [
+        e
+        for x in (out / "teacher2" / "run" / "trajectories.jsonl").read_text().splitlines()
+        for e in json.loads(x)["events"]
+        if e.get("type") == "policy_call" and e["role"] == "controller"
+    ]
     assert len(rows) == len(calls) > 3 and {r["role"] for r in rows} == {"controller"}
     kinds = [parse_controller(r["completion"]).kind for r in rows]
     assert "search" in kinds and set(kinds) <= {"search", "finish"}  # every row a readable decision
@@ -74,11 +82,15 @@ def test_every_stage_runs_with_stage2_and_the_report_equals_the_metrics_files(wi
     assert (held_out, val) == (dev_file[:3], dev_file[3:])
     for stage in ("grpo1", "grpo2"):
         last = [json.loads(x) for x in (seed / stage / "train_log.jsonl").read_text().splitlines()][-1]
-        assert "eval_f1" in last and record(seed / stage / "config.json")["eval"]["data"] == str(out / "prepare" / "val")
+        assert "eval_f1" in last and record(seed / stage / "config.json")["eval"]["data"] == str(
+            out / "prepare" / "val"
+        )
     assert (seed / "merged1" / "config.json").is_file() and (seed / "merged2" / "config.json").is_file()
     (section,) = report["seeds"]
     for row in section["rows"]:
-        metrics = [json.loads(line) for line in (seed / "matrix" / row["group"] / "metrics.jsonl").read_text().splitlines()]
+        metrics = [
+            json.loads(line) for line in (seed / "matrix" / row["group"] / "metrics.jsonl").read_text().splitlines()
+        ]
         assert row["questions"] == len(metrics) == 3
         for key in ("f1", "memory_support_recall"):
             values = [m[key] for m in metrics if m.get(key) is not None]
@@ -89,7 +101,10 @@ def test_every_stage_runs_with_stage2_and_the_report_equals_the_metrics_files(wi
     a = [json.loads(x)["f1"] for x in (seed / "matrix" / "A" / "metrics.jsonl").read_text().splitlines()]
     assert diff["n"] == 3 and diff["diff"] == pytest.approx(sum(b) / 3 - sum(a) / 3)
     text = (out / "report.md").read_text()
-    assert "Stage 2 (controller GRPO): on: C/D use the stage-2 controller, trained from the seed's SFT of the controller" in text
+    assert (
+        "Stage 2 (controller GRPO): on: C/D use the stage-2 controller, trained from the seed's SFT of the controller"
+        in text
+    )
     assert "| B-A | f1 |" in text
     assert (out / "curves.png").stat().st_size > 1000
 
@@ -98,37 +113,65 @@ def test_heldout_comparison_of_memory_policies_equals_the_metrics_files(with_sta
     """base / rules run once, sft / grpo per seed, on the held-out questions with the same episode;
     summary.json's means and paired differences are those of the runs' metrics files."""
     out, report, _ = with_stage2
-    runs = {"base": out / "heldout" / "base", "rules": out / "heldout" / "rules",
-            "sft": out / "seed-7" / "heldout" / "sft", "grpo": out / "seed-7" / "heldout" / "grpo"}
+    runs = {
+        "base": out / "heldout" / "base",
+        "rules": out / "heldout" / "rules",
+        "sft": out / "seed-7" / "heldout" / "sft",
+        "grpo": out / "seed-7" / "heldout" / "grpo",
+    }
     configs = {p: record(r / "config.json") for p, r in runs.items()}
     memory = {p: c["backends"]["memory"] for p, c in configs.items()}
     assert memory["rules"]["kind"] == "rules"
-    assert (memory["base"]["model"], memory["base"]["adapter"], memory["base"]["schema_mode"]) == (str(tiny_model_dir), None, True)
-    assert memory["sft"]["adapter"] == str(out / "seed-7" / "sft" / "adapter") and memory["sft"]["model"] == str(tiny_model_dir)
+    assert (memory["base"]["model"], memory["base"]["adapter"], memory["base"]["schema_mode"]) == (
+        str(tiny_model_dir),
+        None,
+        True,
+    )
+    assert memory["sft"]["adapter"] == str(out / "seed-7" / "sft" / "adapter") and memory["sft"]["model"] == str(
+        tiny_model_dir
+    )
     assert memory["grpo"]["model"] == str(out / "seed-7" / "merged1") and memory["sft"]["schema_mode"] is True
     for c in configs.values():  # everything but the memory backend is the same episode
-        assert {k: v for k, v in c.items() if k != "backends"} == {k: v for k, v in configs["base"].items() if k != "backends"}
+        assert {k: v for k, v in c.items() if k != "backends"} == {
+            k: v for k, v in configs["base"].items() if k != "backends"
+        }
         assert c["backends"]["reader"] == configs["base"]["backends"]["reader"]
     summary = record(out / "heldout" / "summary.json")
-    per_task = {p: {m["task_id"]: m for m in map(json.loads, (r / "metrics.jsonl").read_text().splitlines())}
-                for p, r in runs.items()}
+    per_task = {
+        p: {m["task_id"]: m for m in map(json.loads, (r / "metrics.jsonl").read_text().splitlines())}
+        for p, r in runs.items()
+    }
     for policy, rows in per_task.items():
         row = summary["policies"]["shared" if policy in ("base", "rules") else "seeds"]
         row = row[policy] if policy in ("base", "rules") else row["7"][policy]
         assert row["f1"] == pytest.approx(sum(m["f1"] for m in rows.values()) / 3)
-        calls = sum(1 for line in (runs[policy] / "trajectories.jsonl").read_text().splitlines()
-                    for e in json.loads(line)["events"] if e.get("type") == "policy_call" and e["role"] == "memory")
+        calls = sum(
+            1
+            for line in (runs[policy] / "trajectories.jsonl").read_text().splitlines()
+            for e in json.loads(line)["events"]
+            if e.get("type") == "policy_call" and e["role"] == "memory"
+        )
         assert row["memory_calls"]["calls"] == calls > 0
     d = summary["per_seed"]["7"]["grpo-rules"]["memory_support_recall"]
-    expected = sum(per_task["grpo"][t]["memory_support_recall"] - per_task["rules"][t]["memory_support_recall"]
-                   for t in per_task["rules"]) / 3
+    expected = (
+        sum(
+            per_task["grpo"][t]["memory_support_recall"] - per_task["rules"][t]["memory_support_recall"]
+            for t in per_task["rules"]
+        )
+        / 3
+    )
     assert d["n"] == 3 and d["diff"] == pytest.approx(expected)
     assert summary["bar"]["per_seed"] == {"7": d["ci_low"] > 0} and summary["reward"]["memory_recall"] == 1.0
     text = (out / "report.md").read_text()
-    assert "## Memory policies on the held-out questions (group B)" in text and "| grpo-rules | memory_support_recall |" in text
+    assert (
+        "## Memory policies on the held-out questions (group B)" in text
+        and "| grpo-rules | memory_support_recall |" in text
+    )
     # the SFT rows are the selection: every op row and unfit NOOP, a share of the other NOOP rows
     sel = record(out / "teacher" / "select.stage.json")["outputs"]["report"]
-    assert sel["kept"]["op"] == sel["read"]["op"] and sel["kept"]["other_noop"] == round(0.2 * sel["read"]["other_noop"])
+    assert sel["kept"]["op"] == sel["read"]["op"] and sel["kept"]["other_noop"] == round(
+        0.2 * sel["read"]["other_noop"]
+    )
     assert record(out / "seed-7" / "sft" / "config.json")["data"] == [str(out / "teacher" / "selected.jsonl")]
 
 
@@ -158,8 +201,11 @@ def test_rerun_skips_every_stage_and_leaves_outputs_untouched(with_stage2, mp_co
     lines: list[str] = []
     again = run_memory_policy_pipeline(mp_config(*ON), out, echo=lines.append)
     after = outputs_snapshot(out)
-    changed = sorted(k for k in before if before[k] != after.get(k) and not k.startswith("report")
-                     and k not in ("curves.png", "heldout/summary.json"))
+    changed = sorted(
+        k
+        for k in before
+        if before[k] != after.get(k) and not k.startswith("report") and k not in ("curves.png", "heldout/summary.json")
+    )
     assert changed == [] and set(after) == set(before)
     assert "prepare: done" in "\n".join(lines) and "grpo2: done (" in "\n".join(lines)
     assert again["seeds"][0]["rows"] == report["seeds"][0]["rows"]
@@ -222,8 +268,9 @@ def test_train_dev_overlap_is_refused(tmp_path, mp_config):
     path = tmp_path / "train.json"
     path.write_text(json.dumps(train))
     with pytest.raises(InputError, match="held-out questions must never be trained on"):
-        run_memory_policy_pipeline(mp_config(f"data.train={json.dumps(str(path))}"), tmp_path / "o",
-                                   echo=lambda _: None)
+        run_memory_policy_pipeline(
+            mp_config(f"data.train={json.dumps(str(path))}"), tmp_path / "o", echo=lambda _: None
+        )
     assert not (tmp_path / "o" / "teacher").exists()
 
 
@@ -272,7 +319,11 @@ def test_cold_start_trains_stage1_from_the_base_without_teacher_or_sft(tmp_path,
     rules = [json.loads(x)["f1"] for x in (out / "heldout" / "rules" / "metrics.jsonl").read_text().splitlines()]
     assert diff["n"] == 3 and diff["diff"] == pytest.approx(sum(m["f1"] for m in metrics) / 3 - sum(rules) / 3)
     text = (out / "report.md").read_text()
-    assert "**the base model** (cold start" in text and "not run: sft" in text and "over seeds with a CI above 0: not run (no SFT)" in text
+    assert (
+        "**the base model** (cold start" in text
+        and "not run: sft" in text
+        and "over seeds with a CI above 0: not run (no SFT)" in text
+    )
     assert "| sft |" not in text and "| grpo |" in text and "| grpo-sft |" not in text
     assert report["seeds"] == [] and (out / "curves.png").stat().st_size > 1000
     # A re-run skips every stage.
@@ -287,9 +338,17 @@ def test_publish_copies_the_runs_record_byte_for_byte(with_stage2, tmp_path):
     out, _, _ = with_stage2
     written = publish_results(out, tmp_path / "results")
     names = {str(p.relative_to(tmp_path / "results")) for p in written}
-    assert {"report.md", "curves.png", "summary.json", "invocations.jsonl", "seed-7/grpo1/train_log.jsonl",
-            "seed-7/heldout/grpo/metrics.jsonl", "heldout/rules/summary.json", "seed-7/matrix/B/metrics.jsonl",
-            "seed-7/grpo1.stage.json"} <= names
+    assert {
+        "report.md",
+        "curves.png",
+        "summary.json",
+        "invocations.jsonl",
+        "seed-7/grpo1/train_log.jsonl",
+        "seed-7/heldout/grpo/metrics.jsonl",
+        "heldout/rules/summary.json",
+        "seed-7/matrix/B/metrics.jsonl",
+        "seed-7/grpo1.stage.json",
+    } <= names
     assert (tmp_path / "results" / "summary.json").read_bytes() == (out / "heldout" / "summary.json").read_bytes()
     assert not any(p.name in ("trajectories.jsonl", "adapter_model.safetensors") for p in written)
     with pytest.raises(InputError, match="summary.json: missing"):

@@ -55,7 +55,10 @@ def test_verdicts():
     assert v["status"] == "FAIL" and v["ci_excludes_0"] is True
     # incomplete or erroneous runs decide nothing, whatever their numbers say
     v = verdict("c", ten, summary(10, scored=9), better)
-    assert v["status"] == "NOT USABLE" and v["problems"][0] == "trained run unusable (0 request errors, 0 failed, 1 missing)"
+    assert (
+        v["status"] == "NOT USABLE"
+        and v["problems"][0] == "trained run unusable (0 request errors, 0 failed, 1 missing)"
+    )
     assert verdict("c", summary(10, request_errors=2), ten, better)["status"] == "NOT USABLE"
     assert verdict("c", ten, ten, None)["status"] == "NOT USABLE"
     # both complete, but over different questions: not a paired comparison of the set

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from memsearch.assets.adapter import FINGERPRINT, verify_adapter
 from memsearch.errors import InputError
 from memsearch.io import sha256_file, write_json
 from memsearch.pipelines.stages import Stage, folder_sha256
-from memsearch.assets.adapter import FINGERPRINT, verify_adapter
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,8 +39,12 @@ def make_run(run: Path, seed: int = 1) -> Path:
         json.dumps({"time": "t0", "config": {"model": "embedded", "seeds": [9]}}) + "\n"
         + json.dumps({"time": "t1", "config": {"model": "embedded", "seeds": [seed], "schema_mode": True}}) + "\n",
         encoding="utf-8")
-    prepare = Stage(run / "prepare", "prepare", {"data": {"train_questions": 4}, "train_sha256": "aa", "dev_sha256": "bb"},
-                    run / "prepare.stage.json")
+    prepare = Stage(
+        run / "prepare",
+        "prepare",
+        {"data": {"train_questions": 4}, "train_sha256": "aa", "dev_sha256": "bb"},
+        run / "prepare.stage.json",
+    )
     prepare.start()
     (run / "prepare" / "train").mkdir(parents=True)
     write_json(run / "prepare" / "train" / "manifest.json", {"files": {"tasks.jsonl": "cc"}})
@@ -72,12 +76,22 @@ def test_ship_copies_the_adapter_files_and_records_the_runs_provenance(tmp_path,
     record = verify_adapter(dest, base_model="embedded", required=True)
     assert record["files"] == {n: sha256_file(source / n) for n in ("adapter_config.json", "adapter_model.safetensors")}
     p = record["provenance"]
-    assert (p["seed"], p["source"], p["config"]["schema_mode"]) == (1, "seed-1/grpo1/adapter", True)  # the last invocation
+    assert (p["seed"], p["source"], p["config"]["schema_mode"]) == (
+        1,
+        "seed-1/grpo1/adapter",
+        True,
+    )  # the last invocation
     assert p["stage"]["outputs"]["adapter_sha256"] == folder_sha256(source)
-    assert p["data"]["prepare_inputs"]["train_sha256"] == "aa" and p["data"]["prepared"]["train"] == {"tasks.jsonl": "cc"}
+    assert p["data"]["prepare_inputs"]["train_sha256"] == "aa" and p["data"]["prepared"]["train"] == {
+        "tasks.jsonl": "cc"
+    }
     assert p["data"]["teacher_rows"] == {"export": "dd"}
-    assert {k: v["metrics"]["memory_support_recall"] for k, v in p["heldout"].items() if k != "differences"} == \
-        {"base": 0.10, "rules": 0.30, "sft": 0.35, "grpo": 0.42}
+    assert {k: v["metrics"]["memory_support_recall"] for k, v in p["heldout"].items() if k != "differences"} == {
+        "base": 0.10,
+        "rules": 0.30,
+        "sft": 0.35,
+        "grpo": 0.42,
+    }
     assert p["heldout"]["differences"] == {"grpo-rules": {"f1": {"diff": 0.1}}}
     out = capsys.readouterr().out
     assert f"adapter_model.safetensors  sha256 {sha256_file(source / 'adapter_model.safetensors')}" in out
@@ -88,7 +102,9 @@ def test_shipped_adapter_config_names_the_base_as_the_config_does_not_a_machine_
     adapter_config.json; the shipped copy says ``embedded`` and the provenance keeps the source hash."""
     source = make_run(tmp_path / "mp")
     cache_path = "/" + "/".join(["home", "someone", ".cache", "memsearch", "embedded", "model"])
-    (source / "adapter_config.json").write_text(json.dumps({"r": 16, "base_model_name_or_path": cache_path}), encoding="utf-8")
+    (source / "adapter_config.json").write_text(
+        json.dumps({"r": 16, "base_model_name_or_path": cache_path}), encoding="utf-8"
+    )
     stage_file = tmp_path / "mp" / "seed-1" / "grpo1.stage.json"
     stage = json.loads(stage_file.read_text())  # the trainer's own output, recorded as the pipeline records it
     stage["outputs"]["adapter_sha256"] = folder_sha256(source)
@@ -98,7 +114,9 @@ def test_shipped_adapter_config_names_the_base_as_the_config_does_not_a_machine_
     shipped = json.loads((dest / "adapter_config.json").read_text())
     assert shipped == {"r": 16, "base_model_name_or_path": "embedded"}
     record = verify_adapter(dest, base_model="embedded", required=True)
-    assert record["provenance"]["adapter_config_normalized"]["source_sha256"] == sha256_file(source / "adapter_config.json")
+    assert record["provenance"]["adapter_config_normalized"]["source_sha256"] == sha256_file(
+        source / "adapter_config.json"
+    )
     assert record["files"]["adapter_model.safetensors"] == sha256_file(source / "adapter_model.safetensors")
     assert cache_path not in (dest / FINGERPRINT).read_text()
 
@@ -145,20 +163,29 @@ def test_ship_with_dtype_stores_bf16_weights_and_records_the_cast(tmp_path):
     from safetensors.torch import load_file, save_file
 
     source = make_run(tmp_path / "mp")
-    weights = {"base_model.model.layers.0.q_proj.lora_A.weight": torch.randn(16, 64),
-               "base_model.model.layers.0.q_proj.lora_B.weight": torch.randn(64, 16), "steps": torch.arange(3)}
+    weights = {
+        "base_model.model.layers.0.q_proj.lora_A.weight": torch.randn(16, 64),
+        "base_model.model.layers.0.q_proj.lora_B.weight": torch.randn(64, 16),
+        "steps": torch.arange(3),
+    }
     save_file(weights, str(source / "adapter_model.safetensors"), metadata={"format": "pt"})
     stage_file = tmp_path / "mp" / "seed-1" / "grpo1.stage.json"
     stage = json.loads(stage_file.read_text())
     stage["outputs"]["adapter_sha256"] = folder_sha256(source)
     stage_file.write_text(json.dumps(stage))
     dest = tmp_path / "shipped"
-    assert _script().main([str(source), "--run", str(tmp_path / "mp"), "--seed", "1", "--dest", str(dest),
-                           "--dtype", "bfloat16"]) == 0
+    assert (
+        _script().main(
+            [str(source), "--run", str(tmp_path / "mp"), "--seed", "1", "--dest", str(dest), "--dtype", "bfloat16"]
+        )
+        == 0
+    )
     shipped = load_file(str(dest / "adapter_model.safetensors"))
-    assert {k: v.dtype for k, v in shipped.items()} == {"base_model.model.layers.0.q_proj.lora_A.weight": torch.bfloat16,
-                                                        "base_model.model.layers.0.q_proj.lora_B.weight": torch.bfloat16,
-                                                        "steps": torch.int64}
+    assert {k: v.dtype for k, v in shipped.items()} == {
+        "base_model.model.layers.0.q_proj.lora_A.weight": torch.bfloat16,
+        "base_model.model.layers.0.q_proj.lora_B.weight": torch.bfloat16,
+        "steps": torch.int64,
+    }
     for name in ("base_model.model.layers.0.q_proj.lora_A.weight", "base_model.model.layers.0.q_proj.lora_B.weight"):
         assert torch.equal(shipped[name], weights[name].to(torch.bfloat16))
     record = verify_adapter(dest, base_model="embedded", required=True)

@@ -146,11 +146,20 @@ def test_a_version1_record_that_left_default_control_fields_out_is_upgraded(tmp_
     assert stage.done()
     upgraded = json.loads(record.read_text())
     assert upgraded["version"] == RECORD_VERSION and upgraded["fingerprint"] == stage.fingerprint
-    assert upgraded["fingerprint_before"] == fingerprint({"run_config": old}) and upgraded["inputs"]["run_config"] == run
+    assert upgraded["fingerprint_before"] == fingerprint({"run_config": old})
+    assert upgraded["inputs"]["run_config"] == run
     hidden = json.loads(json.dumps(run))
     hidden["agent"]["memory_sources"] = "hidden"
-    record.write_text(json.dumps({"stage": "eval", "fingerprint": fingerprint({"run_config": old}),
-                                  "inputs": {"run_config": old}, "complete": True}))
+    record.write_text(
+        json.dumps(
+            {
+                "stage": "eval",
+                "fingerprint": fingerprint({"run_config": old}),
+                "inputs": {"run_config": old},
+                "complete": True,
+            }
+        )
+    )
     with pytest.raises(InputError, match=r"changed: run_config.agent.memory_sources"):
         Stage(tmp_path / "eval", "eval", {"run_config": hidden}, record).done()
 

@@ -70,9 +70,14 @@ class Ledger:
     def table(self) -> str:
         head = ("scenario", "runs", "tasks lost", "tasks duplicated", "wrong exit codes", "failed tests")
         rows = [*self.rows.items(), ("TOTAL", self._total())]
-        body = [(name, str(r.runs), str(r.lost), str(r.duplicated), str(r.wrong_exit), str(r.failed_tests)) for name, r in rows]
+        body = [
+            (name, str(r.runs), str(r.lost), str(r.duplicated), str(r.wrong_exit), str(r.failed_tests))
+            for name, r in rows
+        ]
         widths = [max(len(row[i]) for row in (head, *body)) for i in range(len(head))]
-        fmt = lambda row: "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"
+        def fmt(row):
+            return "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"
+
         lines = [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(fmt, body)]
         return "\n".join(lines)
 
@@ -89,9 +94,11 @@ class Ledger:
     def result_line(self) -> str:
         t = self._total()
         ok = t.lost == t.duplicated == t.wrong_exit == t.failed_tests == 0
-        return (f"RESULT reliability scenarios={len(self.rows)} runs={t.runs} tasks_lost={t.lost} "
-                f"tasks_duplicated={t.duplicated} wrong_exit_codes={t.wrong_exit} failed_tests={t.failed_tests} "
-                f"wall_s={time.perf_counter() - self.started:.1f} {'OK' if ok else 'FAIL'}")
+        return (
+            f"RESULT reliability scenarios={len(self.rows)} runs={t.runs} tasks_lost={t.lost} "
+            f"tasks_duplicated={t.duplicated} wrong_exit_codes={t.wrong_exit} failed_tests={t.failed_tests} "
+            f"wall_s={time.perf_counter() - self.started:.1f} {'OK' if ok else 'FAIL'}"
+        )
 
 
 LEDGER = Ledger()
@@ -139,7 +146,11 @@ def without_wallclock(obj: Any) -> Any:
     """``obj`` without wall-clock fields (``*latency*``, ``*_s``, ``timing``) and with the
     loopback server's port replaced."""
     if isinstance(obj, dict):
-        return {k: without_wallclock(v) for k, v in obj.items() if "latency" not in k and not k.endswith("_s") and k != "timing"}
+        return {
+            k: without_wallclock(v)
+            for k, v in obj.items()
+            if "latency" not in k and not k.endswith("_s") and k != "timing"
+        }
     if isinstance(obj, list):
         return [without_wallclock(v) for v in obj]
     if isinstance(obj, str):
@@ -160,11 +171,24 @@ def api_sets(url: str, *extra: str) -> list[str]:
     return ['tokenizer="lexical"', *[f'backends.{r}.base_url="{url}"' for r in ROLES], *extra]
 
 
-def cli_args(command: str, config: Path, data: Path, out: Path, limit: int, sets: list[str], resume: bool = False) -> list[str]:
+def cli_args(
+    command: str, config: Path, data: Path, out: Path, limit: int, sets: list[str], resume: bool = False
+) -> list[str]:
     """The command line of ``command``: "eval" (`memsearch eval run`) or "matrix" (`memsearch eval matrix`)."""
     verb = {"eval": "run", "matrix": "matrix"}[command]
-    args = [str(EXE), "eval", verb, "--config", str(config), "--data", str(data), "--out", str(out),
-            "--limit", str(limit)]
+    args = [
+        str(EXE),
+        "eval",
+        verb,
+        "--config",
+        str(config),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--limit",
+        str(limit),
+    ]
     for s in sets:
         args += ["--set", s]
     return args + (["--resume"] if resume else [])

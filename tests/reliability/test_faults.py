@@ -39,7 +39,9 @@ def _check_folder(rel, folder, ids, scenario: str) -> dict:
     calls = [e for t in rel.raw_lines(folder / "trajectories.jsonl") for e in t["events"] if e["type"] == "policy_call"]
     assert summary["request_errors"] == sum(1 for e in calls if e["error"] is not None)
     assert summary["tasks"]["failed"] == len(failed) and summary["tasks"]["scored"] == len(ids)
-    assert summary["complete"] is (not failed), f"{folder}: complete={summary['complete']} with {len(failed)} failed task(s)"
+    assert summary["complete"] is (not failed), (
+        f"{folder}: complete={summary['complete']} with {len(failed)} failed task(s)"
+    )
     return summary
 
 
@@ -50,10 +52,25 @@ def test_eval_recovers_from_every_fault_kind(hotpot_dev_dir, tmp_path, rel):
     sets = _transport(TIMEOUT_S, 3) + ["concurrency=8"]
     started = time.perf_counter()
     with AgentServer(delay_s=0.0, lifetime_s=60) as clean:
-        ref = rel.run_cli(rel.cli_args("eval", rel.API, hotpot_dev_dir, tmp_path / "clean", TASKS, rel.api_sets(clean.base_url, *sets)))
-    with AgentServer(delay_s=0.0, faults=EVERY_KIND, seed=11, stall_s=STALL_S, retry_after_s=0.02,
-                     max_faults_per_request=2, lifetime_s=90) as server:
-        proc = rel.run_cli(rel.cli_args("eval", rel.API, hotpot_dev_dir, tmp_path / "faulty", TASKS, rel.api_sets(server.base_url, *sets)))
+        ref = rel.run_cli(
+            rel.cli_args(
+                "eval", rel.API, hotpot_dev_dir, tmp_path / "clean", TASKS, rel.api_sets(clean.base_url, *sets)
+            )
+        )
+    with AgentServer(
+        delay_s=0.0,
+        faults=EVERY_KIND,
+        seed=11,
+        stall_s=STALL_S,
+        retry_after_s=0.02,
+        max_faults_per_request=2,
+        lifetime_s=90,
+    ) as server:
+        proc = rel.run_cli(
+            rel.cli_args(
+                "eval", rel.API, hotpot_dev_dir, tmp_path / "faulty", TASKS, rel.api_sets(server.base_url, *sets)
+            )
+        )
     wrong = int(ref.returncode != 0) + int(proc.returncode != 0)
     rel.LEDGER.record("faults within retries (eval)", runs=2, wrong_exit=wrong, seconds=time.perf_counter() - started)
     assert ref.returncode == 0, ref.stderr[-2000:]
@@ -63,8 +80,12 @@ def test_eval_recovers_from_every_fault_kind(hotpot_dev_dir, tmp_path, rel):
     # Every kind of fault was really served, and none changed a result.
     assert all(server.fault_counts[k] >= 1 for k in FAULT_KINDS), server.fault_counts
     assert sum(server.fault_counts.values()) >= 15
-    assert rel.comparable_metrics(tmp_path / "faulty" / "metrics.jsonl") == rel.comparable_metrics(tmp_path / "clean" / "metrics.jsonl")
-    assert rel.comparable_summary(tmp_path / "faulty" / "summary.json") == rel.comparable_summary(tmp_path / "clean" / "summary.json")
+    assert rel.comparable_metrics(tmp_path / "faulty" / "metrics.jsonl") == rel.comparable_metrics(
+        tmp_path / "clean" / "metrics.jsonl"
+    )
+    assert rel.comparable_summary(tmp_path / "faulty" / "summary.json") == rel.comparable_summary(
+        tmp_path / "clean" / "summary.json"
+    )
 
 
 def test_eval_with_faults_beyond_retries_is_incomplete_and_exits_3(hotpot_dev_dir, tmp_path, rel):
@@ -73,12 +94,20 @@ def test_eval_with_faults_beyond_retries_is_incomplete_and_exits_3(hotpot_dev_di
     ids = rel.task_ids(hotpot_dev_dir, TASKS)
     sets = _transport(TIMEOUT_S, 0) + ["concurrency=8", 'agent.controller="policy"']
     started = time.perf_counter()
-    with AgentServer(delay_s=0.0, faults=EVERY_KIND, seed=5, stall_s=STALL_S, max_faults_per_request=10, lifetime_s=90) as server:
-        proc = rel.run_cli(rel.cli_args("eval", rel.API, hotpot_dev_dir, tmp_path / "run", TASKS, rel.api_sets(server.base_url, *sets)))
+    with AgentServer(
+        delay_s=0.0, faults=EVERY_KIND, seed=5, stall_s=STALL_S, max_faults_per_request=10, lifetime_s=90
+    ) as server:
+        proc = rel.run_cli(
+            rel.cli_args("eval", rel.API, hotpot_dev_dir, tmp_path / "run", TASKS, rel.api_sets(server.base_url, *sets))
+        )
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     expected_exit = 0 if summary["complete"] else EXIT_INCOMPLETE
-    rel.LEDGER.record("faults beyond retries (eval)", runs=1, wrong_exit=int(proc.returncode != expected_exit),
-                      seconds=time.perf_counter() - started)
+    rel.LEDGER.record(
+        "faults beyond retries (eval)",
+        runs=1,
+        wrong_exit=int(proc.returncode != expected_exit),
+        seconds=time.perf_counter() - started,
+    )
     summary = _check_folder(rel, tmp_path / "run", ids, "faults beyond retries (eval)")
     assert proc.returncode == expected_exit, (proc.returncode, proc.stderr[-2000:])
     assert summary["tasks"]["failed"] > 0 and summary["complete"] is False and proc.returncode == EXIT_INCOMPLETE
@@ -96,12 +125,23 @@ def test_matrix_through_faults(hotpot_dev_dir, tmp_path, rel, retries):
     sets = _transport(TIMEOUT_S, retries) + ["concurrency=6"]
     scenario = f"faults, matrix (max_retries={retries})"
     started = time.perf_counter()
-    with AgentServer(delay_s=0.0, faults={k: 0.05 for k in FAULT_KINDS}, seed=23 + retries, stall_s=STALL_S,
-                     retry_after_s=0.02, max_faults_per_request=3, lifetime_s=120) as server:
-        proc = rel.run_cli(rel.cli_args("matrix", rel.API, hotpot_dev_dir, tmp_path / "m", n, rel.api_sets(server.base_url, *sets)))
+    with AgentServer(
+        delay_s=0.0,
+        faults={k: 0.05 for k in FAULT_KINDS},
+        seed=23 + retries,
+        stall_s=STALL_S,
+        retry_after_s=0.02,
+        max_faults_per_request=3,
+        lifetime_s=120,
+    ) as server:
+        proc = rel.run_cli(
+            rel.cli_args("matrix", rel.API, hotpot_dev_dir, tmp_path / "m", n, rel.api_sets(server.base_url, *sets))
+        )
     groups = {g: json.loads((tmp_path / "m" / g / "summary.json").read_text()) for g in "ABCD"}
     expected_exit = 0 if all(s["complete"] for s in groups.values()) else EXIT_INCOMPLETE
-    rel.LEDGER.record(scenario, runs=1, wrong_exit=int(proc.returncode != expected_exit), seconds=time.perf_counter() - started)
+    rel.LEDGER.record(
+        scenario, runs=1, wrong_exit=int(proc.returncode != expected_exit), seconds=time.perf_counter() - started
+    )
     for g in "ABCD":
         _check_folder(rel, tmp_path / "m" / g, ids, scenario)
     assert proc.returncode == expected_exit, (proc.returncode, proc.stderr[-2000:])

@@ -52,7 +52,9 @@ def _same_run(rel, folder: Path, ref: Path, ids: list[str], scenario: str) -> No
     lost, dup = rel.lost_and_duplicated(folder, ids)
     rel.LEDGER.record(scenario, runs=0, lost=lost, duplicated=dup)
     assert (lost, dup) == (0, 0), f"{folder}: {lost} lost, {dup} duplicated"
-    assert rel.comparable_trajectories(folder / "trajectories.jsonl") == rel.comparable_trajectories(ref / "trajectories.jsonl")
+    assert rel.comparable_trajectories(folder / "trajectories.jsonl") == rel.comparable_trajectories(
+        ref / "trajectories.jsonl"
+    )
     assert rel.comparable_metrics(folder / "metrics.jsonl") == rel.comparable_metrics(ref / "metrics.jsonl")
     assert rel.comparable_summary(folder / "summary.json") == rel.comparable_summary(ref / "summary.json")
 
@@ -66,7 +68,9 @@ def server():
 @pytest.fixture(scope="module")
 def eval_reference(server, hotpot_dev_dir, tmp_path_factory, rel):
     out = tmp_path_factory.mktemp("eval-ref") / "run"
-    proc = rel.run_cli(rel.cli_args("eval", rel.API, hotpot_dev_dir, out, EVAL_TASKS, rel.api_sets(server.base_url, "concurrency=2")))
+    proc = rel.run_cli(
+        rel.cli_args("eval", rel.API, hotpot_dev_dir, out, EVAL_TASKS, rel.api_sets(server.base_url, "concurrency=2"))
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out
 
@@ -85,8 +89,10 @@ def test_eval_killed_and_resumed(seed, server, eval_reference, hotpot_dev_dir, t
     sets = rel.api_sets(server.base_url, "concurrency=2")
     started, runs, wrong, kills = time.perf_counter(), 0, 0, 0
     for i, k in enumerate(points):
-        status = _run_and_kill(rel.cli_args("eval", rel.API, hotpot_dev_dir, out, EVAL_TASKS, sets, resume=i > 0),
-                               lambda k=k: _lines_in(traj) >= k)
+        status = _run_and_kill(
+            rel.cli_args("eval", rel.API, hotpot_dev_dir, out, EVAL_TASKS, sets, resume=i > 0),
+            lambda k=k: _lines_in(traj) >= k,
+        )
         runs += 1
         kills += status is None
         wrong += status not in (None, 0)
@@ -94,7 +100,9 @@ def test_eval_killed_and_resumed(seed, server, eval_reference, hotpot_dev_dir, t
     final = rel.run_cli(rel.cli_args("eval", rel.API, hotpot_dev_dir, out, EVAL_TASKS, sets, resume=True))
     runs += 1
     wrong += final.returncode != 0
-    rel.LEDGER.record("SIGKILL + resume (eval, api)", runs=runs, wrong_exit=wrong, seconds=time.perf_counter() - started)
+    rel.LEDGER.record(
+        "SIGKILL + resume (eval, api)", runs=runs, wrong_exit=wrong, seconds=time.perf_counter() - started
+    )
     assert final.returncode == 0, final.stderr[-2000:]
     assert wrong == 0
     _same_run(rel, out, eval_reference, ids, "SIGKILL + resume (eval, api)")
@@ -131,8 +139,13 @@ def test_matrix_api_killed_twice_and_resumed(server, hotpot_dev_dir, tmp_path, r
     assert proc.returncode == 0, proc.stderr[-2000:]
     # Two kill points, in order: (group, trajectory lines of that group).
     a, b = sorted(rng.sample(range(len(GROUPS) * MATRIX_TASKS - 1), 2))
-    plan = [lambda out, p=p: _lines_in(out / GROUPS[p // MATRIX_TASKS] / "trajectories.jsonl") >= p % MATRIX_TASKS for p in (a, b)]
-    kills = _matrix_case(rel, rel.API, hotpot_dev_dir, tmp_path / "cut", ref, MATRIX_TASKS, sets, plan, "SIGKILL + resume (matrix, api)")
+    plan = [
+        lambda out, p=p: _lines_in(out / GROUPS[p // MATRIX_TASKS] / "trajectories.jsonl") >= p % MATRIX_TASKS
+        for p in (a, b)
+    ]
+    kills = _matrix_case(
+        rel, rel.API, hotpot_dev_dir, tmp_path / "cut", ref, MATRIX_TASKS, sets, plan, "SIGKILL + resume (matrix, api)"
+    )
     assert kills >= 1
 
 
@@ -155,8 +168,18 @@ def test_matrix_rules_killed_at_random_times(seed, hotpot_dev_dir, tmp_path_fact
                 return False
             state.setdefault("t0", time.monotonic())
             return time.monotonic() - state["t0"] >= delay
+
         return when
 
-    kills = _matrix_case(rel, rel.RULES, hotpot_dev_dir, tmp_path / "cut", ref, n, [], [after(d) for d in delays],
-                         "SIGKILL + resume (matrix, rules)")
+    kills = _matrix_case(
+        rel,
+        rel.RULES,
+        hotpot_dev_dir,
+        tmp_path / "cut",
+        ref,
+        n,
+        [],
+        [after(d) for d in delays],
+        "SIGKILL + resume (matrix, rules)",
+    )
     assert kills >= 1, "the run finished before the first kill point"

@@ -46,7 +46,9 @@ def small_disk(tmp_path):
     """A 64 KiB tmpfs: real ENOSPC (needs root, which CI and this project's machines have)."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True, text=True)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip()}); the disk-full test needs root")
     yield mount
@@ -67,18 +69,27 @@ def test_a_full_disk_ends_in_one_line_and_resume_finishes_the_run(hotpot_dev_dir
     resumed = rel.run_cli(rel.cli_args("eval", rel.RULES, hotpot_dev_dir, moved, tasks, [], resume=True))
     straight = rel.run_cli(rel.cli_args("eval", rel.RULES, hotpot_dev_dir, tmp_path / "straight", tasks, []))
     lost, dup = rel.lost_and_duplicated(moved, rel.task_ids(hotpot_dev_dir, tasks))
-    rel.LEDGER.record("disk full + resume", runs=2, lost=lost, duplicated=dup,
-                      wrong_exit=int(full.returncode != EXIT_STORAGE) + int(resumed.returncode != 0),
-                      seconds=time.perf_counter() - started)
+    rel.LEDGER.record(
+        "disk full + resume",
+        runs=2,
+        lost=lost,
+        duplicated=dup,
+        wrong_exit=int(full.returncode != EXIT_STORAGE) + int(resumed.returncode != 0),
+        seconds=time.perf_counter() - started,
+    )
     assert full.returncode == EXIT_STORAGE, full.stderr[-2000:]
     assert len(errors) == 1 and "Traceback" not in full.stderr
     assert 0 < saved < tasks
-    assert errors[0].startswith(f"error: {small_disk / 'run' / 'trajectories.jsonl'}: No space left on device; "
-                                f"{saved} of {tasks} task(s) are saved in {small_disk / 'run'}")
+    assert errors[0].startswith(
+        f"error: {small_disk / 'run' / 'trajectories.jsonl'}: No space left on device; "
+        f"{saved} of {tasks} task(s) are saved in {small_disk / 'run'}"
+    )
     assert errors[0].endswith("then run the same command with --resume to continue")
     assert resumed.returncode == 0 and straight.returncode == 0, resumed.stderr[-2000:]
     assert (lost, dup) == (0, 0)
     for name in ("trajectories", "metrics"):
         compare = getattr(rel, f"comparable_{name}")
         assert compare(moved / f"{name}.jsonl") == compare(tmp_path / "straight" / f"{name}.jsonl")
-    assert rel.comparable_summary(moved / "summary.json") == rel.comparable_summary(tmp_path / "straight" / "summary.json")
+    assert rel.comparable_summary(moved / "summary.json") == rel.comparable_summary(
+        tmp_path / "straight" / "summary.json"
+    )

@@ -42,6 +42,8 @@ def test_resume_after_torn_last_line(hotpot_dev_dir, tmp_path, rel):
         assert (lost, dup) == (0, 0), f"cut after {kept} lines at byte {offset}: {lost} lost, {dup} duplicated"
         raw = (out / "trajectories.jsonl").read_bytes()
         assert raw.endswith(b"\n") and raw.count(b"\n") == TASKS and raw.startswith(b"".join(lines[:kept]))
-        assert rel.comparable_trajectories(out / "trajectories.jsonl") == rel.comparable_trajectories(ref / "trajectories.jsonl")
+        assert rel.comparable_trajectories(out / "trajectories.jsonl") == rel.comparable_trajectories(
+            ref / "trajectories.jsonl"
+        )
         assert rel.comparable_metrics(out / "metrics.jsonl") == rel.comparable_metrics(ref / "metrics.jsonl")
         assert rel.comparable_summary(out / "summary.json") == rel.comparable_summary(ref / "summary.json")

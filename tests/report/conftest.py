@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from memsearch.assets.samples import config_path
 from memsearch.config import load_config
 from memsearch.eval.matrix import run_matrix
 from memsearch.eval.runner import run_eval
-from memsearch.assets.samples import config_path
 
 
 @pytest.fixture(scope="session")

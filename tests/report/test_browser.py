@@ -17,8 +17,12 @@ from tests.support.chromium import Chromium, find_chromium
 from memsearch.io import iter_jsonl
 from memsearch.report.html import write_report
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(find_chromium() is None, reason="no chromium on PATH (Debian: apt-get install -y chromium; .ci/run does)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        find_chromium() is None, reason="no chromium on PATH (Debian: apt-get install -y chromium; .ci/run does)"
+    ),
+]
 TRAIN_LOG = Path(__file__).resolve().parents[2] / "docs" / "results" / "cpu_grpo_train_log.jsonl"
 COUNT = "document.querySelector('[data-testid=task-count]').textContent"
 
@@ -51,10 +55,14 @@ def test_filter_counts_match_metrics(browser, rules_matrix, hotpot_dev_dir, tmp_
     report = write_report([rules_matrix], hotpot_dev_dir, tmp_path / "m.html", [TRAIN_LOG])
     for group in ("A", "D"):
         rows = [r for _, r in iter_jsonl(rules_matrix / group / "metrics.jsonl")]
-        expected = {"correct": sum(r["em"] == 1 for r in rows), "incorrect": sum(r["em"] == 0 for r in rows),
-                    "error": sum(r["status"] != "ok" for r in rows), "all": len(rows),
-                    "invalid": sum(r["invalid_actions"] > 0 for r in rows),
-                    "truncated": sum(r["memory_truncations"] > 0 or r["chunks_cut"] > 0 for r in rows)}
+        expected = {
+            "correct": sum(r["em"] == 1 for r in rows),
+            "incorrect": sum(r["em"] == 0 for r in rows),
+            "error": sum(r["status"] != "ok" for r in rows),
+            "all": len(rows),
+            "invalid": sum(r["invalid_actions"] > 0 for r in rows),
+            "truncated": sum(r["memory_truncations"] > 0 or r["chunks_cut"] > 0 for r in rows),
+        }
         for name, n in expected.items():
             page = browser.open(f"{report.as_uri()}#run={group}&filter={name}")
             assert int(page.eval(COUNT)) == n, (group, name)
@@ -71,8 +79,10 @@ def test_filter_counts_match_metrics(browser, rules_matrix, hotpot_dev_dir, tmp_
     assert top == [r["task_id"] for r in sorted(rows, key=lambda r: -r["f1"])][:3]
     word = rows[0]["prediction"].split()[0]
     page = browser.open(f"{report.as_uri()}#run=A&q={word}")
-    expected = sum(word.lower() in "\x01".join(str(x) for x in (r["task_id"], q, lab, r["prediction"])).lower()
-                   for r, q, lab in _texts(rows, hotpot_dev_dir, rules_matrix / "A"))
+    expected = sum(
+        word.lower() in "\x01".join(str(x) for x in (r["task_id"], q, lab, r["prediction"])).lower()
+        for r, q, lab in _texts(rows, hotpot_dev_dir, rules_matrix / "A")
+    )
     assert int(page.eval(COUNT)) == expected >= 1
     page = browser.open(f"{report.as_uri()}#run=A&filter=incorrect")
     _shot(page, "tasks")
@@ -86,8 +96,11 @@ def test_episode_shows_memory_diff_and_gold_facts(browser, rules_matrix, hotpot_
     report = write_report([rules_matrix], hotpot_dev_dir, tmp_path / "m.html")
     labels = {r["id"]: r for _, r in iter_jsonl(hotpot_dev_dir / "labels.jsonl")}
     # A task whose final memory cites a gold fact: it must be highlighted in evidence and memory.
-    traj = next(t for _, t in iter_jsonl(rules_matrix / "B" / "trajectories.jsonl")
-                if set(t["memory_sources"]) & set(labels[t["task_id"]]["supporting_facts"]))
+    traj = next(
+        t
+        for _, t in iter_jsonl(rules_matrix / "B" / "trajectories.jsonl")
+        if set(t["memory_sources"]) & set(labels[t["task_id"]]["supporting_facts"])
+    )
     gold = set(labels[traj["task_id"]]["supporting_facts"])
     page = browser.open(f"{report.as_uri()}#run=B&vs=-&task={traj['task_id']}")
     assert page.eval("document.querySelector('[data-testid=episode]').dataset.episodeTask") == traj["task_id"]
@@ -99,8 +112,10 @@ def test_episode_shows_memory_diff_and_gold_facts(browser, rules_matrix, hotpot_
     assert page.eval("document.querySelectorAll('[data-testid=memory-diff] mark.gold').length") >= 1
     # No silent truncation: long prompts are collapsed, and "show all" brings back every character.
     prompts = {m["content"] for e in traj["events"] if e["type"] == "policy_call" for m in e["messages"]}
-    count, full = page.eval("(() => { const b = [...document.querySelectorAll('#episode button.showall')];"
-                            " const box = b[0].parentElement; b[0].click(); return [b.length, box.textContent]; })()")
+    count, full = page.eval(
+        "(() => { const b = [...document.querySelectorAll('#episode button.showall')];"
+        " const box = b[0].parentElement; b[0].click(); return [b.length, box.textContent]; })()"
+    )
     assert count >= 1 and len(full) > 1500 and full in prompts
     page.eval("document.getElementById('episode').scrollIntoView()", await_promise=False)
     _shot(page, "episode")

@@ -9,24 +9,48 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from memsearch.assets.samples import config_path
 from memsearch.cli.app import app
 from memsearch.report.html import payload_of_html
 from memsearch.report.training import training_series
-from memsearch.assets.samples import config_path
 
 TRAIN_LOG = Path(__file__).resolve().parents[2] / "docs" / "results" / "cpu_grpo_train_log.jsonl"
 
 
 def test_view_and_plots(rules_matrix, hotpot_dev_dir, tmp_path):
     out = tmp_path / "r.html"
-    result = CliRunner().invoke(app, ["report", "view", str(rules_matrix), "--data", str(hotpot_dev_dir), "--out", str(out),
-                                      "--train-log", str(TRAIN_LOG)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "report",
+            "view",
+            str(rules_matrix),
+            "--data",
+            str(hotpot_dev_dir),
+            "--out",
+            str(out),
+            "--train-log",
+            str(TRAIN_LOG),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert str(out) in result.output
     payload = payload_of_html(out.read_text(encoding="utf-8"))
     assert payload["run_order"] == ["A", "B", "C", "D"] and len(payload["comparisons"]) == 12
-    result = CliRunner().invoke(app, ["report", "plots", str(rules_matrix), "--data", str(hotpot_dev_dir),
-                                      "--out", str(tmp_path / "plots"), "--train-log", str(TRAIN_LOG)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "report",
+            "plots",
+            str(rules_matrix),
+            "--data",
+            str(hotpot_dev_dir),
+            "--out",
+            str(tmp_path / "plots"),
+            "--train-log",
+            str(TRAIN_LOG),
+        ],
+    )
     assert result.exit_code == 0, result.output
     for name in ("metrics.png", "reward-results.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -40,15 +64,30 @@ def test_view_refuses_other_data(rules_matrix, tmp_path, rewrite_data_file, hotp
     labels = [json.loads(line) for line in (other / "labels.jsonl").read_text(encoding="utf-8").splitlines()]
     labels[0]["answers"] = ["something else"]
     rewrite_data_file(other, "labels.jsonl", labels)  # a consistent folder, but not the run's data
-    result = CliRunner().invoke(app, ["report", "view", str(rules_matrix), "--data", str(other), "--out", str(tmp_path / "x.html")])
+    result = CliRunner().invoke(
+        app, ["report", "view", str(rules_matrix), "--data", str(other), "--out", str(tmp_path / "x.html")]
+    )
     assert result.exit_code == 2 and "data fingerprint differs" in result.output
     assert not (tmp_path / "x.html").exists()
 
 
 def test_eval_prints_the_report_command(hotpot_dev_dir, tmp_path):
     out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["eval", "run", "--config", str(config_path("rules.toml")), "--data", str(hotpot_dev_dir),
-                                      "--out", str(out), "--limit", "3"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "run",
+            "--config",
+            str(config_path("rules.toml")),
+            "--data",
+            str(hotpot_dev_dir),
+            "--out",
+            str(out),
+            "--limit",
+            "3",
+        ],
+    )
     assert result.exit_code == 0, result.output
     line = next(x for x in result.output.splitlines() if x.startswith("report: memsearch report view"))
     args = line.removeprefix("report: memsearch ").split()

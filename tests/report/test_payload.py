@@ -34,7 +34,10 @@ def test_payload_schema_and_label_join(rules_matrix, hotpot_dev_dir):
         assert run["header"]["metrics"]["em"] == pytest.approx(sum(r["em"] for r in rows) / len(rows))
         lo, hi = run["header"]["ci"]["f1"]
         assert lo <= run["header"]["metrics"]["f1"] <= hi
-    assert payload["labels"]["5a8b57f25542995d1e6f1371"]["supporting_facts"] == labels["5a8b57f25542995d1e6f1371"]["supporting_facts"]
+    assert (
+        payload["labels"]["5a8b57f25542995d1e6f1371"]["supporting_facts"]
+        == labels["5a8b57f25542995d1e6f1371"]["supporting_facts"]
+    )
     # Every evidence id an episode was shown has its sentence text in the payload.
     shown = {e for t in payload["runs"]["B"]["episodes"].values() for e in t["shown_evidence"]}
     assert shown <= set(payload["evidence"])
@@ -50,20 +53,42 @@ def test_gzip_round_trip_determinism_and_no_truncation(rules_matrix, hotpot_dev_
     assert "http://" not in page and "https://" not in page  # nothing fetched: works offline
     embedded = payload_of_html(page)
     # The longest text of any event (a policy prompt) travels whole.
-    longest = max((m["content"] for run in embedded["runs"].values() for t in run["episodes"].values()
-                   for e in t["events"] if e["type"] == "policy_call" for m in e["messages"]), key=len)
-    source = max((m["content"] for _, t in iter_jsonl(rules_matrix / "B" / "trajectories.jsonl") for e in t["events"]
-                  if e["type"] == "policy_call" for m in e["messages"]), key=len)
+    longest = max(
+        (
+            m["content"]
+            for run in embedded["runs"].values()
+            for t in run["episodes"].values()
+            for e in t["events"]
+            if e["type"] == "policy_call"
+            for m in e["messages"]
+        ),
+        key=len,
+    )
+    source = max(
+        (
+            m["content"]
+            for _, t in iter_jsonl(rules_matrix / "B" / "trajectories.jsonl")
+            for e in t["events"]
+            if e["type"] == "policy_call"
+            for m in e["messages"]
+        ),
+        key=len,
+    )
     assert len(longest) >= len(source) > 1500  # longer than the page's preview: collapsed, never cut
-    assert source in {m["content"] for t in embedded["runs"]["B"]["episodes"].values() for e in t["events"]
-                      if e["type"] == "policy_call" for m in e["messages"]}
+    assert source in {
+        m["content"]
+        for t in embedded["runs"]["B"]["episodes"].values()
+        for e in t["events"]
+        if e["type"] == "policy_call"
+        for m in e["messages"]
+    }
     assert render_html(payload, "x") == render_html(json.loads(json.dumps(payload)), "x")
 
 
 def test_refuses_data_of_another_folder(rules_matrix, hotpot_dev_dir, tmp_path):
+    from memsearch.assets.samples import HOTPOT_DEV, samples_dir
     from memsearch.data.dataset import save_dataset
     from memsearch.data.hotpot import convert_hotpot
-    from memsearch.assets.samples import HOTPOT_DEV, samples_dir
 
     other = tmp_path / "other"
     save_dataset(convert_hotpot(samples_dir() / HOTPOT_DEV, split="dev", limit=5), other)
@@ -95,6 +120,9 @@ def test_token_arrays_become_lengths():
 
     call = {"type": "policy_call", "text": "x", "prompt_ids": [1, 2, 3], "completion_ids": [4], "logprobs": None}
     traj = _readable({"task_id": "t", "events": [call, {"type": "search", "query": "q"}]})
-    assert traj["events"][0] == {"type": "policy_call", "text": "x",
-                                 "token_counts": {"prompt_ids": 3, "completion_ids": 1, "logprobs": None}}
+    assert traj["events"][0] == {
+        "type": "policy_call",
+        "text": "x",
+        "token_counts": {"prompt_ids": 3, "completion_ids": 1, "logprobs": None},
+    }
     assert traj["events"][1] == {"type": "search", "query": "q"}

@@ -190,7 +190,9 @@ def test_save_refuses_existing_folder(index, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exists"]  # no temporary folder left
 
 
-@pytest.mark.parametrize("missing", ["memsearch_index.json", "vocab.index.json", "indptr.csc.index.npy", "documents.jsonl"])
+@pytest.mark.parametrize(
+    "missing", ["memsearch_index.json", "vocab.index.json", "indptr.csc.index.npy", "documents.jsonl"]
+)
 def test_load_names_missing_file(saved, tmp_path, missing):
     broken = tmp_path / "broken"
     shutil.copytree(saved, broken)

@@ -75,7 +75,11 @@ def test_search_r1_response_shape_is_golden(bm25_dir):
             assert json.loads(response.read()) == {"status": "ok"}
         with urllib.request.urlopen(url + "/info") as response:
             info = json.loads(response.read())
-        assert info["method"] == "bm25" and info["num_docs"] == 391 and info["manifest"]["format"] == "memsearch-bm25-index"
+        assert (
+            info["method"] == "bm25"
+            and info["num_docs"] == 391
+            and info["manifest"]["format"] == "memsearch-bm25-index"
+        )
 
 
 @pytest.mark.parametrize("method", ["dense", "hybrid"])
@@ -90,19 +94,30 @@ def test_service_answers_exactly_as_the_in_process_retriever(dense, dense_dir, d
             assert remote == local.search_many([t.question for t in tasks], 4, scope)
         # exclude: the next best ones, as the engine's "not shown before" would ask.
         first = local.search(tasks[0].question, k=6)
-        _, body = post(url, {"queries": [tasks[0].question], "topk": 4, "format": "memsearch",
-                             "exclude": [first[0].doc_id, first[2].doc_id]})
+        _, body = post(
+            url,
+            {
+                "queries": [tasks[0].question],
+                "topk": 4,
+                "format": "memsearch",
+                "exclude": [first[0].doc_id, first[2].doc_id],
+            },
+        )
         assert [p["doc_id"] for p in body["result"][0]] == [first[i].doc_id for i in (1, 3, 4, 5)]
 
 
 def test_batcher_merges_concurrent_requests_into_one_encode(dense, dev40):
     questions = [t.question for t in dev40.tasks[:16]]
-    for settings, expected_batches in ((ServiceSettings(max_batch=64, max_wait_ms=300, cache_size=0), (1, 2)),
-                                       (ServiceSettings(max_batch=1, cache_size=0), (16, 16))):
+    for settings, expected_batches in (
+        (ServiceSettings(max_batch=64, max_wait_ms=300, cache_size=0), (1, 2)),
+        (ServiceSettings(max_batch=1, cache_size=0), (16, 16)),
+    ):
         service = RetrievalService(dense, settings)
         with running_service(service) as url:
             before = dense.encoder.encode_calls
-            answers = asyncio.run(post_many(url, [{"queries": [q], "topk": 3, "format": "memsearch"} for q in questions]))
+            answers = asyncio.run(
+                post_many(url, [{"queries": [q], "topk": 3, "format": "memsearch"} for q in questions])
+            )
             encodes = dense.encoder.encode_calls - before
         assert expected_batches[0] <= service.counts["batches"] <= expected_batches[1], dict(service.counts)
         assert encodes == service.counts["batches"] and service.counts["searched"] == 16
@@ -120,17 +135,20 @@ def test_cache_and_coalescing_answer_repeats_without_searching(bm25_dir):
         assert again == answers[0] and service.counts["cache_hits"] == 1 and service.counts["searched"] == 1
 
 
-@pytest.mark.parametrize(("body", "reason"), [
-    (b"not json", "body is not JSON"),
-    (b"[1, 2]", "must be a JSON object"),
-    (b'{"queries": []}', "'queries' must be a non-empty list of strings"),
-    (b'{"queries": ["a"], "topk": 0}', "'topk' must be an integer from 1 to 1000"),
-    (b'{"queries": ["a"], "topk": true}', "'topk' must be an integer"),
-    (b'{"queries": ["a"], "format": "xml"}', "'format' must be"),
-    (b'{"queries": ["a"], "candidates": ["d0", "zz"]}', "'candidates': unknown doc ids ['zz']"),
-    (b'{"queries": ["a", "b"], "exclude": [["d0"]]}', "'exclude' must be a list of doc ids or one list"),
-    (b'{"queries": ["a"], "mode": 1}', "unknown fields ['mode']"),
-])
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"not json", "body is not JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b'{"queries": []}', "'queries' must be a non-empty list of strings"),
+        (b'{"queries": ["a"], "topk": 0}', "'topk' must be an integer from 1 to 1000"),
+        (b'{"queries": ["a"], "topk": true}', "'topk' must be an integer"),
+        (b'{"queries": ["a"], "format": "xml"}', "'format' must be"),
+        (b'{"queries": ["a"], "candidates": ["d0", "zz"]}', "'candidates': unknown doc ids ['zz']"),
+        (b'{"queries": ["a", "b"], "exclude": [["d0"]]}', "'exclude' must be a list of doc ids or one list"),
+        (b'{"queries": ["a"], "mode": 1}', "unknown fields ['mode']"),
+    ],
+)
 def test_bad_requests_get_400_with_a_reason(bm25_dir, body, reason):
     service = load_service(str(bm25_dir))
     with running_service(service) as url:
@@ -166,17 +184,31 @@ def test_client_retries_5xx_and_reports_a_dead_server(bm25_dir):
 
 def test_eval_through_the_service_equals_the_eval_in_process(hotpot_dev_dir, bm25_dir, dense_dir, tmp_path):
     base = ["limit=4", "retrieval.method=hybrid"]
-    local = run_eval(load_config(RULES, base + [f"retrieval.index={dense_dir}"]), hotpot_dev_dir, tmp_path / "local",
-                     show_progress=False)
+    local = run_eval(
+        load_config(RULES, base + [f"retrieval.index={dense_dir}"]),
+        hotpot_dev_dir,
+        tmp_path / "local",
+        show_progress=False,
+    )
     with running_service(load_service(str(dense_dir), "hybrid")) as url:
-        remote = run_eval(load_config(RULES, base + [f"retrieval.url={url}"]), hotpot_dev_dir, tmp_path / "remote",
-                          show_progress=False)
+        remote = run_eval(
+            load_config(RULES, base + [f"retrieval.url={url}"]),
+            hotpot_dev_dir,
+            tmp_path / "remote",
+            show_progress=False,
+        )
     strip = ("latency_s",)
-    rows = {name: [{k: v for k, v in t.items() if k not in strip} for _, t in iter_jsonl(tmp_path / name / "trajectories.jsonl")]
-            for name in ("local", "remote")}
+    rows = {
+        name: [
+            {k: v for k, v in t.items() if k not in strip}
+            for _, t in iter_jsonl(tmp_path / name / "trajectories.jsonl")
+        ]
+        for name in ("local", "remote")
+    }
     key = lambda t: t["task_id"]  # noqa: E731 - trajectories are appended as episodes finish
-    assert [(t["shown_evidence"], t["prediction"]) for t in sorted(rows["local"], key=key)] == \
-        [(t["shown_evidence"], t["prediction"]) for t in sorted(rows["remote"], key=key)]
+    assert [(t["shown_evidence"], t["prediction"]) for t in sorted(rows["local"], key=key)] == [
+        (t["shown_evidence"], t["prediction"]) for t in sorted(rows["remote"], key=key)
+    ]
     assert local["metrics"]["f1"] == remote["metrics"]["f1"] and remote["request_errors"] == 0
     run_local = json.loads((tmp_path / "local" / "run.json").read_text())
     run_remote = json.loads((tmp_path / "remote" / "run.json").read_text())
@@ -187,8 +219,12 @@ def test_eval_through_the_service_equals_the_eval_in_process(hotpot_dev_dir, bm2
 
 
 def test_a_dead_service_is_a_request_error_in_the_trajectory_not_a_crash(hotpot_dev_dir, tmp_path):
-    summary = run_eval(load_config(RULES, ["limit=2", f"retrieval.url={dead_url()}"]), hotpot_dev_dir, tmp_path / "run",
-                       show_progress=False)
+    summary = run_eval(
+        load_config(RULES, ["limit=2", f"retrieval.url={dead_url()}"]),
+        hotpot_dev_dir,
+        tmp_path / "run",
+        show_progress=False,
+    )
     assert summary["tasks"]["scored"] == 2 and summary["request_errors"] == 2 and not summary["usable_for_comparison"]
     for _, traj in iter_jsonl(tmp_path / "run" / "trajectories.jsonl"):
         (search,) = [e for e in traj["events"] if e["type"] == "search"]
@@ -211,17 +247,32 @@ def test_cli_builds_and_serves_and_sigterm_stops_gracefully(hotpot_dev_dir, tmp_
     import sys
 
     cli = [sys.executable, "-m", "memsearch.cli.app", "retrieval"]
-    built = subprocess.run(cli + ["build", "--data", str(hotpot_dev_dir), "--method", "bm25", "--out", str(tmp_path / "ix")],
-                           capture_output=True, text=True, timeout=120)
+    built = subprocess.run(
+        cli + ["build", "--data", str(hotpot_dev_dir), "--method", "bm25", "--out", str(tmp_path / "ix")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert built.returncode == 0 and "bm25 index of 391 documents" in built.stdout, built.stderr
-    refused = subprocess.run(cli + ["build", "--data", str(hotpot_dev_dir), "--method", "tfidf", "--out", str(tmp_path / "x")],
-                             capture_output=True, text=True, timeout=120)
+    refused = subprocess.run(
+        cli + ["build", "--data", str(hotpot_dev_dir), "--method", "tfidf", "--out", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert refused.returncode == 2 and "--method 'tfidf'" in refused.stderr
-    server = subprocess.Popen(cli + ["serve", "--index", str(tmp_path / "ix"), "--port", "0"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        cli + ["serve", "--index", str(tmp_path / "ix"), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = server.stdout.readline()
-        assert line.startswith("serving on http://127.0.0.1:"), (line, server.stderr.read() if server.poll() is not None else "")
+        assert line.startswith("serving on http://127.0.0.1:"), (
+            line,
+            server.stderr.read() if server.poll() is not None else "",
+        )
         url = line.split()[-1]
         assert post(url, {"queries": ["Ed Wood"], "topk": 1})[1]["result"][0][0]["id"] in {"d0", "d4"}
         server.send_signal(signal.SIGTERM)

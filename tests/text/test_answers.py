@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from memsearch.text.answers import boxed_answer, boxed_prediction, unwrap_latex_text
 from memsearch.engine.parsing import parse_reader
+from memsearch.text.answers import boxed_answer, boxed_prediction, unwrap_latex_text
 
 
 @pytest.mark.parametrize(

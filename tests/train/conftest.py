@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from memsearch.assets.samples import HOTPOT_TRAIN, samples_dir
 from memsearch.data.dataset import save_dataset
 from memsearch.data.hotpot import convert_hotpot
-from memsearch.assets.samples import HOTPOT_TRAIN, samples_dir
 
 
 def lora_policy(model_dir, seed: int, dropout: float = 0.0, targets=("q_proj", "v_proj")):
@@ -65,7 +65,9 @@ def _run_torchrun(*args: str, n: int = 2, timeout: float = 300):
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--master_addr=127.0.0.1",
            f"--master_port={port}", *[str(a) for a in args]]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
 
 
 @pytest.fixture(scope="session")

@@ -24,15 +24,17 @@ AGGREGATIONS = ("trajectory", "token", "sequence")
 
 @pytest.mark.slow
 def test_two_gloo_ranks_equal_one_process_on_the_union(tiny_model_dir, tiny_adapter_dir, tmp_path, torchrun):
-    from safetensors.torch import load_file
-
     import importlib.util
+
+    from safetensors.torch import load_file
 
     spec = importlib.util.spec_from_file_location("gloo_worker", WORKER)
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
     (tmp_path / "one").mkdir()
-    worker.main(str(tiny_model_dir), str(tiny_adapter_dir), str(tmp_path / "one"), ",".join(AGGREGATIONS))  # world of one
+    worker.main(
+        str(tiny_model_dir), str(tiny_adapter_dir), str(tmp_path / "one"), ",".join(AGGREGATIONS)
+    )  # world of one
     run_workers(torchrun, 2, tiny_model_dir, tiny_adapter_dir, tmp_path / "two", ",".join(AGGREGATIONS))
     init = load_file(str(tiny_adapter_dir / "adapter_model.safetensors"))
     for agg in AGGREGATIONS:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from memsearch.assets.samples import HOTPOT_TRAIN, samples_dir
 from memsearch.cli.app import app
 from memsearch.config import load_config
 from memsearch.data.dataset import save_dataset
@@ -17,9 +18,8 @@ from memsearch.data.hotpot import convert_hotpot
 from memsearch.errors import InputError
 from memsearch.eval.runner import run_eval
 from memsearch.io import iter_jsonl, write_jsonl
-from memsearch.text.actions import evidence_ids_in
 from memsearch.memory.ops import parse_ops
-from memsearch.assets.samples import HOTPOT_TRAIN, samples_dir
+from memsearch.text.actions import evidence_ids_in
 from memsearch.train.export import export_sft
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,17 +74,29 @@ def test_memory_rows_are_exactly_the_valid_memory_calls(runs, tmp_path):
         assert row["completion"] == call["text"] and row["messages"] == call["messages"]
         assert [m["role"] for m in row["messages"]] == ["system", "user"]
         assert (row["task_id"], row["role"], row["step"]) == (traj["task_id"], "memory", call["step"])
-        assert row["source"] == {"run": str(runs["oracle"]), "group": "", "backend": "oracle", "memory_mode": "decision",
-                                 "split": "train"}
+        assert row["source"] == {
+            "run": str(runs["oracle"]),
+            "group": "",
+            "backend": "oracle",
+            "memory_mode": "decision",
+            "split": "train",
+        }
         assert parse_ops(row["completion"]).ok
         # what the memory cited when the call was made: here the prompt shows it too
-        shown_memory = row["messages"][-1]["content"].split("Memory (id, kind, sources, text):", 1)[1].split("New evidence (", 1)[0]
+        shown_memory = (
+            row["messages"][-1]["content"]
+            .split("Memory (id, kind, sources, text):", 1)[1]
+            .split("New evidence (", 1)[0]
+        )
         assert set(row["memory_sources"]) == set(evidence_ids_in(shown_memory))
     assert any(row["memory_sources"] for row in rows)
-    reader = export_sft(runs["oracle"] / "trajectories.jsonl", runs["oracle"] / "metrics.jsonl", "reader", tmp_path / "r.jsonl")
+    reader = export_sft(
+        runs["oracle"] / "trajectories.jsonl", runs["oracle"] / "metrics.jsonl", "reader", tmp_path / "r.jsonl"
+    )
     assert all("memory_sources" not in r for r in _lines(tmp_path / "r.jsonl"))
-    assert reader.exported == TASKS and [r["completion"] for r in _lines(tmp_path / "r.jsonl")] == \
-        [c["text"] for _, c in _calls(runs["oracle"], "reader")]
+    assert reader.exported == TASKS and [r["completion"] for r in _lines(tmp_path / "r.jsonl")] == [
+        c["text"] for _, c in _calls(runs["oracle"], "reader")
+    ]
 
 
 def test_min_f1_keeps_tasks_by_the_run_metrics(runs, tmp_path):
@@ -95,7 +107,9 @@ def test_min_f1_keeps_tasks_by_the_run_metrics(runs, tmp_path):
     result = invoke(*_args(run, "reader", out, "--min-f1", "0.5"))
     assert result.exit_code == 0, result.output
     rows = _lines(out)
-    assert {r["task_id"] for r in rows} == {t["task_id"] for t, c in _calls(run, "reader") if c["valid"] and t["task_id"] in kept}
+    assert {r["task_id"] for r in rows} == {
+        t["task_id"] for t, c in _calls(run, "reader") if c["valid"] and t["task_id"] in kept
+    }
     assert f"below_min_f1 {TASKS - len(kept)}" in result.stdout
     assert f"tasks kept by --min-f1 0.5: {len(kept)}/{TASKS}" in result.stdout
 
@@ -108,7 +122,9 @@ def test_invalid_failed_and_errored_calls_are_skipped_and_counted(runs, tmp_path
     memory[0].update(valid=False, invalid_reason="parse error")
     memory[1].update(error="timeout", finish_reason="error")
     memory[2].update(finish_reason="length")
-    trajectories[1]["status"] = next(m for m in metrics if m["task_id"] == trajectories[1]["task_id"])["status"] = "error"
+    trajectories[1]["status"] = next(m for m in metrics if m["task_id"] == trajectories[1]["task_id"])["status"] = (
+        "error"
+    )
     for name, records in (("trajectories.jsonl", trajectories), ("metrics.jsonl", metrics)):
         (run / name).unlink()
         write_jsonl(run / name, records)
@@ -175,8 +191,16 @@ def test_metrics_must_come_from_the_same_run(runs, tmp_path):
 
 def test_missing_config_is_refused_with_the_expected_file(runs, tmp_path):
     shutil.copy(runs["oracle"] / "trajectories.jsonl", tmp_path / "trajectories.jsonl")
-    result = invoke("--trajectories", tmp_path / "trajectories.jsonl", "--metrics", runs["oracle"] / "metrics.jsonl",
-                    "--role", "memory", "--out", tmp_path / "a.jsonl")
+    result = invoke(
+        "--trajectories",
+        tmp_path / "trajectories.jsonl",
+        "--metrics",
+        runs["oracle"] / "metrics.jsonl",
+        "--role",
+        "memory",
+        "--out",
+        tmp_path / "a.jsonl",
+    )
     assert result.exit_code == 2
     assert f"{tmp_path / 'config.json'}: no such file; export-sft reads the run config" in result.stderr
     result = invoke(*_args(runs["oracle"], "critic", tmp_path / "a.jsonl"))
@@ -191,8 +215,10 @@ def test_a_dev_run_is_refused(hotpot_dev_dir, tmp_path):
     out = tmp_path / "rows.jsonl"
     result = invoke(*_args(run, "memory", out))
     assert result.exit_code == 2
-    assert result.stderr == (f"error: {run / 'run.json'}: data split is 'dev'; SFT rows come from a run on a train "
-                             "split only (docs/design.md §9); nothing was written\n")
+    assert result.stderr == (
+        f"error: {run / 'run.json'}: data split is 'dev'; SFT rows come from a run on a train "
+        "split only (docs/design.md §9); nothing was written\n"
+    )
     assert not out.exists()
 
 

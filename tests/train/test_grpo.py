@@ -123,8 +123,11 @@ def test_refusals(tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, hotpot_dev
     with pytest.raises(InputError, match="already exists"):
         train_grpo(grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir), tmp_path / "exists")
     with pytest.raises(InputError, match="config differs"):
-        train_grpo(grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_dev_dir, steps=2), tmp_path / "dev-run",
-                   resume=True)
+        train_grpo(
+            grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_dev_dir, steps=2),
+            tmp_path / "dev-run",
+            resume=True,
+        )
     with pytest.raises(InputError, match="episode.agent.memory = 'decision'"):
         grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, **{"episode.agent.memory": "summary"})
 
@@ -143,10 +146,25 @@ def test_torchrun_two_gloo_ranks_end_to_end(tiny_model_dir, tiny_adapter_dir, ho
     """`memsearch train grpo` under torchrun: each rank rolls out its own tasks; rows are counted
     over both ranks; one adapter comes out."""
     (tmp_path / "grpo.toml").write_text(CONFIG)
-    proc = torchrun("-m", "memsearch.cli.app", "train", "grpo", "--config", tmp_path / "grpo.toml",
-                    "--out", tmp_path / "run", "--set", f"model={json.dumps(str(tiny_model_dir))}",
-                    "--set", f"adapter={json.dumps(str(tiny_adapter_dir))}", "--set", f"data={json.dumps(str(hotpot_train_dir))}",
-                    "--set", "steps=2", timeout=400)
+    proc = torchrun(
+        "-m",
+        "memsearch.cli.app",
+        "train",
+        "grpo",
+        "--config",
+        tmp_path / "grpo.toml",
+        "--out",
+        tmp_path / "run",
+        "--set",
+        f"model={json.dumps(str(tiny_model_dir))}",
+        "--set",
+        f"adapter={json.dumps(str(tiny_adapter_dir))}",
+        "--set",
+        f"data={json.dumps(str(hotpot_train_dir))}",
+        "--set",
+        "steps=2",
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2]
@@ -154,21 +172,42 @@ def test_torchrun_two_gloo_ranks_end_to_end(tiny_model_dir, tiny_adapter_dir, ho
         assert record["trajectories"] == 4  # 2 tasks x group 2, one task per rank
         assert record["rows_generated"] == record["rows_converted"] == record["rows_consumed"] > 0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["world_size"] == 2
-    assert sorted(p.name for p in (tmp_path / "run" / "rollouts").iterdir())[:2] == ["step-000001.rank0.jsonl",
-                                                                                   "step-000001.rank1.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "run" / "rollouts").iterdir())[:2] == [
+        "step-000001.rank0.jsonl",
+        "step-000001.rank1.jsonl",
+    ]
 
 
-def test_overwrite_role_trains_every_update_turn_and_the_final_answer(tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, tmp_path):
+def test_overwrite_role_trains_every_update_turn_and_the_final_answer(
+    tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, tmp_path
+):
     """MemAgent: stream the task's documents chunk by chunk, overwrite the memory, answer with
     \\boxed{}; every memory update and the final answer of a trajectory become rows."""
-    cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, role="overwrite", steps=1, credit="split",
-                      **{"reward.metric": "boxed_em", "episode.agent.evidence": "stream", "episode.agent.memory": "overwrite",
-                         "episode.agent.controller": "exhaust", "episode.budgets.chunk_tokens": 256,
-                         "episode.budgets.max_chunks": 3, "episode.budgets.memory_tokens": 32,
-                         "episode.backends.reader.kind": "hf"})
+    cfg = grpo_config(
+        tmp_path,
+        tiny_model_dir,
+        tiny_adapter_dir,
+        hotpot_train_dir,
+        role="overwrite",
+        steps=1,
+        credit="split",
+        **{
+            "reward.metric": "boxed_em",
+            "episode.agent.evidence": "stream",
+            "episode.agent.memory": "overwrite",
+            "episode.agent.controller": "exhaust",
+            "episode.budgets.chunk_tokens": 256,
+            "episode.budgets.max_chunks": 3,
+            "episode.budgets.memory_tokens": 32,
+            "episode.backends.reader.kind": "hf",
+        },
+    )
     train_grpo(cfg, tmp_path / "run", echo=lambda m: None)
     (record,) = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
-    trajectories = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step-000001.rank0.jsonl").read_text().splitlines()]
+    trajectories = [
+        json.loads(line)
+        for line in (tmp_path / "run" / "rollouts" / "step-000001.rank0.jsonl").read_text().splitlines()
+    ]
     calls = [[e["role"] for e in t["events"] if e["type"] == "policy_call"] for t in trajectories]
     for roles, t in zip(calls, trajectories, strict=True):
         assert roles == ["memory"] * t["counts"]["chunks"] + ["reader"]  # update turns, then the final answer
@@ -178,25 +217,46 @@ def test_overwrite_role_trains_every_update_turn_and_the_final_answer(tiny_model
 
 
 @pytest.mark.slow
-def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(tiny_model_dir, tiny_adapter_dir, hotpot_train_dir,
-                                                                 hotpot_dev_dir, tmp_path, torchrun):
+def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(
+    tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, hotpot_dev_dir, tmp_path, torchrun
+):
     """Rank 0 evaluates alone after the last step; the other rank waits for it at an explicit
     barrier bounded by eval.wait_s (docs/design.md §7), not inside a collective: evaluating 40
     tasks of 3 memory calls of 160 sampled tokens each takes several seconds (about 5 s on a
     loaded 2-core CPU), so a 1 s bound fails the run and says why."""
     (tmp_path / "grpo.toml").write_text(CONFIG)
-    sets = [f"model={json.dumps(str(tiny_model_dir))}", f"adapter={json.dumps(str(tiny_adapter_dir))}",
-            f"data={json.dumps(str(hotpot_train_dir))}", "steps=1", f"eval.data={json.dumps(str(hotpot_dev_dir))}",
-            "eval.limit=40", "eval.wait_s=1", "episode.budgets.max_searches=3", "episode.budgets.policy_tokens=160"]
-    proc = torchrun("-m", "memsearch.cli.app", "train", "grpo", "--config", tmp_path / "grpo.toml",
-                    "--out", tmp_path / "run", *[a for s in sets for a in ("--set", s)], timeout=400)
+    sets = [
+        f"model={json.dumps(str(tiny_model_dir))}",
+        f"adapter={json.dumps(str(tiny_adapter_dir))}",
+        f"data={json.dumps(str(hotpot_train_dir))}",
+        "steps=1",
+        f"eval.data={json.dumps(str(hotpot_dev_dir))}",
+        "eval.limit=40",
+        "eval.wait_s=1",
+        "episode.budgets.max_searches=3",
+        "episode.budgets.policy_tokens=160",
+    ]
+    proc = torchrun(
+        "-m",
+        "memsearch.cli.app",
+        "train",
+        "grpo",
+        "--config",
+        tmp_path / "grpo.toml",
+        "--out",
+        tmp_path / "run",
+        *[a for s in sets for a in ("--set", s)],
+        timeout=400,
+    )
     assert proc.returncode != 0
-    assert "rank 1 waited more than 1 s for rank 0 (evaluation at step 1); raise eval.wait_s" in proc.stderr, \
+    assert "rank 1 waited more than 1 s for rank 0 (evaluation at step 1); raise eval.wait_s" in proc.stderr, (
         proc.stderr[-3000:]
+    )
 
 
-def test_rows_generated_are_counted_by_the_policy_backend_not_from_the_trajectories(tiny_model_dir, tiny_adapter_dir,
-                                                                                   hotpot_train_dir, tmp_path):
+def test_rows_generated_are_counted_by_the_policy_backend_not_from_the_trajectories(
+    tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, tmp_path
+):
     """Row-count contract (docs/design.md §7): "generated" is what the live policy backend
     answered with a completion, "converted" the rows built from the trajectories. A trained call
     lost (or duplicated) between the backend and row building breaks the contract; when both
@@ -219,7 +279,9 @@ def test_rows_generated_are_counted_by_the_policy_backend_not_from_the_trajector
         second = rollouts.generated
     finally:
         rollouts.close()
-    calls = [e for grp in groups for t in grp for e in t["events"] if e["type"] == "policy_call" and e["role"] == "memory"]
+    calls = [
+        e for grp in groups for t in grp for e in t["events"] if e["type"] == "policy_call" and e["role"] == "memory"
+    ]
     assert all(not c["error"] for c in calls)
     assert first == len(calls) >= 4  # 2 tasks x group 2, at least one memory call each
     assert 2 <= second < first
@@ -242,14 +304,27 @@ def test_rows_generated_are_counted_by_the_policy_backend_not_from_the_trajector
         counts(duplicated).check()
 
 
-def test_periodic_evaluation_runs_on_its_own_cadence_not_only_on_checkpoint_steps(tiny_model_dir, tiny_adapter_dir,
-                                                                                     hotpot_train_dir, hotpot_dev_dir, tmp_path):
+def test_periodic_evaluation_runs_on_its_own_cadence_not_only_on_checkpoint_steps(
+    tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, hotpot_dev_dir, tmp_path
+):
     """eval.every = 2 with checkpoint_every = 3 over 4 steps: evaluations at steps 2 and 4 (the
     end), each reading a checkpoint saved at that step; checkpoints also at 3."""
-    cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, steps=4, checkpoint_every=3,
-                      keep_checkpoints=10, **{"eval.data": str(hotpot_dev_dir), "eval.every": 2, "eval.limit": 1})
+    cfg = grpo_config(
+        tmp_path,
+        tiny_model_dir,
+        tiny_adapter_dir,
+        hotpot_train_dir,
+        steps=4,
+        checkpoint_every=3,
+        keep_checkpoints=10,
+        **{"eval.data": str(hotpot_dev_dir), "eval.every": 2, "eval.limit": 1},
+    )
     train_grpo(cfg, tmp_path / "run", echo=lambda _: None)
     log = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if "eval_f1" in r] == [2, 4]
     assert sorted(p.name for p in (tmp_path / "run" / "eval").iterdir()) == ["step-000002", "step-000004"]
-    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-000002", "step-000003", "step-000004"]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
+        "step-000002",
+        "step-000003",
+        "step-000004",
+    ]

@@ -19,8 +19,12 @@ PROMPTS = ["Question: who wrote Hamlet?", "Memory: (empty)\nNew evidence: [d1:0]
 
 
 def rows_from(results):
-    return [Row(list(r.prompt_ids), list(r.completion_ids), list(r.logprobs), [1] * len(r.completion_ids), i, i, "memory", 0)
-            for i, r in enumerate(results)]
+    return [
+        Row(
+            list(r.prompt_ids), list(r.completion_ids), list(r.logprobs), [1] * len(r.completion_ids), i, i, "memory", 0
+        )
+        for i, r in enumerate(results)
+    ]
 
 
 def rollout_and_recompute(model_spec, adapter, temperature):
@@ -28,9 +32,14 @@ def rollout_and_recompute(model_spec, adapter, temperature):
 
     policy, tokenizer, _ = load_policy(model_spec, adapter, LoraSettings(), device="cpu")
     backend = HFBackend(model=model_spec, loaded=(policy, tokenizer), max_batch_size=4)
-    requests = [GenerationRequest(role="memory", messages=({"role": "user", "content": p},),
-                                  sampling=SamplingParams(temperature=temperature, max_tokens=24, seed=10 + i))
-                for i, p in enumerate(PROMPTS)]
+    requests = [
+        GenerationRequest(
+            role="memory",
+            messages=({"role": "user", "content": p},),
+            sampling=SamplingParams(temperature=temperature, max_tokens=24, seed=10 + i),
+        )
+        for i, p in enumerate(PROMPTS)
+    ]
     results = backend.generate_sync(requests)
     assert all(r.ok and r.completion_ids for r in results)
     rows = rows_from(results)
@@ -44,7 +53,7 @@ def rollout_and_recompute(model_spec, adapter, temperature):
             scored = completion_logprobs(policy, sub, pad, temperature=temperature)
             c_max = scored.logprobs.shape[1]
             for k, row in enumerate(sub):
-                got = scored.logprobs[k, c_max - len(row.completion_ids):]
+                got = scored.logprobs[k, c_max - len(row.completion_ids) :]
                 worst = max(worst, float((got - torch.tensor(row.rollout_logprobs)).abs().max()))
     return worst, policy
 
@@ -79,15 +88,21 @@ def test_schema_mode_rollout_logprobs_equal_recomputed_with_replayed_mask(tiny_m
     the same log-probs. Without the mask the recomputation would differ."""
     import torch
 
-    from memsearch.backends.hf.constraint import MEMORY_OPS
     from memsearch.backends.hf.backend import HFBackend
+    from memsearch.backends.hf.constraint import MEMORY_OPS
     from memsearch.train.grpo import _mask_fn
 
     policy, tokenizer, _ = load_policy(str(tiny_model_dir), str(tiny_adapter_dir), LoraSettings(), device="cpu")
     backend = HFBackend(model="tiny", loaded=(policy, tokenizer), max_batch_size=4)
-    requests = [GenerationRequest(role="memory", messages=({"role": "user", "content": p},), constraint=MEMORY_OPS,
-                                  sampling=SamplingParams(temperature=1.0, max_tokens=24, seed=3 + i))
-                for i, p in enumerate(PROMPTS[:3])]
+    requests = [
+        GenerationRequest(
+            role="memory",
+            messages=({"role": "user", "content": p},),
+            constraint=MEMORY_OPS,
+            sampling=SamplingParams(temperature=1.0, max_tokens=24, seed=3 + i),
+        )
+        for i, p in enumerate(PROMPTS[:3])
+    ]
     results = backend.generate_sync(requests)
     assert all(r.ok and r.constraint_id == MEMORY_OPS.id for r in results)
     rows = rows_from(results)
@@ -102,7 +117,7 @@ def test_schema_mode_rollout_logprobs_equal_recomputed_with_replayed_mask(tiny_m
     for k, row in enumerate(rows):
         ref = torch.tensor(row.rollout_logprobs)
         c = len(row.completion_ids)
-        worst_masked = max(worst_masked, float((masked.logprobs[k, c_max - c:] - ref).abs().max()))
-        worst_plain = max(worst_plain, float((plain.logprobs[k, c_max - c:] - ref).abs().max()))
+        worst_masked = max(worst_masked, float((masked.logprobs[k, c_max - c :] - ref).abs().max()))
+        worst_plain = max(worst_plain, float((plain.logprobs[k, c_max - c :] - ref).abs().max()))
     assert worst_masked < TOL
     assert worst_plain > 0.1  # the mask matters: a random model puts most mass outside the schema

@@ -55,13 +55,17 @@ def test_kl_term_k3_estimator_and_gradient():
     # d/dnew [exp(ref-new) - (ref-new) - 1] = -exp(ref-new) + 1
     assert float(new.grad) == pytest.approx(0.1 * (1 - math.exp(d)), abs=1e-6)
     with pytest.raises(ValueError, match="ref_logprobs"):
-        policy_loss(new, new.detach(), torch.tensor([0.0]), torch.tensor([[1]]), torch.tensor([1.0]), 0.2, 0.2, kl_coef=0.1)
+        policy_loss(
+            new, new.detach(), torch.tensor([0.0]), torch.tensor([[1]]), torch.tensor([1.0]), 0.2, 0.2, kl_coef=0.1
+        )
 
 
 def test_asymmetric_clip():
     new = torch.log(torch.tensor([[1.25, 0.7]]))
     old = torch.zeros((1, 2))
-    loss, stats = policy_loss(new, old, torch.tensor([1.0]), torch.ones((1, 2)), torch.tensor([1.0]), clip_low=0.2, clip_high=0.28)
+    loss, stats = policy_loss(
+        new, old, torch.tensor([1.0]), torch.ones((1, 2)), torch.tensor([1.0]), clip_low=0.2, clip_high=0.28
+    )
     # ratio 1.25 < 1.28: unclipped; ratio 0.7 with A>0: min(0.7, 0.8) = 0.7 (pessimistic, not clipped)
     assert float(loss) == pytest.approx(-(1.25 + 0.7), abs=1e-6)
     assert stats["clipped"] == 0
@@ -73,8 +77,17 @@ def test_k3_is_clamped_as_verl_does():
     deltas = [100.0, 50.0, 3.0, 1.0, -1.0, -50.0, -100.0]  # ref - new
     new = torch.tensor([[-120.0 + 0 * d for d in deltas]], requires_grad=True)
     ref = new.detach() + torch.tensor([deltas])
-    loss, stats = policy_loss(new, new.detach(), torch.tensor([0.0]), torch.ones((1, len(deltas))), torch.tensor([1.0]),
-                              0.2, 0.2, ref_logprobs=ref, kl_coef=1.0)
+    loss, stats = policy_loss(
+        new,
+        new.detach(),
+        torch.tensor([0.0]),
+        torch.ones((1, len(deltas))),
+        torch.tensor([1.0]),
+        0.2,
+        0.2,
+        ref_logprobs=ref,
+        kl_coef=1.0,
+    )
 
     def k3(d):
         d = max(-20.0, min(20.0, d))
@@ -104,11 +117,15 @@ def test_dual_clip_bounds_the_loss_of_negative_advantages():
     loss.backward()
     assert new.grad[0, :2].tolist() == pytest.approx([0.0, 5.0], abs=1e-5)
     # A > 0: the dual clip never applies (ratio 4 is clipped to 1.2 by the ordinary clip)
-    loss, stats = policy_loss(new.detach()[:, 2:], old[:, 2:], torch.tensor([1.0]), mask[:, 2:], w, 0.2, 0.2, dual_clip=3.0)
+    loss, stats = policy_loss(
+        new.detach()[:, 2:], old[:, 2:], torch.tensor([1.0]), mask[:, 2:], w, 0.2, 0.2, dual_clip=3.0
+    )
     assert float(loss) == pytest.approx(-1.2, abs=1e-6) and stats["dual_clipped"] == 0
     # disabled (None, or 0 from a TOML config): the unbounded PPO loss
     for off in (None, 0.0):
-        loss, _ = policy_loss(new.detach()[:, :1], old[:, :1], torch.tensor([-2.0]), mask[:, :1], w, 0.2, 0.2, dual_clip=off)
+        loss, _ = policy_loss(
+            new.detach()[:, :1], old[:, :1], torch.tensor([-2.0]), mask[:, :1], w, 0.2, 0.2, dual_clip=off
+        )
         assert float(loss) == pytest.approx(8.0, abs=1e-5)
 
 
@@ -119,8 +136,9 @@ def test_extreme_ratios_stay_finite():
     old = torch.zeros((1, 2))
     for adv in (-1.5, 1.5):
         new.grad = None
-        loss, stats = policy_loss(new, old, torch.tensor([adv]), torch.ones((1, 2)), torch.tensor([1.0]), 0.2, 0.2,
-                                  dual_clip=3.0)
+        loss, stats = policy_loss(
+            new, old, torch.tensor([adv]), torch.ones((1, 2)), torch.tensor([1.0]), 0.2, 0.2, dual_clip=3.0
+        )
         loss.backward()
         assert math.isfinite(float(loss)) and torch.isfinite(new.grad).all() and math.isfinite(stats["ratio"])
         if adv < 0:  # ratio e^20 -> dual clip 3 * 1.5; ratio e^-20 -> max(1.5 e^-20, 1.5 * 0.8) = 1.2

@@ -15,10 +15,20 @@ from memsearch.errors import InputError
 from memsearch.memory.ops import Noop, parse_ops
 from memsearch.train.row_selection import row_kind, select_memory_rows
 
-CPU_EPISODE = ["tokenizer=\"embedded\"", "agent.memory=\"decision\"", "agent.controller=\"fixed\"",
-               "agent.retrieval_scope=\"candidates\"", "budgets.evidence_tokens=128", "budgets.passages_per_search=1",
-               "budgets.max_searches=3", "budgets.memory_tokens=64", "budgets.policy_tokens=96",
-               "backends.memory.kind=\"oracle\"", "backends.controller.kind=\"rules\"", "backends.reader.kind=\"rules\""]
+CPU_EPISODE = [
+    'tokenizer="embedded"',
+    'agent.memory="decision"',
+    'agent.controller="fixed"',
+    'agent.retrieval_scope="candidates"',
+    "budgets.evidence_tokens=128",
+    "budgets.passages_per_search=1",
+    "budgets.max_searches=3",
+    "budgets.memory_tokens=64",
+    "budgets.policy_tokens=96",
+    'backends.memory.kind="oracle"',
+    'backends.controller.kind="rules"',
+    'backends.reader.kind="rules"',
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +50,12 @@ def hidden_rows(hotpot_train_dir, tmp_path_factory) -> Path:
     from memsearch.train.export import export_sft
 
     out = tmp_path_factory.mktemp("hidden")
-    run_eval(load_config(None, CPU_EPISODE + ['agent.memory_sources="hidden"']), hotpot_train_dir, out / "run",
-             show_progress=False)
+    run_eval(
+        load_config(None, CPU_EPISODE + ['agent.memory_sources="hidden"']),
+        hotpot_train_dir,
+        out / "run",
+        show_progress=False,
+    )
     export_sft(out / "run" / "trajectories.jsonl", out / "run" / "metrics.jsonl", "memory", out / "rows.jsonl")
     return out / "rows.jsonl"
 
@@ -79,7 +93,11 @@ def test_selection_keeps_ops_and_unfit_noops_and_samples_the_rest(teacher_rows, 
     kept = _rows(tmp_path / "sel.jsonl")
     others = kinds.count("other_noop")
     assert report["read"] == {k: kinds.count(k) for k in ("op", "gold_unfit", "other_noop")}
-    assert report["kept"] == {"op": kinds.count("op"), "gold_unfit": kinds.count("gold_unfit"), "other_noop": round(others / 2)}
+    assert report["kept"] == {
+        "op": kinds.count("op"),
+        "gold_unfit": kinds.count("gold_unfit"),
+        "other_noop": round(others / 2),
+    }
     # original order, rows unchanged
     positions = [rows.index(r) for r in kept]
     assert positions == sorted(positions) and len(kept) == sum(report["kept"].values())
@@ -97,7 +115,9 @@ def test_bad_input_is_refused_naming_the_line(teacher_rows, hotpot_train_dir, tm
         select_memory_rows(teacher_rows, labels, teacher_rows, 0.5, 0)
     rows = _rows(teacher_rows)
     bad = tmp_path / "bad.jsonl"
-    bad.write_text("\n".join(json.dumps(r) for r in [rows[0], {**rows[1], "source": {**rows[1]["source"], "split": "dev"}}]) + "\n")
+    bad.write_text(
+        "\n".join(json.dumps(r) for r in [rows[0], {**rows[1], "source": {**rows[1]["source"], "split": "dev"}}]) + "\n"
+    )
     with pytest.raises(InputError, match=r"bad.jsonl:2: .*split 'dev'"):
         select_memory_rows(bad, labels, tmp_path / "o.jsonl", 0.5, 0)
     with pytest.raises(InputError, match="has no label"):

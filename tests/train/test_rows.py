@@ -16,9 +16,17 @@ from memsearch.train.rows import (
 
 
 def call(role, step, n_tokens=3, error=None, valid=True, constraint=None):
-    return {"type": "policy_call", "role": role, "step": step, "error": error, "valid": valid,
-            "prompt_ids": None if error else [1, 2, 3], "completion_ids": None if error else list(range(10, 10 + n_tokens)),
-            "logprobs": None if error else [-0.5] * n_tokens, "constraint_id": constraint}
+    return {
+        "type": "policy_call",
+        "role": role,
+        "step": step,
+        "error": error,
+        "valid": valid,
+        "prompt_ids": None if error else [1, 2, 3],
+        "completion_ids": None if error else list(range(10, 10 + n_tokens)),
+        "logprobs": None if error else [-0.5] * n_tokens,
+        "constraint_id": constraint,
+    }
 
 
 def traj(task, *calls):
@@ -46,8 +54,10 @@ def test_share_and_split_credit():
 def test_normalize_then_expand_drops_nothing():
     """The advantage is per trajectory (from its reward), not per row: a trajectory with more rows
     does not weigh more in the group mean, and every row of every trajectory is kept."""
-    group = [traj("t", call("memory", 0), call("memory", 1), call("memory", 2), call("reader", 0)),
-             traj("t", call("memory", 0))]
+    group = [
+        traj("t", call("memory", 0), call("memory", 1), call("memory", 2), call("reader", 0)),
+        traj("t", call("memory", 0)),
+    ]
     batch = build_batch([group], [[1.0, 0.0]], role="memory", credit="split", std_scale=False, generated=4)
     assert batch.advantages == [0.5, -0.5]  # mean over trajectories, not rows
     assert [r.advantage for r in batch.rows] == pytest.approx([0.5 / 3] * 3 + [-0.5])
@@ -58,7 +68,11 @@ def test_normalize_then_expand_drops_nothing():
 def test_overwrite_role_trains_update_turns_and_final_answer():
     t = traj("t", call("memory", 0), call("memory", 1), call("reader", 0))
     rows, failed = rows_from_trajectory(t, "overwrite", index=5, group=2)
-    assert [(r.role, r.step, r.trajectory, r.group) for r in rows] == [("memory", 0, 5, 2), ("memory", 1, 5, 2), ("reader", 0, 5, 2)]
+    assert [(r.role, r.step, r.trajectory, r.group) for r in rows] == [
+        ("memory", 0, 5, 2),
+        ("memory", 1, 5, 2),
+        ("reader", 0, 5, 2),
+    ]
     assert failed == 0
     # per-turn alignment: ids, log-probs and mask have one entry per completion token
     for r in rows:
@@ -66,8 +80,10 @@ def test_overwrite_role_trains_update_turns_and_final_answer():
 
 
 def test_failed_calls_are_counted_not_rows_and_zero_variance_groups_logged():
-    groups = [[traj("a", call("memory", 0, error="timeout")), traj("a", call("memory", 0))],
-              [traj("b", call("memory", 0)), traj("b", call("memory", 0))]]
+    groups = [
+        [traj("a", call("memory", 0, error="timeout")), traj("a", call("memory", 0))],
+        [traj("b", call("memory", 0)), traj("b", call("memory", 0))],
+    ]
     batch = build_batch(groups, [[0.0, 1.0], [0.5, 0.5]], role="memory", credit="share", std_scale=False, generated=3)
     assert batch.counts.failed_calls == 1
     assert batch.counts.generated == batch.counts.converted == 3

@@ -32,7 +32,9 @@ def sft_rows_file(hotpot_train_dir, tmp_path_factory):
 
 
 def sft_config(model, data, **extra) -> SFTConfig:
-    sets = [f"model={json.dumps(str(model))}", f"data=[{json.dumps(str(data))}]"] + [f"{k}={json.dumps(v)}" for k, v in extra.items()]
+    sets = [f"model={json.dumps(str(model))}", f"data=[{json.dumps(str(data))}]"] + [
+        f"{k}={json.dumps(v)}" for k, v in extra.items()
+    ]
     return load_config(None, sets, model=SFTConfig)
 
 
@@ -48,8 +50,15 @@ def test_rows_are_the_backend_prompt_plus_completion_and_end_of_turn(tiny_model_
 
 
 def test_sft_lowers_the_completion_loss_and_checkpoints(tiny_model_dir, sft_rows_file, tmp_path):
-    cfg = sft_config(tiny_model_dir, sft_rows_file, epochs=6.0, micro_batch_rows=2, grad_accumulation=2, checkpoint_every=10,
-                     **{"optim.lr": 1e-2, "optim.warmup_steps": 0, "optim.schedule": "constant", "lora.r": 8})
+    cfg = sft_config(
+        tiny_model_dir,
+        sft_rows_file,
+        epochs=6.0,
+        micro_batch_rows=2,
+        grad_accumulation=2,
+        checkpoint_every=10,
+        **{"optim.lr": 1e-2, "optim.warmup_steps": 0, "optim.schedule": "constant", "lora.r": 8},
+    )
     summary = train_sft(cfg, tmp_path / "sft", echo=lambda m: None)
     log = read_log(tmp_path / "sft" / "train_log.jsonl")
     assert [r["step"] for r in log] == list(range(1, summary["steps"] + 1))
@@ -65,8 +74,10 @@ def test_bad_sft_lines_name_file_and_line(tiny_model_dir, tmp_path):
 
     bad = tmp_path / "bad.jsonl"
     train = '"source": {"split": "train"}'
-    bad.write_text('{"messages": [{"role": "user", "content": "q"}], "completion": "a", %s}\n'
-                   '{"messages": [], "completion": "b", %s}\n' % (train, train))
+    bad.write_text(
+        '{"messages": [{"role": "user", "content": "q"}], "completion": "a", %s}\n'
+        '{"messages": [], "completion": "b", %s}\n' % (train, train)
+    )
     with pytest.raises(InputError, match=r"bad.jsonl:2: messages: expected a non-empty list"):
         load_sft_rows([str(bad)], AutoTokenizer.from_pretrained(str(tiny_model_dir)), 4096)
 
@@ -81,8 +92,10 @@ def test_rows_without_a_train_provenance_are_refused(tiny_model_dir, tmp_path):
     with pytest.raises(InputError) as exc:
         load_sft_rows([str(rows)], AutoTokenizer.from_pretrained(str(tiny_model_dir)), 4096)
     assert str(exc.value).splitlines() == [
-        f"{rows}:2: source.split: got 'dev', expected 'train' (rows written by `memsearch export-sft` from a run on a train split)",
-        f"{rows}:3: source.split: got None, expected 'train' (rows written by `memsearch export-sft` from a run on a train split)",
+        f"{rows}:2: source.split: got 'dev', expected 'train' (rows written by `memsearch export-sft` from a run on a "
+        "train split)",
+        f"{rows}:3: source.split: got None, expected 'train' (rows written by `memsearch export-sft` from a run on a "
+        "train split)",
     ]
 
 
@@ -107,9 +120,15 @@ def test_periodic_evaluation_goes_through_the_eval_runner(tiny_model_dir, sft_ro
     per evaluation, with the adapter in the configured role, and eval_* figures in the log."""
     from memsearch.assets.samples import config_path
 
-    cfg = sft_config(tiny_model_dir, sft_rows_file, epochs=0.5, micro_batch_rows=2, grad_accumulation=2,
-                     eval_config=str(config_path("rules.toml")),
-                     **{"eval.data": str(hotpot_dev_dir), "eval.limit": 2, "eval.at_start": True, "lora.r": 4})
+    cfg = sft_config(
+        tiny_model_dir,
+        sft_rows_file,
+        epochs=0.5,
+        micro_batch_rows=2,
+        grad_accumulation=2,
+        eval_config=str(config_path("rules.toml")),
+        **{"eval.data": str(hotpot_dev_dir), "eval.limit": 2, "eval.at_start": True, "lora.r": 4},
+    )
     summary = train_sft(cfg, tmp_path / "sft", echo=lambda m: None)
     log = read_log(tmp_path / "sft" / "train_log.jsonl")
     assert log[0]["step"] == 0 and "eval_f1" in log[0]
@@ -120,8 +139,9 @@ def test_periodic_evaluation_goes_through_the_eval_runner(tiny_model_dir, sft_ro
 
 
 @pytest.mark.slow
-def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(tiny_model_dir, sft_rows_file, hotpot_dev_dir, tmp_path,
-                                                                torchrun):
+def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(
+    tiny_model_dir, sft_rows_file, hotpot_dev_dir, tmp_path, torchrun
+):
     """Rank 0 evaluates alone; the other rank waits at an explicit barrier bounded by
     eval.wait_s (docs/design.md §7): evaluating 3 memory calls of 512 sampled tokens per task
     takes several seconds, so a 1 s bound fails the run and says why (before, rank 1 went on and
@@ -131,12 +151,33 @@ def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(tiny_model_dir,
     eval_config = tmp_path / "eval.toml"  # the rules config, with long memory calls
     eval_config.write_text(config_path("rules.toml").read_text().replace("policy_tokens = 256", "policy_tokens = 512"))
     assert "policy_tokens = 512" in eval_config.read_text()
-    sets = [f"model={json.dumps(str(tiny_model_dir))}", f"data=[{json.dumps(str(sft_rows_file))}]", "epochs=0.5",
-            "micro_batch_rows=2", "grad_accumulation=2", "lora.r=4", f"eval_config={json.dumps(str(eval_config))}",
-            f"eval.data={json.dumps(str(hotpot_dev_dir))}", "eval.limit=4", "eval.at_start=true", "eval.wait_s=1"]
+    sets = [
+        f"model={json.dumps(str(tiny_model_dir))}",
+        f"data=[{json.dumps(str(sft_rows_file))}]",
+        "epochs=0.5",
+        "micro_batch_rows=2",
+        "grad_accumulation=2",
+        "lora.r=4",
+        f"eval_config={json.dumps(str(eval_config))}",
+        f"eval.data={json.dumps(str(hotpot_dev_dir))}",
+        "eval.limit=4",
+        "eval.at_start=true",
+        "eval.wait_s=1",
+    ]
     (tmp_path / "sft.toml").write_text("")  # every field from --set
-    proc = torchrun("-m", "memsearch.cli.app", "train", "sft", "--config", tmp_path / "sft.toml", "--out", tmp_path / "run",
-                    *[a for s in sets for a in ("--set", s)], timeout=400)
+    proc = torchrun(
+        "-m",
+        "memsearch.cli.app",
+        "train",
+        "sft",
+        "--config",
+        tmp_path / "sft.toml",
+        "--out",
+        tmp_path / "run",
+        *[a for s in sets for a in ("--set", s)],
+        timeout=400,
+    )
     assert proc.returncode != 0
-    assert "rank 1 waited more than 1 s for rank 0 (evaluation at step 0); raise eval.wait_s" in proc.stderr, \
+    assert "rank 1 waited more than 1 s for rank 0 (evaluation at step 0); raise eval.wait_s" in proc.stderr, (
         proc.stderr[-3000:]
+    )

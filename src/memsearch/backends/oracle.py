@@ -42,13 +42,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from memsearch.text.actions import evidence_ids_in, parse_controller
 from memsearch.backends.base import GenerationRequest, GenerationResult, Usage
 from memsearch.data.dataset import Dataset
 from memsearch.data.records import Document, Label, Task, split_evidence_id
 from memsearch.errors import InputValueError
 from memsearch.memory import Memory
 from memsearch.memory.ops import Add, Delete, Noop, Op, format_ops
+from memsearch.text.actions import evidence_ids_in, parse_controller
 from memsearch.tokenizer import Tokenizer
 
 _TRAILING_PAREN = re.compile(r"\s*\([^)]*\)\s*$")
@@ -101,7 +101,9 @@ class OracleBackend:
             except OracleError as exc:
                 out.append(GenerationResult("", "error", error=str(exc), latency_s=time.perf_counter() - start))
                 continue
-            out.append(GenerationResult(text, "stop", usage=Usage(source="none"), latency_s=time.perf_counter() - start))
+            out.append(
+                GenerationResult(text, "stop", usage=Usage(source="none"), latency_s=time.perf_counter() - start)
+            )
         return out
 
     async def aclose(self) -> None:
@@ -124,16 +126,20 @@ class OracleBackend:
         labels = [self.labels[t.id] for t in tasks]
         gold = {(lab.answers[0], tuple(lab.supporting_facts)) for lab in labels}
         if len(gold) > 1:
-            raise OracleError(f"oracle: tasks {', '.join(t.id for t in tasks)} share this question and the "
-                              "observation does not tell them apart yet")
+            raise OracleError(
+                f"oracle: tasks {', '.join(t.id for t in tasks)} share this question and the "
+                "observation does not tell them apart yet"
+            )
         return labels[0]
 
     # -- roles -----------------------------------------------------------------------------
 
     def _memory(self, obs: dict[str, Any], max_tokens: int) -> str:
         if obs.get("mode") != "decision":
-            raise OracleError(f"oracle supports decision mode only (memory mode is {obs.get('mode')!r}): "
-                              "summary and overwrite outputs are not operation batches")
+            raise OracleError(
+                f"oracle supports decision mode only (memory mode is {obs.get('mode')!r}): "
+                "summary and overwrite outputs are not operation batches"
+            )
         label = self._label(obs)
         gold = set(label.supporting_facts)
         items = obs.get("memory_items", [])
@@ -175,8 +181,11 @@ class OracleBackend:
         """``(evidence id, text)`` of the gold evidence the agent holds or sees now: the memory's
         facts (their first source) and this step's gold sentences, memory first."""
         gold = set(label.supporting_facts)
-        known = [(item["sources"][0], item["text"]) for item in obs.get("memory_items", [])
-                 if item.get("kind") == "fact" and item.get("sources")]
+        known = [
+            (item["sources"][0], item["text"])
+            for item in obs.get("memory_items", [])
+            if item.get("kind") == "fact" and item.get("sources")
+        ]
         return known + [(eid, s) for eid, s in obs.get("evidence", []) if eid in gold]
 
     def _open_targets(self, label: Label, obs: dict[str, Any]) -> dict[str, str]:
@@ -192,8 +201,10 @@ class OracleBackend:
             if doc is None or doc_id in seen_docs or mentions_title(question, doc.title):
                 continue
             # The bridge: a shown gold sentence of another paragraph names this one's title.
-            source = next((eid for eid, text in known if not eid.startswith(f"{doc_id}:") and mentions_title(text, doc.title)),
-                          None)
+            source = next(
+                (eid for eid, text in known if not eid.startswith(f"{doc_id}:") and mentions_title(text, doc.title)),
+                None,
+            )
             if source is not None:
                 targets[f"{FIND}{doc.title}"] = source
         return targets
@@ -203,6 +214,7 @@ class OracleBackend:
         """The first unanswered sub-question whose references (``#k``) are all answered by the
         known evidence, with the answers filled in, citing the evidence of its first reference.
         A sub-question without references is inferred from no evidence: never written."""
+
         def holding(answer: str) -> str | None:
             needle = " ".join(answer.lower().split())
             if not needle:

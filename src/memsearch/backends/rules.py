@@ -21,8 +21,8 @@ import re
 import time
 from collections.abc import Sequence
 
-from memsearch.text.actions import parse_controller
 from memsearch.backends.base import GenerationRequest, GenerationResult, Usage
+from memsearch.text.actions import parse_controller
 from memsearch.tokenizer import Tokenizer
 
 _STOP = frozenset(
@@ -58,7 +58,9 @@ class RulesBackend:
                 out.append(GenerationResult("", "error", error=f"rules backend has no rule for role {request.role!r}"))
                 continue
             text = handler(obs)
-            out.append(GenerationResult(text, "stop", usage=Usage(source="none"), latency_s=time.perf_counter() - start))
+            out.append(
+                GenerationResult(text, "stop", usage=Usage(source="none"), latency_s=time.perf_counter() - start)
+            )
         return out
 
     async def aclose(self) -> None:

@@ -72,7 +72,9 @@ def save_dataset(dataset: Dataset, out: str | Path) -> Path:
         raise InputError("no tasks to write: the input produced no examples (nothing was written)")
     with atomic_output_dir(out) as tmp:
         counts = {
-            "documents": write_jsonl(tmp / "corpus.jsonl", (d.model_dump(exclude_none=True) for d in dataset.documents)),
+            "documents": write_jsonl(
+                tmp / "corpus.jsonl", (d.model_dump(exclude_none=True) for d in dataset.documents)
+            ),
             "tasks": write_jsonl(tmp / "tasks.jsonl", (t.model_dump() for t in dataset.tasks)),
             "labels": write_jsonl(tmp / "labels.jsonl", (lab.model_dump(exclude_none=True) for lab in dataset.labels)),
         }
@@ -92,7 +94,9 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
     try:
         manifest = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is not part of the JSON
     except json.JSONDecodeError as exc:
-        raise InputError([Problem(str(path), exc.lineno, "json", f"invalid JSON ({exc.msg}), expected the manifest object")]) from None
+        raise InputError(
+            [Problem(str(path), exc.lineno, "json", f"invalid JSON ({exc.msg}), expected the manifest object")]
+        ) from None
     if not isinstance(manifest, dict):
         raise InputError([Problem(str(path), 1, "manifest", "not a JSON object, expected the manifest object")])
     return manifest
@@ -137,8 +141,15 @@ def file_hash_problems(data_dir: Path, manifest: dict[str, Any]) -> list[Problem
     for name in DATA_FILES:
         path = data_dir / name
         if path.is_file() and files.get(name) != (actual := sha256_file(path)):
-            problems.append(Problem(mpath, None, f"files.{name}", f"SHA-256 {files.get(name)!r} does not match the file ({actual}), "
-                                                                  "expected the hash of the file as written"))
+            problems.append(
+                Problem(
+                    mpath,
+                    None,
+                    f"files.{name}",
+                    f"SHA-256 {files.get(name)!r} does not match the file ({actual}), "
+                    "expected the hash of the file as written",
+                )
+            )
     return problems
 
 
@@ -148,19 +159,34 @@ def unique_by(path: Path, rows: list[tuple[int, Any]], key: str, problems: list[
     for lineno, rec in rows:
         value = getattr(rec, key)
         if value in seen:
-            problems.append(Problem(str(path), lineno, key, f"duplicate {value!r} (first at line {seen[value][0]}), expected unique values"))
+            problems.append(
+                Problem(
+                    str(path),
+                    lineno,
+                    key,
+                    f"duplicate {value!r} (first at line {seen[value][0]}), expected unique values",
+                )
+            )
         else:
             seen[value] = (lineno, rec)
     return seen
 
 
-def pairing_problems(tpath: Path, tasks: dict[str, tuple[int, Any]], lpath: Path, labels: list[tuple[int, Any]]) -> list[Problem]:
+def pairing_problems(
+    tpath: Path, tasks: dict[str, tuple[int, Any]], lpath: Path, labels: list[tuple[int, Any]]
+) -> list[Problem]:
     """Labels without a task and tasks without a label (each task is scored against exactly one label)."""
-    problems = [Problem(str(lpath), lineno, "id", f"{lab.id!r} has no task, expected a label per task id")
-                for lineno, lab in labels if lab.id not in tasks]
+    problems = [
+        Problem(str(lpath), lineno, "id", f"{lab.id!r} has no task, expected a label per task id")
+        for lineno, lab in labels
+        if lab.id not in tasks
+    ]
     labelled = {lab.id for _, lab in labels}
-    problems += [Problem(str(tpath), lineno, "id", f"{task_id!r} has no label, expected a label per task id")
-                 for task_id, (lineno, _) in tasks.items() if task_id not in labelled]
+    problems += [
+        Problem(str(tpath), lineno, "id", f"{task_id!r} has no label, expected a label per task id")
+        for task_id, (lineno, _) in tasks.items()
+        if task_id not in labelled
+    ]
     return problems
 
 
@@ -185,5 +211,8 @@ def load_dataset(data_dir: str | Path) -> Dataset:
     if problems:
         raise InputError(problems)
     return Dataset(
-        documents=[d for _, d in docs], tasks=[t for _, t in tasks], labels=[lab for _, lab in labels], manifest=manifest
+        documents=[d for _, d in docs],
+        tasks=[t for _, t in tasks],
+        labels=[lab for _, lab in labels],
+        manifest=manifest,
     )

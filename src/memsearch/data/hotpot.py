@@ -65,7 +65,9 @@ def _supporting_facts(record: SourceRecord) -> list[tuple[str, int]] | None:
         if titles is None or ids is None:
             return None
         if len(titles) != len(ids):
-            record.problem("supporting_facts", f"{len(titles)} titles but {len(ids)} sentence ids, expected parallel lists")
+            record.problem(
+                "supporting_facts", f"{len(titles)} titles but {len(ids)} sentence ids, expected parallel lists"
+            )
             return None
         pairs = list(zip(titles, ids))
     elif isinstance(raw, list):
@@ -80,7 +82,10 @@ def _supporting_facts(record: SourceRecord) -> list[tuple[str, int]] | None:
         return None
     for i, (title, sent) in enumerate(pairs):
         if not isinstance(title, str) or isinstance(sent, bool) or not isinstance(sent, int):
-            record.problem(f"supporting_facts[{i}]", f"got [{title!r:.40}, {sent!r}], expected [title string, integer sentence index]")
+            record.problem(
+                f"supporting_facts[{i}]",
+                f"got [{title!r:.40}, {sent!r}], expected [title string, integer sentence index]",
+            )
             return None
     return pairs
 
@@ -115,12 +120,18 @@ def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, in
     ok = True
     for i, (title, sent) in enumerate(facts):
         if title not in by_title:
-            record.problem(f"supporting_facts[{i}]", f"title {title!r} is not in the example's context, expected one of its paragraph titles")
+            record.problem(
+                f"supporting_facts[{i}]",
+                f"title {title!r} is not in the example's context, expected one of its paragraph titles",
+            )
             ok = False
             continue
         j = by_title[title]
         if not 0 <= sent < len(context[j][1]):
-            record.problem(f"supporting_facts[{i}]", f"sentence {sent} of {title!r} does not exist, expected 0..{len(context[j][1]) - 1}")
+            record.problem(
+                f"supporting_facts[{i}]",
+                f"sentence {sent} of {title!r} does not exist, expected 0..{len(context[j][1]) - 1}",
+            )
             ok = False
             continue
         eid = evidence_id(doc_ids[j], sent)

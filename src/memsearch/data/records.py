@@ -54,12 +54,13 @@ class Task(_Record):
     """What an agent may see of one question."""
 
     id: str = Field(min_length=1, description="Task id (the source dataset's question id)")
-    question: str = Field(min_length=1, description="The question (visible text, not only white space or zero-width characters)")
+    question: str = Field(
+        min_length=1, description="The question (visible text, not only white space or zero-width characters)"
+    )
     doc_ids: list[str] = Field(
         description="Candidate documents (distractor setting), or, for long-context tasks, the "
         "documents of the context in the order they are rendered"
     )
-
 
     @field_validator("question")
     @classmethod
@@ -92,7 +93,6 @@ RECORD_TYPES: dict[str, type[_Record]] = {
     "tasks.jsonl": Task,
     "labels.jsonl": Label,
 }
-
 
 
 def evidence_id(doc_id: str, sentence_index: int) -> str:

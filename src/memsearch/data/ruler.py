@@ -51,7 +51,9 @@ def _build_one(dev: Dataset, n_docs: int, seed: int, limit: int | None, show_pro
     for task in tqdm(dev.tasks[:limit], desc=f"docs{n_docs}", unit="task", disable=not show_progress):
         own = list(dict.fromkeys(task.doc_ids))
         if n_docs < len(own):
-            raise InputError(f"--docs {n_docs}: task {task.id} already has {len(own)} paragraphs; N must be at least that")
+            raise InputError(
+                f"--docs {n_docs}: task {task.id} already has {len(own)} paragraphs; N must be at least that"
+            )
         own_set = set(own)
         rng = random.Random(f"{seed}/{n_docs}/{task.id}")
         others = rng.sample([d for d in pool if d not in own_set], n_docs - len(own))
@@ -86,12 +88,15 @@ def context_token_lengths(dataset: Dataset, tokenizer, verify: int = 3) -> tuple
     # A block followed by the blank line and the next header is counted together with that
     # boundary ("...text\n\nDocument" minus "Document"): white space at the end of a paragraph
     # can merge with the newlines into one token, which separate counts would miss.
-    inner = dict(zip(ids, (n - tokenizer.count("Document") for n in _count_many(tokenizer, [b + "\n\nDocument" for b in body]))))
+    inner = dict(
+        zip(ids, (n - tokenizer.count("Document") for n in _count_many(tokenizer, [b + "\n\nDocument" for b in body])))
+    )
     last = dict(zip(ids, _count_many(tokenizer, body)))
     longest = max(len(t.doc_ids) for t in dataset.tasks)
     header = _count_many(tokenizer, [f"Document {i}:\n" for i in range(1, longest + 1)])
     summed = [
-        sum(header[: len(t.doc_ids)]) + sum(inner[d] for d in t.doc_ids[:-1]) + last[t.doc_ids[-1]] for t in dataset.tasks
+        sum(header[: len(t.doc_ids)]) + sum(inner[d] for d in t.doc_ids[:-1]) + last[t.doc_ids[-1]]
+        for t in dataset.tasks
     ]
     head = dataset.tasks[:verify]
     exact = _count_many(tokenizer, [render_context(t.doc_ids, docs) for t in head])
@@ -143,7 +148,9 @@ def prepare_ruler(
     dev = load_dataset(input_dir)
     split = dev.manifest.get("split")
     if split != "dev" and not (allow_train and split == "train"):
-        raise InputError(f"{input_dir}: manifest split is {split!r}; RULER-HQA sets are built from a prepared dev set only")
+        raise InputError(
+            f"{input_dir}: manifest split is {split!r}; RULER-HQA sets are built from a prepared dev set only"
+        )
     if not docs or any(n < 1 for n in docs) or len(set(docs)) != len(docs):
         raise InputError(f"--docs {docs}: expected distinct positive numbers of documents, e.g. 50,200,800")
     if limit is not None and limit < 1:

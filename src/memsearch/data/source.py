@@ -15,7 +15,6 @@ from typing import Any
 from memsearch.errors import InputError, Problem
 from memsearch.io import iter_json_records
 
-
 # Words in a source file's name that say which split it holds (the official files are named
 # hotpot_train_v1.1.json, hotpot_dev_distractor_v1.json, musique_ans_v1.0_dev.jsonl, ...).
 _SPLIT_WORDS = {"train": "train", "dev": "dev", "validation": "dev", "val": "dev"}
@@ -42,9 +41,13 @@ class SourceRecord:
         self._problems = problems
 
     def problem(self, field: str, message: str) -> None:
-        self._problems.append(Problem(self.file, self.line, f"[{self.index}].{field}" if field else f"[{self.index}]", message))
+        self._problems.append(
+            Problem(self.file, self.line, f"[{self.index}].{field}" if field else f"[{self.index}]", message)
+        )
 
-    def get(self, key: str, kind: type | tuple[type, ...], expected: str, container: Any = None, path: str | None = None) -> Any:
+    def get(
+        self, key: str, kind: type | tuple[type, ...], expected: str, container: Any = None, path: str | None = None
+    ) -> Any:
         """``container[key]`` if it exists and has type ``kind``; otherwise record a problem and
         return ``None``."""
         container = self.obj if container is None else container

@@ -140,10 +140,14 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
 
     async def remember(step: int, evidence_text: str, evidence_items) -> None:
         obs = {"question": task.question, "evidence": evidence_items, "mode": memory.mode, **memory.observation()}
-        result = await ep.call("memory", step, memory.messages(task.question, evidence_text), obs, budgets.policy_tokens,
-                               ops_constraint)
-        record = memory.update(result.text, set(ep.shown)) if result.ok else {
-            "valid": False, "reason": f"request failed: {result.error}", "executed": {}, "truncated": False}
+        result = await ep.call(
+            "memory", step, memory.messages(task.question, evidence_text), obs, budgets.policy_tokens, ops_constraint
+        )
+        record = (
+            memory.update(result.text, set(ep.shown))
+            if result.ok
+            else {"valid": False, "reason": f"request failed: {result.error}", "executed": {}, "truncated": False}
+        )
         ep.judge(record["valid"], {"memory": {k: record.get(k) for k in ("executed", "truncated")}}, record["reason"])
         ep.events.append({"type": "memory", "step": step, **record})
         counts["memory_truncations"] += int(record["truncated"])
@@ -155,13 +159,22 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
         shown_docs: list[str] = []
         for step in range(budgets.max_searches):
             if cfg.agent.controller == "policy":
-                obs = {"question": task.question, "searches_left": budgets.max_searches - step, "past_queries": list(queries),
-                       **memory.observation()}
-                result = await ep.call("controller", step, prompts.controller(task.question, memory.render(),
-                                       budgets.max_searches - step, queries), obs, budgets.policy_tokens)
+                obs = {
+                    "question": task.question,
+                    "searches_left": budgets.max_searches - step,
+                    "past_queries": list(queries),
+                    **memory.observation(),
+                }
+                result = await ep.call(
+                    "controller",
+                    step,
+                    prompts.controller(task.question, memory.render(), budgets.max_searches - step, queries),
+                    obs,
+                    budgets.policy_tokens,
+                )
                 action = parse_controller(result.text) if result.ok else None
                 valid = action is not None and action.kind != "invalid"
-                reason = (action.error if action else f"request failed: {result.error}")
+                reason = action.error if action else f"request failed: {result.error}"
                 ep.judge(valid, action.to_dict() if action else {}, reason)
                 if not valid or action.kind == "finish":
                     break  # an unreadable controller decision ends the search (recorded above)
@@ -176,8 +189,18 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
                 # The service failed after its retries: a request error, never a crash; nothing is shown.
                 ep.request_errors += 1
                 counts["searches"] += 1
-                ep.events.append({"type": "search", "step": step, "query": query, "doc_ids": [], "shown": [],
-                                  "evidence_tokens": 0, "cut_sentences": 0, "error": str(exc)})
+                ep.events.append(
+                    {
+                        "type": "search",
+                        "step": step,
+                        "query": query,
+                        "doc_ids": [],
+                        "shown": [],
+                        "evidence_tokens": 0,
+                        "cut_sentences": 0,
+                        "error": str(exc),
+                    }
+                )
                 break
             fresh = [p for p in found if p.doc_id not in shown_docs][: budgets.passages_per_search]
             evidence = render_evidence(fresh, tok, budgets.evidence_tokens)
@@ -185,9 +208,17 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
             counts["evidence_cut_sentences"] += evidence.cut_sentences
             shown_docs.extend(evidence.doc_ids)
             ep.shown.update(dict.fromkeys(evidence.ids))
-            ep.events.append({"type": "search", "step": step, "query": query, "doc_ids": list(evidence.doc_ids),
-                              "shown": list(evidence.ids), "evidence_tokens": evidence.tokens,
-                              "cut_sentences": evidence.cut_sentences})
+            ep.events.append(
+                {
+                    "type": "search",
+                    "step": step,
+                    "query": query,
+                    "doc_ids": list(evidence.doc_ids),
+                    "shown": list(evidence.ids),
+                    "evidence_tokens": evidence.tokens,
+                    "cut_sentences": evidence.cut_sentences,
+                }
+            )
             if not evidence.ids:
                 if cfg.agent.controller == "fixed":
                     break  # the plan has nothing new to show
@@ -210,8 +241,11 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
     answer = parse_reader(result.text) if result.ok else None
     shown = set(ep.shown)
     citations = list(answer.citations) if answer else []
-    ep.judge(answer is not None and answer.answer is not None, answer.to_dict() if answer else {},
-             answer.error if answer else f"request failed: {result.error}")
+    ep.judge(
+        answer is not None and answer.answer is not None,
+        answer.to_dict() if answer else {},
+        answer.error if answer else f"request failed: {result.error}",
+    )
     return {
         "task_id": task.id,
         "group": env.group,
@@ -225,8 +259,13 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
         "shown_evidence": list(ep.shown),
         "memory_final": memory.render(),
         "memory_sources": memory.cited(),
-        "counts": {**counts, "policy_calls": ep.calls, "invalid_actions": ep.invalid,
-                   "request_errors": ep.request_errors, "memory_ops": ops},
+        "counts": {
+            **counts,
+            "policy_calls": ep.calls,
+            "invalid_actions": ep.invalid,
+            "request_errors": ep.request_errors,
+            "memory_ops": ops,
+        },
         "latency_s": round(time.perf_counter() - started, 4),
         "status": "error" if ep.request_errors else "ok",
         "events": ep.events,

@@ -79,7 +79,9 @@ class Chunked:
         return self.total_chunks - len(self.chunks)
 
 
-def chunk_context(doc_ids: list[str], documents: dict[str, Document], tokenizer: Tokenizer, chunk_tokens: int, max_chunks: int) -> tuple[str, Chunked]:
+def chunk_context(
+    doc_ids: list[str], documents: dict[str, Document], tokenizer: Tokenizer, chunk_tokens: int, max_chunks: int
+) -> tuple[str, Chunked]:
     """Render the long context (``data.ruler.render_context``) and cut it into token chunks.
 
     A sentence counts as shown once its last character has been read, so a run cut by

@@ -34,12 +34,16 @@ class DecisionMemory:
         return self.store.render()
 
     def observation(self) -> dict[str, Any]:
-        obs = {"memory_items": [item.to_dict() for item in self.store.items], "budget_left": self.store.remaining_tokens()}
+        obs = {
+            "memory_items": [item.to_dict() for item in self.store.items],
+            "budget_left": self.store.remaining_tokens(),
+        }
         return obs if self.store.show_sources else {**obs, "sources_shown": False}
 
     def messages(self, question: str, evidence: str) -> tuple[dict[str, str], ...]:
-        return prompts.memory_decision(question, self.render(), evidence, self.store.remaining_tokens(),
-                                       sources=self.store.show_sources)
+        return prompts.memory_decision(
+            question, self.render(), evidence, self.store.remaining_tokens(), sources=self.store.show_sources
+        )
 
     def update(self, text: str, shown: set[str]) -> dict[str, Any]:
         before = self.render()
@@ -47,8 +51,15 @@ class DecisionMemory:
         # with hidden sources the prompt does not carry them, and row selection needs them.
         sources_before = self.cited()
         result = self.store.apply_text(text, shown)
-        return {"valid": result.valid, "reason": result.reason, "executed": result.executed,
-                "before": before, "after": self.render(), "truncated": False, "sources_before": sources_before}
+        return {
+            "valid": result.valid,
+            "reason": result.reason,
+            "executed": result.executed,
+            "before": before,
+            "after": self.render(),
+            "truncated": False,
+            "sources_before": sources_before,
+        }
 
     def cited(self) -> list[str]:
         return list(dict.fromkeys(s for item in self.store.items for s in item.sources))
@@ -57,8 +68,9 @@ class DecisionMemory:
 class RewriteMemory:
     """Summary and overwrite modes: the output replaces the memory, cut to the budget."""
 
-    def __init__(self, mode: str, tokenizer: Tokenizer, budget: int, initial: str | None = None,
-                 template: str | None = None) -> None:
+    def __init__(
+        self, mode: str, tokenizer: Tokenizer, budget: int, initial: str | None = None, template: str | None = None
+    ) -> None:
         self.mode, self.tokenizer, self.budget = mode, tokenizer, budget
         self.text = ""
         self.initial = initial if initial is not None else EMPTY_RENDER
@@ -79,12 +91,24 @@ class RewriteMemory:
         before = self.render()
         new = text.strip()
         if not new:
-            return {"valid": False, "reason": "empty output; memory unchanged", "executed": {},
-                    "before": before, "after": before, "truncated": False}
+            return {
+                "valid": False,
+                "reason": "empty output; memory unchanged",
+                "executed": {},
+                "before": before,
+                "after": before,
+                "truncated": False,
+            }
         cut = self.tokenizer.truncate(new, self.budget)
         self.text = cut
-        return {"valid": True, "reason": None, "executed": {}, "before": before, "after": self.render(),
-                "truncated": cut != new}
+        return {
+            "valid": True,
+            "reason": None,
+            "executed": {},
+            "before": before,
+            "after": self.render(),
+            "truncated": cut != new,
+        }
 
     def cited(self) -> list[str]:
         return list(evidence_ids_in(self.text))
@@ -100,6 +124,11 @@ def make_memory(mode: str, tokenizer: Tokenizer, budget: int, wording=None, show
     if mode == "summary":
         return RewriteMemory(mode, tokenizer, budget)
     if mode == "overwrite":
-        return RewriteMemory(mode, tokenizer, budget, getattr(wording, "initial_memory", None),
-                             getattr(wording, "overwrite_update", None))
+        return RewriteMemory(
+            mode,
+            tokenizer,
+            budget,
+            getattr(wording, "initial_memory", None),
+            getattr(wording, "overwrite_update", None),
+        )
     raise ValueError(f"unknown memory mode {mode!r}: expected decision, summary or overwrite")

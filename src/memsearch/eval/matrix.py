@@ -26,12 +26,19 @@ def check_comparable(configs: dict[str, RunConfig]) -> None:
     first_group, first = next(iter(configs.items()))
     for group, cfg in configs.items():
         if cfg.budgets != first.budgets:
-            raise InputError(f"group {group}: budgets differ from group {first_group}; a matrix compares groups under identical budgets")
+            raise InputError(
+                f"group {group}: budgets differ from group {first_group}; a matrix compares groups under identical "
+                "budgets"
+            )
         if cfg.tokenizer != first.tokenizer:
-            raise InputError(f"group {group}: tokenizer {cfg.tokenizer!r} differs from group {first_group}'s {first.tokenizer!r}")
+            raise InputError(
+                f"group {group}: tokenizer {cfg.tokenizer!r} differs from group {first_group}'s {first.tokenizer!r}"
+            )
         if cfg.retrieval != first.retrieval:
-            raise InputError(f"group {group}: retrieval settings {cfg.retrieval.model_dump()} differ from group "
-                             f"{first_group}'s {first.retrieval.model_dump()}; a matrix compares groups that see the same evidence")
+            raise InputError(
+                f"group {group}: retrieval settings {cfg.retrieval.model_dump()} differ from group "
+                f"{first_group}'s {first.retrieval.model_dump()}; a matrix compares groups that see the same evidence"
+            )
 
 
 def _per_task(out: Path, group: str, key: str) -> dict[str, float]:
@@ -71,18 +78,24 @@ def render_table(summaries: dict[str, dict[str, Any]], pairs: list[dict[str, Any
         for key in TABLE_METRICS:
             value = s["metrics"].get(key)
             cells.append("-" if value is None else f"{value:.3f}")
-        lines.append(f"| {group} | {s['agent']['memory']} | {s['agent']['controller']} | {memory_label(s['memory_backend'])} | "
-                     + " | ".join(cells) + f" | {s['complete']} |")
+        lines.append(
+            f"| {group} | {s['agent']['memory']} | {s['agent']['controller']} | {memory_label(s['memory_backend'])} | "
+            + " | ".join(cells)
+            + f" | {s['complete']} |"
+        )
     lines += ["", "| pair | ΔF1 (a-b) | 95% CI | ΔEM (a-b) | 95% CI | n |", "|---|---|---|---|---|---|"]
     for p in pairs:
         f, e = p["f1"], p["em"]
-        lines.append(f"| {p['a']}-{p['b']} | {f['diff']:+.3f} | [{f['ci_low']:+.3f}, {f['ci_high']:+.3f}] | "
-                     f"{e['diff']:+.3f} | [{e['ci_low']:+.3f}, {e['ci_high']:+.3f}] | {f['n']} |")
+        lines.append(
+            f"| {p['a']}-{p['b']} | {f['diff']:+.3f} | [{f['ci_low']:+.3f}, {f['ci_high']:+.3f}] | "
+            f"{e['diff']:+.3f} | [{e['ci_low']:+.3f}, {e['ci_high']:+.3f}] | {f['n']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
-def run_matrix(config: RunConfig, data_dir: str | Path, out_dir: str | Path, resume: bool = False,
-               show_progress: bool = True) -> dict[str, Any]:
+def run_matrix(
+    config: RunConfig, data_dir: str | Path, out_dir: str | Path, resume: bool = False, show_progress: bool = True
+) -> dict[str, Any]:
     """Run every group (or finish them, with ``resume``) and write the comparison."""
     from memsearch.eval.runner import run_eval
 
@@ -91,21 +104,37 @@ def run_matrix(config: RunConfig, data_dir: str | Path, out_dir: str | Path, res
     configs = {g: group_config(config, g) for g in groups}
     check_comparable(configs)
     if out.exists() and not resume:
-        raise InputError(f"{out}: output folder already exists; pass --resume to continue that matrix, or choose a new folder")
+        raise InputError(
+            f"{out}: output folder already exists; pass --resume to continue that matrix, or choose a new folder"
+        )
     if resume and not out.is_dir():
         raise InputError(f"{out}: nothing to resume (no such folder)")
     # No folder is made here: the first group's run_eval creates it (as out/A) only once its data,
     # models and backends are checked, so a bad command leaves nothing behind.
     summaries = {}
     for group, cfg in configs.items():
-        summaries[group] = run_eval(cfg, data_dir, out / group, resume=resume and (out / group).exists(),
-                                    group=group, show_progress=show_progress)
+        summaries[group] = run_eval(
+            cfg,
+            data_dir,
+            out / group,
+            resume=resume and (out / group).exists(),
+            group=group,
+            show_progress=show_progress,
+        )
     pairs = compare(out, groups, config.matrix.bootstrap_resamples)
     table = render_table(summaries, pairs)
     result = {
-        "groups": {g: {"agent": s["agent"], "memory_backend": s["memory_backend"], "metrics": s["metrics"], "complete": s["complete"],
-                       "usable_for_comparison": s["usable_for_comparison"], "request_errors": s["request_errors"]}
-                   for g, s in summaries.items()},
+        "groups": {
+            g: {
+                "agent": s["agent"],
+                "memory_backend": s["memory_backend"],
+                "metrics": s["metrics"],
+                "complete": s["complete"],
+                "usable_for_comparison": s["usable_for_comparison"],
+                "request_errors": s["request_errors"],
+            }
+            for g, s in summaries.items()
+        },
         "pairs": pairs,
         "budgets": configs[groups[0]].budgets.model_dump(),
         "tokenizer": summaries[groups[0]]["tokenizer"],

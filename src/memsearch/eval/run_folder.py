@@ -65,7 +65,9 @@ def check_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: 
     """Refuse a run that cannot start in ``out``; creates and changes nothing."""
     if not resume:
         if out.exists():
-            raise InputError(f"{out}: output folder already exists; pass --resume to continue that run, or choose a new folder")
+            raise InputError(
+                f"{out}: output folder already exists; pass --resume to continue that run, or choose a new folder"
+            )
         return
     if not out.is_dir():
         raise InputError(f"{out}: nothing to resume (no such folder)")
@@ -78,10 +80,15 @@ def check_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: 
     if saved_run.get("data") != run_info["data"]:
         raise InputError(f"{out}: data fingerprint differs from the run being resumed; resume on the same data")
     if saved_run.get("models") != run_info["models"]:
-        changed = sorted(role for role in set(run_info["models"]) | set(saved_run.get("models") or {})
-                         if (saved_run.get("models") or {}).get(role) != run_info["models"].get(role))
-        raise InputError(f"{out}: the model identity of {', '.join(changed)} differs from the run being resumed "
-                         "(run.json: models); resume with the same model files")
+        changed = sorted(
+            role
+            for role in set(run_info["models"]) | set(saved_run.get("models") or {})
+            if (saved_run.get("models") or {}).get(role) != run_info["models"].get(role)
+        )
+        raise InputError(
+            f"{out}: the model identity of {', '.join(changed)} differs from the run being resumed "
+            "(run.json: models); resume with the same model files"
+        )
 
 
 def never_started(out: Path) -> bool:
@@ -103,8 +110,10 @@ class RunFolderLock:
             self._fh.seek(0)
             holder = self._fh.read().strip() or "another process"
             self._fh.close()
-            raise InputError(f"{out}: another memsearch process ({holder}) is writing this run folder "
-                             f"({self.path} is locked); wait for it to finish, or stop it, then --resume") from None
+            raise InputError(
+                f"{out}: another memsearch process ({holder}) is writing this run folder "
+                f"({self.path} is locked); wait for it to finish, or stop it, then --resume"
+            ) from None
         self._fh.seek(0)
         self._fh.truncate()
         self._fh.write(f"pid {os.getpid()}\n")
@@ -126,8 +135,9 @@ def claim_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: 
         try:
             out.mkdir()
         except FileExistsError:
-            raise InputError(f"{out}: output folder already exists (another process just created it); "
-                             "choose a new folder") from None
+            raise InputError(
+                f"{out}: output folder already exists (another process just created it); choose a new folder"
+            ) from None
     lock = RunFolderLock(out)
     try:
         if resume and not never_started(out):
@@ -154,8 +164,11 @@ def _hash_file(path: Path) -> str:
 
 def _folder_identity(folder: Path) -> dict[str, str]:
     """SHA-256 of every file in a model/adapter/tokenizer folder that decides what it computes."""
-    return {p.name: _hash_file(p) for p in sorted(folder.iterdir())
-            if p.is_file() and p.suffix in _MODEL_FILE_SUFFIXES and not p.name.startswith(".")}
+    return {
+        p.name: _hash_file(p)
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.suffix in _MODEL_FILE_SUFFIXES and not p.name.startswith(".")
+    }
 
 
 def _model_files(model: str) -> dict[str, str]:
@@ -192,8 +205,11 @@ def model_identity(config) -> dict[str, Any]:
             entry.update(model=backend.model, base_url=backend.base_url)
         out[role] = entry
     tokenizer = config.tokenizer
-    out["tokenizer"] = ({"name": tokenizer} if not Path(tokenizer).is_dir()
-                        else {"name": tokenizer, "files": _folder_identity(Path(tokenizer))})
+    out["tokenizer"] = (
+        {"name": tokenizer}
+        if not Path(tokenizer).is_dir()
+        else {"name": tokenizer, "files": _folder_identity(Path(tokenizer))}
+    )
     return out
 
 
@@ -203,5 +219,7 @@ def storage_error(exc: OSError, path: Path, saved: int, expected: int) -> Storag
     if exc.errno not in _STORAGE_ERRNOS:
         return None
     where = exc.filename or path
-    return StorageError(f"{where}: {os.strerror(exc.errno)}; {saved} of {expected} task(s) are saved in {path.parent}; "
-                        "free space or fix permissions, then run the same command with --resume to continue")
+    return StorageError(
+        f"{where}: {os.strerror(exc.errno)}; {saved} of {expected} task(s) are saved in {path.parent}; "
+        "free space or fix permissions, then run the same command with --resume to continue"
+    )

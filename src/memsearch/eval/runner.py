@@ -72,8 +72,15 @@ def read_finished(path: Path) -> dict[str, dict[str, Any]]:
     for lineno, traj in iter_jsonl(path):
         task_id = traj["task_id"]
         if task_id in done:
-            duplicates.append(Problem(str(path), lineno, "task_id", f"duplicate task {task_id!r} (first on line "
-                                      f"{first_line[task_id]}): two processes wrote this run; delete it and start again"))
+            duplicates.append(
+                Problem(
+                    str(path),
+                    lineno,
+                    "task_id",
+                    f"duplicate task {task_id!r} (first on line "
+                    f"{first_line[task_id]}): two processes wrote this run; delete it and start again",
+                )
+            )
         done.setdefault(task_id, traj)
         first_line.setdefault(task_id, lineno)
     if duplicates:
@@ -120,8 +127,16 @@ async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, des
             try:
                 return await run_episode(task, env)
             except Exception as exc:  # a bug or backend crash: keep the task, mark it failed
-                return {"task_id": task.id, "group": env.group, "question": task.question, "prediction": None,
-                        "status": "error", "error": f"{type(exc).__name__}: {exc}", "counts": {}, "events": []}
+                return {
+                    "task_id": task.id,
+                    "group": env.group,
+                    "question": task.question,
+                    "prediction": None,
+                    "status": "error",
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "counts": {},
+                    "events": [],
+                }
 
     try:
         with open(traj_path, "a", encoding="utf-8") as fh:
@@ -131,7 +146,9 @@ async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, des
                 fh.flush()
                 written.append(traj["task_id"])
                 n += 1
-                f1_sum += score_trajectory(traj, labels[traj["task_id"]])["f1"]  # as the summary scores it (boxed or not)
+                f1_sum += score_trajectory(traj, labels[traj["task_id"]])[
+                    "f1"
+                ]  # as the summary scores it (boxed or not)
                 bar.set_postfix(f1=f"{f1_sum / n:.3f}")
                 bar.update(1)
     finally:
@@ -154,9 +171,16 @@ def _trajectory_line(traj: dict[str, Any]) -> str:
     try:
         line.encode("utf-8")
     except UnicodeEncodeError as exc:
-        failed = {"task_id": traj["task_id"], "group": traj.get("group", ""), "question": traj.get("question"),
-                  "prediction": None, "status": "error", "counts": {}, "events": [],
-                  "error": f"trajectory not writable as UTF-8 ({exc.reason} at character {exc.start}); task marked failed"}
+        failed = {
+            "task_id": traj["task_id"],
+            "group": traj.get("group", ""),
+            "question": traj.get("question"),
+            "prediction": None,
+            "status": "error",
+            "counts": {},
+            "events": [],
+            "error": f"trajectory not writable as UTF-8 ({exc.reason} at character {exc.start}); task marked failed",
+        }
         line = dumps_line(failed) + "\n"
     return line
 
@@ -174,13 +198,22 @@ def _chunk_truncation(config: RunConfig, rows: list[dict[str, Any]], complete: b
     max_chunks = config.budgets.max_chunks if stream else None
     disclosure = None
     if cut_tasks:
-        disclosure = (f"TRUNCATED: {cut_tasks} of {len(rows)} task(s) were cut by max_chunks={max_chunks} "
-                      f"({cut_chunks} chunk(s) never read); this run did not read the whole context")
-    return {"max_chunks": max_chunks, "tasks_cut_by_chunk_limit": cut_tasks, "chunks_cut": cut_chunks,
-            "read_whole_context": (complete and cut_tasks == 0) if stream else None, "disclosure": disclosure}
+        disclosure = (
+            f"TRUNCATED: {cut_tasks} of {len(rows)} task(s) were cut by max_chunks={max_chunks} "
+            f"({cut_chunks} chunk(s) never read); this run did not read the whole context"
+        )
+    return {
+        "max_chunks": max_chunks,
+        "tasks_cut_by_chunk_limit": cut_tasks,
+        "chunks_cut": cut_chunks,
+        "read_whole_context": (complete and cut_tasks == 0) if stream else None,
+        "disclosure": disclosure,
+    }
 
 
-def summarize(config: RunConfig, run_info: dict[str, Any], rows: list[dict[str, Any]], expected: int, env_info: dict[str, Any]) -> dict[str, Any]:
+def summarize(
+    config: RunConfig, run_info: dict[str, Any], rows: list[dict[str, Any]], expected: int, env_info: dict[str, Any]
+) -> dict[str, Any]:
     from memsearch.eval.metrics import aggregate
 
     agg = aggregate(rows, [k for k in SUMMARY_KEYS])
@@ -190,8 +223,14 @@ def summarize(config: RunConfig, run_info: dict[str, Any], rows: list[dict[str, 
     ops = {k: sum(r.get(k, 0) for r in rows) for k in sorted({k for r in rows for k in r if k.startswith("ops_")})}
     tokens = {k: sum(r.get(k, 0) for r in rows) for k in sorted({k for r in rows for k in r if k.endswith("_tokens")})}
     truncation = _chunk_truncation(config, rows, complete)
-    notes = [] if complete else [f"INCOMPLETE: {expected - len(rows)} task(s) missing, {len(failed)} failed "
-                                 "(a failed task scores 0 in every answer metric); not a result"]
+    notes = (
+        []
+        if complete
+        else [
+            f"INCOMPLETE: {expected - len(rows)} task(s) missing, {len(failed)} failed "
+            "(a failed task scores 0 in every answer metric); not a result"
+        ]
+    )
     if truncation["disclosure"]:
         notes.append(truncation["disclosure"])
     return {
@@ -205,9 +244,11 @@ def summarize(config: RunConfig, run_info: dict[str, Any], rows: list[dict[str, 
         "metrics": agg["mean"],
         "metric_counts": agg["count"],
         # What each mean is over, so a reader of summary.json need not guess.
-        "denominators": {"answer_metrics": "every scored task; a failed task (request errors, crash) counts 0",
-                         "invalid_action_rate": "per task: policy calls that returned a completion (request "
-                                                "errors are counted apart, in request_errors)"},
+        "denominators": {
+            "answer_metrics": "every scored task; a failed task (request errors, crash) counts 0",
+            "invalid_action_rate": "per task: policy calls that returned a completion (request "
+            "errors are counted apart, in request_errors)",
+        },
         "memory_ops": ops,
         "tokens": tokens,
         "entailment_evaluated": False,
@@ -218,8 +259,14 @@ def summarize(config: RunConfig, run_info: dict[str, Any], rows: list[dict[str, 
     }
 
 
-def run_eval(config: RunConfig, data_dir: str | Path, out_dir: str | Path, resume: bool = False,
-             group: str = "", show_progress: bool = True) -> dict[str, Any]:
+def run_eval(
+    config: RunConfig,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    resume: bool = False,
+    group: str = "",
+    show_progress: bool = True,
+) -> dict[str, Any]:
     """Run (or resume) an evaluation; returns the summary (also written to ``summary.json``).
 
     Raises ``InputError`` (nothing created) for bad input, a folder that exists without
@@ -233,8 +280,12 @@ def run_eval(config: RunConfig, data_dir: str | Path, out_dir: str | Path, resum
     tasks = dataset.tasks[: config.limit]
     labels = dataset.labels_by_id()
     resolved = config.model_dump(mode="json")
-    run_info = {"data": data_fingerprint(data_dir, dataset), "models": model_identity(config),
-                "software": software_versions(), "group": group}
+    run_info = {
+        "data": data_fingerprint(data_dir, dataset),
+        "models": model_identity(config),
+        "software": software_versions(),
+        "group": group,
+    }
     # Everything that can fail is checked before the folder exists: a corrected command must not
     # meet a half-made folder (docs/design.md §10).
     check_run_folder(out, resume, resolved, run_info)
@@ -269,9 +320,13 @@ def run_eval(config: RunConfig, data_dir: str | Path, out_dir: str | Path, resum
         rows = [score_trajectory(finished[t.id], labels[t.id]) for t in tasks if t.id in finished]
         write_jsonl(out / "metrics.jsonl", rows)
         summary = _summary(config, run_info, rows, tasks, dataset, env, group)
-        summary["timing"] = {"wall_s_this_invocation": round(time.perf_counter() - started, 2),
-                             "episodes_wall_s": round(episodes_s, 3), "episodes_cpu_s": round(episodes_cpu_s, 3),
-                             "episodes_run": len(todo), "resumed_tasks": len(done)}
+        summary["timing"] = {
+            "wall_s_this_invocation": round(time.perf_counter() - started, 2),
+            "episodes_wall_s": round(episodes_s, 3),
+            "episodes_cpu_s": round(episodes_cpu_s, 3),
+            "episodes_run": len(todo),
+            "resumed_tasks": len(done),
+        }
         write_record(out / "summary.json", summary)
         return summary
     except OSError as exc:
@@ -292,24 +347,38 @@ def _backend_stats(env) -> list[dict[str, Any]]:
     return list(shared.values())
 
 
-def _summary(config: RunConfig, run_info: dict[str, Any], rows, tasks, dataset: Dataset, env, group: str) -> dict[str, Any]:
+def _summary(
+    config: RunConfig, run_info: dict[str, Any], rows, tasks, dataset: Dataset, env, group: str
+) -> dict[str, Any]:
     from memsearch.engine.episode import ENGINE_VERSION
     from memsearch.engine.prompts import prompt_version
 
     env_info = {
-        "group": group, "tokenizer": env.tokenizer.name, "engine_version": ENGINE_VERSION,
+        "group": group,
+        "tokenizer": env.tokenizer.name,
+        "engine_version": ENGINE_VERSION,
         "prompt_version": prompt_version(config.prompts.model_dump()),  # names any wording the config sets
-        "budgets": config.budgets.model_dump(), "agent": config.agent.model_dump(),
-        "sampling": {role: getattr(config.backends, role).sampling.model_dump() for role in ("memory", "controller", "reader")},
+        "budgets": config.budgets.model_dump(),
+        "agent": config.agent.model_dump(),
+        "sampling": {
+            role: getattr(config.backends, role).sampling.model_dump() for role in ("memory", "controller", "reader")
+        },
         "backends": {role: env.backends[role].name for role in ("memory", "controller", "reader")},
         # Which backend wrote the memory (matrix groups A/C use the baseline, B/D the trained policy).
-        "memory_backend": {"kind": config.backends.memory.kind, "model": config.backends.memory.model,
-                           "adapter": config.backends.memory.adapter, "name": env.backends["memory"].name},
+        "memory_backend": {
+            "kind": config.backends.memory.kind,
+            "model": config.backends.memory.model,
+            "adapter": config.backends.memory.adapter,
+            "name": env.backends["memory"].name,
+        },
         # Requests, retries and errors by kind of each backend (roles that share one are listed
         # together); this invocation only: a resume counts its own requests, like "timing".
         "backend_stats": _backend_stats(env),
         # How a derived set (e.g. RULER-HQA docs{N}) was built; its bytes are in "data".
-        "data_build": {k: dataset.manifest[k] for k in ("builder", "num_docs", "seed", "pool_size", "context_sha256",
-                                                        "context_tokens", "counts") if k in dataset.manifest},
+        "data_build": {
+            k: dataset.manifest[k]
+            for k in ("builder", "num_docs", "seed", "pool_size", "context_sha256", "context_tokens", "counts")
+            if k in dataset.manifest
+        },
     }
     return summarize(config, run_info, rows, len(tasks), env_info)

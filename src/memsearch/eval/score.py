@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from memsearch.text.answers import boxed_prediction
 from memsearch.data.records import Label
 from memsearch.eval.metrics import boxed_em, citation_scores, exact_match, f1, sub_em, support_recall
+from memsearch.text.answers import boxed_prediction
 
 ROLES = ("memory", "controller", "reader")
 
@@ -36,7 +36,11 @@ def token_costs(events: list[dict[str, Any]]) -> dict[str, int]:
         role = event["role"]
         for key, value in event["usage"].items():
             if key != "source" and value is not None:
-                name = f"{key.replace('estimated_', 'estimated_' + role + '_', 1)}" if key.startswith("estimated_") else f"{role}_{key}"
+                name = (
+                    f"{key.replace('estimated_', 'estimated_' + role + '_', 1)}"
+                    if key.startswith("estimated_")
+                    else f"{role}_{key}"
+                )
                 out[name] = out.get(name, 0) + int(value)
     return out
 
@@ -82,8 +86,11 @@ def score_trajectory(traj: dict[str, Any], label: Label) -> dict[str, Any]:
         "invalid_actions": counts.get("invalid_actions", 0),
         # Over the calls that returned a completion: transport failures are request_errors, not
         # the policy's invalid actions (the task itself stays in every answer metric's denominator).
-        "invalid_action_rate": (counts.get("invalid_actions", 0) / answered
-                                if (answered := calls - counts.get("request_errors", 0)) > 0 else None),
+        "invalid_action_rate": (
+            counts.get("invalid_actions", 0) / answered
+            if (answered := calls - counts.get("request_errors", 0)) > 0
+            else None
+        ),
         "request_errors": counts.get("request_errors", 0),
         "latency_s": traj.get("latency_s"),
     }

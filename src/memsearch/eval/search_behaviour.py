@@ -61,9 +61,19 @@ def search_behaviour(run: str | Path) -> dict[str, Any]:
     path = Path(run) / "trajectories.jsonl"
     if not path.is_file():
         raise InputError(f"{path}: no such file; expected an eval run's trajectories")
-    counts = {"questions": 0, "searches": 0, "questions_with_search": 0, "questions_with_several_searches": 0,
-              "questions_with_repeated_query": 0, "queries_in_question": 0, "open_items": 0,
-              "open_items_find": 0, "questions_with_open_item": 0, "searches_with_open_item_held": 0, "queries_following_open_item": 0}
+    counts = {
+        "questions": 0,
+        "searches": 0,
+        "questions_with_search": 0,
+        "questions_with_several_searches": 0,
+        "questions_with_repeated_query": 0,
+        "queries_in_question": 0,
+        "open_items": 0,
+        "open_items_find": 0,
+        "questions_with_open_item": 0,
+        "searches_with_open_item_held": 0,
+        "queries_following_open_item": 0,
+    }
     for _, traj in iter_jsonl(path):
         counts["questions"] += 1
         question, held, queries, opened = _norm(traj.get("question", "")), [], [], set()
@@ -78,7 +88,9 @@ def search_behaviour(run: str | Path) -> dict[str, Any]:
                 counts["queries_in_question"] += bool(query) and query in question
                 if held:
                     counts["searches_with_open_item_held"] += 1
-                    counts["queries_following_open_item"] += bool(query) and any(s and (s in query or query in s) for s in held)
+                    counts["queries_following_open_item"] += bool(query) and any(
+                        s and (s in query or query in s) for s in held
+                    )
         counts["searches"] += len(queries)
         counts["questions_with_search"] += bool(queries)
         counts["questions_with_several_searches"] += len(queries) > 1

@@ -55,6 +55,8 @@ def validated(model: type[BaseModel], fields: dict[str, Any], table: str) -> Any
 class PipelineReport(StrictConfig):
     """How the report compares base and trained (``report`` stage)."""
 
-    bootstrap_resamples: int = Field(10_000, ge=100, description="Paired bootstrap resamples per base-vs-trained difference")
+    bootstrap_resamples: int = Field(
+        10_000, ge=100, description="Paired bootstrap resamples per base-vs-trained difference"
+    )
     confidence: float = Field(0.95, gt=0.0, lt=1.0, description="Confidence of the paired bootstrap intervals")
     seed: int = Field(0, description="Seed of the bootstrap resampling (the report is deterministic)")

@@ -80,13 +80,13 @@ def run_demo(backend: str = "hf", limit: int = 4, out: Path | None = None, echo:
     """The demo (module docstring). ``adapter``: the trained row's adapter folder (default: the
     shipped one, ``memsearch.assets.adapter.shipped_adapter_dir``); ``overrides``: ``--set``-style
     overrides of the demo config (e.g. ``matrix.groups=["B"]`` for a quick check)."""
+    from memsearch.assets.adapter import shipped_adapter_dir, verify_adapter
+    from memsearch.assets.samples import HOTPOT_DEV, config_path, samples_dir
     from memsearch.config import load_config
     from memsearch.data.dataset import save_dataset
     from memsearch.data.hotpot import convert_hotpot
     from memsearch.errors import InputError
     from memsearch.eval.matrix import run_matrix
-    from memsearch.assets.samples import HOTPOT_DEV, config_path, samples_dir
-    from memsearch.assets.adapter import shipped_adapter_dir, verify_adapter
 
     if backend not in DEMO_CONFIGS:
         raise InputError(f"--backend {backend!r}: expected one of {', '.join(DEMO_CONFIGS)}")
@@ -104,22 +104,30 @@ def run_demo(backend: str = "hf", limit: int = 4, out: Path | None = None, echo:
     data_dir = out / "data" / "hotpot-dev"
     save_dataset(convert_hotpot(samples_dir() / HOTPOT_DEV, split="dev"), data_dir)
     groups = "A-D" if list(config.matrix.groups) == ["A", "B", "C", "D"] else ", ".join(config.matrix.groups)
-    echo(f"demo: groups {groups} on the first {limit} real HotpotQA dev questions, backend {backend} ({cfg_file.name}), "
-         f"tokenizer {config.tokenizer}, budgets {config.budgets.model_dump()}")
+    echo(
+        f"demo: groups {groups} on the first {limit} real HotpotQA dev questions, backend {backend} ({cfg_file.name}), "
+        f"tokenizer {config.tokenizer}, budgets {config.budgets.model_dump()}"
+    )
     if fingerprint is not None:
-        echo(f"{TRAINED_GROUP}: group B with its memory written by the trained memory-policy adapter {adapter} "
-             "(schema mode; trained under configs/memory_policy_cpu.toml's budgets and rules reader, run here under "
-             "the demo's)")
+        echo(
+            f"{TRAINED_GROUP}: group B with its memory written by the trained memory-policy adapter {adapter} "
+            "(schema mode; trained under configs/memory_policy_cpu.toml's budgets and rules reader, run here under "
+            "the demo's)"
+        )
     else:
-        echo(f"{TRAINED_GROUP}: not run with --backend {backend}: the trained adapter is a LoRA on the embedded model "
-             "(run the demo with --backend hf to see it)")
+        echo(
+            f"{TRAINED_GROUP}: not run with --backend {backend}: the trained adapter is a LoRA on the embedded model "
+            "(run the demo with --backend hf to see it)"
+        )
     result = run_matrix(config, data_dir, out / "matrix", show_progress=show_progress)
     if fingerprint is not None:
         result = _add_trained_row(config, result, data_dir, out / "matrix", adapter, fingerprint, show_progress)
     echo(result["table"])
     seconds = time.perf_counter() - started
-    echo(f"done in {seconds:.0f}s. Per-group trajectories, metrics and summaries: {out / 'matrix'}/<group>/; "
-         f"table: {out / 'matrix' / 'matrix.md'}")
+    echo(
+        f"done in {seconds:.0f}s. Per-group trajectories, metrics and summaries: {out / 'matrix'}/<group>/; "
+        f"table: {out / 'matrix' / 'matrix.md'}"
+    )
     from memsearch.report.html import write_report
 
     # The demo writes its report itself (a second or so): the end of the demo is a file to open.

@@ -35,7 +35,9 @@ def publish_results(run: str | Path, dest: str | Path) -> list[Path]:
     for trainer in ("sft", "grpo1", "sft2", "grpo2"):
         for seed in sorted(run.glob("seed-*")):
             pairs += [(seed / trainer / f, dest / seed.name / trainer / f) for f in _TRAINER_FILES]
-    for held in sorted(run.glob("heldout/*/")) + sorted(run.glob("seed-*/heldout/*/")) + sorted(run.glob("seed-*/matrix/*/")):
+    for held in (
+        sorted(run.glob("heldout/*/")) + sorted(run.glob("seed-*/heldout/*/")) + sorted(run.glob("seed-*/matrix/*/"))
+    ):
         pairs += [(held / f, dest / held.relative_to(run) / f) for f in _RUN_FILES]
     written = []
     for src, dst in pairs:

@@ -154,4 +154,6 @@ def _wait_ready(proc: subprocess.Popen, url: str, name: str, log: Path, timeout_
         raise InputError(f"transformers serve at {url}: GET /models failed ({type(exc).__name__}: {exc}); the end of "
                          f"its log ({log}):\n{_tail(log)}") from None
     if name not in models:
-        raise InputError(f"transformers serve at {url} lists {models}, not {name!r}; the end of its log ({log}):\n{_tail(log)}")
+        raise InputError(
+            f"transformers serve at {url} lists {models}, not {name!r}; the end of its log ({log}):\n{_tail(log)}"
+        )

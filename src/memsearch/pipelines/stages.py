@@ -113,16 +113,20 @@ class Stage:
         record = self.record()
         if record is None:
             if self.folder.exists() and any(p != self.record_path for p in self.folder.iterdir()):
-                raise InputError(f"{self.folder}: exists but has no record ({self.record_path.name}), so what made it is unknown; "
-                                 "move it away or choose a new --out")
+                raise InputError(
+                    f"{self.folder}: exists but has no record ({self.record_path.name}), so what made it is unknown; "
+                    "move it away or choose a new --out"
+                )
             return None
         version = record.get("version", 1)
         if version == 1:
             return upgrade_version1_record(self, record)
         if version != RECORD_VERSION:
-            raise InputError(f"{self.record_path}: stage record version {version!r}, this memsearch reads version "
-                             f"{RECORD_VERSION}; use the memsearch that wrote it, or delete {self.folder} and "
-                             f"{self.record_path} to redo the stage")
+            raise InputError(
+                f"{self.record_path}: stage record version {version!r}, this memsearch reads version "
+                f"{RECORD_VERSION}; use the memsearch that wrote it, or delete {self.folder} and "
+                f"{self.record_path} to redo the stage"
+            )
         if record["fingerprint"] != self.fingerprint:
             self.refuse(record.get("inputs", {}), self.inputs)
         return record
@@ -130,8 +134,11 @@ class Stage:
     def refuse(self, recorded: dict[str, Any], inputs: dict[str, Any]) -> None:
         """Raise: the record was made from ``recorded``, not from ``inputs`` (changed keys named)."""
         changed = ", ".join(_changed(recorded, inputs)[:8]) or "inputs"
-        raise InputError(f"{self.folder}: stage '{self.name}' was made from different inputs (changed: {changed}); "
-                         f"refusing to reuse or mix it. Choose a new --out, or delete {self.folder} and {self.record_path} to redo the stage")
+        raise InputError(
+            f"{self.folder}: stage '{self.name}' was made from different inputs (changed: {changed}); "
+            f"refusing to reuse or mix it. Choose a new --out, or delete {self.folder} and {self.record_path} to redo "
+            "the stage"
+        )
 
     def done(self) -> bool:
         """True when the stage finished with these inputs; raises on a fingerprint mismatch."""
@@ -148,14 +155,24 @@ class Stage:
         if self.started():
             return
         self.record_path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(self.record_path, {"version": RECORD_VERSION, "stage": self.name, "fingerprint": self.fingerprint,
-                                      "inputs": self.inputs, "complete": False,
-                                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        write_json(
+            self.record_path,
+            {
+                "version": RECORD_VERSION,
+                "stage": self.name,
+                "fingerprint": self.fingerprint,
+                "inputs": self.inputs,
+                "complete": False,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            },
+        )
 
     def finish(self, outputs: dict[str, Any]) -> None:
         record = self.record() or {}
-        write_json(self.record_path, {**record, "complete": True, "outputs": outputs,
-                                      "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        write_json(
+            self.record_path,
+            {**record, "complete": True, "outputs": outputs, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+        )
 
 
 # Config fields that version 1 left out of every dump while at their default (values of
@@ -168,8 +185,9 @@ def version1_dump(value: Any) -> Any:
     """``value`` (stage inputs, or any part of them) as version 1 dumped it: without the fields
     of ``VERSION1_OMITTED`` that hold their defaults."""
     if isinstance(value, dict):
-        return {k: version1_dump(v) for k, v in value.items()
-                if not (k in VERSION1_OMITTED and v == VERSION1_OMITTED[k])}
+        return {
+            k: version1_dump(v) for k, v in value.items() if not (k in VERSION1_OMITTED and v == VERSION1_OMITTED[k])
+        }
     if isinstance(value, list):
         return [version1_dump(v) for v in value]
     return value
@@ -191,8 +209,13 @@ def upgrade_version1_record(stage: Stage, record: dict[str, Any]) -> dict[str, A
     candidates = (version1_dump(stage.inputs), version1_dump(stage.given_inputs))
     if record.get("fingerprint") not in {fingerprint(inputs) for inputs in candidates}:
         stage.refuse(record.get("inputs", {}), candidates[0])
-    upgraded = {**record, "version": RECORD_VERSION, "fingerprint": stage.fingerprint, "inputs": stage.inputs,
-                "fingerprint_before": record["fingerprint"]}
+    upgraded = {
+        **record,
+        "version": RECORD_VERSION,
+        "fingerprint": stage.fingerprint,
+        "inputs": stage.inputs,
+        "fingerprint_before": record["fingerprint"],
+    }
     write_json(stage.record_path, upgraded)
     return upgraded
 
@@ -216,8 +239,9 @@ def sft_stage(folder: Path, record: Path, sft: Any, upstream: dict[str, Any], ec
     return _trainer_stage(folder, record, "sft", sft, upstream, train_sft, "LoRA SFT", echo)
 
 
-def _trainer_stage(folder: Path, record: Path, key: str, cfg: Any, upstream: dict[str, Any], train, label: str,
-                   echo, around=None) -> Path:
+def _trainer_stage(
+    folder: Path, record: Path, key: str, cfg: Any, upstream: dict[str, Any], train, label: str, echo, around=None
+) -> Path:
     stage = Stage(folder, folder.name, {key: cfg.model_dump(mode="json"), **upstream}, record)
     if stage.done():
         _check_adapter(folder, stage)
@@ -235,8 +259,10 @@ def _trainer_stage(folder: Path, record: Path, key: str, cfg: Any, upstream: dic
 
 def _check_adapter(folder: Path, stage: Stage) -> None:
     if folder_sha256(folder / "adapter") != stage.record()["outputs"]["adapter_sha256"]:
-        raise InputError(f"{folder / 'adapter'}: missing or changed since training finished; delete {folder} and "
-                         f"{stage.record_path} to train again, or choose a new --out")
+        raise InputError(
+            f"{folder / 'adapter'}: missing or changed since training finished; delete {folder} and "
+            f"{stage.record_path} to train again, or choose a new --out"
+        )
 
 
 def _finish_adapter(folder: Path, stage: Stage) -> Path:
@@ -262,12 +288,22 @@ def merge_stage(folder: Path, record: Path, model: str, adapter: Path, dtype: st
     return folder, stage.fingerprint
 
 
-def eval_run(folder: Path, record: Path, run_config, data: Path, upstream: dict[str, Any], echo=print) -> dict[str, Any]:
+def eval_run(
+    folder: Path, record: Path, run_config, data: Path, upstream: dict[str, Any], echo=print
+) -> dict[str, Any]:
     """One fingerprinted ``run_eval`` (resumed after a crash); returns its summary."""
     from memsearch.eval.runner import run_eval
 
-    stage = Stage(folder, folder.name, {"run_config": run_config.model_dump(mode="json"),
-                                        "data_manifest_sha256": sha256_file(data / "manifest.json"), **upstream}, record)
+    stage = Stage(
+        folder,
+        folder.name,
+        {
+            "run_config": run_config.model_dump(mode="json"),
+            "data_manifest_sha256": sha256_file(data / "manifest.json"),
+            **upstream,
+        },
+        record,
+    )
     if stage.done() and (folder / "summary.json").is_file():
         echo(f"{folder.name}: done")
         return json.loads((folder / "summary.json").read_text())

@@ -29,15 +29,15 @@ def gold_doc_recall(retriever, tasks, labels, k: int, scope: str) -> float:
 
 
 def run_walkthrough(out: Path | None, echo: Callable[[str], None] = print) -> Path:
+    from memsearch.assets.samples import HOTPOT_DEV, HOTPOT_TRAIN, samples_dir
     from memsearch.data.dataset import load_dataset, save_dataset
     from memsearch.data.hotpot import convert_hotpot
     from memsearch.data.ruler import prepare_ruler
     from memsearch.data.validate import validate_data
-    from memsearch.pipelines.demo import fresh_run_dir
     from memsearch.errors import InputError
     from memsearch.memory import Add, Memory
+    from memsearch.pipelines.demo import fresh_run_dir
     from memsearch.retrieval import BM25Retriever
-    from memsearch.assets.samples import HOTPOT_DEV, HOTPOT_TRAIN, samples_dir
     from memsearch.tokenizer import load_tokenizer
 
     out = Path(out) if out is not None else fresh_run_dir("walkthrough")
@@ -76,7 +76,10 @@ def run_walkthrough(out: Path | None, echo: Callable[[str], None] = print) -> Pa
         "corpus@10": gold_doc_recall(retriever, dev.tasks, dev.labels, 10, "corpus"),
     }
     summary["gold_doc_recall"] = {key: round(value, 4) for key, value in recall.items()}
-    echo(f"   gold-paragraph recall with the question as the only query ({len(dev.tasks)} questions, {time.perf_counter() - t0:.1f}s):")
+    echo(
+        f"   gold-paragraph recall with the question as the only query ({len(dev.tasks)} questions, "
+        f"{time.perf_counter() - t0:.1f}s):"
+    )
     for key, value in recall.items():
         echo(f"     {key:<13} {value:.3f}")
 
@@ -96,7 +99,10 @@ def run_walkthrough(out: Path | None, echo: Callable[[str], None] = print) -> Pa
     attempts = [
         ("ADD a fact citing shown evidence", [Add(first[1].strip(), (first[0],))]),
         ("ADD a fact citing evidence never shown", [Add("Invented fact.", ("d999:0",))]),
-        ("ADD a long fact past the budget", [Add(" ".join(s for _, s in passages[-1].sentences), (passages[-1].sentences[0][0],))]),
+        (
+            "ADD a long fact past the budget",
+            [Add(" ".join(s for _, s in passages[-1].sentences), (passages[-1].sentences[0][0],))],
+        ),
     ]
     for what, ops in attempts:
         result = memory.apply(ops, shown)
@@ -104,12 +110,17 @@ def run_walkthrough(out: Path | None, echo: Callable[[str], None] = print) -> Pa
     echo(f"   memory now ({memory.tokens()} tokens):\n      " + memory.render().replace("\n", "\n      "))
 
     echo("6. RULER-HQA-style long contexts (first 50 dev questions, N = 50 and 200)")
-    manifests = prepare_ruler(dev_dir, out / "data" / "ruler", [50, 200], limit=50, tokenizer=tokenizer, show_progress=False)
+    manifests = prepare_ruler(
+        dev_dir, out / "data" / "ruler", [50, 200], limit=50, tokenizer=tokenizer, show_progress=False
+    )
     summary["ruler_context_tokens"] = {}
     for n, manifest in manifests.items():
         stats = manifest["context_tokens"]
         summary["ruler_context_tokens"][str(n)] = stats["mean"]
-        echo(f"   N={n}: mean {stats['mean']:.0f} tokens (min {stats['min']}, max {stats['max']}) -> {out}/data/ruler/docs{n}")
+        echo(
+            f"   N={n}: mean {stats['mean']:.0f} tokens (min {stats['min']}, max {stats['max']}) -> "
+            f"{out}/data/ruler/docs{n}"
+        )
 
     summary["seconds"] = round(time.perf_counter() - started, 1)
     write_json(out / "summary.json", summary)

@@ -15,13 +15,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-
 PAYLOAD_TAG = '<script id="payload" type="application/octet-stream">'
 
 
 def encode_payload(payload: dict[str, Any]) -> str:
     """Canonical JSON, gzip (mtime 0, so no timestamp in the bytes), base64."""
-    raw = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    raw = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode(
+        "utf-8"
+    )
     return base64.b64encode(gzip.compress(raw, compresslevel=9, mtime=0)).decode("ascii")
 
 
@@ -45,7 +46,7 @@ def render_html(payload: dict[str, Any], title: str) -> str:
 def payload_of_html(page: str) -> dict[str, Any]:
     """The payload embedded in a written report."""
     start = page.index(PAYLOAD_TAG) + len(PAYLOAD_TAG)
-    return decode_payload(page[start: page.index("</script>", start)])
+    return decode_payload(page[start : page.index("</script>", start)])
 
 
 def write_report(paths: list[Path], data_dir: Path, out: Path, train_logs: list[Path] | None = None) -> Path:

@@ -32,7 +32,9 @@ def plot_metrics(runs: dict[str, dict[str, Any]], png: Path, keys: tuple[str, ..
     return png
 
 
-def write_plots(paths: list[Path], data_dir: Path | None, out_dir: Path, train_logs: list[Path] | None = None) -> list[Path]:
+def write_plots(
+    paths: list[Path], data_dir: Path | None, out_dir: Path, train_logs: list[Path] | None = None
+) -> list[Path]:
     """``metrics.png`` for the runs (when any) and ``reward-<log folder>.png`` per training log."""
     from memsearch.train.plot import plot_rewards
 

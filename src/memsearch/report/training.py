@@ -23,7 +23,9 @@ def training_series(logs: list[Path]) -> dict[str, Any]:
     keys: set[str] = set()
     for recs in records:
         for r in recs:
-            keys.update(k for k, v in r.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool))
+            keys.update(
+                k for k, v in r.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+            )
     ordered = [k for k in PREFERRED if k in keys] + sorted(k for k in keys if k not in PREFERRED)
     metrics = {}
     for key in ordered:

@@ -57,8 +57,9 @@ def scope_of(candidates: Sequence[str] | None) -> Scope:
     return "corpus" if candidates is None else "candidates"
 
 
-def check_search_args(queries: Sequence[str], k: int,
-                      candidates: Sequence[Sequence[str] | None] | None) -> tuple[list[str], list[Sequence[str] | None]]:
+def check_search_args(
+    queries: Sequence[str], k: int, candidates: Sequence[Sequence[str] | None] | None
+) -> tuple[list[str], list[Sequence[str] | None]]:
     """The queries as a list and one candidate list (or ``None``) per query, after the checks
     every ``search_many`` makes (``TypeError`` / ``ValueError`` naming the problem)."""
     if isinstance(queries, str):
@@ -70,7 +71,9 @@ def check_search_args(queries: Sequence[str], k: int,
         return queries, [None] * len(queries)
     per_query = list(candidates)
     if len(per_query) != len(queries):
-        raise ValueError(f"candidates has {len(per_query)} entries for {len(queries)} queries; give one list (or None) per query")
+        raise ValueError(
+            f"candidates has {len(per_query)} entries for {len(queries)} queries; give one list (or None) per query"
+        )
     for c in per_query:
         if isinstance(c, str):
             raise TypeError("candidates must be a list of doc ids, not one string")

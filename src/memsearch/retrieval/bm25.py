@@ -96,7 +96,9 @@ class BM25Settings(BaseModel):
     @classmethod
     def _known_stopwords(cls, value: str | list[str] | None) -> str | list[str] | None:
         if isinstance(value, str) and value not in _STOPWORD_LISTS:
-            raise ValueError(f"unknown stop-word list {value!r}; choose one of {sorted(_STOPWORD_LISTS)}, a list of words, or None")
+            raise ValueError(
+                f"unknown stop-word list {value!r}; choose one of {sorted(_STOPWORD_LISTS)}, a list of words, or None"
+            )
         return value
 
     @field_validator("stemmer")
@@ -201,7 +203,10 @@ def read_documents(index_dir: Path, expected_sha256: str) -> tuple[list[Document
         raise InputError(f"{docs_path}: missing; the index folder is incomplete, rebuild it")
     fingerprint = sha256_file(docs_path)
     if fingerprint != expected_sha256:
-        raise InputError(f"{docs_path}: content does not match the SHA-256 recorded in {META_FILE}; the file was changed after the index was built")
+        raise InputError(
+            f"{docs_path}: content does not match the SHA-256 recorded in {META_FILE}; the file was changed after the "
+            "index was built"
+        )
     documents = []
     for lineno, obj in iter_jsonl(docs_path):
         try:
@@ -220,8 +225,14 @@ class BM25Retriever:
 
     name = "bm25"
 
-    def __init__(self, model: Any, documents: list[Document], settings: BM25Settings,
-                 stopwords: list[str], fingerprint: str | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        documents: list[Document],
+        settings: BM25Settings,
+        stopwords: list[str],
+        fingerprint: str | None = None,
+    ) -> None:
         self._model = model
         self._documents = documents
         self._row = {doc.doc_id: i for i, doc in enumerate(documents)}
@@ -233,8 +244,9 @@ class BM25Retriever:
     # ---------------------------------------------------------------- building and files
 
     @classmethod
-    def build(cls, documents: Iterable[Document], settings: BM25Settings | None = None,
-              show_progress: bool = False) -> BM25Retriever:
+    def build(
+        cls, documents: Iterable[Document], settings: BM25Settings | None = None, show_progress: bool = False
+    ) -> BM25Retriever:
         """Index ``documents`` (kept in the given order, which breaks score ties)."""
         import bm25s
         from tqdm.auto import tqdm
@@ -258,8 +270,7 @@ class BM25Retriever:
         ]
         if not vocab:
             raise ValueError("no document has a single term under these settings; check token_pattern and stopwords")
-        model = bm25s.BM25(k1=settings.k1, b=settings.b, method=settings.method, backend="numpy",
-                           csc_backend="scipy")
+        model = bm25s.BM25(k1=settings.k1, b=settings.b, method=settings.method, backend="numpy", csc_backend="scipy")
         model.index((corpus_ids, vocab), create_empty_token=False, show_progress=show_progress)
         return cls(model, docs, settings, stopwords)
 
@@ -277,18 +288,21 @@ class BM25Retriever:
         with atomic_output_dir(out_dir) as tmp:
             self._model.save(tmp, show_progress=False)
             write_documents(tmp / DOCUMENTS_FILE, self._documents)
-            write_json(tmp / META_FILE, {
-                "format": FORMAT,
-                "format_version": FORMAT_VERSION,
-                "settings": self.settings.model_dump(mode="json"),
-                "stopwords": self._stopwords,
-                "bm25s_version": bm25s.__version__,
-                "pystemmer_version": _pystemmer_version(),
-                "num_docs": len(self._documents),
-                "num_terms": len(self._model.vocab_dict),
-                "documents_file": DOCUMENTS_FILE,
-                "documents_sha256": self.fingerprint,
-            })
+            write_json(
+                tmp / META_FILE,
+                {
+                    "format": FORMAT,
+                    "format_version": FORMAT_VERSION,
+                    "settings": self.settings.model_dump(mode="json"),
+                    "stopwords": self._stopwords,
+                    "bm25s_version": bm25s.__version__,
+                    "pystemmer_version": _pystemmer_version(),
+                    "num_docs": len(self._documents),
+                    "num_terms": len(self._model.vocab_dict),
+                    "documents_file": DOCUMENTS_FILE,
+                    "documents_sha256": self.fingerprint,
+                },
+            )
         return out_dir
 
     @classmethod
@@ -308,14 +322,21 @@ class BM25Retriever:
         meta = _read_meta(meta_path)
         for name in BM25S_FILES:
             if not (index_dir / name).is_file():
-                raise InputError(f"{index_dir / name}: missing bm25s index file; the index folder is incomplete, rebuild it")
+                raise InputError(
+                    f"{index_dir / name}: missing bm25s index file; the index folder is incomplete, rebuild it"
+                )
         try:
             model = bm25s.BM25.load(index_dir, mmap=mmap, load_corpus=False, show_progress=False)
         except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise InputError(f"{index_dir}: unreadable bm25s index files ({type(exc).__name__}: {exc}); rebuild the index") from None
+            raise InputError(
+                f"{index_dir}: unreadable bm25s index files ({type(exc).__name__}: {exc}); rebuild the index"
+            ) from None
         documents, fingerprint = read_documents(index_dir, meta["documents_sha256"])
-        counts = {META_FILE: meta["num_docs"], DOCUMENTS_FILE: len(documents),
-                  "params.index.json": model.scores["num_docs"]}
+        counts = {
+            META_FILE: meta["num_docs"],
+            DOCUMENTS_FILE: len(documents),
+            "params.index.json": model.scores["num_docs"],
+        }
         if len(set(counts.values())) != 1:
             raise InputError(f"{index_dir}: document counts disagree ({counts}); rebuild the index")
         return cls(model, documents, meta["settings"], meta["stopwords"], fingerprint)
@@ -339,7 +360,9 @@ class BM25Retriever:
         return len(self._documents)
 
     def __repr__(self) -> str:
-        return f"BM25Retriever({len(self._documents)} documents, {len(self._model.vocab_dict)} terms, {self.settings!r})"
+        return (
+            f"BM25Retriever({len(self._documents)} documents, {len(self._model.vocab_dict)} terms, {self.settings!r})"
+        )
 
     def tokenize(self, text: str) -> list[str]:
         """The terms of ``text`` exactly as this index sees them (documents and queries alike),
@@ -357,8 +380,9 @@ class BM25Retriever:
         """Top-``k`` passages for ``query``, over the corpus or only ``candidates``."""
         return self.search_many([query], k, None if candidates is None else [candidates])[0]
 
-    def search_many(self, queries: Sequence[str], k: int = 5,
-                    candidates: Sequence[Sequence[str] | None] | None = None) -> list[list[Passage]]:
+    def search_many(
+        self, queries: Sequence[str], k: int = 5, candidates: Sequence[Sequence[str] | None] | None = None
+    ) -> list[list[Passage]]:
         """``search`` for each query; ``candidates`` is None or one list (or None) per query."""
         queries, per_query = check_search_args(queries, k, candidates)
         masks = [None if c is None else self._mask(c) for c in per_query]  # all checked before any search
@@ -372,8 +396,12 @@ class BM25Retriever:
             # retrieve() (numpy backend) is a per-query loop too, but its argpartition over
             # every document is slow on the many zero scores and breaks ties arbitrarily.
             scores = self._model.get_scores_from_ids(term_ids, weight_mask=mask)
-            results.append([passage_from_document(self._documents[row], score, rank)
-                            for rank, (row, score) in enumerate(self._topk(scores, k))])
+            results.append(
+                [
+                    passage_from_document(self._documents[row], score, rank)
+                    for rank, (row, score) in enumerate(self._topk(scores, k))
+                ]
+            )
         return results
 
     def _mask(self, candidates: Sequence[str]) -> np.ndarray:
@@ -424,9 +452,12 @@ def _read_meta(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: unreadable ({exc}); expected the JSON written by BM25Retriever.save") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise InputError(f"{path}: not a memsearch BM25 index description (expected \"format\": \"{FORMAT}\")")
+        raise InputError(f'{path}: not a memsearch BM25 index description (expected "format": "{FORMAT}")')
     if meta.get("format_version") != FORMAT_VERSION:
-        raise InputError(f"{path}: index format version {meta.get('format_version')!r}, this memsearch reads version {FORMAT_VERSION}; rebuild the index")
+        raise InputError(
+            f"{path}: index format version {meta.get('format_version')!r}, this memsearch reads version "
+            f"{FORMAT_VERSION}; rebuild the index"
+        )
     missing = [key for key in ("settings", "stopwords", "num_docs", "documents_sha256") if key not in meta]
     if missing:
         raise InputError(f"{path}: missing fields {missing}; rebuild the index")

@@ -130,20 +130,27 @@ class DenseRetriever:
         index_dir = Path(index_dir)
         meta = read_manifest(index_dir)
         if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
-            raise InputError(f"{index_dir / META_FILE}: not a memsearch dense index of format version {FORMAT_VERSION}; rebuild it")
+            raise InputError(
+                f"{index_dir / META_FILE}: not a memsearch dense index of format version {FORMAT_VERSION}; rebuild it"
+            )
         faiss_path = index_dir / FAISS_FILE
         if not faiss_path.is_file() or sha256_file(faiss_path) != meta.get("faiss_sha256"):
             raise InputError(f"{faiss_path}: missing or changed since the index was built; rebuild it")
         documents, _ = read_documents(index_dir, meta["documents_sha256"])
         index = faiss.read_index(str(faiss_path))
         if index.ntotal != len(documents) or index.d != meta["dim"]:
-            raise InputError(f"{index_dir}: {index.ntotal} vectors of dim {index.d} for {len(documents)} documents; rebuild the index")
+            raise InputError(
+                f"{index_dir}: {index.ntotal} vectors of dim {index.d} for {len(documents)} documents; rebuild the "
+                "index"
+            )
         if isinstance(index, faiss.IndexHNSW) and meta.get("hnsw"):
             index.hnsw.efSearch = meta["hnsw"]["ef_search"]
         encoder = encoder or MiniLMEncoder()
         if encoder.weights_sha256 != meta["encoder"]["weights_sha256"]:
-            raise InputError(f"{index_dir}: built with encoder weights {meta['encoder']['weights_sha256'][:12]}..., "
-                             f"the installed ones are {encoder.weights_sha256[:12]}...; rebuild the index")
+            raise InputError(
+                f"{index_dir}: built with encoder weights {meta['encoder']['weights_sha256'][:12]}..., "
+                f"the installed ones are {encoder.weights_sha256[:12]}...; rebuild the index"
+            )
         bm25 = BM25Retriever.load(index_dir / BM25_DIR) if (index_dir / BM25_DIR).is_dir() else None
         return cls(index, documents, encoder, meta, bm25)
 
@@ -164,14 +171,18 @@ class DenseRetriever:
         """Top-``k`` passages for ``query``, over the corpus or only ``candidates``."""
         return self.search_many([query], k, None if candidates is None else [candidates])[0]
 
-    def search_many(self, queries: Sequence[str], k: int = 5,
-                    candidates: Sequence[Sequence[str] | None] | None = None) -> list[list[Passage]]:
+    def search_many(
+        self, queries: Sequence[str], k: int = 5, candidates: Sequence[Sequence[str] | None] | None = None
+    ) -> list[list[Passage]]:
         """``search`` for each query with one encoder call for all of them."""
-        return [[passage_from_document(self._documents[row], score, rank) for rank, (row, score) in enumerate(hits)]
-                for hits in self.rows_many(queries, k, candidates)]
+        return [
+            [passage_from_document(self._documents[row], score, rank) for rank, (row, score) in enumerate(hits)]
+            for hits in self.rows_many(queries, k, candidates)
+        ]
 
-    def rows_many(self, queries: Sequence[str], k: int,
-                  candidates: Sequence[Sequence[str] | None] | None = None) -> list[list[tuple[int, float]]]:
+    def rows_many(
+        self, queries: Sequence[str], k: int, candidates: Sequence[Sequence[str] | None] | None = None
+    ) -> list[list[tuple[int, float]]]:
         """``(row, score)`` lists, best first, ties by row: what ``search_many`` returns as passages."""
         queries, per_query = check_search_args(queries, k, candidates)
         rows_of = [None if c is None else self._rows(c) for c in per_query]  # all checked before encoding

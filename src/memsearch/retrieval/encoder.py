@@ -84,8 +84,9 @@ class MiniLMEncoder:
 
         Every new input shape makes torch's CPU kernels allocate (and keep) buffers of that shape:
         a service encoding batches of every size grew its RSS by ~50 % over 10,000 requests. With
-        shapes bucketed there are at most ~90 of them (and padding wastes at most 7 rows). Padded tokens are masked out of attention
-        and of the mean, padded rows are dropped, so the vectors do not change.
+        shapes bucketed there are at most ~90 of them (and padding wastes at most 7 rows). Padded
+        tokens are masked out of attention and of the mean, padded rows are dropped, so the vectors
+        do not change.
         """
         import torch
 
@@ -115,9 +116,16 @@ class MiniLMEncoder:
             order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
             starts = range(0, len(texts), self.batch_size)
             for start in tqdm(starts, desc="encode", disable=not show_progress):
-                rows = order[start:start + self.batch_size]
-                batch = self._bucketed(self._tokenizer([texts[i] for i in rows], padding=True, truncation=True,
-                                                       max_length=self.max_length, return_tensors="pt"))
+                rows = order[start : start + self.batch_size]
+                batch = self._bucketed(
+                    self._tokenizer(
+                        [texts[i] for i in rows],
+                        padding=True,
+                        truncation=True,
+                        max_length=self.max_length,
+                        return_tensors="pt",
+                    )
+                )
                 with torch.inference_mode():
                     hidden = self._model(**batch).last_hidden_state
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)

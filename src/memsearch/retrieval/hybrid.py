@@ -74,5 +74,7 @@ class HybridRetriever:
             for rank, (row, _) in enumerate(vec, start=1):
                 fused[row] = fused.get(row, 0.0) + 1.0 / (self.rrf_k + rank)
             best = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:k]
-            out.append([passage_from_document(self.documents[row], score, rank) for rank, (row, score) in enumerate(best)])
+            out.append(
+                [passage_from_document(self.documents[row], score, rank) for rank, (row, score) in enumerate(best)]
+            )
         return out

@@ -53,7 +53,9 @@ class BadRequest(ValueError):
 class RetrievalService:
     """The batcher, cache and counters around one retriever; ``app()`` is the aiohttp application."""
 
-    def __init__(self, retriever: Any, settings: ServiceSettings | None = None, info: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, retriever: Any, settings: ServiceSettings | None = None, info: dict[str, Any] | None = None
+    ) -> None:
         self.retriever = retriever
         self.settings = settings or ServiceSettings()
         self._info = info or {}
@@ -209,8 +211,14 @@ class RetrievalService:
         result = []
         for hits, exclude in zip(found, excl):
             kept = [(doc_id, score) for doc_id, score in hits if doc_id not in exclude][:topk]
-            result.append([render_hit(passage_from_document(self._rows[doc_id], score, rank), body["format"],
-                                      body["return_scores"]) for rank, (doc_id, score) in enumerate(kept)])
+            result.append(
+                [
+                    render_hit(
+                        passage_from_document(self._rows[doc_id], score, rank), body["format"], body["return_scores"]
+                    )
+                    for rank, (doc_id, score) in enumerate(kept)
+                ]
+            )
         self.counts["answered"] += 1
         self.counts["latency_ms_total"] += int((time.perf_counter() - started) * 1000)
         return web.json_response({"result": result})
@@ -253,9 +261,14 @@ def parse_request(raw: bytes, settings: ServiceSettings, documents: dict[str, An
         raise BadRequest(f"'format' must be 'search-r1' or 'memsearch', got {fmt!r}")
     cands = _per_query(body.get("candidates"), len(queries), "candidates", documents)
     excl = _per_query(body.get("exclude"), len(queries), "exclude", documents)
-    return {"queries": queries, "topk": topk, "return_scores": scores, "format": fmt,
-            "candidates": [None if c is None else tuple(sorted(set(c))) for c in cands],
-            "exclude": [frozenset(x or ()) for x in excl]}
+    return {
+        "queries": queries,
+        "topk": topk,
+        "return_scores": scores,
+        "format": fmt,
+        "candidates": [None if c is None else tuple(sorted(set(c))) for c in cands],
+        "exclude": [frozenset(x or ()) for x in excl],
+    }
 
 
 def _per_query(value: Any, n: int, name: str, documents: dict[str, Any]) -> list[list[str] | None]:
@@ -266,13 +279,18 @@ def _per_query(value: Any, n: int, name: str, documents: dict[str, Any]) -> list
         raise BadRequest(f"'{name}' must be a list of doc ids or one list (or null) per query")
     if all(isinstance(v, str) for v in value):
         per = [value] * n
-    elif len(value) == n and all(v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v)) for v in value):
+    elif len(value) == n and all(
+        v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v)) for v in value
+    ):
         per = value
     else:
         raise BadRequest(f"'{name}' must be a list of doc ids or one list (or null) per query ({n} queries)")
     unknown = sorted({x for v in per if v for x in v if x not in documents})
     if unknown:
-        raise BadRequest(f"'{name}': unknown doc ids {unknown[:10]}" + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""))
+        raise BadRequest(
+            f"'{name}': unknown doc ids {unknown[:10]}"
+            + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+        )
     return per
 
 
@@ -286,8 +304,9 @@ def load_service(index: str, method: str | None = None, settings: ServiceSetting
     return RetrievalService(retriever, settings, info)
 
 
-async def _serve(service: RetrievalService, host: str, port: int, ready=None, stop: asyncio.Event | None = None,
-                 app: Any = None) -> None:
+async def _serve(
+    service: RetrievalService, host: str, port: int, ready=None, stop: asyncio.Event | None = None, app: Any = None
+) -> None:
     from aiohttp import web
 
     runner = web.AppRunner(app if app is not None else service.app(), handle_signals=False)

@@ -109,7 +109,11 @@ def evidence_id_spans(text: str) -> list[tuple[int, int]]:
 def _leftmost_id_start(text: str, lo: int, run_start: int, run_end: int) -> int | None:
     """The first index in ``[lo, run_end)`` where an id may begin: an ASCII letter at the start of
     the run (not right after ``: / . @``) or right after a ``-`` inside it."""
-    if lo <= run_start and text[run_start] in _ASCII_LETTERS and (run_start == 0 or text[run_start - 1] not in _NOT_BEFORE):
+    if (
+        lo <= run_start
+        and text[run_start] in _ASCII_LETTERS
+        and (run_start == 0 or text[run_start - 1] not in _NOT_BEFORE)
+    ):
         return run_start
     dash = text.find("-", max(lo - 1, run_start), run_end)
     while dash >= 0:

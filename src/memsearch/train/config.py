@@ -32,7 +32,9 @@ class LoraSettings(StrictConfig):
 
     r: int = Field(16, ge=1, description="Rank of the update matrices")
     alpha: float = Field(32.0, gt=0, description="Scaling numerator (scale = alpha / r)")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout; 0 keeps rollout and training log-probs identical")
+    dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="LoRA dropout; 0 keeps rollout and training log-probs identical"
+    )
     target_modules: list[str] = Field(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         description="Module names that get an adapter (Llama/Qwen/SmolLM naming)",
@@ -46,7 +48,9 @@ class OptimSettings(StrictConfig):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     betas: FloatPair = Field((0.9, 0.999), description="AdamW betas")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up from 0 to lr over this many optimizer steps")
-    schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up (to 0 at the last step)")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Decay after warm-up (to 0 at the last step)"
+    )
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm (None = no clipping)")
 
 
@@ -58,8 +62,11 @@ class EvalSettings(StrictConfig):
     every: int = Field(0, ge=0, description="Evaluate every N optimizer steps (0 = only at the end)")
     at_start: bool = Field(False, description="Also evaluate the starting weights before step 1")
     wait_s: float = Field(
-        3600.0, gt=0, description="torchrun: rank 0 evaluates alone while the other ranks wait for it at an explicit "
-        "barrier, at most this many seconds (then the run fails saying so); raise it for long evaluations")
+        3600.0,
+        gt=0,
+        description="torchrun: rank 0 evaluates alone while the other ranks wait for it at an explicit "
+        "barrier, at most this many seconds (then the run fails saying so); raise it for long evaluations",
+    )
 
 
 class RewardSettings(StrictConfig):
@@ -76,20 +83,33 @@ class RewardSettings(StrictConfig):
     (boxed exact match alone)."""
 
     metric: Literal["f1", "em", "sub_em", "boxed_em"] = Field(
-        "f1", description="Answer metric against the train label, as the evaluation scores it (boxed_em: the last "
-        "\\boxed{} of the reader's text; the others: the parsed prediction); a failed episode scores 0")
+        "f1",
+        description="Answer metric against the train label, as the evaluation scores it (boxed_em: the last "
+        "\\boxed{} of the reader's text; the others: the parsed prediction); a failed episode scores 0",
+    )
     invalid_penalty: float = Field(
-        0.5, ge=0, description="Subtracted x (invalid calls / calls) of the trained role(s): calls whose output the "
-        "engine rejected (unparsable or rejected memory operations, unreadable controller decisions, no answer)")
+        0.5,
+        ge=0,
+        description="Subtracted x (invalid calls / calls) of the trained role(s): calls whose output the "
+        "engine rejected (unparsable or rejected memory operations, unreadable controller decisions, no answer)",
+    )
     citation_penalty: float = Field(
-        0.5, ge=0, description="Subtracted x (invalid citations / citations) of the final answer: evidence ids the "
+        0.5,
+        ge=0,
+        description="Subtracted x (invalid citations / citations) of the final answer: evidence ids the "
         "reader cites that the episode never showed (the trajectory's invalid_citations); an answer citing nothing "
-        "is not penalised")
-    search_cost: float = Field(0.0, ge=0, description="Subtracted per search the episode made (ablation of search cost)")
+        "is not penalised",
+    )
+    search_cost: float = Field(
+        0.0, ge=0, description="Subtracted per search the episode made (ablation of search cost)"
+    )
     memory_recall: float = Field(
-        0.0, ge=0, description="Added x memory support recall of the final memory (share of the train label's "
+        0.0,
+        ge=0,
+        description="Added x memory support recall of the final memory (share of the train label's "
         "supporting facts whose evidence ids the memory cites): a label-based term for the memory role where the "
-        "answer metric barely moves with memory quality (small readers); 0 = answer metric only")
+        "answer metric barely moves with memory quality (small readers); 0 = answer metric only",
+    )
 
 
 class TrainerConfig(StrictConfig):
@@ -101,8 +121,11 @@ class TrainerConfig(StrictConfig):
     device: str = Field("auto", description="auto | cpu | cuda (torchrun: one GPU per local rank)")
     dtype: str = Field("float32", description="Weights dtype of the trained model (float32 on CPU)")
     dist_timeout_s: float = Field(
-        1800.0, gt=0, description="torchrun: process-group timeout, the longest one rank waits in a collective for the "
-        "others (GRPO: e.g. for the slowest rank's rollouts) before the run fails; NCCL's own default is 600 s")
+        1800.0,
+        gt=0,
+        description="torchrun: process-group timeout, the longest one rank waits in a collective for the "
+        "others (GRPO: e.g. for the slowest rank's rollouts) before the run fails; NCCL's own default is 600 s",
+    )
 
 
 class GRPOConfig(TrainerConfig):
@@ -110,50 +133,80 @@ class GRPOConfig(TrainerConfig):
 
     role: Literal["memory", "controller", "overwrite"] = Field(
         "memory",
-        description="Trained decisions: memory (stage 1), controller (stage 2), overwrite (MemAgent: memory updates + final answer)",
+        description="Trained decisions: memory (stage 1), controller (stage 2), "
+        "overwrite (MemAgent: memory updates + final answer)",
     )
     model: str = Field("embedded", description="'embedded' or a local Hugging Face model folder (the base of the LoRA)")
     adapter: str | None = Field(None, description="Start from this LoRA adapter (e.g. an SFT run): weights only")
     data: str = Field(..., description="Prepared train folder (manifest split must be 'train')")
     episode_config: str | None = Field(
-        None, description="Run config (TOML) the episode starts from, e.g. the eval config of the group being trained, "
-        "so training and evaluation share budgets; [episode] tables given here are applied on top")
-    episode: RunConfig = Field(default_factory=RunConfig, description="Agent design, budgets and the backends of the untrained roles")
+        None,
+        description="Run config (TOML) the episode starts from, e.g. the eval config of the group being trained, "
+        "so training and evaluation share budgets; [episode] tables given here are applied on top",
+    )
+    episode: RunConfig = Field(
+        default_factory=RunConfig, description="Agent design, budgets and the backends of the untrained roles"
+    )
     steps: int = Field(20, ge=1, description="Optimizer steps (one rollout batch each)")
     tasks_per_step: int = Field(4, ge=1, description="Tasks per step over all ranks (each rank rolls out its share)")
     group_size: int = Field(4, ge=2, description="Rollouts per task (the GRPO group)")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the trained role (full distribution at 1)")
-    top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus of the trained role; < 1 makes recomputed log-probs differ")
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature of the trained role (full distribution at 1)"
+    )
+    top_p: float = Field(
+        1.0, gt=0, le=1.0, description="Nucleus of the trained role; < 1 makes recomputed log-probs differ"
+    )
     schema_mode: bool = Field(
-        False, description="Memory role: sample under the ops JSON schema; the mask is replayed in the loss. The one "
+        False,
+        description="Memory role: sample under the ops JSON schema; the mask is replayed in the loss. The one "
         "source of truth for rollouts and periodic evaluation: episode.backends.memory.schema_mode follows it, and a "
-        "config where the two disagree is refused")
-    credit: Literal["share", "split"] = Field("share", description="share: every row gets the advantage; split: advantage / rows")
+        "config where the two disagree is refused",
+    )
+    credit: Literal["share", "split"] = Field(
+        "share", description="share: every row gets the advantage; split: advantage / rows"
+    )
     std_scale: bool = Field(False, description="Divide advantages by the group's standard deviation")
     clip_low: float = Field(0.2, ge=0, description="Ratio clip below: 1 - clip_low")
     clip_high: float = Field(0.2, ge=0, description="Ratio clip above: 1 + clip_high")
     aggregation: Literal["trajectory", "token", "sequence"] = Field(
-        "trajectory", description="trajectory: each trajectory normalized by its generated tokens; token: token mean; sequence: row mean"
+        "trajectory",
+        description="trajectory: each trajectory normalized by its generated tokens; token: token mean; "
+        "sequence: row mean",
     )
     kl_coef: float = Field(0.0, ge=0, description="k3 KL penalty to the reference (kl_reference)")
     kl_reference: Literal["start", "base"] = Field(
-        "start", description="KL reference: 'start' = the weights training starts from (a frozen copy of `adapter` when "
-        "given, else the base); 'base' = the base model with the adapter disabled, even after an SFT adapter")
-    epochs: int = Field(1, ge=1, description="Passes over each rollout batch (old log-probs taken once, before the first)")
+        "start",
+        description="KL reference: 'start' = the weights training starts from (a frozen copy of `adapter` when "
+        "given, else the base); 'base' = the base model with the adapter disabled, even after an SFT adapter",
+    )
+    epochs: int = Field(
+        1, ge=1, description="Passes over each rollout batch (old log-probs taken once, before the first)"
+    )
     mini_batches_per_step: int = Field(
-        1, ge=1, description="Mini-batches per rollout batch, one optimizer step each per epoch (whole trajectories, "
+        1,
+        ge=1,
+        description="Mini-batches per rollout batch, one optimizer step each per epoch (whole trajectories, "
         "split in order on each rank); old log-probs are taken before the first, so later mini-batches are off-policy "
-        "and the clip acts. 1 = one full-batch step (the ratio is exactly 1)")
+        "and the clip acts. 1 = one full-batch step (the ratio is exactly 1)",
+    )
     dual_clip: float = Field(
-        3.0, ge=0.0, description="Dual-clip bound c > 1 (verl's clip_ratio_c): a negative-advantage token's loss is at "
-        "most -A*c. Acts only once the ratio departs from 1 (mini-batches, epochs > 1); 0 disables it")
+        3.0,
+        ge=0.0,
+        description="Dual-clip bound c > 1 (verl's clip_ratio_c): a negative-advantage token's loss is at "
+        "most -A*c. Acts only once the ratio departs from 1 (mini-batches, epochs > 1); 0 disables it",
+    )
     disable_dropout: bool = Field(
-        True, description="Train with dropout off (as TRL's disable_dropout): the update then differentiates the "
+        True,
+        description="Train with dropout off (as TRL's disable_dropout): the update then differentiates the "
         "function the rollouts sampled from (they always run without dropout), so the first pass has ratio 1 even "
-        "with lora.dropout > 0. Old and reference log-probs are always taken without dropout")
+        "with lora.dropout > 0. Old and reference log-probs are always taken without dropout",
+    )
     micro_batch_tokens: int = Field(
-        1024, ge=64, description="Padded tokens per forward/backward micro-batch: bounds activation memory; gradients "
-        "accumulate exactly, so it changes memory and speed, not the update (raise it on a GPU)")
+        1024,
+        ge=64,
+        description="Padded tokens per forward/backward micro-batch: bounds activation memory; gradients "
+        "accumulate exactly, so it changes memory and speed, not the update (raise it on a GPU)",
+    )
     reward: RewardSettings = Field(default_factory=RewardSettings, description="Reward of a trajectory")
     optim: OptimSettings = Field(default_factory=OptimSettings, description="Optimizer and schedule")
     seed: int = Field(0, description="Seeds task order, sampling and initialization")
@@ -208,8 +261,12 @@ def schema_mode_rule(data: Any, validate) -> GRPOConfig:
     calls one way and periodic evaluation (and ``memsearch eval`` of this episode) the other, so
     the evaluated policy would not be the trained one. A controller run keeps its frozen memory
     backend's own schema mode."""
-    fills = (isinstance(data, dict) and isinstance(data.get("schema_mode"), bool)
-             and data.get("role", "memory") in ("memory", "overwrite") and not isinstance(data.get("episode"), RunConfig))
+    fills = (
+        isinstance(data, dict)
+        and isinstance(data.get("schema_mode"), bool)
+        and data.get("role", "memory") in ("memory", "overwrite")
+        and not isinstance(data.get("episode"), RunConfig)
+    )
     if fills:
         episode = dict(data.get("episode") or {})
         backends = dict(episode.get("backends") or {})
@@ -221,9 +278,11 @@ def schema_mode_rule(data: Any, validate) -> GRPOConfig:
         raise ValueError("schema_mode applies to the memory role (decision mode) only")
     episode_mode = cfg.episode.backends.memory.schema_mode
     if cfg.role in ("memory", "overwrite") and episode_mode != cfg.schema_mode:
-        raise ValueError(f"schema_mode = {str(cfg.schema_mode).lower()} and episode.backends.memory.schema_mode = "
-                         f"{str(episode_mode).lower()} disagree: training and evaluation must sample the memory role "
-                         "the same way; set schema_mode (the episode follows it) and leave the episode's unset")
+        raise ValueError(
+            f"schema_mode = {str(cfg.schema_mode).lower()} and episode.backends.memory.schema_mode = "
+            f"{str(episode_mode).lower()} disagree: training and evaluation must sample the memory role "
+            "the same way; set schema_mode (the episode follows it) and leave the episode's unset"
+        )
     return cfg
 
 
@@ -233,17 +292,24 @@ class SFTConfig(TrainerConfig):
     model: str = Field("embedded", description="'embedded' or a local Hugging Face model folder")
     adapter: str | None = Field(None, description="Continue from this LoRA adapter (weights only)")
     data: list[str] = Field(..., description="Chat-format JSONL files from `memsearch export-sft`")
-    role: Literal["memory", "controller", "reader"] = Field("memory", description="Role the adapter serves in periodic evaluation")
+    role: Literal["memory", "controller", "reader"] = Field(
+        "memory", description="Role the adapter serves in periodic evaluation"
+    )
     eval_config: str | None = Field(None, description="Run config (TOML) for periodic evaluation through the engine")
     epochs: float = Field(2.0, gt=0, description="Passes over the data (fractions allowed)")
     micro_batch_rows: int = Field(4, ge=1, description="Rows per forward/backward pass")
     grad_accumulation: int = Field(4, ge=1, description="Micro-batches per optimizer step")
-    max_tokens: int = Field(2048, ge=16, description="Longest prompt + completion; longer rows are refused with their line")
+    max_tokens: int = Field(
+        2048, ge=16, description="Longest prompt + completion; longer rows are refused with their line"
+    )
     optim: OptimSettings = Field(
-        default_factory=lambda: OptimSettings(lr=2e-4, warmup_steps=5, schedule="cosine"), description="Optimizer and schedule"
+        default_factory=lambda: OptimSettings(lr=2e-4, warmup_steps=5, schedule="cosine"),
+        description="Optimizer and schedule",
     )
     seed: int = Field(0, description="Seeds shuffling and initialization")
-    checkpoint_every: int = Field(50, ge=1, description="Save a resumable checkpoint every N optimizer steps (and at the end)")
+    checkpoint_every: int = Field(
+        50, ge=1, description="Save a resumable checkpoint every N optimizer steps (and at the end)"
+    )
 
     @model_validator(mode="after")
     def _eval_needs_config(self) -> SFTConfig:

@@ -36,12 +36,12 @@ What is exported, and what is skipped (counted by reason, per policy call):
 - ``truncated``: the completion hit the token limit (``finish_reason == "length"``): a cut-off
   text is not what a policy should learn to emit, even when it happened to parse.
 
-Refusals (nothing is written): a run on a split other than ``train`` (``run.json``); a memory-role export from a run not in ``decision`` mode (summary
-and overwrite outputs are rewritten notes, not operation batches); a missing ``config.json``; a
-trajectory without a metrics row, or whose metrics row disagrees with it (prediction, status:
-the metrics come from another run); metrics whose folder holds a different ``config.json`` /
-``run.json``; an existing output file; nothing left to export. Malformed input lines are
-reported as ``file:line: field: message``.
+Refusals (nothing is written): a run on a split other than ``train`` (``run.json``); a memory-role
+export from a run not in ``decision`` mode (summary and overwrite outputs are rewritten notes, not
+operation batches); a missing ``config.json``; a trajectory without a metrics row, or whose metrics
+row disagrees with it (prediction, status: the metrics come from another run); metrics whose folder
+holds a different ``config.json`` / ``run.json``; an existing output file; nothing left to export.
+Malformed input lines are reported as ``file:line: field: message``.
 """
 
 from __future__ import annotations
@@ -117,8 +117,10 @@ class ExportReport:
     def lines(self) -> list[str]:
         """Human-readable counts, for the CLI."""
         skipped = ", ".join(f"{reason} {self.skipped[reason]}" for reason in SKIP_REASONS if self.skipped[reason])
-        out = [f"wrote {self.out}: {self.exported} {self.role} rows from {self.tasks} tasks",
-               f"skipped calls: {skipped or 'none'}"]
+        out = [
+            f"wrote {self.out}: {self.exported} {self.role} rows from {self.tasks} tasks",
+            f"skipped calls: {skipped or 'none'}",
+        ]
         if self.min_f1 is not None:
             out.append(f"tasks kept by --min-f1 {self.min_f1:g}: {self.tasks_kept}/{self.tasks}")
         return out
@@ -151,8 +153,14 @@ def _load_metrics(path: Path) -> dict[str, tuple[int, _MetricsRow]]:
         if row is None:
             continue
         if row.task_id in rows:
-            problems.append(Problem(str(path), lineno, "task_id",
-                                    f"duplicate task {row.task_id!r} (first on line {rows[row.task_id][0]})"))
+            problems.append(
+                Problem(
+                    str(path),
+                    lineno,
+                    "task_id",
+                    f"duplicate task {row.task_id!r} (first on line {rows[row.task_id][0]})",
+                )
+            )
         rows[row.task_id] = (lineno, row)
     if problems:
         raise InputError(problems)
@@ -167,8 +175,10 @@ def _check_same_run(run_dir: Path, metrics: Path) -> None:
     for name in ("config.json", "run.json"):
         mine, theirs = run_dir / name, other / name
         if theirs.is_file() and (not mine.is_file() or mine.read_bytes() != theirs.read_bytes()):
-            raise InputError(f"{metrics}: comes from another run ({theirs} differs from {mine}); "
-                             "pass the metrics.jsonl written with these trajectories")
+            raise InputError(
+                f"{metrics}: comes from another run ({theirs} differs from {mine}); "
+                "pass the metrics.jsonl written with these trajectories"
+            )
 
 
 def _write_new_file(out: Path, lines) -> None:
@@ -188,8 +198,9 @@ def _write_new_file(out: Path, lines) -> None:
             os.unlink(tmp)
 
 
-def export_sft(trajectories: str | Path, metrics: str | Path, role: str, out: str | Path,
-               min_f1: float | None = None) -> ExportReport:
+def export_sft(
+    trajectories: str | Path, metrics: str | Path, role: str, out: str | Path, min_f1: float | None = None
+) -> ExportReport:
     """Write the SFT rows of ``role`` from a run's trajectories to the new file ``out``.
 
     See the module docstring for the row format, the skip reasons and the refusals. Raises
@@ -201,22 +212,31 @@ def export_sft(trajectories: str | Path, metrics: str | Path, role: str, out: st
     if out.exists():
         raise InputError(f"{out}: output file already exists; choose a new file (nothing was written)")
     run_dir = trajectories.parent
-    config = _read_json(run_dir / "config.json",
-                        f"export-sft reads the run config written by `memsearch eval` next to {trajectories.name} "
-                        "(it says which memory mode produced the trajectories)")
+    config = _read_json(
+        run_dir / "config.json",
+        f"export-sft reads the run config written by `memsearch eval` next to {trajectories.name} "
+        "(it says which memory mode produced the trajectories)",
+    )
     mode = config.get("agent", {}).get("memory")
     if role == "memory" and mode != "decision":
-        raise InputError(f"{run_dir / 'config.json'}: agent.memory is {mode!r}; memory-role SFT rows need a "
-                         "decision-mode run, because summary and overwrite outputs are rewritten notes, "
-                         "not memory operation batches")
+        raise InputError(
+            f"{run_dir / 'config.json'}: agent.memory is {mode!r}; memory-role SFT rows need a "
+            "decision-mode run, because summary and overwrite outputs are rewritten notes, "
+            "not memory operation batches"
+        )
     backend = config.get("backends", {}).get(role, {}).get("kind")
-    run_info = _read_json(run_dir / "run.json", f"export-sft reads the run record written by `memsearch eval` next to "
-                                                f"{trajectories.name} (it says which data split the run used)")
+    run_info = _read_json(
+        run_dir / "run.json",
+        f"export-sft reads the run record written by `memsearch eval` next to "
+        f"{trajectories.name} (it says which data split the run used)",
+    )
     split = run_info.get("data", {}).get("split")
     if split != "train":
         # Training rows from dev questions would leak the evaluation set into the policy.
-        raise InputError(f"{run_dir / 'run.json'}: data split is {split!r}; SFT rows come from a run on a train "
-                         "split only (docs/design.md §9); nothing was written")
+        raise InputError(
+            f"{run_dir / 'run.json'}: data split is {split!r}; SFT rows come from a run on a train "
+            "split only (docs/design.md §9); nothing was written"
+        )
     _check_same_run(run_dir, metrics)
     metric_rows = _load_metrics(metrics)
     report = ExportReport(out=out, role=role, min_f1=min_f1)
@@ -243,13 +263,25 @@ def export_sft(trajectories: str | Path, metrics: str | Path, role: str, out: st
                 continue
             seen[task] = lineno
             if task not in metric_rows:
-                problems.append(Problem(*where, "task_id", f"task {task!r} has no row in {metrics}; "
-                                        "pass the metrics.jsonl written with these trajectories"))
+                problems.append(
+                    Problem(
+                        *where,
+                        "task_id",
+                        f"task {task!r} has no row in {metrics}; "
+                        "pass the metrics.jsonl written with these trajectories",
+                    )
+                )
                 continue
             mline, mrow = metric_rows[task]
             if (mrow.prediction, mrow.status) != (traj.prediction, traj.status):
-                problems.append(Problem(*where, "task_id", f"task {task!r}: its metrics row ({metrics}:{mline}) does "
-                                        "not match this trajectory (prediction or status): metrics from another run?"))
+                problems.append(
+                    Problem(
+                        *where,
+                        "task_id",
+                        f"task {task!r}: its metrics row ({metrics}:{mline}) does "
+                        "not match this trajectory (prediction or status): metrics from another run?",
+                    )
+                )
                 continue
             report.tasks += 1
             if traj.status != "ok":
@@ -260,17 +292,32 @@ def export_sft(trajectories: str | Path, metrics: str | Path, role: str, out: st
                 continue
             report.tasks_kept += 1
             for call in calls:
-                reason = ("request_error" if call.error is not None else "invalid" if call.valid is not True
-                          else "truncated" if call.finish_reason == "length" else None)
+                reason = (
+                    "request_error"
+                    if call.error is not None
+                    else "invalid"
+                    if call.valid is not True
+                    else "truncated"
+                    if call.finish_reason == "length"
+                    else None
+                )
                 if reason:
                     report.skipped[reason] += 1
                     continue
                 report.exported += 1
                 row = {
-                    "messages": [m.model_dump() for m in call.messages], "completion": call.text,
-                    "task_id": task, "role": role, "step": call.step,
-                    "source": {"run": str(run_dir), "group": traj.group, "backend": backend, "memory_mode": mode,
-                               "split": split},
+                    "messages": [m.model_dump() for m in call.messages],
+                    "completion": call.text,
+                    "task_id": task,
+                    "role": role,
+                    "step": call.step,
+                    "source": {
+                        "run": str(run_dir),
+                        "group": traj.group,
+                        "backend": backend,
+                        "memory_mode": mode,
+                        "split": split,
+                    },
                 }
                 if role == "memory" and call.step in held:
                     row["memory_sources"] = held[call.step]
@@ -279,8 +326,11 @@ def export_sft(trajectories: str | Path, metrics: str | Path, role: str, out: st
         if problems:
             raise InputError(problems)
         if not report.exported:
-            raise InputError(f"{trajectories}: nothing to export for role {role!r} ("
-                             + "; ".join(report.lines()[1:]) + "); nothing was written")
+            raise InputError(
+                f"{trajectories}: nothing to export for role {role!r} ("
+                + "; ".join(report.lines()[1:])
+                + "); nothing was written"
+            )
 
     # sorted() consumes every row (and raises on any problem) before a byte is written; it is
     # stable, so a task's calls keep their step order.

@@ -152,8 +152,18 @@ def update(model, optimizer, batch: Batch, cfg: GRPOConfig, dist: Dist, pad_id: 
                 old_lp = old[k, g] if off_policy else scored.logprobs.detach()
                 adv = torch.tensor([r.advantage for r in sub], device=scored.logprobs.device)
                 weights = torch.tensor([r.weight for r in sub], device=scored.logprobs.device)
-                loss_sum, st = policy_loss(scored.logprobs, old_lp, adv, scored.mask, weights, cfg.clip_low, cfg.clip_high,
-                                           ref.get((k, g)), cfg.kl_coef, cfg.dual_clip)
+                loss_sum, st = policy_loss(
+                    scored.logprobs,
+                    old_lp,
+                    adv,
+                    scored.mask,
+                    weights,
+                    cfg.clip_low,
+                    cfg.clip_high,
+                    ref.get((k, g)),
+                    cfg.kl_coef,
+                    cfg.dual_clip,
+                )
                 loss_sum.backward()
                 if epoch == 0:
                     stats.consumed += len(sub)
@@ -175,7 +185,7 @@ def update(model, optimizer, batch: Batch, cfg: GRPOConfig, dist: Dist, pad_id: 
                     norms.append(float(norm))
     model.eval()
     total = dist.all_sum([*part_loss, sums["tokens"], sums["clipped"], sums["kl"], sums["entropy"], sums["ratio"]])
-    losses, (tokens, clipped, kl, entropy, ratio) = total[:len(plan)], total[len(plan):]
+    losses, (tokens, clipped, kl, entropy, ratio) = total[: len(plan)], total[len(plan) :]
     # The loss of the first epoch: the mean over its optimizer steps of each step's normalised loss.
     stepped = [loss / d for loss, d in zip(losses, part_denominator, strict=True) if d > 0]
     stats.loss = sum(stepped) / len(stepped) if stepped else 0.0
@@ -183,7 +193,12 @@ def update(model, optimizer, batch: Batch, cfg: GRPOConfig, dist: Dist, pad_id: 
     stats.grad_norm = sum(norms) / len(norms) if norms else 0.0
     stats.tokens = tokens
     if tokens:
-        stats.clip_fraction, stats.kl, stats.entropy, stats.ratio_mean = clipped / tokens, kl / tokens, entropy / tokens, ratio / tokens
+        stats.clip_fraction, stats.kl, stats.entropy, stats.ratio_mean = (
+            clipped / tokens,
+            kl / tokens,
+            entropy / tokens,
+            ratio / tokens,
+        )
     stats.logprob_mismatch = dist.all_max([stats.logprob_mismatch])[0]
     return stats
 
@@ -194,7 +209,7 @@ def _mismatch(logprobs: torch.Tensor, rows) -> float:
     for k, row in enumerate(rows):
         c = len(row.completion_ids)
         if c:
-            got = logprobs[k, c_max - c:].detach().cpu()
+            got = logprobs[k, c_max - c :].detach().cpu()
             worst = max(worst, float((got - torch.tensor(row.rollout_logprobs)).abs().max()))
     return worst
 
@@ -220,8 +235,13 @@ class Rollouts:
             self.retriever = make_retriever(episode.retrieval, dataset.documents)
         self.trained = set(TRAINED_CALL_ROLES[cfg.role])
         self.generated = 0  # completions of the trained roles in the last ``run`` (counted by the backend)
-        self.policy_backend = HFBackend(model=cfg.model, loaded=(policy, tokenizer), max_batch_size=cfg.max_batch_size,
-                                        seed=cfg.seed, name="hf-policy")
+        self.policy_backend = HFBackend(
+            model=cfg.model,
+            loaded=(policy, tokenizer),
+            max_batch_size=cfg.max_batch_size,
+            seed=cfg.seed,
+            name="hf-policy",
+        )
         shared: dict[str, Any] = {}
         self.backends = {}
         for role in ROLES:
@@ -240,16 +260,28 @@ class Rollouts:
 
         data = trained_role_backends(self.cfg, self.cfg.episode.model_dump(mode="json"))
         for role in self.trained:
-            data["backends"][role]["sampling"] = {"temperature": self.cfg.temperature, "top_p": self.cfg.top_p,
-                                                  "seed": derived_seed(self.cfg.seed, "rollout", step, k)}
+            data["backends"][role]["sampling"] = {
+                "temperature": self.cfg.temperature,
+                "top_p": self.cfg.top_p,
+                "seed": derived_seed(self.cfg.seed, "rollout", step, k),
+            }
         return RunConfig.model_validate(data)
 
     def run(self, tasks, step: int) -> list[list[dict[str, Any]]]:
         """``group_size`` trajectories per task, grouped by task (task order, then rollout index)."""
         from memsearch.engine.episode import Environment, run_episode
 
-        envs = [Environment(self.config_for(step, k), self.budget_tokenizer, self.documents, self.backends,
-                            self.retriever, group="grpo") for k in range(self.cfg.group_size)]
+        envs = [
+            Environment(
+                self.config_for(step, k),
+                self.budget_tokenizer,
+                self.documents,
+                self.backends,
+                self.retriever,
+                group="grpo",
+            )
+            for k in range(self.cfg.group_size)
+        ]
 
         async def all_episodes():
             return await asyncio.gather(*(run_episode(t, env) for t in tasks for env in envs))
@@ -260,7 +292,7 @@ class Rollouts:
         # rows generated, counted where the calls are answered (not re-read from the trajectories)
         self.generated = sum(answered[role] for role in self.trained) - before
         g = self.cfg.group_size
-        return [flat[i * g:(i + 1) * g] for i in range(len(tasks))]
+        return [flat[i * g : (i + 1) * g] for i in range(len(tasks))]
 
     def close(self) -> None:
         async def close_all():
@@ -289,8 +321,11 @@ def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path) -> dict[str, Any]:
     data = trained_role_backends(cfg, cfg.episode.model_dump(mode="json"), adapter)
     data["limit"] = cfg.eval.limit
     summary = run_eval(RunConfig.model_validate(data), cfg.eval.data, out, show_progress=False)
-    return {"eval_" + k: v for k, v in summary["metrics"].items() if k in ("f1", "em", "sub_em", "boxed_em", "invalid_action_rate",
-                                                                          "memory_support_recall")}
+    return {
+        "eval_" + k: v
+        for k, v in summary["metrics"].items()
+        if k in ("f1", "em", "sub_em", "boxed_em", "invalid_action_rate", "memory_support_recall")
+    }
 
 
 def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=print) -> dict[str, Any]:
@@ -306,11 +341,20 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
         dataset = load_dataset(cfg.data)
         split = dataset.manifest.get("split")
         if split != "train":
-            raise InputError(f"{cfg.data}: manifest split is {split!r}; GRPO trains on a train split only (docs/design.md §9)")
+            raise InputError(
+                f"{cfg.data}: manifest split is {split!r}; GRPO trains on a train split only (docs/design.md §9)"
+            )
         labels = dataset.labels_by_id()
         device = dist.device(cfg.device)
-        policy, tokenizer, note = load_policy(cfg.model, cfg.adapter, cfg.lora, device, cfg.dtype, cfg.seed,
-                                              keep_reference=cfg.kl_coef > 0 and cfg.kl_reference == "start")
+        policy, tokenizer, note = load_policy(
+            cfg.model,
+            cfg.adapter,
+            cfg.lora,
+            device,
+            cfg.dtype,
+            cfg.seed,
+            keep_reference=cfg.kl_coef > 0 and cfg.kl_reference == "start",
+        )
         if dist.main:
             echo(note)
         optimizer, scheduler = make_optimizer(policy, cfg.optim, cfg.steps * cfg.epochs * cfg.mini_batches_per_step)
@@ -333,66 +377,129 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             dist.wait_for_main("evaluation of the starting adapter")  # bounded by eval.wait_s
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
-            positions = step_task_positions(step, cfg.tasks_per_step, len(dataset.tasks), cfg.seed, dist.rank, dist.world)
+            positions = step_task_positions(
+                step, cfg.tasks_per_step, len(dataset.tasks), cfg.seed, dist.rank, dist.world
+            )
             tasks = [dataset.tasks[i] for i in positions]
             groups = rollouts.run(tasks, step)
             t_roll = time.perf_counter() - t0
-            rewards = [[trajectory_reward(tr, labels[tr["task_id"]], cfg.reward, cfg.role) for tr in grp] for grp in groups]
+            rewards = [
+                [trajectory_reward(tr, labels[tr["task_id"]], cfg.reward, cfg.role) for tr in grp] for grp in groups
+            ]
             batch = build_batch(groups, rewards, cfg.role, cfg.credit, cfg.std_scale, generated=rollouts.generated)
             lr = optimizer.param_groups[0]["lr"]
             stats = update(policy, optimizer, batch, cfg, dist, pad_id, mask_fn, scheduler)
             batch.counts.consumed = stats.consumed
             record = _step_record(step, batch, groups, stats, dist, lr, cfg.role, t0, t_roll)
-            if record["rows_generated"] != record["rows_converted"] or record["rows_converted"] != record["rows_consumed"]:
+            if (
+                record["rows_generated"] != record["rows_converted"]
+                or record["rows_converted"] != record["rows_consumed"]
+            ):
                 batch.counts.check()  # this rank's view names the numbers ...
                 raise RuntimeError(f"row-count contract broken on another rank: {record}")  # ... or another rank's
             if cfg.save_rollouts:
                 (out / "rollouts").mkdir(exist_ok=True)
-                write_jsonl(out / "rollouts" / f"step-{step:06d}.rank{dist.rank}.jsonl",
-                            [dict(tr, reward=r) for grp, rs in zip(groups, rewards) for tr, r in zip(grp, rs)])
-            eval_due = bool(cfg.eval.data) and (step == cfg.steps or bool(cfg.eval.every and step % cfg.eval.every == 0))
+                write_jsonl(
+                    out / "rollouts" / f"step-{step:06d}.rank{dist.rank}.jsonl",
+                    [dict(tr, reward=r) for grp, rs in zip(groups, rewards) for tr, r in zip(grp, rs)],
+                )
+            eval_due = bool(cfg.eval.data) and (
+                step == cfg.steps or bool(cfg.eval.every and step % cfg.eval.every == 0)
+            )
             # The periodic evaluation reads the checkpoint's adapter, so an evaluation step is also a
             # checkpoint step (before: evaluations fell only on steps that were both, e.g. every = 6 with
             # checkpoint_every = 4 evaluated at the end only).
             if step % cfg.checkpoint_every == 0 or step == cfg.steps or eval_due:
-                folder = save_checkpoint(out / "checkpoints", step, policy, optimizer, scheduler, dist,
-                                         {"tasks_seen": step * cfg.tasks_per_step}, cfg.keep_checkpoints)
+                folder = save_checkpoint(
+                    out / "checkpoints",
+                    step,
+                    policy,
+                    optimizer,
+                    scheduler,
+                    dist,
+                    {"tasks_seen": step * cfg.tasks_per_step},
+                    cfg.keep_checkpoints,
+                )
                 if eval_due:
                     if dist.main:
                         record.update(_evaluate(cfg, folder / "adapter", out / "eval" / f"step-{step:06d}"))
                     dist.wait_for_main(f"evaluation at step {step}")  # bounded by eval.wait_s
             log.write(record)
             if dist.main:
-                echo(f"step {step}/{cfg.steps}: reward {record['reward_mean']:.3f} (std {record['reward_std']:.3f}), "
-                     f"zero-variance groups {record['zero_variance_groups']}/{record['groups']}, rows {record['rows_consumed']}, "
-                     f"invalid {record['invalid_rate']:.2f}, {record['step_s']:.1f}s")
+                echo(
+                    f"step {step}/{cfg.steps}: reward {record['reward_mean']:.3f} (std {record['reward_std']:.3f}), "
+                    f"zero-variance groups {record['zero_variance_groups']}/{record['groups']}, rows "
+                    f"{record['rows_consumed']}, "
+                    f"invalid {record['invalid_rate']:.2f}, {record['step_s']:.1f}s"
+                )
         rollouts.close()
         log.close()
-        return finish_run(policy, out, {"steps": cfg.steps, "role": cfg.role, "world_size": dist.world, "note": note}, dist)
+        return finish_run(
+            policy, out, {"steps": cfg.steps, "role": cfg.role, "world_size": dist.world, "note": note}, dist
+        )
     finally:
         dist.close()
 
 
-def _step_record(step, batch: Batch, groups, stats: UpdateStats, dist: Dist, lr: float, role: str, t0, t_roll) -> dict[str, Any]:
+def _step_record(
+    step, batch: Batch, groups, stats: UpdateStats, dist: Dist, lr: float, role: str, t0, t_roll
+) -> dict[str, Any]:
     """One JSON line of the training log, summed over ranks."""
     trajs = [tr for grp in groups for tr in grp]
-    calls = [c for tr in trajs for c in tr.get("events", []) if c.get("type") == "policy_call"
-             and c["role"] in TRAINED_CALL_ROLES[role]]
+    calls = [
+        c
+        for tr in trajs
+        for c in tr.get("events", [])
+        if c.get("type") == "policy_call" and c["role"] in TRAINED_CALL_ROLES[role]
+    ]
     prompt_tokens = sum(len(c.get("prompt_ids") or []) for c in calls)
     rpt = batch.rows_per_trajectory
-    local = [sum(batch.rewards), sum(r * r for r in batch.rewards), len(batch.rewards), batch.zero_variance_groups,
-             batch.groups, batch.counts.generated, batch.counts.converted, batch.counts.consumed, batch.counts.failed_calls,
-             sum(1 for c in calls if c.get("valid") is False), len(calls), prompt_tokens,
-             sum(tr.get("counts", {}).get("request_errors", 0) for tr in trajs), sum(rpt), len(rpt)]
-    (r_sum, r_sq, n, zero, n_groups, gen, conv, cons, failed, invalid, n_calls, p_tok, errors, rows_sum, n_traj) = dist.all_sum(local)
+    local = [
+        sum(batch.rewards),
+        sum(r * r for r in batch.rewards),
+        len(batch.rewards),
+        batch.zero_variance_groups,
+        batch.groups,
+        batch.counts.generated,
+        batch.counts.converted,
+        batch.counts.consumed,
+        batch.counts.failed_calls,
+        sum(1 for c in calls if c.get("valid") is False),
+        len(calls),
+        prompt_tokens,
+        sum(tr.get("counts", {}).get("request_errors", 0) for tr in trajs),
+        sum(rpt),
+        len(rpt),
+    ]
+    (r_sum, r_sq, n, zero, n_groups, gen, conv, cons, failed, invalid, n_calls, p_tok, errors, rows_sum, n_traj) = (
+        dist.all_sum(local)
+    )
     mean = r_sum / n if n else 0.0
     var = max(0.0, r_sq / n - mean * mean) if n else 0.0
     return {
-        "step": step, "reward_mean": mean, "reward_std": var ** 0.5, "zero_variance_groups": int(zero), "groups": int(n_groups),
-        "trajectories": int(n), "rows_generated": int(gen), "rows_converted": int(conv), "rows_consumed": int(cons),
-        "rows_per_trajectory": rows_sum / n_traj if n_traj else 0.0, "failed_calls": int(failed), "request_errors": int(errors),
-        "invalid_rate": invalid / n_calls if n_calls else 0.0, "loss": stats.loss, "clip_fraction": stats.clip_fraction,
-        "kl": stats.kl, "entropy": stats.entropy, "ratio_mean": stats.ratio_mean, "grad_norm": stats.grad_norm,
-        "completion_tokens": int(stats.tokens), "prompt_tokens": int(p_tok), "logprob_mismatch": stats.logprob_mismatch,
-        "lr": lr, "rollout_s": round(t_roll, 3), "step_s": round(time.perf_counter() - t0, 3),
+        "step": step,
+        "reward_mean": mean,
+        "reward_std": var**0.5,
+        "zero_variance_groups": int(zero),
+        "groups": int(n_groups),
+        "trajectories": int(n),
+        "rows_generated": int(gen),
+        "rows_converted": int(conv),
+        "rows_consumed": int(cons),
+        "rows_per_trajectory": rows_sum / n_traj if n_traj else 0.0,
+        "failed_calls": int(failed),
+        "request_errors": int(errors),
+        "invalid_rate": invalid / n_calls if n_calls else 0.0,
+        "loss": stats.loss,
+        "clip_fraction": stats.clip_fraction,
+        "kl": stats.kl,
+        "entropy": stats.entropy,
+        "ratio_mean": stats.ratio_mean,
+        "grad_norm": stats.grad_norm,
+        "completion_tokens": int(stats.tokens),
+        "prompt_tokens": int(p_tok),
+        "logprob_mismatch": stats.logprob_mismatch,
+        "lr": lr,
+        "rollout_s": round(t_roll, 3),
+        "step_s": round(time.perf_counter() - t0, 3),
     }

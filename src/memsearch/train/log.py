@@ -18,15 +18,20 @@ log = logging.getLogger(__name__)
 
 
 class TrainLog:
-    def __init__(self, out: Path, enabled: bool = True, resume_step: int | None = None, name: str = "train_log.jsonl") -> None:
+    def __init__(
+        self, out: Path, enabled: bool = True, resume_step: int | None = None, name: str = "train_log.jsonl"
+    ) -> None:
         self.enabled = enabled
         self.path = out / name
         self._tb = None
         if not enabled:
             return
         if resume_step is not None and self.path.is_file():
-            kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            kept = [
+                line
+                for line in self.path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= resume_step
+            ]
             self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
         try:
             from torch.utils.tensorboard import SummaryWriter

@@ -53,5 +53,7 @@ def trajectory_reward(trajectory: dict[str, Any], label: Label, settings: Reward
     if settings.search_cost:
         reward -= settings.search_cost * trajectory.get("counts", {}).get("searches", 0)
     if settings.memory_recall:
-        reward += settings.memory_recall * (support_recall(trajectory.get("memory_sources") or [], label.supporting_facts) or 0.0)
+        reward += settings.memory_recall * (
+            support_recall(trajectory.get("memory_sources") or [], label.supporting_facts) or 0.0
+        )
     return reward

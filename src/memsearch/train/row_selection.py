@@ -30,11 +30,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from memsearch.text.actions import evidence_ids_in
 from memsearch.data.records import Label
 from memsearch.errors import InputError
 from memsearch.io import iter_jsonl, write_jsonl
 from memsearch.memory.ops import Noop, parse_ops
+from memsearch.text.actions import evidence_ids_in
 
 KINDS = ("op", "gold_unfit", "other_noop")
 _MEMORY_HEAD, _HIDDEN_MEMORY_HEAD = "Memory (id, kind, sources, text):\n", "Memory (id, kind, text):\n"

@@ -18,13 +18,17 @@ def prepare_run_folder(cfg, out: Path, resume: bool, dist: Dist) -> None:
     resolved = cfg.model_dump(mode="json")
     if dist.main:
         if out.exists() and not resume:
-            raise InputError(f"{out}: output folder already exists; pass --resume to continue that run, or choose a new folder")
+            raise InputError(
+                f"{out}: output folder already exists; pass --resume to continue that run, or choose a new folder"
+            )
         if resume:
             saved = out / "config.json"
             if not saved.is_file():
                 raise InputError(f"{out}: nothing to resume (no config.json)")
             if json.loads(saved.read_text()) != resolved:
-                raise InputError(f"{out}: config differs from the run being resumed ({saved}); resume with the same config")
+                raise InputError(
+                    f"{out}: config differs from the run being resumed ({saved}); resume with the same config"
+                )
         else:
             out.mkdir(parents=True)
             write_json(out / "config.json", resolved)

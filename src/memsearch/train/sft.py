@@ -67,10 +67,22 @@ def load_sft_rows(paths: list[str], tokenizer, max_tokens: int) -> list[Row]:
             prompt = chat_prompt_ids(tokenizer, messages)
             ids = list(tokenizer(completion, add_special_tokens=False)["input_ids"]) + [eos]
             if len(prompt) + len(ids) > max_tokens:
-                problems.append(Problem(str(path), line, "messages", f"{len(prompt) + len(ids)} tokens; max_tokens is {max_tokens}"))
+                problems.append(
+                    Problem(str(path), line, "messages", f"{len(prompt) + len(ids)} tokens; max_tokens is {max_tokens}")
+                )
                 continue
-            rows.append(Row(prompt_ids=prompt, completion_ids=ids, rollout_logprobs=[0.0] * len(ids), loss_mask=[1] * len(ids),
-                            trajectory=len(rows), group=len(rows), role=str(record.get("role", "")), step=int(record.get("step", 0))))
+            rows.append(
+                Row(
+                    prompt_ids=prompt,
+                    completion_ids=ids,
+                    rollout_logprobs=[0.0] * len(ids),
+                    loss_mask=[1] * len(ids),
+                    trajectory=len(rows),
+                    group=len(rows),
+                    role=str(record.get("role", "")),
+                    step=int(record.get("step", 0)),
+                )
+            )
     if problems:
         raise InputError(problems)
     if not rows:
@@ -94,13 +106,22 @@ def step_rows(step: int, per_step: int, n: int, seed: int) -> list[int]:
     return out
 
 
-def evaluate_adapter(eval_config: str, role: str, model: str, adapter: Path, data: str, limit: int, out: Path) -> dict[str, Any]:
+def evaluate_adapter(
+    eval_config: str, role: str, model: str, adapter: Path, data: str, limit: int, out: Path
+) -> dict[str, Any]:
     """Evaluate ``adapter`` in ``role`` with the eval runner (same code path as `memsearch eval`)."""
     from memsearch.config import load_config
     from memsearch.eval.runner import run_eval
 
-    cfg = load_config(eval_config, [f"backends.{role}.kind=hf", f"backends.{role}.model={json.dumps(model)}",
-                                    f"backends.{role}.adapter={json.dumps(str(adapter))}", f"limit={limit}"])
+    cfg = load_config(
+        eval_config,
+        [
+            f"backends.{role}.kind=hf",
+            f"backends.{role}.model={json.dumps(model)}",
+            f"backends.{role}.adapter={json.dumps(str(adapter))}",
+            f"limit={limit}",
+        ],
+    )
     summary = run_eval(cfg, data, out, show_progress=False)
     return {"eval_" + k: v for k, v in summary["metrics"].items() if k in ("f1", "em", "invalid_action_rate")}
 
@@ -113,7 +134,9 @@ def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print)
     dist = Dist.from_env(cfg.dist_timeout_s, cfg.eval.wait_s)
     try:
         prepare_run_folder(cfg, out, resume, dist)
-        policy, tokenizer, note = load_policy(cfg.model, cfg.adapter, cfg.lora, dist.device(cfg.device), cfg.dtype, cfg.seed)
+        policy, tokenizer, note = load_policy(
+            cfg.model, cfg.adapter, cfg.lora, dist.device(cfg.device), cfg.dtype, cfg.seed
+        )
         rows = load_sft_rows(cfg.data, tokenizer, cfg.max_tokens)
         per_step = cfg.micro_batch_rows * cfg.grad_accumulation
         total = max(1, math.ceil(cfg.epochs * len(rows) / per_step))
@@ -124,7 +147,10 @@ def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print)
         if found:
             start, _ = load_checkpoint(found[-1], policy, optimizer, scheduler, dist)
         if dist.main:
-            echo(f"{note}; {len(rows)} rows, {total} optimizer steps of {per_step} rows" + (f", resumed at step {start}" if start else ""))
+            echo(
+                f"{note}; {len(rows)} rows, {total} optimizer steps of {per_step} rows"
+                + (f", resumed at step {start}" if start else "")
+            )
         log = TrainLog(out, enabled=dist.main, resume_step=start if resume else None)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
@@ -132,8 +158,19 @@ def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print)
             """Rank 0 evaluates; every rank calls this and the others wait (at most eval.wait_s)."""
             if not (cfg.eval.data and cfg.eval_config):
                 return {}
-            got = evaluate_adapter(cfg.eval_config, cfg.role, cfg.model, adapter, cfg.eval.data, cfg.eval.limit,
-                                   out / "eval" / f"step-{step:06d}") if dist.main else {}
+            got = (
+                evaluate_adapter(
+                    cfg.eval_config,
+                    cfg.role,
+                    cfg.model,
+                    adapter,
+                    cfg.eval.data,
+                    cfg.eval.limit,
+                    out / "eval" / f"step-{step:06d}",
+                )
+                if dist.main
+                else {}
+            )
             dist.wait_for_main(f"evaluation at step {step}")
             return got
 
@@ -143,16 +180,18 @@ def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print)
             log.write({"step": 0, **run_eval_at(0, out / "adapter-step0")})
         for step in range(start + 1, total + 1):
             t0 = time.perf_counter()
-            mine = step_rows(step, per_step, len(rows), cfg.seed)[dist.rank::dist.world]
+            mine = step_rows(step, per_step, len(rows), cfg.seed)[dist.rank :: dist.world]
             batch = [rows[i] for i in mine]
             tokens = float(sum(r.completion_tokens for r in batch))
             policy.train()
             optimizer.zero_grad(set_to_none=False)
             nll_sum = 0.0
             # sorted by length so each micro-batch of micro_batch_rows pads little
-            order = sorted(range(len(batch)), key=lambda i: (len(batch[i].prompt_ids) + len(batch[i].completion_ids), i))
+            order = sorted(
+                range(len(batch)), key=lambda i: (len(batch[i].prompt_ids) + len(batch[i].completion_ids), i)
+            )
             for s in range(0, len(order), cfg.micro_batch_rows):
-                scored = completion_logprobs(policy, [batch[i] for i in order[s:s + cfg.micro_batch_rows]], pad_id)
+                scored = completion_logprobs(policy, [batch[i] for i in order[s : s + cfg.micro_batch_rows]], pad_id)
                 loss = -(scored.logprobs * scored.mask).sum()
                 loss.backward()
                 nll_sum += loss.item()
@@ -163,11 +202,26 @@ def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print)
             scheduler.step()
             policy.eval()
             nll = dist.all_sum([nll_sum])[0] / denominator if denominator else 0.0
-            record = {"step": step, "loss": nll, "tokens": int(denominator), "rows": len(batch) * dist.world,
-                      "grad_norm": float(norm), "lr": lr, "step_s": round(time.perf_counter() - t0, 3)}
+            record = {
+                "step": step,
+                "loss": nll,
+                "tokens": int(denominator),
+                "rows": len(batch) * dist.world,
+                "grad_norm": float(norm),
+                "lr": lr,
+                "step_s": round(time.perf_counter() - t0, 3),
+            }
             if step % cfg.checkpoint_every == 0 or step == total:
-                folder = save_checkpoint(out / "checkpoints", step, policy, optimizer, scheduler, dist, {"rows": len(rows)},
-                                         cfg.keep_checkpoints)
+                folder = save_checkpoint(
+                    out / "checkpoints",
+                    step,
+                    policy,
+                    optimizer,
+                    scheduler,
+                    dist,
+                    {"rows": len(rows)},
+                    cfg.keep_checkpoints,
+                )
                 if step == total or (cfg.eval.every and step % cfg.eval.every == 0):
                     record.update(run_eval_at(step, folder / "adapter"))
             elif cfg.eval.every and step % cfg.eval.every == 0 and cfg.eval.data:

@@ -1,6 +1,8 @@
 """Validation-only probe (never the held-out questions): seed 2's GRPO stage 1 of the CPU recipe,
 from the same SFT adapter, with a KL term to the starting adapter and half the learning rate."""
-import json, sys
+import json
+import sys
+
 from memsearch.train.config import GRPOConfig
 from memsearch.train.grpo import train_grpo
 

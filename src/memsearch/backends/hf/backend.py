@@ -36,10 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-
 from memsearch.backends.base import GenerationRequest, GenerationResult, Usage
-
-from memsearch.backends.hf.decoder import BatchDecoder, error_result, Job
+from memsearch.backends.hf.decoder import BatchDecoder, Job, error_result
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +170,9 @@ class HFBackend:
                 self.completed[req.role] += 1
         return results
 
-    def _admit(self, requests: Sequence[GenerationRequest], t0: float) -> tuple[list[GenerationResult | None], list[tuple[int, Job]]]:
+    def _admit(
+        self, requests: Sequence[GenerationRequest], t0: float
+    ) -> tuple[list[GenerationResult | None], list[tuple[int, Job]]]:
         """Results already known (bad requests, nothing to generate) and the jobs to decode,
         with their positions in ``requests``."""
         results: list[GenerationResult | None] = [None] * len(requests)

@@ -92,7 +92,9 @@ def constraint_by_id(constraint_id: str) -> Constraint:
     try:
         return CONSTRAINTS[constraint_id]
     except KeyError:
-        raise ValueError(f"unknown constraint id {constraint_id!r}; valid ids: {', '.join(sorted(CONSTRAINTS))}") from None
+        raise ValueError(
+            f"unknown constraint id {constraint_id!r}; valid ids: {', '.join(sorted(CONSTRAINTS))}"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------- automaton
@@ -102,8 +104,10 @@ _OPEN, _KEY, _COLON, _AFTER, _COMMA = range(5)
 State = frozenset  # of threads; a thread is a tuple of frames (the empty tuple: value complete)
 DONE: State = frozenset({("<eos>",)})  # after EOS: nothing more
 
-_KNOWN = set("type properties required additionalProperties items minItems maxItems minLength maxLength enum "
-              "const anyOf oneOf title description $schema default examples".split())
+_KNOWN = set(
+    "type properties required additionalProperties items minItems maxItems minLength maxLength enum "
+    "const anyOf oneOf title description $schema default examples".split()
+)
 
 
 class Automaton:
@@ -136,7 +140,9 @@ class Automaton:
             raise ValueError(f"{where}: a schema must be an object, got {s!r}")
         unknown = sorted(set(s) - _KNOWN)
         if unknown:
-            raise ValueError(f"{where}: unsupported JSON-schema keyword {unknown[0]!r} (supported: {', '.join(sorted(_KNOWN))})")
+            raise ValueError(
+                f"{where}: unsupported JSON-schema keyword {unknown[0]!r} (supported: {', '.join(sorted(_KNOWN))})"
+            )
         if "const" in s or "enum" in s:
             values = [s["const"]] if "const" in s else s["enum"]
             return self._node(("lit", tuple(json.dumps(v, ensure_ascii=False) for v in values)))
@@ -156,12 +162,16 @@ class Automaton:
         if kind == "array":
             if "items" not in s:
                 raise ValueError(f"{where}: an array needs 'items'")
-            return self._node(("arr", self._compile(s["items"], f"{where}[]"), int(s.get("minItems", 0)), s.get("maxItems")))
+            return self._node(
+                ("arr", self._compile(s["items"], f"{where}[]"), int(s.get("minItems", 0)), s.get("maxItems"))
+            )
         if kind == "string":
             return self._node(("str", int(s.get("minLength", 0)), s.get("maxLength")))
         if kind in ("boolean", "null"):
             return self._node(("lit", ("true", "false") if kind == "boolean" else ("null",)))
-        raise ValueError(f"{where}: unsupported schema type {kind!r} (object, array, string, boolean, null, enum, const, anyOf)")
+        raise ValueError(
+            f"{where}: unsupported schema type {kind!r} (object, array, string, boolean, null, enum, const, anyOf)"
+        )
 
     def start(self) -> State:
         return self._start
@@ -494,5 +504,14 @@ def compile_constraint(constraint: Constraint, hf_tokenizer: Any) -> TokenConstr
         return compiled[constraint.id][1]
 
 
-__all__ = ["CONSTRAINTS", "MAX_WHITESPACE", "MEMORY_OPS", "MEMORY_OPS_SCHEMA", "Automaton", "TokenConstraint",
-           "compile_constraint", "constraint_by_id", "token_texts"]
+__all__ = [
+    "CONSTRAINTS",
+    "MAX_WHITESPACE",
+    "MEMORY_OPS",
+    "MEMORY_OPS_SCHEMA",
+    "Automaton",
+    "TokenConstraint",
+    "compile_constraint",
+    "constraint_by_id",
+    "token_texts",
+]

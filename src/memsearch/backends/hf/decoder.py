@@ -83,7 +83,6 @@ from typing import Any
 import torch
 
 from memsearch.backends.base import GenerationRequest, GenerationResult, SamplingParams, Usage
-
 from memsearch.backends.hf.kv_cache import slab_layer_class
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 
-
 @functools.cache
 def slab_layer_class():
     """A ``DynamicLayer`` whose keys/values live in preallocated buffers.

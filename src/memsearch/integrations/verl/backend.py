@@ -64,11 +64,17 @@ class VerlPolicyBackend:
 
     async def _one(self, request: GenerationRequest) -> GenerationResult:
         t0 = time.perf_counter()
-        prompt = list(request.prompt_ids) if request.prompt_ids is not None else await self.encode(list(request.messages))
+        prompt = (
+            list(request.prompt_ids) if request.prompt_ids is not None else await self.encode(list(request.messages))
+        )
         if len(prompt) > self.prompt_length:
             self.overflows += 1
-            return _error(f"prompt of {len(prompt)} tokens exceeds rollout.prompt_length = {self.prompt_length}; "
-                          "raise data.max_prompt_length or lower the memsearch budgets", prompt, t0)
+            return _error(
+                f"prompt of {len(prompt)} tokens exceeds rollout.prompt_length = {self.prompt_length}; "
+                "raise data.max_prompt_length or lower the memsearch budgets",
+                prompt,
+                t0,
+            )
         cap = min(request.sampling.max_tokens, self.response_length)
         params = {**self.sampling_params, "max_tokens": cap}
         try:
@@ -87,16 +93,25 @@ class VerlPolicyBackend:
             return _error(f"{len(ids)} completion ids but {len(logprobs)} log-probs", prompt, t0)
         self.completed[request.role] += 1
         return GenerationResult(
-            text=self.decode(ids), finish_reason="length" if len(ids) >= cap else "stop", completion_ids=tuple(ids),
-            logprobs=tuple(float(x) for x in logprobs) if logprobs is not None else None, prompt_ids=tuple(prompt),
+            text=self.decode(ids),
+            finish_reason="length" if len(ids) >= cap else "stop",
+            completion_ids=tuple(ids),
+            logprobs=tuple(float(x) for x in logprobs) if logprobs is not None else None,
+            prompt_ids=tuple(prompt),
             usage=Usage(prompt_tokens=len(prompt), completion_tokens=len(ids), source="reported"),
-            latency_s=time.perf_counter() - t0)
+            latency_s=time.perf_counter() - t0,
+        )
 
     async def aclose(self) -> None:
         """Nothing to release: the server belongs to verl."""
 
 
 def _error(message: str, prompt: list[int], t0: float) -> GenerationResult:
-    return GenerationResult(text="", finish_reason="error", prompt_ids=tuple(prompt),
-                            usage=Usage(prompt_tokens=len(prompt), completion_tokens=0, source="reported"),
-                            latency_s=time.perf_counter() - t0, error=message)
+    return GenerationResult(
+        text="",
+        finish_reason="error",
+        prompt_ids=tuple(prompt),
+        usage=Usage(prompt_tokens=len(prompt), completion_tokens=0, source="reported"),
+        latency_s=time.perf_counter() - t0,
+        error=message,
+    )

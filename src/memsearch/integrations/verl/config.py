@@ -82,8 +82,10 @@ def refusals(cfg: GRPOConfig) -> list[str]:
     if cfg.lora.dropout > 0:
         out.append("lora.dropout > 0: verl's LoRA has no dropout setting")
     if cfg.reward.memory_recall:
-        out.append("reward.memory_recall > 0: the verl rows carry the gold answers only (reward_model.ground_truth), "
-                   "not the supporting facts the memory-recall term needs; set it to 0 or train with memsearch train grpo")
+        out.append(
+            "reward.memory_recall > 0: the verl rows carry the gold answers only (reward_model.ground_truth), "
+            "not the supporting facts the memory-recall term needs; set it to 0 or train with memsearch train grpo"
+        )
     return out
 
 
@@ -100,8 +102,15 @@ def budgets(cfg: GRPOConfig) -> tuple[int, int]:
     return b.memory_tokens + evidence + PROMPT_SLACK_TOKENS, max(b.policy_tokens, b.answer_tokens)
 
 
-def verl_overrides(cfg: GRPOConfig, agent_loops: str, train_files: str, val_files: str | None = None,
-                   gpus: int = 8, nodes: int = 1, rollout: str = "vllm") -> tuple[list[str], list[str]]:
+def verl_overrides(
+    cfg: GRPOConfig,
+    agent_loops: str,
+    train_files: str,
+    val_files: str | None = None,
+    gpus: int = 8,
+    nodes: int = 1,
+    rollout: str = "vllm",
+) -> tuple[list[str], list[str]]:
     """``(overrides, notes)`` for ``python -m verl.trainer.main_ppo``; raises ``VerlMappingError``.
 
     ``agent_loops`` is the agent-loop YAML (``agent_loop_yaml``); ``notes`` say where verl
@@ -177,8 +186,10 @@ def verl_overrides(cfg: GRPOConfig, agent_loops: str, train_files: str, val_file
         "memsearch's per-call sampling seeds are not sent to the rollout servers",
     ]
     if cfg.eval.data:
-        notes.append(f"periodic evaluation on {cfg.eval.data}: run `memsearch eval` on merged checkpoints "
-                     "(docs/verl.md); verl's validation scores the same reward only as a training signal")
+        notes.append(
+            f"periodic evaluation on {cfg.eval.data}: run `memsearch eval` on merged checkpoints "
+            "(docs/verl.md); verl's validation scores the same reward only as a training signal"
+        )
     if cfg.kl_coef > 0:
         notes.append("KL reference: the base with the LoRA adapter off (verl's ref_in_actor), as kl_reference = 'base'")
     return out, notes

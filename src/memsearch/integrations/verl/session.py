@@ -107,7 +107,9 @@ async def run_session(setup: WorkerSetup, task_id: str, policy: Any) -> tuple[di
     """
     task = setup.tasks.get(task_id)
     if task is None:
-        raise KeyError(f"task {task_id!r} is not in the data folder {setup.cfg.data}: export the parquet from the same folder")
+        raise KeyError(
+            f"task {task_id!r} is not in the data folder {setup.cfg.data}: export the parquet from the same folder"
+        )
     backends = dict(setup.backends)
     for role in TRAINED_CALL_ROLES[setup.cfg.role]:
         backends[role] = policy

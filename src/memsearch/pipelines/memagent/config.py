@@ -27,18 +27,25 @@ class PipelineData(StrictConfig):
     dev: str = Field("data/samples/hotpotqa/dev_distractor_sample.json",
                      description="HotpotQA dev (distractor) file the RULER-HQA-style sets are built from")
     train: str = Field("data/samples/hotpotqa/train_sample.json", description="HotpotQA train file for GRPO")
-    docs: list[int] = Field([50, 200, 800], description="Documents per context N of the evaluation sets (one set per N)")
+    docs: list[int] = Field(
+        [50, 200, 800], description="Documents per context N of the evaluation sets (one set per N)"
+    )
     questions: int | None = Field(None, ge=1, description="Dev questions per set (first N in file order; None = all)")
     train_questions: int | None = Field(None, ge=1, description="Train questions (first N; None = all)")
     train_docs: int = Field(
-        0, ge=0, description="Documents per training context (built like the dev sets, from train only); "
-        "0 = each question's own candidate paragraphs")
+        0,
+        ge=0,
+        description="Documents per training context (built like the dev sets, from train only); "
+        "0 = each question's own candidate paragraphs",
+    )
     seed: int = Field(42, description="Seed of the document sampling and shuffling")
 
     @model_validator(mode="after")
     def _distinct_docs(self) -> PipelineData:
         if not self.docs or len(set(self.docs)) != len(self.docs) or min(self.docs) < 2:
-            raise ValueError(f"docs {self.docs}: expected distinct numbers of documents of at least 2, e.g. [50, 200, 800]")
+            raise ValueError(
+                f"docs {self.docs}: expected distinct numbers of documents of at least 2, e.g. [50, 200, 800]"
+            )
         return self
 
 
@@ -47,12 +54,21 @@ class MemAgentPipeline(StrictConfig):
     base and trained at every N, report."""
 
     pipeline: Literal["memagent"] = Field(..., description="Marks a pipeline config (its [episode] is a run config)")
-    model: str = Field("embedded", description="'embedded' or a local Hugging Face folder: trained, evaluated, and the budget tokenizer")
+    model: str = Field(
+        "embedded",
+        description="'embedded' or a local Hugging Face folder: trained, evaluated, and the budget tokenizer",
+    )
     data: PipelineData = Field(default_factory=PipelineData, description="Sources and sets")
-    episode: RunConfig = Field(..., description="The recurrent agent (stream + overwrite + exhaust) and its budgets and prompts")
-    report: PipelineReport = Field(default_factory=PipelineReport, description="Paired bootstrap settings of the report")
-    train: dict[str, Any] = Field(default_factory=dict, description="GRPO settings (memsearch train grpo fields but "
-                                  "role/model/data/episode, which the pipeline sets)")
+    episode: RunConfig = Field(
+        ..., description="The recurrent agent (stream + overwrite + exhaust) and its budgets and prompts"
+    )
+    report: PipelineReport = Field(
+        default_factory=PipelineReport, description="Paired bootstrap settings of the report"
+    )
+    train: dict[str, Any] = Field(
+        default_factory=dict,
+        description="GRPO settings (memsearch train grpo fields but role/model/data/episode, which the pipeline sets)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -65,15 +81,21 @@ class MemAgentPipeline(StrictConfig):
     def _recipe_is_consistent(self) -> MemAgentPipeline:
         agent, backends = self.episode.agent, self.episode.backends
         if (agent.evidence, agent.memory, agent.controller) != ("stream", "overwrite", "exhaust"):
-            raise ValueError("episode.agent: the MemAgent pipeline needs evidence 'stream', memory 'overwrite', controller 'exhaust'")
+            raise ValueError(
+                "episode.agent: the MemAgent pipeline needs evidence 'stream', memory 'overwrite', controller 'exhaust'"
+            )
         if self.episode.tokenizer != self.model:
-            raise ValueError(f"episode.tokenizer {self.episode.tokenizer!r} differs from model {self.model!r}: budgets must "
-                             "be counted with the model's own tokenizer (leave episode.tokenizer unset)")
+            raise ValueError(
+                f"episode.tokenizer {self.episode.tokenizer!r} differs from model {self.model!r}: budgets must "
+                "be counted with the model's own tokenizer (leave episode.tokenizer unset)"
+            )
         for role in ("memory", "reader"):
             b = getattr(backends, role)
             if b.kind != "hf" or b.model != self.model or b.adapter is not None:
-                raise ValueError(f"episode.backends.{role}: must be kind 'hf' with model {self.model!r} and no adapter "
-                                 "(the pipeline swaps in the trained model; leave it unset)")
+                raise ValueError(
+                    f"episode.backends.{role}: must be kind 'hf' with model {self.model!r} and no adapter "
+                    "(the pipeline swaps in the trained model; leave it unset)"
+                )
         bad = sorted(set(self.train) & set(_PIPELINE_OWNED))
         if bad:
             raise ValueError(f"train: {', '.join(bad)} set by the pipeline itself; remove them from [train]")
@@ -82,8 +104,13 @@ class MemAgentPipeline(StrictConfig):
 
     def grpo_config(self, train_data: str) -> GRPOConfig:
         """The ``memsearch train grpo`` config of the training stage."""
-        fields = {**self.train, "role": "overwrite", "model": self.model, "data": train_data,
-                  "episode": self.episode.model_dump(mode="json")}
+        fields = {
+            **self.train,
+            "role": "overwrite",
+            "model": self.model,
+            "data": train_data,
+            "episode": self.episode.model_dump(mode="json"),
+        }
         return validated(GRPOConfig, fields, "train")
 
     def eval_config(self, model: str, limit: int | None = None) -> RunConfig:

@@ -75,18 +75,29 @@ def prepare_stage(cfg: MemAgentPipeline, out: Path, echo=print) -> dict[str, Any
         if not paths["train"].exists():
             save_dataset(convert_hotpot(cfg.data.train, split="train", limit=cfg.data.train_questions), paths["train"])
         if train_long is not None and not train_long.parent.exists():
-            prepare_ruler(paths["train"], train_long.parent, [cfg.data.train_docs], seed=cfg.data.seed, tokenizer=tokenizer,
-                          allow_train=True)
+            prepare_ruler(
+                paths["train"],
+                train_long.parent,
+                [cfg.data.train_docs],
+                seed=cfg.data.seed,
+                tokenizer=tokenizer,
+                allow_train=True,
+            )
         # Train must share no question with dev (the evaluation sets are built from dev).
         problems = validate_data(paths["train"], paths["dev"])
         if problems:
-            raise InputError("\n".join(str(p) for p in problems[:20]) + f"\n{len(problems)} problem(s) between train and dev")
-        stage.finish({"sets": {str(n): str(p.relative_to(folder)) for n, p in paths["sets"].items()},
-                      "train_dev_overlap": 0})
+            raise InputError(
+                "\n".join(str(p) for p in problems[:20]) + f"\n{len(problems)} problem(s) between train and dev"
+            )
+        stage.finish(
+            {"sets": {str(n): str(p.relative_to(folder)) for n, p in paths["sets"].items()}, "train_dev_overlap": 0}
+        )
         for p in paths["sets"].values():
             built = load_dataset(p)
-            echo(f"prepare: {p}: {len(built.tasks)} questions, context tokens mean "
-                 f"{(built.manifest.get('context_tokens') or {}).get('mean')}")
+            echo(
+                f"prepare: {p}: {len(built.tasks)} questions, context tokens mean "
+                f"{(built.manifest.get('context_tokens') or {}).get('mean')}"
+            )
     paths["train_data"] = train_long or paths["train"]
     paths["fingerprint"] = stage.fingerprint
     return paths
@@ -94,7 +105,9 @@ def prepare_stage(cfg: MemAgentPipeline, out: Path, echo=print) -> dict[str, Any
 
 def train_stage(cfg: MemAgentPipeline, out: Path, train_data: Path, upstream: str, echo=print) -> Path:
     """GRPO (role overwrite) into ``OUT/train``; returns the final adapter folder."""
-    return grpo_stage(out / "train", out / "train.stage.json", cfg.grpo_config(str(train_data)), {"prepare": upstream}, echo)
+    return grpo_stage(
+        out / "train", out / "train.stage.json", cfg.grpo_config(str(train_data)), {"prepare": upstream}, echo
+    )
 
 
 def reward_summary(train_dir: Path, out: Path) -> dict[str, Any]:
@@ -103,22 +116,41 @@ def reward_summary(train_dir: Path, out: Path) -> dict[str, Any]:
     from memsearch.train.plot import plot_rewards
 
     steps = [r for r in read_log(train_dir / "train_log.jsonl") if "reward_mean" in r]
-    cols = ("step", "reward_mean", "reward_std", "zero_variance_groups", "rows_consumed", "rows_per_trajectory",
-            "invalid_rate", "kl", "grad_norm", "step_s")
-    lines = ["# Training reward per step", "", f"From `{train_dir.name}/train_log.jsonl`: the reward of each rollout is "
-             "the trajectory reward (train.reward.metric), identical for all of its rows.", "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    cols = (
+        "step",
+        "reward_mean",
+        "reward_std",
+        "zero_variance_groups",
+        "rows_consumed",
+        "rows_per_trajectory",
+        "invalid_rate",
+        "kl",
+        "grad_norm",
+        "step_s",
+    )
+    lines = [
+        "# Training reward per step",
+        "",
+        f"From `{train_dir.name}/train_log.jsonl`: the reward of each rollout is "
+        "the trajectory reward (train.reward.metric), identical for all of its rows.",
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|" + "---|" * len(cols),
+    ]
     for r in steps:
         lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
     (out / "rewards.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     if steps:
         plot_rewards(train_dir / "train_log.jsonl", out / "reward_curve.png", title="MemAgent GRPO reward")
-    return {"steps": len(steps), "first": steps[0]["reward_mean"] if steps else None,
-            "last": steps[-1]["reward_mean"] if steps else None,
-            "curve": [round(r["reward_mean"], 4) for r in steps],
-            # steps where every group had one reward for all its rollouts: advantage 0, no policy gradient
-            "no_signal_steps": sum(1 for r in steps if r["zero_variance_groups"] == r["groups"]),
-            "grad_norm_max": max((r["grad_norm"] for r in steps), default=None)}
+    return {
+        "steps": len(steps),
+        "first": steps[0]["reward_mean"] if steps else None,
+        "last": steps[-1]["reward_mean"] if steps else None,
+        "curve": [round(r["reward_mean"], 4) for r in steps],
+        # steps where every group had one reward for all its rollouts: advantage 0, no policy gradient
+        "no_signal_steps": sum(1 for r in steps if r["zero_variance_groups"] == r["groups"]),
+        "grad_norm_max": max((r["grad_norm"] for r in steps), default=None),
+    }
 
 
 def merge_stage(cfg: MemAgentPipeline, out: Path, adapter: Path, echo=print) -> tuple[Path, str]:
@@ -127,17 +159,33 @@ def merge_stage(cfg: MemAgentPipeline, out: Path, adapter: Path, echo=print) -> 
     return merge_stages(out / "merged", out / "merge.stage.json", cfg.model, adapter, dtype, echo)
 
 
-def eval_stage(cfg: MemAgentPipeline, out: Path, checkpoint: str, model: str, model_fingerprint: str, set_name: str,
-               data: Path, echo=print, limit: int | None = None) -> dict[str, Any]:
+def eval_stage(
+    cfg: MemAgentPipeline,
+    out: Path,
+    checkpoint: str,
+    model: str,
+    model_fingerprint: str,
+    set_name: str,
+    data: Path,
+    echo=print,
+    limit: int | None = None,
+) -> dict[str, Any]:
     """One evaluation: ``checkpoint`` (base or trained) on one set (``docs{N}`` or ``hotpotqa``),
     its first ``limit`` questions when given. Returns its summary."""
     from memsearch.eval.runner import run_eval
 
     folder = out / "eval" / checkpoint / set_name
     run_config = cfg.eval_config(model, limit=limit)
-    stage = Stage(folder, "eval", {"run_config": run_config.model_dump(mode="json"),
-                                   "data_manifest_sha256": sha256_file(data / "manifest.json"), "model": model_fingerprint},
-                  record=folder.parent / f"{set_name}.stage.json")
+    stage = Stage(
+        folder,
+        "eval",
+        {
+            "run_config": run_config.model_dump(mode="json"),
+            "data_manifest_sha256": sha256_file(data / "manifest.json"),
+            "model": model_fingerprint,
+        },
+        record=folder.parent / f"{set_name}.stage.json",
+    )
     if stage.done() and (folder / "summary.json").is_file():
         echo(f"eval {checkpoint} {set_name}: done")
         return json.loads((folder / "summary.json").read_text())
@@ -151,18 +199,22 @@ def eval_stage(cfg: MemAgentPipeline, out: Path, checkpoint: str, model: str, mo
 
 def run_memagent_pipeline(cfg: MemAgentPipeline, out: str | Path, echo=print) -> dict[str, Any]:
     """Run every stage (skipping finished ones); returns the report (also ``OUT/report.json``)."""
-    from memsearch.pipelines.memagent.report import write_report
-
     import os
 
+    from memsearch.pipelines.memagent.report import write_report
+
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise InputError("the pipeline runs as one process (its stages write shared folders); for several GPUs run the "
-                         "training stage with torchrun: see docs/memagent.md")
+        raise InputError(
+            "the pipeline runs as one process (its stages write shared folders); for several GPUs run the "
+            "training stage with torchrun: see docs/memagent.md"
+        )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     # Every invocation's resolved config, appended: what each re-run asked for stays on record.
     with open(out / "invocations.jsonl", "a", encoding="utf-8") as fh:
-        fh.write(dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.model_dump(mode="json")}) + "\n")
+        fh.write(
+            dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.model_dump(mode="json")}) + "\n"
+        )
     with run_folder(out):
         paths = prepare_stage(cfg, out, echo)
         adapter = train_stage(cfg, out, paths["train_data"], paths["fingerprint"], echo)
@@ -177,7 +229,9 @@ def run_memagent_pipeline(cfg: MemAgentPipeline, out: str | Path, echo=print) ->
         for set_name, (data, limit) in sets.items():
             for checkpoint in CHECKPOINTS:
                 model, fp = models[checkpoint]
-                summaries[checkpoint][set_name] = eval_stage(cfg, out, checkpoint, model, fp, set_name, data, echo, limit=limit)
+                summaries[checkpoint][set_name] = eval_stage(
+                    cfg, out, checkpoint, model, fp, set_name, data, echo, limit=limit
+                )
     report = write_report(cfg, out, summaries, rewards)
     echo(report["table"])
     echo(report["deltas_table"])

@@ -29,15 +29,27 @@ _OWNED_EVAL = ("data",)
 class MPData(StrictConfig):
     """Train and held-out dev questions (``prepare`` stage)."""
 
-    train: str = Field("data/samples/hotpotqa/train_sample.json", description="HotpotQA train file: teacher, SFT and GRPO")
-    dev: str = Field("data/samples/hotpotqa/dev_distractor_sample.json",
-                     description="HotpotQA dev file the held-out comparison questions come from")
+    train: str = Field(
+        "data/samples/hotpotqa/train_sample.json", description="HotpotQA train file: teacher, SFT and GRPO"
+    )
+    dev: str = Field(
+        "data/samples/hotpotqa/dev_distractor_sample.json",
+        description="HotpotQA dev file the held-out comparison questions come from",
+    )
     train_questions: int | None = Field(None, ge=1, description="Train questions (first N of the file; None = all)")
-    dev_questions: int = Field(..., ge=1, description="The held-out comparison questions: the first N of the dev file. "
-                               "Used only by the final A-D matrix, never for training, early stopping or tuning")
-    val_questions: int = Field(0, ge=0, description="Validation questions for the periodic evaluation of GRPO "
-                               "(grpo.eval.every / stage2.train.eval.every): the next N of the dev file after the "
-                               "held-out ones, disjoint from them; 0 = no periodic evaluation")
+    dev_questions: int = Field(
+        ...,
+        ge=1,
+        description="The held-out comparison questions: the first N of the dev file. "
+        "Used only by the final A-D matrix, never for training, early stopping or tuning",
+    )
+    val_questions: int = Field(
+        0,
+        ge=0,
+        description="Validation questions for the periodic evaluation of GRPO "
+        "(grpo.eval.every / stage2.train.eval.every): the next N of the dev file after the "
+        "held-out ones, disjoint from them; 0 = no periodic evaluation",
+    )
 
 
 class TeacherRows(StrictConfig):
@@ -45,8 +57,12 @@ class TeacherRows(StrictConfig):
     NOOP row where a gold sentence was shown but not kept, and a share of the other NOOP rows."""
 
     other_noop_share: float | None = Field(
-        None, ge=0, le=1, description="Share of the NOOP rows without a new gold sentence to keep (sampled with "
-        "`seed`); None = keep every exported row (no selection)")
+        None,
+        ge=0,
+        le=1,
+        description="Share of the NOOP rows without a new gold sentence to keep (sampled with "
+        "`seed`); None = keep every exported row (no selection)",
+    )
     seed: int = Field(0, description="Seeds the sample of NOOP rows")
 
 
@@ -56,74 +72,124 @@ class Stage2(StrictConfig):
 
     enabled: bool = Field(False, description="Train the controller; false: C/D use the untrained base controller")
     start: Literal["base", "sft"] = Field(
-        "base", description="Where stage 2's controller starts: 'base' (a fresh LoRA on the untrained model; a small "
+        "base",
+        description="Where stage 2's controller starts: 'base' (a fresh LoRA on the untrained model; a small "
         "model sampled at temperature 1 rarely writes a readable SEARCH/FINISH, so most groups score alike) or "
         "'sft' (LoRA SFT on the controller rows of a teacher run on train, OUT/teacher2: `teacher` answers the "
-        "controller, the pipeline's [teacher] the memory)")
+        "controller, the pipeline's [teacher] the memory)",
+    )
     teacher: BackendConfig = Field(
         default_factory=lambda: BackendConfig(kind="oracle"),
         description="start = 'sft': the controller backend of the teacher run (oracle: SEARCH the title of the first "
-        "gold paragraph the memory has no supporting fact of, then FINISH; rules: the question, then open items)")
+        "gold paragraph the memory has no supporting fact of, then FINISH; rules: the question, then open items)",
+    )
     sft: dict[str, Any] = Field(
-        default_factory=dict, description="start = 'sft': memsearch train sft fields of the controller's SFT, over the "
-        "pipeline's [sft] table (model, data, role, seed are set by the pipeline)")
+        default_factory=dict,
+        description="start = 'sft': memsearch train sft fields of the controller's SFT, over the "
+        "pipeline's [sft] table (model, data, role, seed are set by the pipeline)",
+    )
     memory_serving: Literal["in_process", "http"] = Field(
-        "in_process", description="How the frozen stage-1 model (seed-N/merged1) answers the memory calls of stage 2's "
+        "in_process",
+        description="How the frozen stage-1 model (seed-N/merged1) answers the memory calls of stage 2's "
         "rollouts and periodic evaluation: in_process (hf backend, schema_mode as the pipeline's); http (an "
         "OpenAI-compatible server reached through the openai backend, which keeps [episode.backends.memory]'s "
         "max_concurrency, timeout_s, max_retries and sampling; free decoding, so it needs schema_mode = false): "
-        "`transformers serve` launched by the pipeline, or a server you run (memory_url)")
+        "`transformers serve` launched by the pipeline, or a server you run (memory_url)",
+    )
     memory_url: str | None = Field(
-        None, description="http: the API root of a server you run on seed-N/merged1, e.g. http://127.0.0.1:8000/v1 "
+        None,
+        description="http: the API root of a server you run on seed-N/merged1, e.g. http://127.0.0.1:8000/v1 "
         "(vLLM: `vllm serve OUT/seed-N/merged1 --served-model-name NAME`); you are responsible for serving that "
-        "folder. Unset: the pipeline launches `transformers serve` on merged1 itself and stops it after the stage")
+        "folder. Unset: the pipeline launches `transformers serve` on merged1 itself and stops it after the stage",
+    )
     memory_model: str | None = Field(
-        None, description="http with memory_url: the served model name; the pipeline refuses to start stage 2 "
-        "unless the server's /v1/models lists it")
+        None,
+        description="http with memory_url: the served model name; the pipeline refuses to start stage 2 "
+        "unless the server's /v1/models lists it",
+    )
     serve_port: int | None = Field(
-        None, ge=1, le=65535, description="http, launched server: its port on 127.0.0.1; unset = a free port, chosen "
-        "at the stage's first start and kept for its resumes (the port is part of the trainer config)")
+        None,
+        ge=1,
+        le=65535,
+        description="http, launched server: its port on 127.0.0.1; unset = a free port, chosen "
+        "at the stage's first start and kept for its resumes (the port is part of the trainer config)",
+    )
     serve_args: list[str] = Field(
-        default_factory=list, description="http, launched server: extra `transformers serve` options, e.g. "
-        "[\"--device\", \"cuda:0\", \"--continuous-batching\"] (host, port and the model are set by the pipeline)")
+        default_factory=list,
+        description="http, launched server: extra `transformers serve` options, e.g. "
+        '["--device", "cuda:0", "--continuous-batching"] (host, port and the model are set by the pipeline)',
+    )
     serve_start_timeout_s: float = Field(
-        300.0, gt=0, description="http, launched server: how long to wait for its /health before giving up "
-        "(the error shows the end of its log)")
-    train: dict[str, Any] = Field(default_factory=dict, description="memsearch train grpo fields of stage 2 (role, model, "
-                                  "data, episode, seed are set by the pipeline)")
+        300.0,
+        gt=0,
+        description="http, launched server: how long to wait for its /health before giving up "
+        "(the error shows the end of its log)",
+    )
+    train: dict[str, Any] = Field(
+        default_factory=dict,
+        description="memsearch train grpo fields of stage 2 (role, model, data, episode, seed are set by the pipeline)",
+    )
 
 
 class MemoryPolicyPipeline(StrictConfig):
     """``memsearch pipeline memory-policy``: prepare, teacher + export-sft, SFT, GRPO stage 1,
     merge, optional stage 2, the A-D matrix on held-out dev, report."""
 
-    pipeline: Literal["memory-policy"] = Field(..., description="Marks a pipeline config (its [episode] is a run config)")
-    model: str = Field("embedded", description="'embedded' or a local Hugging Face folder: the base of every trained "
-                       "stage, the untrained A/C baseline memory and the budget tokenizer")
-    seeds: list[int] = Field([0], min_length=1, description="One trained model per seed (same data; sampling and "
-                             "initialisation seeds differ); curves are drawn as mean with a min-max band")
+    pipeline: Literal["memory-policy"] = Field(
+        ..., description="Marks a pipeline config (its [episode] is a run config)"
+    )
+    model: str = Field(
+        "embedded",
+        description="'embedded' or a local Hugging Face folder: the base of every trained "
+        "stage, the untrained A/C baseline memory and the budget tokenizer",
+    )
+    seeds: list[int] = Field(
+        [0],
+        min_length=1,
+        description="One trained model per seed (same data; sampling and "
+        "initialisation seeds differ); curves are drawn as mean with a min-max band",
+    )
     data: MPData = Field(..., description="Sources and the held-out dev questions")
-    episode: RunConfig = Field(..., description="Every episode's run config (decision memory, fixed plan, reader, budgets); "
-                               "backends.memory/controller are replaced per stage by the pipeline")
-    schema_mode: bool = Field(False, description="The trained memory policy decodes in schema mode (constrained JSON): "
-                              "GRPO rollouts and periodic evaluation, the held-out sft/grpo rows and B/D of the matrix "
-                              "(the held-out 'base' row always uses schema mode)")
+    episode: RunConfig = Field(
+        ...,
+        description="Every episode's run config (decision memory, fixed plan, reader, budgets); "
+        "backends.memory/controller are replaced per stage by the pipeline",
+    )
+    schema_mode: bool = Field(
+        False,
+        description="The trained memory policy decodes in schema mode (constrained JSON): "
+        "GRPO rollouts and periodic evaluation, the held-out sft/grpo rows and B/D of the matrix "
+        "(the held-out 'base' row always uses schema mode)",
+    )
     grpo_start: Literal["sft", "base"] = Field(
-        "sft", description="Where GRPO stage 1 starts: 'sft' (the seed's SFT adapter on the teacher rows) or 'base' "
+        "sft",
+        description="Where GRPO stage 1 starts: 'sft' (the seed's SFT adapter on the teacher rows) or 'base' "
         "(a cold start: a fresh LoRA on the untrained base in schema mode; the teacher, export and SFT stages are "
-        "skipped and the held-out comparison has no 'sft' row). The cold-start control of issue 12 section 3")
+        "skipped and the held-out comparison has no 'sft' row). The cold-start control of issue 12 section 3",
+    )
     teacher_rows: TeacherRows = Field(default_factory=TeacherRows, description="Selection of the teacher's SFT rows")
-    matrix_seeds: list[int] | None = Field(None, description="Seeds whose A-D matrix runs on the held-out questions "
-                                           "(None = every seed; [] = none; a seed not in `seeds` is not run: a session may train "
-                                           "`seeds = [2]` alone); the held-out comparison of memory policies runs for every "
-                                           "seed regardless")
-    teacher: BackendConfig = Field(default_factory=lambda: BackendConfig(kind="oracle"),
-                                   description="Memory backend of the teacher trajectories on train (oracle by default)")
-    sft: dict[str, Any] = Field(default_factory=dict, description="memsearch train sft fields (model, data, role, seed set by the pipeline)")
-    grpo: dict[str, Any] = Field(default_factory=dict, description="memsearch train grpo fields of stage 1 (memory role)")
+    matrix_seeds: list[int] | None = Field(
+        None,
+        description="Seeds whose A-D matrix runs on the held-out questions "
+        "(None = every seed; [] = none; a seed not in `seeds` is not run: a session may train "
+        "`seeds = [2]` alone); the held-out comparison of memory policies runs for every "
+        "seed regardless",
+    )
+    teacher: BackendConfig = Field(
+        default_factory=lambda: BackendConfig(kind="oracle"),
+        description="Memory backend of the teacher trajectories on train (oracle by default)",
+    )
+    sft: dict[str, Any] = Field(
+        default_factory=dict, description="memsearch train sft fields (model, data, role, seed set by the pipeline)"
+    )
+    grpo: dict[str, Any] = Field(
+        default_factory=dict, description="memsearch train grpo fields of stage 1 (memory role)"
+    )
     stage2: Stage2 = Field(default_factory=Stage2, description="Optional GRPO of the controller")
     merge_dtype: str = Field("float32", description="dtype of the merged checkpoints (bfloat16 on a GPU)")
-    report: PipelineReport = Field(default_factory=PipelineReport, description="Paired bootstrap settings of the report")
+    report: PipelineReport = Field(
+        default_factory=PipelineReport, description="Paired bootstrap settings of the report"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -138,27 +204,44 @@ class MemoryPolicyPipeline(StrictConfig):
     def _consistent(self) -> MemoryPolicyPipeline:
         agent = self.episode.agent
         if (agent.evidence, agent.memory, agent.controller) != ("search", "decision", "fixed"):
-            raise ValueError("episode.agent: the memory-policy pipeline trains decision memory on a fixed plan "
-                             "(evidence 'search', memory 'decision', controller 'fixed'); stage 2 switches to 'policy' itself")
+            raise ValueError(
+                "episode.agent: the memory-policy pipeline trains decision memory on a fixed plan "
+                "(evidence 'search', memory 'decision', controller 'fixed'); stage 2 switches to 'policy' itself"
+            )
         if self.episode.tokenizer != self.model:
-            raise ValueError(f"episode.tokenizer {self.episode.tokenizer!r} differs from model {self.model!r}: budgets "
-                             "must be counted with the trained model's tokenizer (leave it unset)")
+            raise ValueError(
+                f"episode.tokenizer {self.episode.tokenizer!r} differs from model {self.model!r}: budgets "
+                "must be counted with the trained model's tokenizer (leave it unset)"
+            )
         self._check_stage2_serving()
-        tables = (("sft", self.sft), ("grpo", self.grpo), ("stage2.train", self.stage2.train), ("stage2.sft", self.stage2.sft))
+        tables = (
+            ("sft", self.sft),
+            ("grpo", self.grpo),
+            ("stage2.train", self.stage2.train),
+            ("stage2.sft", self.stage2.sft),
+        )
         for table, fields in tables:
             owned = _OWNED if table.endswith("sft") else tuple(k for k in _OWNED if k != "eval")
-            bad = sorted(set(fields) & set(owned)) + sorted(f"eval.{k}" for k in set(fields.get("eval") or {}) & set(_OWNED_EVAL))
+            bad = sorted(set(fields) & set(owned)) + sorted(
+                f"eval.{k}" for k in set(fields.get("eval") or {}) & set(_OWNED_EVAL)
+            )
             if not table.endswith("sft") and (fields.get("eval") or {}).get("every") and not self.data.val_questions:
-                raise ValueError(f"{table}.eval.every needs data.val_questions > 0: periodic evaluation reads the "
-                                 "validation split only, never the held-out comparison questions")
+                raise ValueError(
+                    f"{table}.eval.every needs data.val_questions > 0: periodic evaluation reads the "
+                    "validation split only, never the held-out comparison questions"
+                )
             if bad:
                 raise ValueError(f"{table}: {', '.join(bad)} set by the pipeline itself; remove them")
         if self.grpo_start == "base" and not self.schema_mode:
-            raise ValueError("grpo_start = 'base' needs schema_mode = true: without SFT the untrained base model "
-                             "hardly ever writes a readable operation batch, so GRPO would have nothing to compare")
+            raise ValueError(
+                "grpo_start = 'base' needs schema_mode = true: without SFT the untrained base model "
+                "hardly ever writes a readable operation batch, so GRPO would have nothing to compare"
+            )
         if "schema_mode" in self.grpo:
-            raise ValueError("grpo.schema_mode: set the pipeline's top-level schema_mode (it also sets the held-out "
-                             "evaluations and B/D); remove it from [grpo]")
+            raise ValueError(
+                "grpo.schema_mode: set the pipeline's top-level schema_mode (it also sets the held-out "
+                "evaluations and B/D); remove it from [grpo]"
+            )
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds {self.seeds}: expected distinct seeds")
         # Validate every trainer table now, with its field names, before any stage runs.
@@ -168,7 +251,9 @@ class MemoryPolicyPipeline(StrictConfig):
             self.stage2_config("<train>", self.seeds[0], "<stage-1 model>")
         if self.stage2.start == "sft":
             if not self.stage2.enabled:
-                raise ValueError("stage2.start = 'sft' needs stage2.enabled = true (it is where stage 2's controller starts)")
+                raise ValueError(
+                    "stage2.start = 'sft' needs stage2.enabled = true (it is where stage 2's controller starts)"
+                )
             self.controller_teacher_config()
             self.stage2_sft_config(["<rows>"], self.seeds[0])
         elif self.stage2.sft:
@@ -184,31 +269,45 @@ class MemoryPolicyPipeline(StrictConfig):
                 raise ValueError(f"stage2.{', stage2.'.join(bad)}: only used with stage2.memory_serving = 'http'")
             return
         if s2.memory_url and not s2.memory_model:
-            raise ValueError("stage2.memory_url needs stage2.memory_model: the name the server serves seed-N/merged1 "
-                             "under (vLLM's --served-model-name)")
+            raise ValueError(
+                "stage2.memory_url needs stage2.memory_model: the name the server serves seed-N/merged1 "
+                "under (vLLM's --served-model-name)"
+            )
         if s2.memory_model and not s2.memory_url:
-            raise ValueError("stage2.memory_model without stage2.memory_url: the launched `transformers serve` serves "
-                             "merged1 under its folder path; set memory_url to use a server you run")
+            raise ValueError(
+                "stage2.memory_model without stage2.memory_url: the launched `transformers serve` serves "
+                "merged1 under its folder path; set memory_url to use a server you run"
+            )
         if bad := [k for k in launched if getattr(s2, k)]:
-            raise ValueError(f"stage2.{', stage2.'.join(bad)}: only for the server the pipeline launches (no memory_url)")
+            raise ValueError(
+                f"stage2.{', stage2.'.join(bad)}: only for the server the pipeline launches (no memory_url)"
+            )
         if not s2.memory_url and self.episode.backends.memory.sampling.temperature > 0:
             # transformers serve (5.x) sets do_sample only to switch it off at temperature 0: a
             # temperature above 0 would decode greedily unless the folder's generation_config says
             # do_sample, so the requested sampling would silently not happen.
-            raise ValueError("stage2.memory_serving = 'http' with a launched `transformers serve`: episode.backends.memory."
-                             "sampling.temperature > 0 is not honoured by it (it samples only when the model folder's "
-                             "generation_config sets do_sample); keep the frozen memory greedy (temperature 0) or run "
-                             "your own server (stage2.memory_url)")
+            raise ValueError(
+                "stage2.memory_serving = 'http' with a launched `transformers serve`: episode.backends.memory."
+                "sampling.temperature > 0 is not honoured by it (it samples only when the model folder's "
+                "generation_config sets do_sample); keep the frozen memory greedy (temperature 0) or run "
+                "your own server (stage2.memory_url)"
+            )
         if self.schema_mode:
             # Over HTTP the memory ops are not decoded under memsearch's JSON-schema mask: `transformers serve`
             # ignores response_format (it logs "Ignoring unsupported fields") and the engine sends no
             # constraint to the openai backend. Refused rather than silently decoding differently.
-            raise ValueError("stage2.memory_serving = 'http' with schema_mode = true: schema mode (constrained JSON) runs "
-                             "only in process, and stage 2's frozen memory would decode freely over HTTP; set "
-                             "schema_mode = false or stage2.memory_serving = 'in_process'")
+            raise ValueError(
+                "stage2.memory_serving = 'http' with schema_mode = true: schema mode (constrained JSON) runs "
+                "only in process, and stage 2's frozen memory would decode freely over HTTP; set "
+                "schema_mode = false or stage2.memory_serving = 'in_process'"
+            )
 
-    def _episode(self, memory: dict[str, Any] | None = None, controller: dict[str, Any] | None = None,
-                 agent_controller: str | None = None) -> dict[str, Any]:
+    def _episode(
+        self,
+        memory: dict[str, Any] | None = None,
+        controller: dict[str, Any] | None = None,
+        agent_controller: str | None = None,
+    ) -> dict[str, Any]:
         data = self.episode.model_dump(mode="json")
         if memory is not None:
             data["backends"]["memory"] = memory
@@ -223,8 +322,12 @@ class MemoryPolicyPipeline(StrictConfig):
         settings; decoding in ``schema_mode`` (the pipeline's by default; summary memory and the
         controller decode freely)."""
         data = self.episode.backends.memory.model_dump(mode="json")
-        data.update(kind="hf", model=model or self.model, adapter=None,
-                    schema_mode=self.schema_mode if schema_mode is None else schema_mode)
+        data.update(
+            kind="hf",
+            model=model or self.model,
+            adapter=None,
+            schema_mode=self.schema_mode if schema_mode is None else schema_mode,
+        )
         return data
 
     def teacher_config(self) -> RunConfig:
@@ -233,19 +336,28 @@ class MemoryPolicyPipeline(StrictConfig):
 
     def sft_config(self, rows: list[str], seed: int) -> SFTConfig:
         """The ``memsearch train sft`` config of one seed."""
-        return validated(SFTConfig, {**self.sft, "model": self.model, "data": rows, "role": "memory", "seed": seed}, "sft")
+        return validated(
+            SFTConfig, {**self.sft, "model": self.model, "data": rows, "role": "memory", "seed": seed}, "sft"
+        )
 
     def controller_teacher_config(self) -> RunConfig:
         """The run config of the controller's teacher trajectories on train (``stage2.start =
         'sft'``): the policy controller answered by ``stage2.teacher``, the memory by ``[teacher]``."""
-        return RunConfig.model_validate(self._episode(memory=self.teacher.model_dump(mode="json"),
-                                                      controller=self.stage2.teacher.model_dump(mode="json"),
-                                                      agent_controller="policy"))
+        return RunConfig.model_validate(
+            self._episode(
+                memory=self.teacher.model_dump(mode="json"),
+                controller=self.stage2.teacher.model_dump(mode="json"),
+                agent_controller="policy",
+            )
+        )
 
     def stage2_sft_config(self, rows: list[str], seed: int) -> SFTConfig:
         """The ``memsearch train sft`` config of the controller's SFT of one seed (``stage2.start = 'sft'``)."""
-        return validated(SFTConfig, {**self.sft, **self.stage2.sft, "model": self.model, "data": rows,
-                                     "role": "controller", "seed": seed}, "stage2.sft")
+        return validated(
+            SFTConfig,
+            {**self.sft, **self.stage2.sft, "model": self.model, "data": rows, "role": "controller", "seed": seed},
+            "stage2.sft",
+        )
 
     def _eval(self, table: dict[str, Any], val: str | None) -> dict[str, Any]:
         return {**(table.get("eval") or {}), "data": val if self.data.val_questions else None}
@@ -254,9 +366,21 @@ class MemoryPolicyPipeline(StrictConfig):
         """Stage 1: GRPO of the memory role from the SFT adapter (``adapter``; None: from the base
         model, ``grpo_start = 'base'``); periodic evaluation on ``val``."""
         episode = self._episode(memory=self.base_backend())
-        return validated(GRPOConfig, {**self.grpo, "role": "memory", "model": self.model, "data": train, "seed": seed,
-                                       "schema_mode": self.schema_mode,
-                                       "adapter": adapter, "episode": episode, "eval": self._eval(self.grpo, val)}, "grpo")
+        return validated(
+            GRPOConfig,
+            {
+                **self.grpo,
+                "role": "memory",
+                "model": self.model,
+                "data": train,
+                "seed": seed,
+                "schema_mode": self.schema_mode,
+                "adapter": adapter,
+                "episode": episode,
+                "eval": self._eval(self.grpo, val),
+            },
+            "grpo",
+        )
 
     def served_backend(self, url: str, name: str) -> dict[str, Any]:
         """An openai backend on ``url`` serving ``name``, with the episode memory backend's
@@ -274,22 +398,45 @@ class MemoryPolicyPipeline(StrictConfig):
             return self.served_backend(self.stage2.memory_url, self.stage2.memory_model)
         return self.served_backend(launched_url or "http://127.0.0.1:1/v1", stage1)
 
-    def stage2_config(self, train: str, seed: int, stage1: str, val: str | None = None,
-                      launched_url: str | None = None, adapter: str | None = None) -> GRPOConfig:
+    def stage2_config(
+        self,
+        train: str,
+        seed: int,
+        stage1: str,
+        val: str | None = None,
+        launched_url: str | None = None,
+        adapter: str | None = None,
+    ) -> GRPOConfig:
         """Stage 2: GRPO of the controller from ``adapter`` (the controller's SFT adapter; None: a
         fresh LoRA on the base), the merged stage-1 model frozen as memory backend (in process or
         over HTTP: ``stage2_memory``)."""
-        episode = self._episode(memory=self.stage2_memory(stage1, launched_url),
-                                controller=self.base_backend(schema_mode=False), agent_controller="policy")
-        return validated(GRPOConfig, {**self.stage2.train, "role": "controller", "model": self.model, "data": train,
-                                       "seed": seed, "adapter": adapter, "episode": episode,
-                                       "eval": self._eval(self.stage2.train, val)}, "stage2.train")
+        episode = self._episode(
+            memory=self.stage2_memory(stage1, launched_url),
+            controller=self.base_backend(schema_mode=False),
+            agent_controller="policy",
+        )
+        return validated(
+            GRPOConfig,
+            {
+                **self.stage2.train,
+                "role": "controller",
+                "model": self.model,
+                "data": train,
+                "seed": seed,
+                "adapter": adapter,
+                "episode": episode,
+                "eval": self._eval(self.stage2.train, val),
+            },
+            "stage2.train",
+        )
 
     def matrix_config(self, stage1: str, controller: str | None) -> RunConfig:
         """The A-D matrix: A/C summarize with the untrained base (``backends.baseline_memory``,
         set explicitly so a stage-1 checkpoint can never reach them), B/D with the stage-1
         model, C/D with the stage-2 controller (``controller``; None = the base model)."""
-        data = self._episode(memory=self.base_backend(stage1), controller=self.base_backend(controller, schema_mode=False))
+        data = self._episode(
+            memory=self.base_backend(stage1), controller=self.base_backend(controller, schema_mode=False)
+        )
         # Summary mode has no operations to constrain: the baseline decodes freely.
         data["backends"]["baseline_memory"] = self.base_backend(schema_mode=False)
         data["limit"] = None

@@ -166,12 +166,22 @@ def compare(cfg, shared: dict[str, dict[str, Any]], seeds: dict[int, dict[str, d
                         for s, d in per_seed.items()}}
     bar["holds"] = bool(per_seed) and all(bar["per_seed"].values())
     # None after a cold start: there is no SFT model to improve on.
-    bar["grpo_improves_on_sft"] = bool((over["grpo-sft"][key] or {}).get("ci_low", 0) > 0) if "grpo-sft" in over else None
+    grpo_sft = over.get("grpo-sft")
+    bar["grpo_improves_on_sft"] = bool((grpo_sft[key] or {}).get("ci_low", 0) > 0) if grpo_sft is not None else None
     not_run = [p for p in POLICIES if p not in policies]
-    return {"policies": {"shared": shared, "seeds": seeds}, "per_seed": per_seed, "over_seeds": over, "bar": bar,
-            "grpo_start": cfg.grpo_start, "not_run": not_run,
-            "reward": RewardSettings.model_validate(cfg.grpo.get("reward") or {}).model_dump(), "schema_mode": cfg.schema_mode,
-            "questions": cfg.data.dev_questions, "confidence": r.confidence, "resamples": r.bootstrap_resamples}
+    return {
+        "policies": {"shared": shared, "seeds": seeds},
+        "per_seed": per_seed,
+        "over_seeds": over,
+        "bar": bar,
+        "grpo_start": cfg.grpo_start,
+        "not_run": not_run,
+        "reward": RewardSettings.model_validate(cfg.grpo.get("reward") or {}).model_dump(),
+        "schema_mode": cfg.schema_mode,
+        "questions": cfg.data.dev_questions,
+        "confidence": r.confidence,
+        "resamples": r.bootstrap_resamples,
+    }
 
 
 def write_summary(out: Path, result: dict[str, Any]) -> None:

@@ -47,8 +47,16 @@ def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str,
     from memsearch.data.validate import validate_data
 
     folder = out / "prepare"
-    stage = Stage(folder, "prepare", {"data": cfg.data.model_dump(mode="json"), "train_sha256": _source_sha(cfg.data.train),
-                                      "dev_sha256": _source_sha(cfg.data.dev)}, out / "prepare.stage.json")
+    stage = Stage(
+        folder,
+        "prepare",
+        {
+            "data": cfg.data.model_dump(mode="json"),
+            "train_sha256": _source_sha(cfg.data.train),
+            "dev_sha256": _source_sha(cfg.data.dev),
+        },
+        out / "prepare.stage.json",
+    )
     paths = {"train": folder / "train", "dev": folder / "dev", "val": folder / "val"}
     if stage.done():
         echo(f"prepare: done ({folder})")
@@ -66,8 +74,10 @@ def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str,
             problems += validate_data(paths["train"], paths["val"])
             problems += _shared_questions(paths["dev"], paths["val"])
         if problems:
-            raise InputError("\n".join(str(p) for p in problems[:20]) + f"\n{len(problems)} problem(s) between train and "
-                             "dev: the held-out questions must never be trained on")
+            raise InputError(
+                "\n".join(str(p) for p in problems[:20]) + f"\n{len(problems)} problem(s) between train and "
+                "dev: the held-out questions must never be trained on"
+            )
         stage.finish({"train_dev_overlap": 0})
     return {**paths, "fingerprint": stage.fingerprint}
 
@@ -100,7 +110,9 @@ def teacher_stage(cfg: MemoryPolicyPipeline, out: Path, paths: dict[str, Any], e
     return select_stage(cfg, folder, rows, rows_fp, paths, echo)
 
 
-def controller_teacher_stage(cfg: MemoryPolicyPipeline, out: Path, paths: dict[str, Any], echo=print) -> tuple[Path, str]:
+def controller_teacher_stage(
+    cfg: MemoryPolicyPipeline, out: Path, paths: dict[str, Any], echo=print
+) -> tuple[Path, str]:
     """``teacher2``: teacher trajectories on train with the policy controller (``stage2.start =
     'sft'``) and their controller-role SFT rows, every one (a controller row is one short
     decision); returns (rows file, fingerprint)."""
@@ -112,12 +124,20 @@ def _teacher_rows(out: Path, folder: Path, run_config, role: str, paths: dict[st
     from memsearch.train.export import export_sft
 
     run = folder / "run"
-    summary = eval_run(run, folder / "run.stage.json", run_config, paths["train"], {"prepare": paths["fingerprint"]}, echo)
+    summary = eval_run(
+        run, folder / "run.stage.json", run_config, paths["train"], {"prepare": paths["fingerprint"]}, echo
+    )
     if not summary["usable_for_comparison"]:
-        raise InputError(f"{run}: the teacher run is incomplete or had request errors ({summary.get('note')}); not training on it")
+        raise InputError(
+            f"{run}: the teacher run is incomplete or had request errors ({summary.get('note')}); not training on it"
+        )
     rows = folder / "sft.jsonl"
-    stage = Stage(folder / "export", "export-sft", {"trajectories_sha256": sha256_file(run / "trajectories.jsonl")},
-                  folder / "export.stage.json")
+    stage = Stage(
+        folder / "export",
+        "export-sft",
+        {"trajectories_sha256": sha256_file(run / "trajectories.jsonl")},
+        folder / "export.stage.json",
+    )
     if not stage.done():
         stage.start()
         rows.unlink(missing_ok=True)  # a crash mid-export leaves a partial file; export_sft wants a new one
@@ -125,33 +145,57 @@ def _teacher_rows(out: Path, folder: Path, run_config, role: str, paths: dict[st
         stage.finish({"rows": str(rows.relative_to(out)), "rows_sha256": sha256_file(rows), "report": report.lines()})
         echo("\n".join(report.lines()))
     elif sha256_file(rows) != stage.record()["outputs"]["rows_sha256"]:
-        raise InputError(f"{rows}: changed since export; delete {folder / 'export'} and {folder / 'export.stage.json'} to redo it")
+        raise InputError(
+            f"{rows}: changed since export; delete {folder / 'export'} and {folder / 'export.stage.json'} to redo it"
+        )
     return rows, stage.fingerprint
 
 
-def select_stage(cfg: MemoryPolicyPipeline, folder: Path, rows: Path, rows_fp: str, paths: dict[str, Any],
-                 echo=print) -> tuple[Path, str]:
+def select_stage(
+    cfg: MemoryPolicyPipeline, folder: Path, rows: Path, rows_fp: str, paths: dict[str, Any], echo=print
+) -> tuple[Path, str]:
     """``teacher/selected.jsonl``: the rows SFT trains on (``train.row_selection``)."""
     from memsearch.data.dataset import load_dataset
     from memsearch.train.row_selection import describe, select_memory_rows
 
     selected = folder / "selected.jsonl"
-    stage = Stage(folder / "select", "select-rows", {"rows": rows_fp, **cfg.teacher_rows.model_dump(mode="json")},
-                  folder / "select.stage.json")
+    stage = Stage(
+        folder / "select",
+        "select-rows",
+        {"rows": rows_fp, **cfg.teacher_rows.model_dump(mode="json")},
+        folder / "select.stage.json",
+    )
     if not stage.done():
         stage.start()
         selected.unlink(missing_ok=True)
-        report = select_memory_rows(rows, load_dataset(paths["train"]).labels_by_id(), selected,
-                                    cfg.teacher_rows.other_noop_share, cfg.teacher_rows.seed)
-        stage.finish({"rows": str(selected.relative_to(folder.parent)), "rows_sha256": sha256_file(selected), "report": report})
+        report = select_memory_rows(
+            rows,
+            load_dataset(paths["train"]).labels_by_id(),
+            selected,
+            cfg.teacher_rows.other_noop_share,
+            cfg.teacher_rows.seed,
+        )
+        stage.finish(
+            {"rows": str(selected.relative_to(folder.parent)), "rows_sha256": sha256_file(selected), "report": report}
+        )
         echo(describe(report))
     elif sha256_file(selected) != stage.record()["outputs"]["rows_sha256"]:
-        raise InputError(f"{selected}: changed since selection; delete it and {folder / 'select.stage.json'} to redo it")
+        raise InputError(
+            f"{selected}: changed since selection; delete it and {folder / 'select.stage.json'} to redo it"
+        )
     return selected, stage.fingerprint
 
 
-def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str, Any], rows: Path | None,
-                rows_fp: str | None, echo=print, controller_rows: tuple[Path, str] | None = None) -> dict[str, Any]:
+def seed_stages(
+    cfg: MemoryPolicyPipeline,
+    out: Path,
+    seed: int,
+    paths: dict[str, Any],
+    rows: Path | None,
+    rows_fp: str | None,
+    echo=print,
+    controller_rows: tuple[Path, str] | None = None,
+) -> dict[str, Any]:
     """SFT (unless ``grpo_start = 'base'``), stage 1, merge, optional stage 2 (from the controller's
     SFT on ``controller_rows`` when ``stage2.start = 'sft'``) and the matrix of one seed under
     ``OUT/seed-N``."""
@@ -161,14 +205,20 @@ def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str
     train = str(paths["train"])
     val = str(paths["val"]) if cfg.data.val_questions else None
     if cfg.grpo_start == "sft":
-        sft = sft_stage(root / "sft", root / "sft.stage.json", cfg.sft_config([str(rows)], seed), {"rows": rows_fp}, echo)
+        sft = sft_stage(
+            root / "sft", root / "sft.stage.json", cfg.sft_config([str(rows)], seed), {"rows": rows_fp}, echo
+        )
         start = {"sft_sha256": folder_sha256(sft)}
     else:  # cold start: stage 1 from the base model, no SFT (grpo_start = "base")
         sft, start = None, {"start": "base"}
         echo(f"seed {seed} sft: skipped (grpo_start = 'base': GRPO stage 1 starts from the base model)")
-    stage1 = grpo_stage(root / "grpo1", root / "grpo1.stage.json",
-                        cfg.grpo_config(train, seed, str(sft) if sft else None, val),
-                        {"prepare": paths["fingerprint"], **start}, echo)
+    stage1 = grpo_stage(
+        root / "grpo1",
+        root / "grpo1.stage.json",
+        cfg.grpo_config(train, seed, str(sft) if sft else None, val),
+        {"prepare": paths["fingerprint"], **start},
+        echo,
+    )
     merged1, fp1 = merge_stage(root / "merged1", root / "merged1.stage.json", cfg.model, stage1, cfg.merge_dtype, echo)
     from memsearch.pipelines.memory_policy import heldout
 
@@ -177,22 +227,46 @@ def seed_stages(cfg: MemoryPolicyPipeline, out: Path, seed: int, paths: dict[str
     if cfg.stage2.enabled:
         upstream2 = {"prepare": paths["fingerprint"], "stage1": fp1}
         if controller_rows is not None:
-            sft2 = sft_stage(root / "sft2", root / "sft2.stage.json", cfg.stage2_sft_config([str(controller_rows[0])], seed),
-                             {"rows": controller_rows[1]}, echo)
+            sft2 = sft_stage(
+                root / "sft2",
+                root / "sft2.stage.json",
+                cfg.stage2_sft_config([str(controller_rows[0])], seed),
+                {"rows": controller_rows[1]},
+                echo,
+            )
             upstream2["sft2_sha256"] = folder_sha256(sft2)
         stage2 = stage2_stage(cfg, root, train, seed, merged1, val, upstream2, echo, adapter=sft2)
-        merged2, fp2 = merge_stage(root / "merged2", root / "merged2.stage.json", cfg.model, stage2, cfg.merge_dtype, echo)
+        merged2, fp2 = merge_stage(
+            root / "merged2", root / "merged2.stage.json", cfg.model, stage2, cfg.merge_dtype, echo
+        )
         controller = str(merged2)
-    base = {"seed": seed, "root": root, "heldout": heldout_rows, "stage2": cfg.stage2.enabled,
-            "logs": {**({"sft": root / "sft" / "train_log.jsonl"} if sft else {}), "grpo1": root / "grpo1" / "train_log.jsonl",
-                     **({"sft2": root / "sft2" / "train_log.jsonl"} if sft2 else {}),
-                     **({"grpo2": root / "grpo2" / "train_log.jsonl"} if cfg.stage2.enabled else {})}}
+    base = {
+        "seed": seed,
+        "root": root,
+        "heldout": heldout_rows,
+        "stage2": cfg.stage2.enabled,
+        "logs": {
+            **({"sft": root / "sft" / "train_log.jsonl"} if sft else {}),
+            "grpo1": root / "grpo1" / "train_log.jsonl",
+            **({"sft2": root / "sft2" / "train_log.jsonl"} if sft2 else {}),
+            **({"grpo2": root / "grpo2" / "train_log.jsonl"} if cfg.stage2.enabled else {}),
+        },
+    }
     if cfg.matrix_seeds is not None and seed not in cfg.matrix_seeds:
         return {**base, "matrix": None}
     matrix_cfg = cfg.matrix_config(str(merged1), controller)
     folder = root / "matrix"
-    stage = Stage(folder, "matrix", {"run_config": matrix_cfg.model_dump(mode="json"), "prepare": paths["fingerprint"],
-                                     "stage1": fp1, "stage2": fp2}, root / "matrix.stage.json")
+    stage = Stage(
+        folder,
+        "matrix",
+        {
+            "run_config": matrix_cfg.model_dump(mode="json"),
+            "prepare": paths["fingerprint"],
+            "stage1": fp1,
+            "stage2": fp2,
+        },
+        root / "matrix.stage.json",
+    )
     if stage.done():
         echo(f"seed {seed} matrix: done")
         matrix = json.loads((folder / "matrix.json").read_text())
@@ -221,8 +295,17 @@ def _launched_port(cfg: MemoryPolicyPipeline, record: Path) -> int:
     return free_port()
 
 
-def stage2_stage(cfg: MemoryPolicyPipeline, root: Path, train: str, seed: int, merged1: Path, val: str | None,
-                 upstream: dict[str, Any], echo=print, adapter: Path | None = None) -> Path:
+def stage2_stage(
+    cfg: MemoryPolicyPipeline,
+    root: Path,
+    train: str,
+    seed: int,
+    merged1: Path,
+    val: str | None,
+    upstream: dict[str, Any],
+    echo=print,
+    adapter: Path | None = None,
+) -> Path:
     """``seed-N/grpo2``: GRPO of the controller (from ``adapter``, the controller's SFT adapter, or
     a fresh LoRA) with ``merged1`` frozen as memory backend, in process or over HTTP
     (``stage2.memory_serving``). Over HTTP the stage record also names the server
@@ -236,8 +319,9 @@ def stage2_stage(cfg: MemoryPolicyPipeline, root: Path, train: str, seed: int, m
     s2 = cfg.stage2
     start = str(adapter) if adapter is not None else None
     if s2.memory_serving == "in_process":
-        return grpo_stage(root / "grpo2", record, cfg.stage2_config(train, seed, str(merged1), val, adapter=start),
-                          upstream, echo)
+        return grpo_stage(
+            root / "grpo2", record, cfg.stage2_config(train, seed, str(merged1), val, adapter=start), upstream, echo
+        )
     if s2.memory_url:
         around = partial(serving.user_server, s2.memory_url, s2.memory_model)
         server = {"serving": "user", "url": s2.memory_url, "model": s2.memory_model}
@@ -245,8 +329,15 @@ def stage2_stage(cfg: MemoryPolicyPipeline, root: Path, train: str, seed: int, m
     else:
         port = _launched_port(cfg, record)
         url = f"http://127.0.0.1:{port}/v1"
-        around = partial(serving.launched_server, merged1, port, root / "grpo2.memory_server.log",
-                         s2.serve_start_timeout_s, s2.serve_args, echo)
+        around = partial(
+            serving.launched_server,
+            merged1,
+            port,
+            root / "grpo2.memory_server.log",
+            s2.serve_start_timeout_s,
+            s2.serve_args,
+            echo,
+        )
         server = {"serving": "transformers serve", "url": url, "model": str(merged1), "args": s2.serve_args}
         grpo = cfg.stage2_config(train, seed, str(merged1), val, launched_url=url, adapter=start)
     return grpo_stage(root / "grpo2", record, grpo, {**upstream, "memory_server": server}, echo, around)
@@ -261,7 +352,9 @@ def run_memory_policy_pipeline(cfg: MemoryPolicyPipeline, out: str | Path, echo=
     out.mkdir(parents=True, exist_ok=True)
     # Every invocation's resolved config, appended: what each re-run asked for stays on record.
     with open(out / "invocations.jsonl", "a", encoding="utf-8") as fh:
-        fh.write(dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.model_dump(mode="json")}) + "\n")
+        fh.write(
+            dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.model_dump(mode="json")}) + "\n"
+        )
     with run_folder(out):
         paths = prepare_stage(cfg, out, echo)
         # A cold start (grpo_start = "base") trains no SFT, so it needs no teacher rows either.

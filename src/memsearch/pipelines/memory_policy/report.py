@@ -29,12 +29,23 @@ def _group_row(folder: Path, group: str) -> dict[str, Any]:
     s = json.loads((folder / group / "summary.json").read_text())
     run = json.loads((folder / group / "run.json").read_text())
     # The backend that wrote the memory as the summary records it, and its weights by content (run.json).
-    return {"group": group, "memory_backend": s["memory_backend"], "memory_identity": run["models"]["memory"],
-            # Only a policy controller consults its backend; fixed-plan groups (A/B) show "fixed".
-            "controller_backend": s["config"]["backends"]["controller"] if s["agent"]["controller"] == "policy" else {"kind": "fixed"},
-            **{m: s["metrics"].get(m) for m in METRICS}, "questions": s["tasks"]["scored"], "expected": s["tasks"]["expected"],
-            "request_errors": s["request_errors"], "memory_truncations": s["truncation"]["memory_truncations"],
-            "complete": s["complete"], "usable_for_comparison": s["usable_for_comparison"], "note": s.get("note")}
+    return {
+        "group": group,
+        "memory_backend": s["memory_backend"],
+        "memory_identity": run["models"]["memory"],
+        # Only a policy controller consults its backend; fixed-plan groups (A/B) show "fixed".
+        "controller_backend": s["config"]["backends"]["controller"]
+        if s["agent"]["controller"] == "policy"
+        else {"kind": "fixed"},
+        **{m: s["metrics"].get(m) for m in METRICS},
+        "questions": s["tasks"]["scored"],
+        "expected": s["tasks"]["expected"],
+        "request_errors": s["request_errors"],
+        "memory_truncations": s["truncation"]["memory_truncations"],
+        "complete": s["complete"],
+        "usable_for_comparison": s["usable_for_comparison"],
+        "note": s.get("note"),
+    }
 
 
 def seed_section(cfg, seed: dict[str, Any]) -> dict[str, Any]:
@@ -46,8 +57,9 @@ def seed_section(cfg, seed: dict[str, Any]) -> dict[str, Any]:
     diffs = []
     for a, b in PAIRS:
         for metric in DIFF_METRICS:
-            d = paired_difference(per_task[b], per_task[a], metric, cfg.report.bootstrap_resamples, cfg.report.confidence,
-                                  cfg.report.seed)
+            d = paired_difference(
+                per_task[b], per_task[a], metric, cfg.report.bootstrap_resamples, cfg.report.confidence, cfg.report.seed
+            )
             diffs.append({"pair": f"{a}-{b}", "metric": metric, "usable": usable[a] and usable[b], **(d or {})})
     return {"seed": seed["seed"], "rows": rows, "diffs": diffs, "stage2": seed["stage2"]}
 
@@ -67,53 +79,94 @@ def _backend(b: dict[str, Any]) -> str:
 def _reward(table: dict[str, Any]) -> str:
     from memsearch.train.config import RewardSettings
 
-    return ", ".join(f"{k} = {v}" for k, v in RewardSettings.model_validate(table.get("reward") or {}).model_dump().items())
+    return ", ".join(
+        f"{k} = {v}" for k, v in RewardSettings.model_validate(table.get("reward") or {}).model_dump().items()
+    )
 
 
 def _diff_line(name: str, metric: str, d: dict[str, Any] | None, usable: bool = True) -> str:
     if not d or "diff" not in d:
         return f"| {name} | {metric} | - | - | - | - | 0 | {_cell(usable)} |"
-    return (f"| {name} | {metric} | {d['mean_a']:.3f} | {d['mean_b']:.3f} | {d['diff']:+.3f} | "
-            f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | {d['n']} | {'yes' if usable else 'NOT USABLE'} |")
+    return (
+        f"| {name} | {metric} | {d['mean_a']:.3f} | {d['mean_b']:.3f} | {d['diff']:+.3f} | "
+        f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | {d['n']} | {'yes' if usable else 'NOT USABLE'} |"
+    )
 
 
 def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
     """The held-out comparison of memory policies (``pipeline.heldout``) as markdown lines."""
     from memsearch.pipelines.memory_policy.heldout import DIFF_METRICS, INVALID_CAUSES
 
-    cols = ("policy", "memory support recall", "retrieval support recall", "F1", "EM", "memory-call invalid rate",
-            *(f"invalid: {c}" for c in INVALID_CAUSES), "ADD / UPDATE / DELETE / NOOP", "questions", "usable")
-    lines = ["## Memory policies on the held-out questions (group B)", "",
-             f"Decision memory, fixed plan, the same reader and budgets; {comparison['questions']} held-out dev questions. "
-             "base = the untrained model in schema mode; rules = the rules memory heuristic; sft / grpo = the seed's SFT "
-             f"adapter / merged stage-1 model (schema mode: {_cell(comparison['schema_mode'])}). GRPO reward: "
-             + ", ".join(f"{k} = {v}" for k, v in comparison["reward"].items()) + ".", ""]
+    cols = (
+        "policy",
+        "memory support recall",
+        "retrieval support recall",
+        "F1",
+        "EM",
+        "memory-call invalid rate",
+        *(f"invalid: {c}" for c in INVALID_CAUSES),
+        "ADD / UPDATE / DELETE / NOOP",
+        "questions",
+        "usable",
+    )
+    lines = [
+        "## Memory policies on the held-out questions (group B)",
+        "",
+        f"Decision memory, fixed plan, the same reader and budgets; {comparison['questions']} held-out dev questions. "
+        "base = the untrained model in schema mode; rules = the rules memory heuristic; sft / grpo = the seed's SFT "
+        f"adapter / merged stage-1 model (schema mode: {_cell(comparison['schema_mode'])}). GRPO reward: "
+        + ", ".join(f"{k} = {v}" for k, v in comparison["reward"].items())
+        + ".",
+        "",
+    ]
     if comparison.get("not_run"):  # a cold start: stage 1 from the base model, no SFT
-        lines += [f"Cold start (grpo_start = {comparison['grpo_start']}): GRPO stage 1 started from the base model; "
-                  f"not run: {', '.join(comparison['not_run'])} (its rows and the differences that need it are absent).", ""]
+        lines += [
+            f"Cold start (grpo_start = {comparison['grpo_start']}): GRPO stage 1 started from the base model; "
+            f"not run: {', '.join(comparison['not_run'])} (its rows and the differences that need it are absent).",
+            "",
+        ]
     shared = comparison["policies"]["shared"]
     for seed, rows in comparison["policies"]["seeds"].items():
         lines += [f"### Seed {seed}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for policy, r in {**shared, **rows}.items():
             calls = r["memory_calls"]
             ops = " / ".join(str(calls["ops_executed"][k]) for k in ("ADD", "UPDATE", "DELETE", "NOOP"))
-            lines.append("| " + " | ".join([policy, *(_cell(r[m]) for m in ("memory_support_recall", "retrieval_support_recall",
-                                                                           "f1", "em")),
-                                            _cell(calls["invalid_rate"]), *(str(calls["invalid"][c]) for c in INVALID_CAUSES),
-                                            ops, str(r["questions"]), _cell(r["usable_for_comparison"])]) + " |")
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        policy,
+                        *(_cell(r[m]) for m in ("memory_support_recall", "retrieval_support_recall", "f1", "em")),
+                        _cell(calls["invalid_rate"]),
+                        *(str(calls["invalid"][c]) for c in INVALID_CAUSES),
+                        ops,
+                        str(r["questions"]),
+                        _cell(r["usable_for_comparison"]),
+                    ]
+                )
+                + " |"
+            )
         lines += ["", "| pair | metric | a | b | a - b | CI | n | usable |", "|---|---|---|---|---|---|---|---|"]
         for pair, metrics in comparison["per_seed"][seed].items():
             lines += [_diff_line(pair, m, metrics[m], metrics[m]["usable"]) for m in DIFF_METRICS]
         lines.append("")
-    lines += ["### Over seeds (per-question mean over the seeds)", "",
-              "| pair | metric | a | b | a - b | CI | n | usable |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "### Over seeds (per-question mean over the seeds)",
+        "",
+        "| pair | metric | a | b | a - b | CI | n | usable |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for pair, metrics in comparison["over_seeds"].items():
         lines += [_diff_line(pair, m, metrics[m]) for m in DIFF_METRICS]
     bar = comparison["bar"]
     on_sft = "not run (no SFT)" if bar["grpo_improves_on_sft"] is None else _cell(bar["grpo_improves_on_sft"])
-    lines += ["", f"Bar ({bar['criterion']}): **{'holds' if bar['holds'] else 'does not hold'}** "
-              f"(per seed: {', '.join(f'{s}: {_cell(v)}' for s, v in bar['per_seed'].items())}); GRPO improves on SFT "
-              f"over seeds with a CI above 0: {on_sft}.", ""]
+    lines += [
+        "",
+        f"Bar ({bar['criterion']}): **{'holds' if bar['holds'] else 'does not hold'}** "
+        f"(per seed: {', '.join(f'{s}: {_cell(v)}' for s, v in bar['per_seed'].items())}); GRPO improves on SFT "
+        f"over seeds with a CI above 0: {on_sft}.",
+        "",
+    ]
     return lines
 
 
@@ -122,46 +175,98 @@ def _stage2_memory(cfg) -> str:
     if s2.memory_serving == "in_process":
         return "its rollouts' memory was the stage-1 model in process."
     if s2.memory_url:
-        return (f"its rollouts' memory was served over HTTP at `{s2.memory_url}` as `{s2.memory_model}` "
-                "(a server the user ran; which weights it served is not verified).")
-    return "its rollouts' memory was the stage-1 folder served over HTTP by `transformers serve` (launched by the pipeline)."
+        return (
+            f"its rollouts' memory was served over HTTP at `{s2.memory_url}` as `{s2.memory_model}` "
+            "(a server the user ran; which weights it served is not verified)."
+        )
+    return ("its rollouts' memory was the stage-1 folder served over HTTP by `transformers serve` "
+            "(launched by the pipeline).")
 
 
 def _stage2_start(cfg) -> str:
     if cfg.stage2.start == "sft":
-        return (f"the seed's SFT of the controller on the teacher's controller rows (`teacher2`: "
-                f"{cfg.stage2.teacher.kind} controller, {cfg.teacher.kind} memory)")
+        return (
+            f"the seed's SFT of the controller on the teacher's controller rows (`teacher2`: "
+            f"{cfg.stage2.teacher.kind} controller, {cfg.teacher.kind} memory)"
+        )
     return "a fresh LoRA on the base model (no controller SFT)"
 
 
 def render(cfg, sections: list[dict[str, Any]], comparison: dict[str, Any] | None = None) -> str:
     """The markdown of the report (also returned as ``table``)."""
-    lines = ["# Memory-policy pipeline", "",
-             f"Base model `{cfg.model}`, seeds {cfg.seeds}; held-out dev: the first {cfg.data.dev_questions} questions of "
-             f"`{cfg.data.dev}` (never used for training or early stopping). A/C write memory with the untrained base "
-             "(`backends.baseline_memory`), B/D with the stage-1 model.", "",
-             f"GRPO stage 1 reward: {_reward(cfg.grpo)}.", "",
-             "GRPO stage 1 starts from: " + ("the seed's SFT adapter." if cfg.grpo_start == "sft" else
-                                             "**the base model** (cold start, grpo_start = base: no teacher, no SFT)."), "",
-             "Stage 2 (controller GRPO): " + (f"on: C/D use the stage-2 controller, trained from {_stage2_start(cfg)}; "
-                                             f"{_stage2_memory(cfg)}"
-                                             if cfg.stage2.enabled else
-                                             "**skipped**: C/D use the untrained base controller."), ""]
+    lines = [
+        "# Memory-policy pipeline",
+        "",
+        f"Base model `{cfg.model}`, seeds {cfg.seeds}; held-out dev: the first {cfg.data.dev_questions} questions of "
+        f"`{cfg.data.dev}` (never used for training or early stopping). A/C write memory with the untrained base "
+        "(`backends.baseline_memory`), B/D with the stage-1 model.",
+        "",
+        f"GRPO stage 1 reward: {_reward(cfg.grpo)}.",
+        "",
+        "GRPO stage 1 starts from: "
+        + (
+            "the seed's SFT adapter."
+            if cfg.grpo_start == "sft"
+            else "**the base model** (cold start, grpo_start = base: no teacher, no SFT)."
+        ),
+        "",
+        "Stage 2 (controller GRPO): "
+        + (
+            f"on: C/D use the stage-2 controller, trained from {_stage2_start(cfg)}; {_stage2_memory(cfg)}"
+            if cfg.stage2.enabled
+            else "**skipped**: C/D use the untrained base controller."
+        ),
+        "",
+    ]
     if comparison is not None:
         lines += render_heldout(cfg, comparison)
-    cols = ("group", "memory backend", "controller", *METRICS, "questions", "request errors", "memory truncations",
-            "complete", "usable")
+    cols = (
+        "group",
+        "memory backend",
+        "controller",
+        *METRICS,
+        "questions",
+        "request errors",
+        "memory truncations",
+        "complete",
+        "usable",
+    )
     for sec in sections:
-        lines += [f"## Seed {sec['seed']}: the A-D matrix", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += [
+            f"## Seed {sec['seed']}: the A-D matrix",
+            "",
+            "| " + " | ".join(cols) + " |",
+            "|" + "---|" * len(cols),
+        ]
         for r in sec["rows"]:
-            lines.append("| " + " | ".join([r["group"], _backend(r["memory_backend"]), _backend(r["controller_backend"]),
-                                            *(_cell(r[m]) for m in METRICS), f"{r['questions']}/{r['expected']}",
-                                            str(r["request_errors"]), str(r["memory_truncations"]),
-                                            _cell(r["complete"]), _cell(r["usable_for_comparison"])]) + " |")
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        r["group"],
+                        _backend(r["memory_backend"]),
+                        _backend(r["controller_backend"]),
+                        *(_cell(r[m]) for m in METRICS),
+                        f"{r['questions']}/{r['expected']}",
+                        str(r["request_errors"]),
+                        str(r["memory_truncations"]),
+                        _cell(r["complete"]),
+                        _cell(r["usable_for_comparison"]),
+                    ]
+                )
+                + " |"
+            )
         notes = [f"- {r['group']}: {r['note']}" for r in sec["rows"] if r["note"]]
-        lines += ["", *notes, "" if notes else "",
-                  f"Paired bootstrap differences ({cfg.report.confidence:.0%} CI, {cfg.report.bootstrap_resamples} resamples):", "",
-                  "| pair | metric | a | b | a - b | CI | n | usable |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            *notes,
+            "" if notes else "",
+            f"Paired bootstrap differences ({cfg.report.confidence:.0%} CI, {cfg.report.bootstrap_resamples} "
+            "resamples):",
+            "",
+            "| pair | metric | a | b | a - b | CI | n | usable |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         lines += [_diff_line(d["pair"], d["metric"], d, d["usable"]) for d in sec["diffs"]]
         lines.append("")
     lines += ["![training curves](curves.png)", "", "Curves: mean over seeds with a min-max band."]
@@ -181,7 +286,7 @@ def plot_curves(logs: dict[str, list[Path]], png: Path) -> Path:
     cols = min(3, len(logs))  # a grid, so seven panels stay readable
     rows = -(-len(logs) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), dpi=110, squeeze=False)
-    for ax in axes.flat[len(logs):]:
+    for ax in axes.flat[len(logs) :]:
         ax.set_visible(False)
     for ax, (name, paths) in zip(axes.flat, logs.items()):
         name, key = name.split(":") if ":" in name else (name, "loss" if name.startswith("sft") else "reward_mean")
@@ -202,7 +307,9 @@ def plot_curves(logs: dict[str, list[Path]], png: Path) -> Path:
     return png
 
 
-def write_mp_report(cfg, out: Path, seeds: list[dict[str, Any]], comparison: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_mp_report(
+    cfg, out: Path, seeds: list[dict[str, Any]], comparison: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Write ``report.md``, ``report.json`` and ``curves.png``; returns the report."""
     sections = [seed_section(cfg, s) for s in seeds if s.get("matrix") is not None]
     panels = {n: [s["logs"][n] for s in seeds] for n in seeds[0]["logs"]}
@@ -213,11 +320,17 @@ def write_mp_report(cfg, out: Path, seeds: list[dict[str, Any]], comparison: dic
     plot_curves(panels, out / "curves.png")
     table = render(cfg, sections, comparison)
     heldout_usable = comparison is None or all(
-        r["usable_for_comparison"] for rows in (comparison["policies"]["shared"], *comparison["policies"]["seeds"].values())
-        for r in rows.values())
-    report = {"seeds": sections, "stage2": cfg.stage2.enabled, "heldout": comparison and {
-                  k: comparison[k] for k in ("per_seed", "over_seeds", "bar")},
-              "usable_for_comparison": heldout_usable and all(r["usable_for_comparison"] for s in sections for r in s["rows"])}
+        r["usable_for_comparison"]
+        for rows in (comparison["policies"]["shared"], *comparison["policies"]["seeds"].values())
+        for r in rows.values()
+    )
+    report = {
+        "seeds": sections,
+        "stage2": cfg.stage2.enabled,
+        "heldout": comparison and {k: comparison[k] for k in ("per_seed", "over_seeds", "bar")},
+        "usable_for_comparison": heldout_usable
+        and all(r["usable_for_comparison"] for s in sections for r in s["rows"]),
+    }
     write_json(out / "report.json", report)
     (out / "report.md").write_text(table, encoding="utf-8")
     return {**report, "table": table}

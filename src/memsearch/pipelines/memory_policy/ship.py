@@ -24,10 +24,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from memsearch.assets.adapter import FINGERPRINT, shipped_adapter_dir, write_fingerprint
 from memsearch.errors import InputError
 from memsearch.io import iter_jsonl
 from memsearch.pipelines.stages import folder_sha256
-from memsearch.assets.adapter import FINGERPRINT, shipped_adapter_dir, write_fingerprint
 
 CAST_DTYPES = ("bfloat16", "float16")
 HELDOUT_METRICS = ("memory_support_recall", "retrieval_support_recall", "f1", "em", "invalid_action_rate")
@@ -58,13 +58,21 @@ def run_provenance(run: str | Path, seed: int, source: str | Path) -> dict[str, 
         raise InputError(f"{source}: folder sha256 {actual} is not the stage-1 adapter recorded in "
                          f"{run / f'seed-{seed}' / 'grpo1.stage.json'} ({stage['outputs']['adapter_sha256']}); "
                          f"ship {run / f'seed-{seed}' / 'grpo1' / 'adapter'} of the same run")
-    invocations = [record for _, record in iter_jsonl(run / "invocations.jsonl")] if (run / "invocations.jsonl").is_file() else []
+    invocations = (
+        [record for _, record in iter_jsonl(run / "invocations.jsonl")] if (run / "invocations.jsonl").is_file() else []
+    )
     if not invocations:
-        raise InputError(f"{run / 'invocations.jsonl'}: missing or empty; is {run} a memory-policy pipeline run folder?")
+        raise InputError(
+            f"{run / 'invocations.jsonl'}: missing or empty; is {run} a memory-policy pipeline run folder?"
+        )
     config = invocations[-1]["config"]
     prepare = _json(run / "prepare.stage.json")
-    data: dict[str, Any] = {"prepare_fingerprint": prepare["fingerprint"], "prepare_inputs": prepare["inputs"],
-                            "prepared": {}, "teacher_rows": {}}
+    data: dict[str, Any] = {
+        "prepare_fingerprint": prepare["fingerprint"],
+        "prepare_inputs": prepare["inputs"],
+        "prepared": {},
+        "teacher_rows": {},
+    }
     for split in ("train", "dev", "val"):
         manifest = run / "prepare" / split / "manifest.json"
         if manifest.is_file():
@@ -74,12 +82,18 @@ def run_provenance(run: str | Path, seed: int, source: str | Path) -> dict[str, 
         if record.is_file():
             data["teacher_rows"][name] = (_json(record).get("outputs") or {}).get("rows_sha256")
     heldout: dict[str, Any] = {}
-    for policy, folder in (("base", run / "heldout" / "base"), ("rules", run / "heldout" / "rules"),
-                           ("sft", run / f"seed-{seed}" / "heldout" / "sft"), ("grpo", run / f"seed-{seed}" / "heldout" / "grpo")):
+    for policy, folder in (
+        ("base", run / "heldout" / "base"),
+        ("rules", run / "heldout" / "rules"),
+        ("sft", run / f"seed-{seed}" / "heldout" / "sft"),
+        ("grpo", run / f"seed-{seed}" / "heldout" / "grpo"),
+    ):
         heldout[policy] = _heldout_row(folder)
     if heldout["grpo"] is None:
-        raise InputError(f"{run / f'seed-{seed}' / 'heldout' / 'grpo' / 'summary.json'}: missing; ship an adapter only "
-                         "after its held-out evaluation has run (re-run the pipeline command to finish it)")
+        raise InputError(
+            f"{run / f'seed-{seed}' / 'heldout' / 'grpo' / 'summary.json'}: missing; ship an adapter only "
+            "after its held-out evaluation has run (re-run the pipeline command to finish it)"
+        )
     comparison = run / "heldout" / "summary.json"
     if comparison.is_file():
         heldout["differences"] = (_json(comparison).get("per_seed") or {}).get(str(seed))
@@ -87,13 +101,25 @@ def run_provenance(run: str | Path, seed: int, source: str | Path) -> dict[str, 
         source_rel = str(source.resolve().relative_to(run.resolve()))
     except ValueError:
         source_rel = str(source)
-    return {"run": str(run), "seed": seed, "source": source_rel, "config": config,
-            "stage": {k: stage.get(k) for k in ("fingerprint", "outputs", "started", "finished")},
-            "data": data, "heldout": heldout}
+    return {
+        "run": str(run),
+        "seed": seed,
+        "source": source_rel,
+        "config": config,
+        "stage": {k: stage.get(k) for k in ("fingerprint", "outputs", "started", "finished")},
+        "data": data,
+        "heldout": heldout,
+    }
 
 
-def ship_adapter(source: str | Path, run: str | Path, seed: int, dest: str | Path | None = None,
-                 force: bool = False, dtype: str | None = None) -> Path:
+def ship_adapter(
+    source: str | Path,
+    run: str | Path,
+    seed: int,
+    dest: str | Path | None = None,
+    force: bool = False,
+    dtype: str | None = None,
+) -> Path:
     """Copy the adapter files of ``source`` (``adapter_config.json`` and ``adapter_model.*``) into
     ``dest`` (the shipped folder by default) and write its ``fingerprint.json``; refuses an
     existing ``dest`` with files unless ``force``. With ``dtype`` (``bfloat16`` / ``float16``) the
@@ -104,7 +130,9 @@ def ship_adapter(source: str | Path, run: str | Path, seed: int, dest: str | Pat
     dest = Path(dest) if dest is not None else shipped_adapter_dir()
     files = [source / "adapter_config.json", *sorted(source.glob("adapter_model.*"))]
     if not files[0].is_file() or len(files) < 2:
-        raise InputError(f"{source}: not a LoRA adapter folder (expected adapter_config.json and adapter_model.safetensors)")
+        raise InputError(
+            f"{source}: not a LoRA adapter folder (expected adapter_config.json and adapter_model.safetensors)"
+        )
     provenance = run_provenance(run, seed, source)
     base = provenance["config"].get("model", "embedded")
     if dtype is not None and dtype not in CAST_DTYPES:
@@ -139,8 +167,12 @@ def _portable_adapter_config(path: Path, base: str) -> dict[str, Any] | None:
         return None
     config["base_model_name_or_path"] = base
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return {"field": "base_model_name_or_path", "to": base, "source_sha256": hashlib.sha256(raw).hexdigest(),
-            "why": "the training machine's absolute path replaced by the config's base model name"}
+    return {
+        "field": "base_model_name_or_path",
+        "to": base,
+        "source_sha256": hashlib.sha256(raw).hexdigest(),
+        "why": "the training machine's absolute path replaced by the config's base model name",
+    }
 
 
 def _cast_weights(path: Path, dtype: str) -> dict[str, Any]:
@@ -160,7 +192,12 @@ def _cast_weights(path: Path, dtype: str) -> dict[str, Any]:
     target = getattr(torch, dtype)
     cast = {name: t.to(target) if t.is_floating_point() else t for name, t in tensors.items()}
     save_file(cast, str(path), metadata={"format": "pt"})
-    return {"file": path.name, "dtype": dtype, "source_sha256": hashlib.sha256(raw).hexdigest(),
-            "source_bytes": len(raw), "bytes": path.stat().st_size,
-            "source_dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()}),
-            "why": "half the bytes in git; the hf backend loads them into float32 modules (the cast only rounds)"}
+    return {
+        "file": path.name,
+        "dtype": dtype,
+        "source_sha256": hashlib.sha256(raw).hexdigest(),
+        "source_bytes": len(raw),
+        "bytes": path.stat().st_size,
+        "source_dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()}),
+        "why": "half the bytes in git; the hf backend loads them into float32 modules (the cast only rounds)",
+    }
