@@ -13,7 +13,7 @@ import json
 import random
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +192,56 @@ def abandon_session(session: Any) -> None:
             connector._close()  # the synchronous part of close(): forget pooled connections
         except Exception:  # noqa: BLE001 - best effort; at worst aiohttp warns of a leak
             pass
+
+
+class LoopSession:
+    """An aiohttp ``ClientSession`` (a keep-alive pool of ``limit`` connections) and a semaphore
+    of ``limit`` requests in flight, bound to the event loop that uses them. Each new loop (every
+    ``asyncio.run``: a GRPO step, a script's own loop) gets its own pair on first use; an earlier
+    loop's session, unusable on this one, is abandoned. The caller bounds each attempt with
+    ``asyncio.timeout`` (connect + send + full body), so the session has no timeout of its own.
+    Shared by the HTTP clients (OpenAI backend, retrieval service).
+
+    ``proxy``, when given, is called each time a session opens and its answer passed to aiohttp
+    (None: no proxy), so the environment is read when the pool is made, not per request.
+    """
+
+    def __init__(self, limit: int, proxy: Callable[[], str | None] | None = None) -> None:
+        self.limit = limit
+        self.proxy = proxy
+        self._session: Any = None
+        self._semaphore: Any = None
+        self._loop: Any = None
+
+    def get(self) -> tuple[Any, Any]:
+        """``(session, semaphore)`` for the running loop, opened on first use in that loop."""
+        import asyncio
+
+        import aiohttp
+
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._loop is not loop:
+            if self._session is not None:
+                abandon_session(self._session)
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.limit),
+                timeout=aiohttp.ClientTimeout(total=None),
+                proxy=self.proxy() if self.proxy is not None else None,
+            )
+            self._semaphore = asyncio.Semaphore(self.limit)
+            self._loop = loop
+        return self._session, self._semaphore
+
+    async def aclose(self) -> None:
+        """Close the pool (a later request opens a new one); one from a loop that is gone is
+        abandoned, since only its own loop could await the close."""
+        import asyncio
+
+        session, loop = self._session, self._loop
+        self._session = self._semaphore = self._loop = None
+        if session is None:
+            return
+        if loop is asyncio.get_running_loop():
+            await session.close()
+        else:
+            abandon_session(session)

@@ -1,8 +1,11 @@
 """memsearch.eval.run_diff / scripts/compare_matrix_runs.py: an ablation's matrix minus its control's,
-question by question; refusals; the published search-cost comparison is reproduced from its files."""
+question by question; refusals; the script reads gzip-compressed metrics (fixtures/run_diff holds
+real rows of the published search-cost control, one group compressed as docs/results publishes
+it); the published search-cost comparison is reproduced from its files."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 from pathlib import Path
@@ -14,6 +17,20 @@ from memsearch.eval.run_diff import matrix_minus_control
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results" / "memory_policy_cpu"
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run_diff"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("compare_matrix_runs", ROOT / "scripts" / "compare_matrix_runs.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def _read_metrics(group: Path) -> dict[str, dict]:
+    plain, packed = group / "metrics.jsonl", group / "metrics.jsonl.gz"
+    text = plain.read_text() if plain.is_file() else gzip.decompress(packed.read_bytes()).decode()
+    return {row["task_id"]: row for row in map(json.loads, text.splitlines())}
 
 
 def _group(matrix: Path, group: str, rows: list[dict]) -> None:
@@ -46,10 +63,30 @@ def test_runs_over_different_questions_are_refused(tmp_path):
         matrix_minus_control(tmp_path / "abl", tmp_path / "ctl", ["D"], resamples=100)
 
 
+def test_script_reads_compressed_groups_of_real_rows(capsys):
+    """Five real questions per group from the published search-cost control and its control;
+    the ablation's group D is gzip-compressed, the rest plain."""
+    assert (FIXTURE / "search_cost" / "D" / "metrics.jsonl.gz").is_file()
+    assert not (FIXTURE / "search_cost" / "D" / "metrics.jsonl").exists()
+    script = _script()
+    assert script.main([str(FIXTURE / "search_cost"), str(FIXTURE / "control"), "CD"]) == 0
+    diff = json.loads(capsys.readouterr().out)
+    assert diff == json.loads((FIXTURE / "search_cost_minus_control.json").read_text())
+    for group in "CD":
+        a, b = _read_metrics(FIXTURE / "search_cost" / group), _read_metrics(FIXTURE / "control" / group)
+        assert sorted(a) == sorted(b) and len(a) == 5
+        for metric in ("searches", "memory_support_recall", "f1"):
+            per_question = [a[t][metric] - b[t][metric] for t in a]
+            assert diff[group][metric]["n"] == 5
+            assert diff[group][metric]["diff"] == pytest.approx(sum(per_question) / 5)
+    # the priced search made fewer searches on these questions, as on all 200
+    assert diff["C"]["searches"]["diff"] < 0 and diff["D"]["searches"]["diff"] < 0
+
+
 def test_published_search_cost_comparison_is_reproduced_by_the_script(capsys):
-    spec = importlib.util.spec_from_file_location("compare_matrix_runs", ROOT / "scripts" / "compare_matrix_runs.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    """docs/results publishes the matrices' metrics gzip-compressed; the script reads them."""
+    assert (RESULTS / "ablation-search-cost" / "seed-1" / "matrix" / "D" / "metrics.jsonl.gz").is_file()
+    script = _script()
     assert script.main([str(RESULTS / "ablation-search-cost" / "seed-1" / "matrix"),
                         str(RESULTS / "ablation-stage2-control" / "seed-1" / "matrix"), "CD"]) == 0
     published = json.loads((RESULTS / "ablation-search-cost" / "search_cost_minus_control.json").read_text())

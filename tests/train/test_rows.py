@@ -100,3 +100,18 @@ def test_row_count_contract():
     RowCounts(generated=4, converted=4, consumed=4).check()
     with pytest.raises(RowCountError, match="generated 4, converted 4, consumed 3"):
         RowCounts(generated=4, converted=4, consumed=3).check()
+
+
+def test_trained_roles_are_defined_once_and_cover_call_roles_only():
+    """A trained role (what a config trains) names call roles (what a policy call is); the GRPO
+    config accepts exactly the trained roles."""
+    from typing import get_args
+
+    from memsearch.backends.base import CALL_ROLES
+    from memsearch.train.config import GRPOConfig
+    from memsearch.train.rows import TRAINED_CALL_ROLES, TRAINED_ROLES
+
+    assert CALL_ROLES == ("memory", "controller", "reader")
+    assert TRAINED_ROLES == tuple(TRAINED_CALL_ROLES) == ("memory", "controller", "overwrite")
+    assert all(set(calls) <= set(CALL_ROLES) for calls in TRAINED_CALL_ROLES.values())
+    assert get_args(GRPOConfig.model_fields["role"].annotation) == TRAINED_ROLES

@@ -40,7 +40,7 @@ from memsearch.backends.base import (
     SamplingParams,
     Usage,
 )
-from memsearch.io import abandon_session, backoff_delay_s
+from memsearch.io import LoopSession, backoff_delay_s
 from memsearch.text.safe_text import replace_lone_surrogates
 from memsearch.tokenizer import Tokenizer
 
@@ -183,10 +183,9 @@ class OpenAIBackend:
         # The HTTP library costs hundreds of ms to import: pay that here, at setup, rather
         # than inside the event loop on the first request while every episode waits.
         _aiohttp()
-        # The session and semaphore belong to one event loop; built on first use.
-        self._session: Any = None
-        self._semaphore: asyncio.Semaphore | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # Not trust_env: it reads ~/.netrc (a second credential source) and looks the proxy up in
+        # a worker thread on every request; the proxy is resolved once per pool instead.
+        self._pool = LoopSession(max_concurrency, proxy=lambda: _env_proxy(self.base_url))
         self._counts: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
 
@@ -210,14 +209,8 @@ class OpenAIBackend:
         return {**{k: self._counts[k] for k in keys}, "errors": dict(self._errors)}
 
     async def aclose(self) -> None:
-        session, loop = self._session, self._loop
-        self._session, self._semaphore, self._loop = None, None, None
-        if session is None:
-            return
-        if loop is asyncio.get_running_loop():
-            await session.close()
-        else:
-            abandon_session(session)
+        """Close the connection pool (a later request opens a new one)."""
+        await self._pool.aclose()
 
     # ------------------------------------------------------------------------- request body
 
@@ -247,25 +240,6 @@ class OpenAIBackend:
 
     # ------------------------------------------------------------------------------ internals
 
-    def _ensure_session(self):
-        loop = asyncio.get_running_loop()
-        if self._session is None or self._loop is not loop:
-            if self._session is not None:
-                abandon_session(self._session)  # from an earlier event loop; unusable on this one
-            aiohttp = _aiohttp()
-            # One keep-alive pool as large as the concurrency bound. The whole attempt
-            # (connect + send + full body) is bounded by ``asyncio.timeout`` in _generate_one.
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_concurrency),
-                timeout=aiohttp.ClientTimeout(total=None),
-                # Not trust_env: it reads ~/.netrc (a second credential source) and looks the
-                # proxy up in a worker thread on every request; the proxy is resolved once here.
-                proxy=_env_proxy(self.base_url),
-            )
-            self._semaphore = asyncio.Semaphore(self.max_concurrency)
-            self._loop = loop
-        return self._session, self._semaphore
-
     def _backoff_s(self, retry: int, retry_after: float | None) -> float:
         if retry_after is not None:
             return min(retry_after, self.backoff_max_s)
@@ -283,7 +257,7 @@ class OpenAIBackend:
             path, body = self.build_body(request)
             # Compact UTF-8 JSON; NaN/inf are not JSON and fail here, before any attempt.
             payload = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-            session, semaphore = self._ensure_session()
+            session, semaphore = self._pool.get()
         except Exception as exc:  # noqa: BLE001 - generate never raises for a request
             self._counts["failed"] += 1
             self._errors["internal"] += 1

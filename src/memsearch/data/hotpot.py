@@ -9,16 +9,13 @@ Hugging Face layout (``id``; ``context = {title: [...], sentences: [[...]]}``;
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from memsearch.data.convert import convert_source
 from memsearch.data.dataset import Dataset, DocumentPool
 from memsearch.data.records import Label, Task, evidence_id, has_visible_text
-from memsearch.data.source import SourceRecord, check_unique_id, finish, iter_source
-from memsearch.errors import Problem
-from memsearch.io import sha256_file
+from memsearch.data.source import SourceRecord, check_unique_id
 
 CONVERTER_VERSION = "hotpot-1"
-SPLITS = ("train", "dev")
 
 
 def _context(record: SourceRecord) -> list[tuple[str, list[str]]] | None:
@@ -148,25 +145,5 @@ def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, in
 
 def convert_hotpot(path: str | Path, split: str = "dev", limit: int | None = None) -> Dataset:
     """Convert a HotpotQA file; all problems are raised together as one ``InputError``."""
-    if split not in SPLITS:
-        from memsearch.errors import InputError
-
-        raise InputError(f"--split {split!r}: expected one of {', '.join(SPLITS)}")
-    problems: list[Problem] = []
-    pool, seen = DocumentPool(), {}
-    tasks, labels = [], []
-    for record in iter_source(path, limit, problems):
-        converted = _convert_record(record, pool, seen)
-        if converted:
-            tasks.append(converted[0])
-            labels.append(converted[1])
-    finish(problems, len(tasks), path)
-    manifest: dict[str, Any] = {
-        "kind": "hotpotqa",
-        "split": split,
-        "evidence_granularity": "sentence",
-        "converter": CONVERTER_VERSION,
-        "source": {"name": Path(path).name, "sha256": sha256_file(path)},
-        "options": {"limit": limit},
-    }
-    return Dataset(pool.documents, tasks, labels, manifest)
+    return convert_source(path, split, limit, _convert_record, kind="hotpotqa", evidence_granularity="sentence",
+                          converter=CONVERTER_VERSION)

@@ -9,16 +9,13 @@ sentences would invent a finer support than the labels give.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from memsearch.data.convert import convert_source
 from memsearch.data.dataset import Dataset, DocumentPool
 from memsearch.data.records import Label, Task, evidence_id, has_visible_text
-from memsearch.data.source import SourceRecord, check_unique_id, finish, iter_source
-from memsearch.errors import InputError, Problem
-from memsearch.io import sha256_file
+from memsearch.data.source import SourceRecord, check_unique_id
 
 CONVERTER_VERSION = "musique-1"
-SPLITS = ("train", "dev")
 
 
 def _paragraphs(record: SourceRecord) -> list[tuple[str, str, bool]] | None:
@@ -95,23 +92,5 @@ def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, in
 
 def convert_musique(path: str | Path, split: str = "dev", limit: int | None = None) -> Dataset:
     """Convert a MuSiQue-Ans file (JSON list or JSON lines); problems raise one ``InputError``."""
-    if split not in SPLITS:
-        raise InputError(f"--split {split!r}: expected one of {', '.join(SPLITS)}")
-    problems: list[Problem] = []
-    pool, seen = DocumentPool(), {}
-    tasks, labels = [], []
-    for record in iter_source(path, limit, problems):
-        converted = _convert_record(record, pool, seen)
-        if converted:
-            tasks.append(converted[0])
-            labels.append(converted[1])
-    finish(problems, len(tasks), path)
-    manifest: dict[str, Any] = {
-        "kind": "musique",
-        "split": split,
-        "evidence_granularity": "paragraph",
-        "converter": CONVERTER_VERSION,
-        "source": {"name": Path(path).name, "sha256": sha256_file(path)},
-        "options": {"limit": limit},
-    }
-    return Dataset(pool.documents, tasks, labels, manifest)
+    return convert_source(path, split, limit, _convert_record, kind="musique", evidence_granularity="paragraph",
+                          converter=CONVERTER_VERSION)

@@ -41,6 +41,14 @@ ENGINE_VERSION = "engine-4"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
+def derived_seed(*parts: Any) -> int:
+    """A 32-bit seed that is a function of ``parts`` only (their ``str``, joined by "/"): the
+    seed of every sampled call, and of the trainer's epoch orders and rollouts, so a run is
+    reproducible whatever runs beside it."""
+    digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
 @dataclass
 class Environment:
     """What all episodes of a run share."""
@@ -67,8 +75,7 @@ class _Episode:
         base = self.env.config.backends.model_dump()[role]["sampling"]["seed"]
         if base is None:
             return None
-        digest = hashlib.sha256(f"{base}/{self.task.id}/{role}/{step}".encode()).digest()
-        return int.from_bytes(digest[:4], "little")
+        return derived_seed(base, self.task.id, role, step)
 
     async def call(self, role: str, step: int, messages, observation: dict[str, Any], max_tokens: int,
                    constraint: Constraint | None = None) -> GenerationResult:

@@ -13,7 +13,6 @@ run, so a crashed run is completed without losing or repeating a task.
 from __future__ import annotations
 
 import asyncio
-import json
 import platform
 import time
 from importlib import metadata
@@ -22,6 +21,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from memsearch.backends.base import CALL_ROLES
 from memsearch.config import RunConfig
 from memsearch.data.dataset import Dataset, load_dataset
 from memsearch.errors import InputError, Problem
@@ -89,32 +89,17 @@ def read_finished(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def build_environment(config: RunConfig, dataset: Dataset, group: str = ""):
-    """Tokenizer, retriever and one backend per distinct backend config (roles that share a
-    config share one backend, so one local model serves them all)."""
-    from memsearch.backends import make_backend
-    from memsearch.engine.episode import Environment
-    from memsearch.tokenizer import load_tokenizer
+    """The run's ``Environment``: ``engine.environment.build_shared`` with every role built here;
+    ``engine.environment.close_environment`` closes it."""
+    from memsearch.engine.environment import build_shared
 
-    tokenizer = load_tokenizer(config.tokenizer)
-    retriever = None
-    if config.agent.evidence == "search":
-        from memsearch.retrieval.index import make_retriever
-
-        retriever = make_retriever(config.retrieval, dataset.documents)
-    shared: dict[str, Any] = {}
-    backends = {}
-    for role in ("memory", "controller", "reader"):
-        cfg = getattr(config.backends, role)
-        key = json.dumps(cfg.model_dump(mode="json", exclude={"sampling"}), sort_keys=True)
-        if key not in shared:
-            shared[key] = make_backend(cfg, tokenizer, dataset)
-        backends[role] = shared[key]
-    return Environment(config, tokenizer, dataset.documents_by_id(), backends, retriever, group)
+    return build_shared(config, dataset).environment(config, group)
 
 
 async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, desc: str, written: list[str]) -> None:
     """Run ``tasks`` and append each trajectory as it finishes; ``written`` collects the task ids
     written (so a failed write can say how many are safe)."""
+    from memsearch.engine.environment import close_environment
     from memsearch.engine.episode import run_episode
     from memsearch.eval.score import score_trajectory
 
@@ -153,14 +138,7 @@ async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, des
                 bar.update(1)
     finally:
         bar.close()
-        await _close_backends(env)
-
-
-async def _close_backends(env) -> None:
-    for backend in {id(b): b for b in env.backends.values()}.values():
-        await backend.aclose()
-    if hasattr(env.retriever, "aclose"):  # the retrieval service's connection pool
-        await env.retriever.aclose()
+        await close_environment(env)
 
 
 def _trajectory_line(traj: dict[str, Any]) -> str:
@@ -273,6 +251,7 @@ def run_eval(
     ``resume``, a resume of another run or of a folder another process is writing;
     ``StorageError`` when a write fails (disk full, permissions): what was saved is safe and
     ``resume`` continues."""
+    from memsearch.engine.environment import close_environment
     from memsearch.eval.score import score_trajectory
 
     data_dir, out = Path(data_dir), Path(out_dir)
@@ -298,7 +277,7 @@ def run_eval(
     try:
         lock = claim_run_folder(out, resume, resolved, run_info)
     except BaseException:
-        asyncio.run(_close_backends(env))
+        asyncio.run(close_environment(env))
         raise
     traj_path = out / "trajectories.jsonl"
     written: list[str] = []
@@ -313,7 +292,7 @@ def run_eval(
         if todo:
             asyncio.run(_run_all(env, todo, traj_path, labels, show_progress, f"eval {group}".strip(), written))
         else:
-            asyncio.run(_close_backends(env))
+            asyncio.run(close_environment(env))
         episodes_s = time.perf_counter() - episodes_started
         episodes_cpu_s = time.process_time() - episodes_cpu_started
         finished = read_finished(traj_path)
@@ -360,10 +339,8 @@ def _summary(
         "prompt_version": prompt_version(config.prompts.model_dump()),  # names any wording the config sets
         "budgets": config.budgets.model_dump(),
         "agent": config.agent.model_dump(),
-        "sampling": {
-            role: getattr(config.backends, role).sampling.model_dump() for role in ("memory", "controller", "reader")
-        },
-        "backends": {role: env.backends[role].name for role in ("memory", "controller", "reader")},
+        "sampling": {role: getattr(config.backends, role).sampling.model_dump() for role in CALL_ROLES},
+        "backends": {role: env.backends[role].name for role in CALL_ROLES},
         # Which backend wrote the memory (matrix groups A/C use the baseline, B/D the trained policy).
         "memory_backend": {
             "kind": config.backends.memory.kind,

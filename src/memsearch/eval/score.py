@@ -24,8 +24,6 @@ from memsearch.data.records import Label
 from memsearch.eval.metrics import boxed_em, citation_scores, exact_match, f1, sub_em, support_recall
 from memsearch.text.answers import boxed_prediction
 
-ROLES = ("memory", "controller", "reader")
-
 
 def token_costs(events: list[dict[str, Any]]) -> dict[str, int]:
     """Tokens by role, service-reported and tokenizer-estimated kept apart (never summed)."""

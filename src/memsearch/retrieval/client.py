@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from memsearch.io import abandon_session, backoff_delay_s
+from memsearch.io import LoopSession, backoff_delay_s
 from memsearch.retrieval.base import Passage
 
 
@@ -46,9 +46,7 @@ class HttpRetriever:
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
         self._rng = random.Random(seed)
-        self._session: Any = None
-        self._loop: Any = None
-        self._semaphore: asyncio.Semaphore | None = None
+        self._pool = LoopSession(max_concurrency)
         self._counts: Counter[str] = Counter()
         self._info: dict[str, Any] | None = None
 
@@ -114,32 +112,12 @@ class HttpRetriever:
 
     async def aclose(self) -> None:
         """Close the connection pool (a later search opens a new one)."""
-        session, loop = self._session, self._loop
-        self._session = self._loop = None
-        if session is None:
-            return
-        if loop is asyncio.get_running_loop():
-            await session.close()
-        else:
-            abandon_session(session)  # its loop is gone; it cannot be awaited here
-
-    def _ensure_session(self):
-        import aiohttp
-
-        loop = asyncio.get_running_loop()
-        if self._session is None or self._loop is not loop:
-            if self._session is not None:
-                abandon_session(self._session)  # from an earlier event loop (a GRPO step): unusable here
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.max_concurrency),
-                                                  timeout=aiohttp.ClientTimeout(total=None))
-            self._semaphore = asyncio.Semaphore(self.max_concurrency)
-            self._loop = loop
-        return self._session, self._semaphore
+        await self._pool.aclose()
 
     async def _post(self, path: str, payload: bytes) -> bytes:
         import aiohttp
 
-        session, semaphore = self._ensure_session()
+        session, semaphore = self._pool.get()
         self._counts["searches"] += 1
         reason = ""
         for attempt in range(self.max_retries + 1):

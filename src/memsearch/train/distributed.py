@@ -26,6 +26,7 @@ denominators and divides. The update equals one process training on the union of
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -88,6 +89,14 @@ class Dist:
         t = torch.tensor(values, dtype=torch.float64)
         td.all_reduce(t, group=self.cpu_group)
         return t.tolist()
+
+    def all_sum_named(self, values: Mapping[str, float]) -> dict[str, float]:
+        """``all_sum`` of named statistics (every rank passes the same names). The values travel
+        in sorted-name order, so ranks that built their mappings in different orders still add
+        like to like; the result keeps ``values``' order."""
+        names = sorted(values)
+        total = dict(zip(names, self.all_sum([values[name] for name in names]), strict=True))
+        return {name: total[name] for name in values}
 
     def all_max(self, values: list[float]) -> list[float]:
         """Element-wise maximum over ranks (float64, on the CPU gloo group)."""

@@ -56,9 +56,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from memsearch.backends.base import CALL_ROLES
 from memsearch.data.dataset import validation_problems
 from memsearch.errors import InputError, Problem
-from memsearch.eval.score import ROLES
 from memsearch.io import dumps_line, iter_jsonl
 
 SKIP_REASONS = ("task_status", "below_min_f1", "request_error", "invalid", "truncated")
@@ -207,8 +207,8 @@ def export_sft(
     ``InputError`` (nothing written) on bad input.
     """
     trajectories, metrics, out = Path(trajectories), Path(metrics), Path(out)
-    if role not in ROLES:
-        raise InputError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
+    if role not in CALL_ROLES:
+        raise InputError(f"--role {role!r}: expected one of {', '.join(CALL_ROLES)}")
     if out.exists():
         raise InputError(f"{out}: output file already exists; choose a new file (nothing was written)")
     run_dir = trajectories.parent

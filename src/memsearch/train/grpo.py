@@ -28,16 +28,15 @@ their largest deviation from that recomputation is logged (``logprob_mismatch``)
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from memsearch.engine.episode import derived_seed
 from memsearch.errors import InputError
 from memsearch.io import write_jsonl
 from memsearch.train.checkpoint import checkpoints, load_checkpoint, save_checkpoint
@@ -46,15 +45,8 @@ from memsearch.train.distributed import Dist
 from memsearch.train.log import TrainLog
 from memsearch.train.logprobs import completion_logprobs, micro_batches
 from memsearch.train.loss import assign_weights, policy_loss, split_mini_batches
-from memsearch.train.rows import TRAINED_CALL_ROLES, Batch, build_batch
+from memsearch.train.rows import TRAINED_CALL_ROLES, Batch, Row, build_batch
 from memsearch.train.run_folder import finish_run, prepare_run_folder
-
-ROLES = ("memory", "controller", "reader")
-
-
-def derived_seed(*parts: Any) -> int:
-    digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:4], "little")
 
 
 def step_task_positions(step: int, tasks_per_step: int, n_tasks: int, seed: int, rank: int, world: int) -> list[int]:
@@ -73,6 +65,9 @@ def step_task_positions(step: int, tasks_per_step: int, n_tasks: int, seed: int,
 
 @dataclass
 class UpdateStats:
+    """What ``update`` reports: first-epoch statistics summed over ranks (means per completion
+    token where a mean is meant), as ``train_log.jsonl`` records them."""
+
     loss: float = 0.0
     tokens: float = 0.0
     clip_fraction: float = 0.0
@@ -95,8 +90,9 @@ def _mask_fn(tokenizer):
     return masks
 
 
-def update(model, optimizer, batch: Batch, cfg: GRPOConfig, dist: Dist, pad_id: int, mask_fn=None,
-           scheduler=None) -> UpdateStats:
+def update(
+    model, optimizer, batch: Batch, cfg: GRPOConfig, dist: Dist, pad_id: int, mask_fn=None, scheduler=None
+) -> UpdateStats:
     """``cfg.epochs`` passes over this rank's rows, ``cfg.mini_batches_per_step`` optimizer steps
     each (all ranks call it together); ``scheduler`` (if given) is stepped after every optimizer
     step, so a schedule sized ``steps * epochs * mini_batches_per_step`` ends where it should.
@@ -114,93 +110,151 @@ def update(model, optimizer, batch: Batch, cfg: GRPOConfig, dist: Dist, pad_id: 
     update itself runs without dropout too unless ``cfg.disable_dropout`` is off. Statistics are
     those of the first epoch (over all its mini-batches).
     """
-    from memsearch.train.policy import reference_policy, trainable_parameters
+    from memsearch.train.policy import trainable_parameters
 
     rows = batch.rows
     params = trainable_parameters(model)
-    plan = []  # per mini-batch: (local denominator, micro-batches as indices into rows)
-    for part in split_mini_batches(rows, cfg.mini_batches_per_step):
-        sub = [rows[i] for i in part]
-        local_denominator = assign_weights(sub, cfg.aggregation)
-        plan.append((local_denominator, [[part[j] for j in idx] for idx in micro_batches(sub, cfg.micro_batch_tokens)]))
+    plan = _plan_mini_batches(rows, cfg)
     off_policy = cfg.epochs > 1 or cfg.mini_batches_per_step > 1
-    stats = UpdateStats()
-    old: dict[tuple[int, int], torch.Tensor] = {}
-    ref: dict[tuple[int, int], torch.Tensor] = {}
-    model.eval()  # old and reference log-probs of the function the rollouts sampled from: no dropout
-    with torch.no_grad():
-        for k, (_, micros) in enumerate(plan):
-            for g, idx in enumerate(micros):
-                sub = [rows[i] for i in idx]
-                if off_policy:
-                    old[k, g] = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
-                    stats.logprob_mismatch = max(stats.logprob_mismatch, _mismatch(old[k, g], sub))
-                if cfg.kl_coef > 0:
-                    with reference_policy(model):
-                        ref[k, g] = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
+    fixed = _fixed_logprobs(model, rows, plan, cfg, pad_id, mask_fn, off_policy)
     model.train(not cfg.disable_dropout)
-    sums = {"tokens": 0.0, "clipped": 0.0, "kl": 0.0, "entropy": 0.0, "ratio": 0.0}
-    part_loss = [0.0] * len(plan)
-    part_denominator = [0.0] * len(plan)
-    norms: list[float] = []
+    first = _FirstEpoch.start(len(plan), fixed.mismatch)
     for epoch in range(cfg.epochs):
-        for k, (local_denominator, micros) in enumerate(plan):
+        tally = first if epoch == 0 else None
+        for k, part in enumerate(plan):
             optimizer.zero_grad(set_to_none=False)
-            for g, idx in enumerate(micros):
+            for g, idx in enumerate(part.micro_batches):
                 sub = [rows[i] for i in idx]
-                scored = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn, with_entropy=epoch == 0)
-                old_lp = old[k, g] if off_policy else scored.logprobs.detach()
-                adv = torch.tensor([r.advantage for r in sub], device=scored.logprobs.device)
-                weights = torch.tensor([r.weight for r in sub], device=scored.logprobs.device)
-                loss_sum, st = policy_loss(
-                    scored.logprobs,
-                    old_lp,
-                    adv,
-                    scored.mask,
-                    weights,
-                    cfg.clip_low,
-                    cfg.clip_high,
-                    ref.get((k, g)),
-                    cfg.kl_coef,
-                    cfg.dual_clip,
-                )
-                loss_sum.backward()
-                if epoch == 0:
-                    stats.consumed += len(sub)
-                    part_loss[k] += loss_sum.item()
-                    for key in ("tokens", "clipped", "kl", "ratio"):
-                        sums[key] += st[key]
-                    sums["entropy"] += float(scored.entropy.sum()) if scored.entropy is not None else 0.0
-                    if not off_policy:  # the first (and only) pass is before any update
-                        stats.logprob_mismatch = max(stats.logprob_mismatch, _mismatch(scored.logprobs.detach(), sub))
-            denominator = dist.reduce_gradients(params, local_denominator)
+                _backward(model, sub, fixed, (k, g), cfg, pad_id, mask_fn, off_policy, tally)
+            denominator = dist.reduce_gradients(params, part.local_denominator)
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or float("inf"))
             if denominator > 0:
                 optimizer.step()
             if scheduler is not None:
                 scheduler.step()
-            if epoch == 0:
-                part_denominator[k] = denominator
-                if denominator > 0:  # the mean gradient norm of the steps that updated
-                    norms.append(float(norm))
+            if tally is not None:
+                tally.stepped(k, denominator, float(norm))
     model.eval()
-    total = dist.all_sum([*part_loss, sums["tokens"], sums["clipped"], sums["kl"], sums["entropy"], sums["ratio"]])
-    losses, (tokens, clipped, kl, entropy, ratio) = total[: len(plan)], total[len(plan) :]
-    # The loss of the first epoch: the mean over its optimizer steps of each step's normalised loss.
-    stepped = [loss / d for loss, d in zip(losses, part_denominator, strict=True) if d > 0]
-    stats.loss = sum(stepped) / len(stepped) if stepped else 0.0
-    stats.denominator = sum(part_denominator)
-    stats.grad_norm = sum(norms) / len(norms) if norms else 0.0
-    stats.tokens = tokens
-    if tokens:
-        stats.clip_fraction, stats.kl, stats.entropy, stats.ratio_mean = (
-            clipped / tokens,
-            kl / tokens,
-            entropy / tokens,
-            ratio / tokens,
+    return first.reduce(dist)
+
+
+@dataclass
+class _MiniBatch:
+    """One optimizer step's share of this rank's rows."""
+
+    local_denominator: float  # this rank's part of the aggregation's D
+    micro_batches: list[list[int]]  # indices into the batch's rows
+
+
+def _plan_mini_batches(rows: list[Row], cfg: GRPOConfig) -> list[_MiniBatch]:
+    """This rank's rows dealt into ``cfg.mini_batches_per_step`` parts (some may be empty), each
+    weighted by the aggregation and cut into micro-batches of at most ``micro_batch_tokens``."""
+    plan = []
+    for part in split_mini_batches(rows, cfg.mini_batches_per_step):
+        sub = [rows[i] for i in part]
+        local_denominator = assign_weights(sub, cfg.aggregation)
+        micros = [[part[j] for j in idx] for idx in micro_batches(sub, cfg.micro_batch_tokens)]
+        plan.append(_MiniBatch(local_denominator, micros))
+    return plan
+
+
+@dataclass
+class _FixedLogprobs:
+    """Log-probs taken before the first optimizer step, by (mini-batch, micro-batch)."""
+
+    old: dict[tuple[int, int], torch.Tensor]  # of the policy that sampled (off-policy updates only)
+    ref: dict[tuple[int, int], torch.Tensor]  # of the KL reference (kl_coef > 0 only)
+    mismatch: float  # largest |old - rollout| log-prob seen (0 when not off-policy)
+
+
+def _fixed_logprobs(model, rows, plan: list[_MiniBatch], cfg: GRPOConfig, pad_id: int, mask_fn,
+                    off_policy: bool) -> _FixedLogprobs:
+    """Old and reference log-probs of the function the rollouts sampled from: eval mode, no dropout."""
+    from memsearch.train.policy import reference_policy
+
+    fixed = _FixedLogprobs({}, {}, 0.0)
+    model.eval()
+    with torch.no_grad():
+        for k, part in enumerate(plan):
+            for g, idx in enumerate(part.micro_batches):
+                sub = [rows[i] for i in idx]
+                if off_policy:
+                    fixed.old[k, g] = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
+                    fixed.mismatch = max(fixed.mismatch, _mismatch(fixed.old[k, g], sub))
+                if cfg.kl_coef > 0:
+                    with reference_policy(model):
+                        fixed.ref[k, g] = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
+    return fixed
+
+
+def _backward(model, sub, fixed: _FixedLogprobs, key: tuple[int, int], cfg: GRPOConfig, pad_id: int, mask_fn,
+              off_policy: bool, tally: _FirstEpoch | None) -> None:
+    """Backpropagate one micro-batch's weighted loss sum; ``tally`` (first epoch only) adds its
+    statistics."""
+    scored = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn, with_entropy=tally is not None)
+    old_lp = fixed.old[key] if off_policy else scored.logprobs.detach()
+    adv = torch.tensor([r.advantage for r in sub], device=scored.logprobs.device)
+    weights = torch.tensor([r.weight for r in sub], device=scored.logprobs.device)
+    loss_sum, st = policy_loss(scored.logprobs, old_lp, adv, scored.mask, weights, cfg.clip_low, cfg.clip_high,
+                               fixed.ref.get(key), cfg.kl_coef, cfg.dual_clip)
+    loss_sum.backward()
+    if tally is None:
+        return
+    tally.consumed += len(sub)
+    tally.sums[_part_loss(key[0])] += loss_sum.item()
+    for name in ("tokens", "clipped", "kl", "ratio"):
+        tally.sums[name] += st[name]
+    tally.sums["entropy"] += float(scored.entropy.sum()) if scored.entropy is not None else 0.0
+    if not off_policy:  # the first (and only) pass is before any update
+        tally.mismatch = max(tally.mismatch, _mismatch(scored.logprobs.detach(), sub))
+
+
+def _part_loss(k: int) -> str:
+    return f"loss/{k}"
+
+
+@dataclass
+class _FirstEpoch:
+    """What the first epoch adds up on this rank; ``reduce`` makes the update's ``UpdateStats``."""
+
+    sums: dict[str, float]  # token statistics and each mini-batch's loss sum, summed over ranks by name
+    denominators: list[float]  # each mini-batch's global denominator
+    norms: list[float] = field(default_factory=list)  # gradient norms of the steps that updated
+    consumed: int = 0
+    mismatch: float = 0.0
+
+    @classmethod
+    def start(cls, parts: int, mismatch: float) -> _FirstEpoch:
+        sums = {_part_loss(k): 0.0 for k in range(parts)}
+        sums.update(dict.fromkeys(("tokens", "clipped", "kl", "entropy", "ratio"), 0.0))
+        return cls(sums, [0.0] * parts, mismatch=mismatch)
+
+    def stepped(self, k: int, denominator: float, norm: float) -> None:
+        self.denominators[k] = denominator
+        if denominator > 0:
+            self.norms.append(norm)
+
+    def reduce(self, dist: Dist) -> UpdateStats:
+        """Sums over ranks; the loss is the mean over the first epoch's optimizer steps of each
+        step's normalised loss, the token statistics are means per completion token."""
+        total = dist.all_sum_named(self.sums)
+        losses = [total[_part_loss(k)] for k in range(len(self.denominators))]
+        stepped = [loss / d for loss, d in zip(losses, self.denominators, strict=True) if d > 0]
+        tokens = total["tokens"]
+        stats = UpdateStats(
+            loss=sum(stepped) / len(stepped) if stepped else 0.0,
+            tokens=tokens,
+            grad_norm=sum(self.norms) / len(self.norms) if self.norms else 0.0,
+            consumed=self.consumed,
+            denominator=sum(self.denominators),
         )
-    stats.logprob_mismatch = dist.all_max([stats.logprob_mismatch])[0]
-    return stats
+        if tokens:
+            stats.clip_fraction = total["clipped"] / tokens
+            stats.kl = total["kl"] / tokens
+            stats.entropy = total["entropy"] / tokens
+            stats.ratio_mean = total["ratio"] / tokens
+        stats.logprob_mismatch = dist.all_max([self.mismatch])[0]
+        return stats
 
 
 def _mismatch(logprobs: torch.Tensor, rows) -> float:
@@ -215,25 +269,20 @@ def _mismatch(logprobs: torch.Tensor, rows) -> float:
 
 
 class Rollouts:
-    """Episodes of one step through the shared engine, the trained role(s) on the live policy."""
+    """Episodes of one step through the shared engine, the trained role(s) on the live policy.
+
+    Owns its shared parts (``engine.environment``) and the policy backend; ``close`` closes the
+    backends (the policy's included, not the model it wraps)."""
 
     def __init__(self, cfg: GRPOConfig, dataset, policy, tokenizer) -> None:
-        from memsearch.backends import make_backend
         from memsearch.backends.hf.backend import HFBackend
-        from memsearch.tokenizer import load_tokenizer
+        from memsearch.engine.environment import build_shared
 
         self.cfg = cfg
-        episode = cfg.episode
-        self.budget_tokenizer = load_tokenizer(episode.tokenizer)
-        self.documents = dataset.documents_by_id()
-        self.retriever = None
-        if episode.agent.evidence == "search":
-            from memsearch.retrieval.index import make_retriever
-
-            # The episode's [retrieval] table: bm25/dense/hybrid in process, a built index, or the
-            # shared service (rollout workers on many nodes searching one index).
-            self.retriever = make_retriever(episode.retrieval, dataset.documents)
         self.trained = set(TRAINED_CALL_ROLES[cfg.role])
+        # The episode's [retrieval] table: bm25/dense/hybrid in process, a built index, or the
+        # shared service (rollout workers on many nodes searching one index).
+        self.shared = build_shared(cfg.episode, dataset, leave_out=self.trained)
         self.generated = 0  # completions of the trained roles in the last ``run`` (counted by the backend)
         self.policy_backend = HFBackend(
             model=cfg.model,
@@ -242,17 +291,7 @@ class Rollouts:
             seed=cfg.seed,
             name="hf-policy",
         )
-        shared: dict[str, Any] = {}
-        self.backends = {}
-        for role in ROLES:
-            if role in self.trained:
-                self.backends[role] = self.policy_backend
-                continue
-            bcfg = getattr(episode.backends, role)
-            key = json.dumps(bcfg.model_dump(mode="json", exclude={"sampling"}), sort_keys=True)
-            if key not in shared:
-                shared[key] = make_backend(bcfg, self.budget_tokenizer, dataset)
-            self.backends[role] = shared[key]
+        self.backends = self.shared.backends_with({role: self.policy_backend for role in self.trained})
 
     def config_for(self, step: int, k: int):
         """The episode config of rollout ``k`` at ``step``: trained roles sample at T with their own seed."""
@@ -269,17 +308,10 @@ class Rollouts:
 
     def run(self, tasks, step: int) -> list[list[dict[str, Any]]]:
         """``group_size`` trajectories per task, grouped by task (task order, then rollout index)."""
-        from memsearch.engine.episode import Environment, run_episode
+        from memsearch.engine.episode import run_episode
 
         envs = [
-            Environment(
-                self.config_for(step, k),
-                self.budget_tokenizer,
-                self.documents,
-                self.backends,
-                self.retriever,
-                group="grpo",
-            )
+            self.shared.environment(self.config_for(step, k), "grpo", answered_by=self.backends)
             for k in range(self.cfg.group_size)
         ]
 
@@ -295,11 +327,10 @@ class Rollouts:
         return [flat[i * g : (i + 1) * g] for i in range(len(tasks))]
 
     def close(self) -> None:
-        async def close_all():
-            for backend in {id(b): b for b in self.backends.values()}.values():
-                await backend.aclose()
+        """Close every backend once."""
+        from memsearch.engine.environment import close_backends
 
-        asyncio.run(close_all())
+        asyncio.run(close_backends(self.backends))
 
 
 def trained_role_backends(cfg: GRPOConfig, data: dict[str, Any], adapter: Path | None = None) -> dict[str, Any]:
@@ -407,19 +438,12 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
                 step == cfg.steps or bool(cfg.eval.every and step % cfg.eval.every == 0)
             )
             # The periodic evaluation reads the checkpoint's adapter, so an evaluation step is also a
-            # checkpoint step (before: evaluations fell only on steps that were both, e.g. every = 6 with
-            # checkpoint_every = 4 evaluated at the end only).
+            # checkpoint step: evaluations keep their own cadence (eval.every = 6 with
+            # checkpoint_every = 4 evaluates at 6, 12, ...), not only on steps that are both.
             if step % cfg.checkpoint_every == 0 or step == cfg.steps or eval_due:
-                folder = save_checkpoint(
-                    out / "checkpoints",
-                    step,
-                    policy,
-                    optimizer,
-                    scheduler,
-                    dist,
-                    {"tasks_seen": step * cfg.tasks_per_step},
-                    cfg.keep_checkpoints,
-                )
+                position = {"tasks_seen": step * cfg.tasks_per_step}
+                trainer = (policy, optimizer, scheduler, dist)
+                folder = save_checkpoint(out / "checkpoints", step, *trainer, position, cfg.keep_checkpoints)
                 if eval_due:
                     if dist.main:
                         record.update(_evaluate(cfg, folder / "adapter", out / "eval" / f"step-{step:06d}"))
@@ -445,51 +469,24 @@ def _step_record(
     step, batch: Batch, groups, stats: UpdateStats, dist: Dist, lr: float, role: str, t0, t_roll
 ) -> dict[str, Any]:
     """One JSON line of the training log, summed over ranks."""
-    trajs = [tr for grp in groups for tr in grp]
-    calls = [
-        c
-        for tr in trajs
-        for c in tr.get("events", [])
-        if c.get("type") == "policy_call" and c["role"] in TRAINED_CALL_ROLES[role]
-    ]
-    prompt_tokens = sum(len(c.get("prompt_ids") or []) for c in calls)
-    rpt = batch.rows_per_trajectory
-    local = [
-        sum(batch.rewards),
-        sum(r * r for r in batch.rewards),
-        len(batch.rewards),
-        batch.zero_variance_groups,
-        batch.groups,
-        batch.counts.generated,
-        batch.counts.converted,
-        batch.counts.consumed,
-        batch.counts.failed_calls,
-        sum(1 for c in calls if c.get("valid") is False),
-        len(calls),
-        prompt_tokens,
-        sum(tr.get("counts", {}).get("request_errors", 0) for tr in trajs),
-        sum(rpt),
-        len(rpt),
-    ]
-    (r_sum, r_sq, n, zero, n_groups, gen, conv, cons, failed, invalid, n_calls, p_tok, errors, rows_sum, n_traj) = (
-        dist.all_sum(local)
-    )
-    mean = r_sum / n if n else 0.0
-    var = max(0.0, r_sq / n - mean * mean) if n else 0.0
+    total = dist.all_sum_named(_step_counts(batch, groups, role))
+    n = total["trajectories"]
+    mean = total["reward_sum"] / n if n else 0.0
+    var = max(0.0, total["reward_square_sum"] / n - mean * mean) if n else 0.0
     return {
         "step": step,
         "reward_mean": mean,
         "reward_std": var**0.5,
-        "zero_variance_groups": int(zero),
-        "groups": int(n_groups),
+        "zero_variance_groups": int(total["zero_variance_groups"]),
+        "groups": int(total["groups"]),
         "trajectories": int(n),
-        "rows_generated": int(gen),
-        "rows_converted": int(conv),
-        "rows_consumed": int(cons),
-        "rows_per_trajectory": rows_sum / n_traj if n_traj else 0.0,
-        "failed_calls": int(failed),
-        "request_errors": int(errors),
-        "invalid_rate": invalid / n_calls if n_calls else 0.0,
+        "rows_generated": int(total["rows_generated"]),
+        "rows_converted": int(total["rows_converted"]),
+        "rows_consumed": int(total["rows_consumed"]),
+        "rows_per_trajectory": _ratio(total["trajectory_rows"], total["trajectory_row_counts"]),
+        "failed_calls": int(total["failed_calls"]),
+        "request_errors": int(total["request_errors"]),
+        "invalid_rate": _ratio(total["invalid_calls"], total["calls"]),
         "loss": stats.loss,
         "clip_fraction": stats.clip_fraction,
         "kl": stats.kl,
@@ -497,9 +494,41 @@ def _step_record(
         "ratio_mean": stats.ratio_mean,
         "grad_norm": stats.grad_norm,
         "completion_tokens": int(stats.tokens),
-        "prompt_tokens": int(p_tok),
+        "prompt_tokens": int(total["prompt_tokens"]),
         "logprob_mismatch": stats.logprob_mismatch,
         "lr": lr,
         "rollout_s": round(t_roll, 3),
         "step_s": round(time.perf_counter() - t0, 3),
     }
+
+
+def _step_counts(batch: Batch, groups, role: str) -> dict[str, float]:
+    """This rank's counts of one step, by name (``_step_record`` sums them over ranks)."""
+    trajs = [tr for grp in groups for tr in grp]
+    calls = [
+        c
+        for tr in trajs
+        for c in tr.get("events", [])
+        if c.get("type") == "policy_call" and c["role"] in TRAINED_CALL_ROLES[role]
+    ]
+    return {
+        "reward_sum": sum(batch.rewards),
+        "reward_square_sum": sum(r * r for r in batch.rewards),
+        "trajectories": len(batch.rewards),
+        "zero_variance_groups": batch.zero_variance_groups,
+        "groups": batch.groups,
+        "rows_generated": batch.counts.generated,
+        "rows_converted": batch.counts.converted,
+        "rows_consumed": batch.counts.consumed,
+        "failed_calls": batch.counts.failed_calls,
+        "invalid_calls": sum(1 for c in calls if c.get("valid") is False),
+        "calls": len(calls),
+        "prompt_tokens": sum(len(c.get("prompt_ids") or []) for c in calls),
+        "request_errors": sum(tr.get("counts", {}).get("request_errors", 0) for tr in trajs),
+        "trajectory_rows": sum(batch.rows_per_trajectory),
+        "trajectory_row_counts": len(batch.rows_per_trajectory),
+    }
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else 0.0

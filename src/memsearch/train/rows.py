@@ -25,11 +25,22 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
+
+from memsearch.backends.base import Role
+
+# What a trainer can train (a config's ``role``), not the role of one call
+# (``backends.base.CALL_ROLES``): a trained role covers one or more call roles.
+TrainedRole = Literal["memory", "controller", "overwrite"]
+TRAINED_ROLES: tuple[TrainedRole, ...] = get_args(TrainedRole)
 
 # Which policy-call roles a trained role covers (MemAgent trains the memory updates and the
 # final answer together).
-TRAINED_CALL_ROLES = {"memory": ("memory",), "controller": ("controller",), "overwrite": ("memory", "reader")}
+TRAINED_CALL_ROLES: dict[TrainedRole, tuple[Role, ...]] = {
+    "memory": ("memory",),
+    "controller": ("controller",),
+    "overwrite": ("memory", "reader"),
+}
 
 
 @dataclass

@@ -14,70 +14,53 @@ with the same episode config the reference trainer rolls out with.
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from memsearch.config import RunConfig
 from memsearch.data.records import Task
-from memsearch.engine.episode import Environment, run_episode
+from memsearch.engine.environment import SharedParts
+from memsearch.engine.episode import run_episode
 from memsearch.integrations.verl.outputs import reward_summary, session_outputs
 from memsearch.train.config import GRPOConfig
 from memsearch.train.rows import TRAINED_CALL_ROLES
 
-ROLES = ("memory", "controller", "reader")
-
 
 @dataclass
 class WorkerSetup:
-    """What every session of one worker process shares."""
+    """What every session of one worker process shares. Nothing here is closed: it lives as long
+    as the worker process."""
 
     cfg: GRPOConfig
     episode: RunConfig  # the episode config of the rollouts (trained roles marked hf, as the trainer does)
     tasks: dict[str, Task]
-    documents: dict[str, Any]
-    retriever: Any
-    tokenizer: Any  # counts the budgets (episode.tokenizer)
-    backends: dict[str, Any]  # the untrained roles' backends
+    shared: SharedParts  # budget tokenizer, documents, retriever, and the untrained roles' backends
     fingerprint: str  # SHA-256 of the data folder's manifest (the parquet's extra_info.dataset_sha256)
+
+    @property
+    def backends(self) -> dict[str, Any]:
+        """The untrained roles' backends (each session adds the policy for the trained ones)."""
+        return self.shared.backends
 
 
 @functools.lru_cache(maxsize=4)
 def worker_setup(train_config: str, data: str | None = None, overrides: tuple[str, ...] = ()) -> WorkerSetup:
     """Load the GRPO config and its data once per process (``data`` overrides the config's folder)."""
-    from memsearch.backends import make_backend
     from memsearch.data.dataset import load_dataset
+    from memsearch.engine.environment import build_shared
     from memsearch.integrations.verl.config import load_grpo_config
     from memsearch.io import sha256_file
-    from memsearch.tokenizer import load_tokenizer
     from memsearch.train.grpo import trained_role_backends
 
     cfg = load_grpo_config(Path(train_config), list(overrides), data)
     dataset = load_dataset(cfg.data)
     episode = RunConfig.model_validate(trained_role_backends(cfg, cfg.episode.model_dump(mode="json")))
-    tokenizer = load_tokenizer(episode.tokenizer)
-    retriever = None
-    if episode.agent.evidence == "search":
-        from memsearch.retrieval.index import make_retriever
-
-        # The episode's [retrieval] table, as in `memsearch eval` and GRPO: BM25/dense/hybrid in
-        # process, a built index, or the shared service (`retrieval.url`), which lets hundreds of
-        # rollout workers on many nodes search one index.
-        retriever = make_retriever(episode.retrieval, dataset.documents)
-    trained = set(TRAINED_CALL_ROLES[cfg.role])
-    shared: dict[str, Any] = {}
-    backends: dict[str, Any] = {}
-    for role in ROLES:
-        if role in trained:
-            continue
-        bcfg = getattr(episode.backends, role)
-        key = json.dumps(bcfg.model_dump(mode="json", exclude={"sampling"}), sort_keys=True)
-        if key not in shared:  # roles with the same backend config share one backend (one local model)
-            shared[key] = make_backend(bcfg, tokenizer, dataset)
-        backends[role] = shared[key]
-    return WorkerSetup(cfg, episode, {t.id: t for t in dataset.tasks}, dataset.documents_by_id(), retriever,
-                       tokenizer, backends, sha256_file(Path(cfg.data) / "manifest.json"))
+    # The episode's [retrieval] table, as in `memsearch eval` and GRPO; the shared service
+    # (`retrieval.url`) lets hundreds of rollout workers on many nodes search one index.
+    shared = build_shared(episode, dataset, leave_out=TRAINED_CALL_ROLES[cfg.role])
+    return WorkerSetup(cfg, episode, {t.id: t for t in dataset.tasks}, shared,
+                       sha256_file(Path(cfg.data) / "manifest.json"))
 
 
 def setup_for_row(train_config: str, extra_info: dict[str, Any], data: str | None = None,
@@ -110,9 +93,7 @@ async def run_session(setup: WorkerSetup, task_id: str, policy: Any) -> tuple[di
         raise KeyError(
             f"task {task_id!r} is not in the data folder {setup.cfg.data}: export the parquet from the same folder"
         )
-    backends = dict(setup.backends)
-    for role in TRAINED_CALL_ROLES[setup.cfg.role]:
-        backends[role] = policy
-    env = Environment(setup.episode, setup.tokenizer, setup.documents, backends, setup.retriever, group="verl")
+    trained = {role: policy for role in TRAINED_CALL_ROLES[setup.cfg.role]}
+    env = setup.shared.environment(setup.episode, group="verl", answered_by=trained)
     trajectory = await run_episode(task, env)
     return trajectory, session_outputs(trajectory, setup.cfg.role), reward_summary(trajectory, setup.cfg.role)

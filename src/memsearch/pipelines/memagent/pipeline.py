@@ -26,24 +26,18 @@ A stage whose record matches its inputs is skipped; one made from other inputs i
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 from memsearch.errors import InputError
-from memsearch.io import dumps_line, sha256_file
+from memsearch.io import sha256_file
+from memsearch.pipelines.bookkeeping import record_invocation, source_sha256
 from memsearch.pipelines.memagent.config import MemAgentPipeline
 from memsearch.pipelines.memagent.report import HOTPOT_SET
 from memsearch.pipelines.stages import Stage, grpo_stage, run_folder
 from memsearch.pipelines.stages import merge_stage as merge_stages
 
 CHECKPOINTS = ("base", "trained")
-
-
-def _source_sha(path: str) -> str:
-    if not Path(path).is_file():
-        raise InputError(f"{path}: no such HotpotQA file (data.dev / data.train of the pipeline config)")
-    return sha256_file(path)
 
 
 def prepare_stage(cfg: MemAgentPipeline, out: Path, echo=print) -> dict[str, Any]:
@@ -56,9 +50,9 @@ def prepare_stage(cfg: MemAgentPipeline, out: Path, echo=print) -> dict[str, Any
 
     folder = out / "prepare"
     tokenizer = load_tokenizer(cfg.episode.tokenizer)
-    stage = Stage(folder, "prepare", {"data": cfg.data.model_dump(mode="json"), "dev_sha256": _source_sha(cfg.data.dev),
-                                      "train_sha256": _source_sha(cfg.data.train), "builder": BUILDER_VERSION,
-                                      "tokenizer": tokenizer.name}, out / "prepare.stage.json")
+    inputs = {"data": cfg.data.model_dump(mode="json"), "dev_sha256": source_sha256(cfg.data.dev),
+              "train_sha256": source_sha256(cfg.data.train), "builder": BUILDER_VERSION, "tokenizer": tokenizer.name}
+    stage = Stage(folder, "prepare", inputs, out / "prepare.stage.json")
     paths = {"dev": folder / "dev", "train": folder / "train",
              "sets": {n: folder / "ruler" / f"docs{n}" for n in cfg.data.docs}}
     train_long = folder / "train-long" / f"docs{cfg.data.train_docs}" if cfg.data.train_docs else None
@@ -208,13 +202,7 @@ def run_memagent_pipeline(cfg: MemAgentPipeline, out: str | Path, echo=print) ->
             "the pipeline runs as one process (its stages write shared folders); for several GPUs run the "
             "training stage with torchrun: see docs/memagent.md"
         )
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    # Every invocation's resolved config, appended: what each re-run asked for stays on record.
-    with open(out / "invocations.jsonl", "a", encoding="utf-8") as fh:
-        fh.write(
-            dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.model_dump(mode="json")}) + "\n"
-        )
+    out = record_invocation(out, cfg)
     with run_folder(out):
         paths = prepare_stage(cfg, out, echo)
         adapter = train_stage(cfg, out, paths["train_data"], paths["fingerprint"], echo)

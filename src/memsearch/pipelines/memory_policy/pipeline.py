@@ -29,13 +29,12 @@ beside its folder; ``pipeline.stages`` explains skip / resume / refuse):
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 from memsearch.errors import InputError
-from memsearch.io import dumps_line, sha256_file
-from memsearch.pipelines.memagent.pipeline import _source_sha
+from memsearch.io import sha256_file
+from memsearch.pipelines.bookkeeping import record_invocation, source_sha256
 from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
 from memsearch.pipelines.stages import Stage, eval_run, folder_sha256, grpo_stage, merge_stage, run_folder, sft_stage
 
@@ -52,8 +51,8 @@ def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str,
         "prepare",
         {
             "data": cfg.data.model_dump(mode="json"),
-            "train_sha256": _source_sha(cfg.data.train),
-            "dev_sha256": _source_sha(cfg.data.dev),
+            "train_sha256": source_sha256(cfg.data.train),
+            "dev_sha256": source_sha256(cfg.data.dev),
         },
         out / "prepare.stage.json",
     )
@@ -348,13 +347,7 @@ def run_memory_policy_pipeline(cfg: MemoryPolicyPipeline, out: str | Path, echo=
     from memsearch.pipelines.memory_policy import heldout
     from memsearch.pipelines.memory_policy.report import write_mp_report
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    # Every invocation's resolved config, appended: what each re-run asked for stays on record.
-    with open(out / "invocations.jsonl", "a", encoding="utf-8") as fh:
-        fh.write(
-            dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.model_dump(mode="json")}) + "\n"
-        )
+    out = record_invocation(out, cfg)
     with run_folder(out):
         paths = prepare_stage(cfg, out, echo)
         # A cold start (grpo_start = "base") trains no SFT, so it needs no teacher rows either.
