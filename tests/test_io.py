@@ -339,3 +339,32 @@ def test_a_byte_order_mark_is_accepted_in_manifests_and_configs(hotpot_dev_dir, 
     config = tmp_path / "rules.toml"
     config.write_bytes(b"\xef\xbb\xbf" + (Path(__file__).resolve().parents[1] / "configs" / "rules.toml").read_bytes())
     assert load_config(config).agent.memory == "decision"
+
+
+def test_backoff_is_seeded_full_jitter_under_a_doubling_cap():
+    from memsearch.io import Backoff
+
+    a, b = Backoff(0.5, 3.0, seed=7), Backoff(0.5, 3.0, seed=7)
+    waits = [a.delay_s(retry) for retry in range(1, 7)]
+    assert waits == [b.delay_s(retry) for retry in range(1, 7)]  # same seed, same waits
+    caps = [0.5, 1.0, 2.0, 3.0, 3.0, 3.0]  # base * 2**(retry-1), capped at max_s
+    assert all(0.0 <= w <= cap for w, cap in zip(waits, caps, strict=True))
+
+
+def test_loop_session_opens_one_pool_per_event_loop():
+    import asyncio
+
+    from memsearch.io import LoopSession
+
+    pool = LoopSession(4)
+
+    async def use():
+        first = pool.get()
+        assert pool.get() == first  # the same pool within one loop
+        return first[0]
+
+    old = asyncio.run(use())
+    new = asyncio.run(use())  # a new loop: the old loop's session is abandoned, a new one opened
+    assert new is not old and old.closed and not new.closed
+    asyncio.run(pool.aclose())  # from yet another loop: abandoned, not awaited
+    assert new.closed

@@ -174,11 +174,18 @@ def atomic_output_dir(path: str | Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def backoff_delay_s(rng: random.Random, retry: int, base_s: float, max_s: float) -> float:
-    """Seconds to wait before retry number ``retry`` (1-based): exponential backoff with full
-    jitter, uniform in [0, min(max_s, base_s * 2**(retry-1))], so clients that failed together do
-    not retry together. Shared by the HTTP clients (OpenAI backend, retrieval service)."""
-    return rng.uniform(0.0, min(max_s, base_s * 2 ** (retry - 1)))
+class Backoff:
+    """Exponential backoff with full jitter, seeded: the wait before retry number ``retry``
+    (1-based) is uniform in [0, min(max_s, base_s * 2**(retry-1))], so clients that failed
+    together do not retry together. Shared by the HTTP clients (OpenAI backend, retrieval service)."""
+
+    def __init__(self, base_s: float, max_s: float, seed: int | None = None) -> None:
+        self.base_s = base_s
+        self.max_s = max_s  # also caps a wait the server asks for (Retry-After)
+        self._rng = random.Random(seed)
+
+    def delay_s(self, retry: int) -> float:
+        return self._rng.uniform(0.0, min(self.max_s, self.base_s * 2 ** (retry - 1)))
 
 
 def abandon_session(session: Any) -> None:

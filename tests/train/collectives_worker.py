@@ -32,11 +32,15 @@ def main(out: str, mode: str, backend: str = "") -> None:
         dist = Dist.from_env()
         total = dist.all_sum([1.0 + dist.rank, 0.5])
         most = dist.all_max([float(dist.rank)])
+        # The same names in another order on each rank: summed by name, not by position.
+        mine = {"a": 10.0 * (dist.rank + 1), "b": 1.0}
+        named = dist.all_sum_named(mine if dist.rank == 0 else dict(reversed(list(mine.items()))))
         dist.barrier()
         param = torch.nn.Parameter(torch.zeros(3))
         param.grad = torch.full((3,), float(dist.rank + 1))
         denominator = dist.reduce_gradients([param], local_denominator=2.0 + dist.rank)
-        result = {"sum": total, "max": most, "denominator": denominator, "grad": param.grad.tolist()}
+        result = {"sum": total, "max": most, "named": list(named.items()), "denominator": denominator,
+                  "grad": param.grad.tolist()}
     else:
         seconds = float(mode.split(":")[1])
         td.init_process_group(backend="gloo")

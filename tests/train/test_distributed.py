@@ -74,6 +74,8 @@ def test_collectives_on_cpu_tensors_work_in_a_cuda_only_process_group(tmp_path, 
         got = json.loads((tmp_path / "run" / f"rank{rank}.json").read_text())
         assert got["sum"] == [3.0, 1.0]  # (1 + 0) + (1 + 1), 0.5 + 0.5
         assert got["max"] == [1.0]
+        expected = [["a", 30.0], ["b", 2.0]]  # in each rank's own key order
+        assert got["named"] == (expected if rank == 0 else expected[::-1])
         assert got["denominator"] == 5.0  # 2 + 3
         assert got["grad"] == pytest.approx([0.6] * 3, rel=1e-6)  # (1 + 2) / 5 in float32
 
@@ -95,3 +97,10 @@ def test_rank_zero_work_is_waited_for_explicitly_and_with_a_bound(tmp_path, torc
     assert proc.returncode != 0
     assert "waited more than 8 s for rank 0 (the test's work on rank 0)" in proc.stderr
     assert not (tmp_path / "late" / "rank1.json").exists()
+
+
+def test_named_sums_in_one_process_keep_their_names_and_order():
+    from memsearch.train.distributed import Dist
+
+    named = Dist().all_sum_named({"tokens": 3, "loss/0": 0.5})
+    assert list(named.items()) == [("tokens", 3.0), ("loss/0", 0.5)]

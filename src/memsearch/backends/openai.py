@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import re
 import time
 from collections import Counter
@@ -40,7 +39,7 @@ from memsearch.backends.base import (
     SamplingParams,
     Usage,
 )
-from memsearch.io import LoopSession, backoff_delay_s
+from memsearch.io import Backoff, LoopSession
 from memsearch.text.safe_text import replace_lone_surrogates
 from memsearch.tokenizer import Tokenizer
 
@@ -146,6 +145,9 @@ class OpenAIBackend:
 
     name = "openai"
 
+    # Keyword settings with defaults, one per knob. They match BatchDecoder's constructor
+    # (backends.hf.decoder) in shape only: an HTTP client's pool, timeouts and retries share no
+    # logic with a local decoder's batch limits, so there is nothing to fold.
     def __init__(
         self,
         base_url: str,
@@ -174,12 +176,10 @@ class OpenAIBackend:
         self.max_concurrency = max_concurrency
         self.timeout_s = timeout_s
         self.max_retries = max_retries
-        self.backoff_base_s = backoff_base_s
-        self.backoff_max_s = backoff_max_s
         self.tokenizer = tokenizer
         self.extra_body = dict(extra_body or {})
         self.choice_style = choice_style
-        self._rng = random.Random(seed)
+        self._backoff = Backoff(backoff_base_s, backoff_max_s, seed)
         # The HTTP library costs hundreds of ms to import: pay that here, at setup, rather
         # than inside the event loop on the first request while every episode waits.
         _aiohttp()
@@ -242,8 +242,8 @@ class OpenAIBackend:
 
     def _backoff_s(self, retry: int, retry_after: float | None) -> float:
         if retry_after is not None:
-            return min(retry_after, self.backoff_max_s)
-        return backoff_delay_s(self._rng, retry, self.backoff_base_s, self.backoff_max_s)
+            return min(retry_after, self._backoff.max_s)
+        return self._backoff.delay_s(retry)
 
     async def _generate_one(self, request: GenerationRequest) -> GenerationResult:
         self._counts["requests"] += 1

@@ -9,6 +9,7 @@ Hugging Face layout (``id``; ``context = {title: [...], sentences: [[...]]}``;
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from memsearch.data.convert import convert_source
 from memsearch.data.dataset import Dataset, DocumentPool
@@ -18,26 +19,37 @@ from memsearch.data.source import SourceRecord, check_unique_id
 CONVERTER_VERSION = "hotpot-1"
 
 
-def _context(record: SourceRecord) -> list[tuple[str, list[str]]] | None:
-    raw = record.obj.get("context")
+def _title_pairs(record: SourceRecord, name: str, second: str, second_lists: str, second_plural: str,
+                 item_shape: str) -> list[tuple[Any, Any]] | None:
+    """``record[name]`` as ``(title, value)`` pairs, from either layout: the original list of
+    ``item_shape`` items, or Hugging Face's parallel lists ``{title: [...], <second>: [...]}``
+    (``second_lists`` says what the second list holds, ``second_plural`` names its items)."""
+    raw = record.obj.get(name)
     if isinstance(raw, dict):  # Hugging Face layout: parallel lists
-        titles = record.get("title", list, "a list of titles", raw, "context.title")
-        sents = record.get("sentences", list, "a list of sentence lists", raw, "context.sentences")
-        if titles is None or sents is None:
+        titles = record.get("title", list, "a list of titles", raw, f"{name}.title")
+        values = record.get(second, list, second_lists, raw, f"{name}.{second}")
+        if titles is None or values is None:
             return None
-        if len(titles) != len(sents):
-            record.problem("context", f"{len(titles)} titles but {len(sents)} sentence lists, expected parallel lists")
+        if len(titles) != len(values):
+            record.problem(name, f"{len(titles)} titles but {len(values)} {second_plural}, expected parallel lists")
             return None
-        pairs = list(zip(titles, sents))
-    elif isinstance(raw, list):
+        return list(zip(titles, values))
+    if isinstance(raw, list):
         pairs = []
         for i, item in enumerate(raw):
             if not (isinstance(item, list) and len(item) == 2):
-                record.problem(f"context[{i}]", f"got {item!r:.60}, expected [title, [sentence, ...]]")
+                record.problem(f"{name}[{i}]", f"got {item!r:.60}, expected {item_shape}")
                 return None
             pairs.append((item[0], item[1]))
-    else:
-        record.problem("context", "missing or not a list, expected [[title, [sentence, ...]], ...]")
+        return pairs
+    record.problem(name, f"missing or not a list, expected [{item_shape}, ...]")
+    return None
+
+
+def _context(record: SourceRecord) -> list[tuple[str, list[str]]] | None:
+    pairs = _title_pairs(record, "context", "sentences", "a list of sentence lists", "sentence lists",
+                         "[title, [sentence, ...]]")
+    if pairs is None:
         return None
     out = []
     for i, (title, sentences) in enumerate(pairs):
@@ -55,27 +67,9 @@ def _context(record: SourceRecord) -> list[tuple[str, list[str]]] | None:
 
 
 def _supporting_facts(record: SourceRecord) -> list[tuple[str, int]] | None:
-    raw = record.obj.get("supporting_facts")
-    if isinstance(raw, dict):
-        titles = record.get("title", list, "a list of titles", raw, "supporting_facts.title")
-        ids = record.get("sent_id", list, "a list of sentence indices", raw, "supporting_facts.sent_id")
-        if titles is None or ids is None:
-            return None
-        if len(titles) != len(ids):
-            record.problem(
-                "supporting_facts", f"{len(titles)} titles but {len(ids)} sentence ids, expected parallel lists"
-            )
-            return None
-        pairs = list(zip(titles, ids))
-    elif isinstance(raw, list):
-        pairs = []
-        for i, item in enumerate(raw):
-            if not (isinstance(item, list) and len(item) == 2):
-                record.problem(f"supporting_facts[{i}]", f"got {item!r:.60}, expected [title, sentence_index]")
-                return None
-            pairs.append((item[0], item[1]))
-    else:
-        record.problem("supporting_facts", "missing or not a list, expected [[title, sentence_index], ...]")
+    pairs = _title_pairs(record, "supporting_facts", "sent_id", "a list of sentence indices", "sentence ids",
+                         "[title, sentence_index]")
+    if pairs is None:
         return None
     for i, (title, sent) in enumerate(pairs):
         if not isinstance(title, str) or isinstance(sent, bool) or not isinstance(sent, int):

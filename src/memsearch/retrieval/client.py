@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from memsearch.io import LoopSession, backoff_delay_s
+from memsearch.io import Backoff, LoopSession
 from memsearch.retrieval.base import Passage
 
 
@@ -43,9 +42,7 @@ class HttpRetriever:
         self.max_concurrency = max_concurrency
         self.timeout_s = timeout_s
         self.max_retries = max_retries
-        self.backoff_base_s = backoff_base_s
-        self.backoff_max_s = backoff_max_s
-        self._rng = random.Random(seed)
+        self._backoff = Backoff(backoff_base_s, backoff_max_s, seed)
         self._pool = LoopSession(max_concurrency)
         self._counts: Counter[str] = Counter()
         self._info: dict[str, Any] | None = None
@@ -123,7 +120,7 @@ class HttpRetriever:
         for attempt in range(self.max_retries + 1):
             if attempt:
                 self._counts["retries"] += 1
-                await asyncio.sleep(backoff_delay_s(self._rng, attempt, self.backoff_base_s, self.backoff_max_s))
+                await asyncio.sleep(self._backoff.delay_s(attempt))
             self._counts["attempts"] += 1
             try:
                 async with semaphore, asyncio.timeout(self.timeout_s):
