@@ -74,6 +74,18 @@ Not equal (by design of each library):
 Target: ours >= TRL on samples/s and on peak memory. The last line is machine-readable:
 
     RESULT samples_per_s_ratio=<ours/trl> peak_mem_ratio=<trl/ours>
+
+``--case shared-prompt`` (about 2 minutes) measures the update with ``share_prompts``
+(``memsearch.train.shared_prompt``) against the same update row by row, in one process on the
+same rows: one real memory-policy prompt (``engine.prompts.memory_decision`` for the first dev
+question, its gold sentences as evidence and one item in memory) shared by ``--group`` (6) rows
+whose completions are ops JSON texts of ~40 tokens, the embedded model with LoRA. Each side
+runs ``grpo.update`` (log-probs, loss, backward, AdamW step) ``--repeats`` times from the same
+weights; the fastest is kept. Tokens/s counts the rows' prompt + completion tokens (the work the
+row-by-row side does), so the ratio is the speed-up. It also prints the largest difference of the
+two sides' gradients after one update. Target: ``tokens_per_s_ratio`` >= 2.5 at group 6.
+
+    RESULT tokens_per_s_ratio=<shared/unshared> shared_tokens_per_s=... unshared_tokens_per_s=... group=6
 """
 
 from __future__ import annotations
@@ -405,15 +417,86 @@ def child(side: str, args) -> dict:
     return result
 
 
+# ------------------------------------------------------------ shared-prompt case
+def shared_prompt_case(group: int, repeats: int) -> None:
+    """``--case shared-prompt`` (module doc)."""
+    import torch
+
+    from memsearch.engine.prompts import memory_decision
+    from memsearch.train.config import GRPOConfig, LoraSettings, OptimSettings
+    from memsearch.train.distributed import Dist
+    from memsearch.train.grpo import update
+    from memsearch.train.policy import load_policy, make_optimizer, trainable_parameters
+    from memsearch.train.rows import Batch, Row
+
+    row = json.loads(SAMPLE.read_text())[0]
+    titles = [title for title, _ in row["context"]]
+    sentences = dict((title, sents) for title, sents in row["context"])
+    evidence = "\n".join(f"[d{titles.index(t)}:{i}] {t}: {sentences[t][i].strip()}" for t, i in row["supporting_facts"])
+    first = row["supporting_facts"][0]
+    memory = f"[m1] (fact; d{titles.index(first[0])}:{first[1]}) {sentences[first[0]][first[1]].strip()}"
+    lora = LoraSettings(r=LORA_R, alpha=LORA_ALPHA, target_modules=TARGETS)
+    torch.manual_seed(SEED)
+    policy, tokenizer, _ = load_policy("embedded", None, lora, device="cpu", seed=SEED)
+    prompt_text = tokenizer.apply_chat_template(
+        [dict(m) for m in memory_decision(row["question"], memory, evidence, 60)], tokenize=False,
+        add_generation_prompt=True)
+    prompt = tokenizer.encode(prompt_text, add_special_tokens=False)
+    rows = []
+    for k, (t, i) in enumerate((row["supporting_facts"] * group)[:group]):
+        text = sentences[t][i].strip()
+        ops = (f'{{"ops": [{{"op": "ADD", "text": "{text}", "sources": ["d{titles.index(t)}:{i}"], '
+               f'"kind": "fact"}}]}}' if k % 2 == 0 else '{"ops": [{"op": "NOOP"}]}')
+        ids = tokenizer.encode(ops, add_special_tokens=False)
+        rows.append(Row(prompt, ids, [0.0] * len(ids), [1] * len(ids), k, 0, "memory", 0,
+                        advantage=(k - (group - 1) / 2) / group))
+    tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+    print(f"shared-prompt case: 1 prompt of {len(prompt)} tokens x group {group}, completions "
+          f"{[len(r.completion_ids) for r in rows]} tokens; {tokens} tokens row by row, "
+          f"{len(prompt) + sum(len(r.completion_ids) for r in rows)} packed", flush=True)
+    start = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+    timings, grads = {}, {}
+    for shared in (False, True):
+        cfg = GRPOConfig(data="unused", lora=lora, optim=OptimSettings(lr=LR), share_prompts=shared,
+                         micro_batch_tokens=8192, aggregation="token")
+        best = float("inf")
+        for _ in range(repeats):
+            with torch.no_grad():
+                for n, p in policy.named_parameters():
+                    if n in start:
+                        p.copy_(start[n])
+            optimizer, _ = make_optimizer(policy, cfg.optim, 1)
+            t0 = time.perf_counter()
+            update(policy, optimizer, Batch(rows=rows), cfg, Dist(), tokenizer.eos_token_id)
+            best = min(best, time.perf_counter() - t0)
+            grads[shared] = [p.grad.detach().clone() for p in trainable_parameters(policy)]
+        timings[shared] = best
+        print(f"  {'shared' if shared else 'row by row'}: {best:.2f}s per update, {tokens / best:.0f} tokens/s",
+              flush=True)
+    diff = max(float((a - b).abs().max()) for a, b in zip(grads[False], grads[True], strict=True))
+    print(f"largest gradient difference shared vs row by row: {diff:.2e}")
+    ratio = timings[False] / timings[True]
+    print(f"RESULT tokens_per_s_ratio={ratio:.3f} shared_tokens_per_s={tokens / timings[True]:.1f} "
+          f"unshared_tokens_per_s={tokens / timings[False]:.1f} group={group}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--side", choices=("ours", "trl"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
     parser.add_argument("--prompts", type=int, default=PROMPTS)
-    parser.add_argument("--group", type=int, default=GROUP)
+    parser.add_argument("--group", type=int, default=None, help=f"rows per prompt (default {GROUP}; shared-prompt: 6)")
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
+    parser.add_argument("--case", choices=("trl", "shared-prompt"), default="trl",
+                        help="trl: ours vs TRL (default); shared-prompt: share_prompts vs row by row")
+    parser.add_argument("--repeats", type=int, default=2, help="shared-prompt: updates per side (fastest kept)")
     args = parser.parse_args()
+    if args.group is None:
+        args.group = 6 if args.case == "shared-prompt" else GROUP
+    if args.case == "shared-prompt":
+        shared_prompt_case(args.group, args.repeats)
+        return
     if args.side:
         result = (run_ours if args.side == "ours" else run_trl)(args)
         Path(args.out).write_text(json.dumps(result))

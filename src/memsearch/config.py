@@ -30,6 +30,10 @@ class StrictConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+# Default of ``Agent.memory_max_sources``: the rules and oracle backends cite one sentence per item.
+MEMORY_MAX_SOURCES = 3
+
+
 class Budgets(StrictConfig):
     """Limits the engine enforces (counted with the run's tokenizer), identical across groups."""
 
@@ -108,6 +112,13 @@ class Agent(StrictConfig):
         "items without them to the memory policy, controller and reader (and counts the budget on that rendering), "
         "while the store still records them, so memory support recall is scored as before (the no-sources control, "
         "docs/design.md §5). Summary and overwrite notes are unaffected",
+    )
+    memory_max_sources: int = Field(
+        MEMORY_MAX_SOURCES,
+        ge=1,
+        description="Decision memory: the most distinct evidence ids one item may cite; an ADD or UPDATE citing "
+        "more is rejected (an invalid action), and schema mode's constraint allows no more (maxItems). Citing every "
+        "shown sentence from one item must not buy memory support recall (docs/design.md §6)",
     )
 
 

@@ -8,6 +8,7 @@ existing folder is never overwritten.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import random
@@ -62,11 +63,13 @@ def write_json(path: str | Path, obj: Any) -> None:
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
     """``(line_number, object)`` for each non-blank line; a bad line raises ``InputError``
-    naming the file and line."""
+    naming the file and line. A path ending in ``.gz`` is read through gzip (docs/results
+    publishes per-question metrics compressed)."""
     path = Path(path)
     require_file(path)
     # utf-8-sig: a byte-order mark (Windows editors write one) is not part of the first record.
-    with open(path, encoding="utf-8-sig") as fh:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8-sig") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue

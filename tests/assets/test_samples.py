@@ -15,6 +15,7 @@ from memsearch.assets.adapter import SHIPPED_ADAPTER, shipped_adapter_dir
 from memsearch.assets.samples import (
     HOTPOT_DEV,
     HOTPOT_TRAIN,
+    HOTPOT_TRAIN_EXTENDED,
     MUSIQUE_DEV,
     MUSIQUE_TRAIN,
     SAMPLES,
@@ -91,7 +92,7 @@ def test_the_wheel_carries_each_shipped_resource_at_its_repository_path():
     # The samples travel with their origin, licences and citations.
     for notice in ("README.md", "hotpotqa/SOURCE.md", "musique/SOURCE.md"):
         assert (ROOT / SAMPLES / notice).is_file(), notice
-    for sample in (HOTPOT_DEV, HOTPOT_TRAIN, MUSIQUE_DEV, MUSIQUE_TRAIN):
+    for sample in (HOTPOT_DEV, HOTPOT_TRAIN, HOTPOT_TRAIN_EXTENDED, MUSIQUE_DEV, MUSIQUE_TRAIN):
         assert (ROOT / SAMPLES / sample).is_file(), sample
     assert (ROOT / SHIPPED_ADAPTER / "fingerprint.json").is_file()
 
@@ -104,3 +105,31 @@ def test_every_config_the_package_loads_by_name_is_shipped():
     for path in (ROOT / "src" / "memsearch").rglob("*.py"):
         for name in literal.findall(path.read_text(encoding="utf-8")):
             assert name in SHIPPED_CONFIGS, f"{path}: config_path({name!r}) is not in SHIPPED_CONFIGS"
+
+
+def test_the_extended_train_set_is_real_train_data_that_shares_nothing_with_dev(tmp_path):
+    """619 HotpotQA train questions, the 100 of the small sample first, each record's origin in the
+    sources table; converted with split = train it validates, and no id or question is shared with
+    the dev sample, the 7405 dev questions or a prepared dev folder (``data validate --against``)."""
+    import csv
+    import json
+
+    from memsearch.data.dataset import save_dataset
+    from memsearch.data.hotpot import convert_hotpot
+    from memsearch.data.validate import normalize_question, validate_data
+
+    folder = ROOT / SAMPLES
+    extended = json.loads((folder / HOTPOT_TRAIN_EXTENDED).read_text(encoding="utf-8"))
+    small = json.loads((folder / HOTPOT_TRAIN).read_text(encoding="utf-8"))
+    assert len(extended) == 619 and extended[:100] == small
+    with open(folder / "hotpotqa" / "train_extended.sources.tsv", encoding="utf-8", newline="") as fh:
+        written = {r["_id"] for r in csv.DictReader(fh, delimiter="\t") if r["role"] == "written"}
+    assert written == {r["_id"] for r in extended}  # every record says where it was copied from
+    dev = json.loads((folder / HOTPOT_DEV).read_text(encoding="utf-8"))
+    dev_all = json.loads((folder / "hotpotqa" / "dev_distractor_qa_only_all.json").read_text(encoding="utf-8"))
+    questions = {normalize_question(r["question"]) for r in extended}
+    assert not questions & {normalize_question(r["question"]) for r in dev + dev_all}
+    assert not {r["_id"] for r in extended} & {r["_id"] for r in dev}  # the 7405 carry no _id
+    save_dataset(convert_hotpot(folder / HOTPOT_TRAIN_EXTENDED, split="train"), tmp_path / "train")
+    save_dataset(convert_hotpot(folder / HOTPOT_DEV, split="dev", limit=300), tmp_path / "dev")
+    assert validate_data(tmp_path / "train", against=tmp_path / "dev") == []

@@ -21,11 +21,14 @@ import torch
 from memsearch.backends.base import Constraint, GenerationRequest, SamplingParams
 from memsearch.backends.hf.constraint import (
     MEMORY_OPS,
+    MEMORY_OPS_V1,
     Automaton,
     compile_constraint,
     constraint_by_id,
+    memory_ops_constraint,
     token_texts,
 )
+from memsearch.config import MEMORY_MAX_SOURCES, RunConfig
 from memsearch.engine import prompts
 from memsearch.memory.ops import parse_ops
 
@@ -115,9 +118,35 @@ def test_unsupported_schemas_and_unknown_ids_are_clear_errors():
         Automaton(Constraint("p", json_schema={"type": "string", "pattern": "a+"}))
     with pytest.raises(ValueError, match="unsupported schema type 'number'"):
         Automaton(Constraint("n", json_schema={"type": "number"}))
-    with pytest.raises(ValueError, match="valid ids: memory-ops-v1"):
+    with pytest.raises(ValueError, match="valid ids: memory-ops-v1, memory-ops-v2-sources3"):
         constraint_by_id("memory-op-v1")
-    assert constraint_by_id("memory-ops-v1") is MEMORY_OPS
+    with pytest.raises(ValueError, match="unknown constraint id 'memory-ops-v2-sources0'"):
+        constraint_by_id("memory-ops-v2-sources0")
+    assert constraint_by_id("memory-ops-v1") is MEMORY_OPS_V1
+    assert constraint_by_id("memory-ops-v2-sources3") is MEMORY_OPS is memory_ops_constraint(3)
+
+
+# ------------------------------------------------------------------ the sources cap (maxItems)
+def _add(n: int) -> str:
+    sources = ", ".join(f'"d1:{i}"' for i in range(n))
+    return f'{{"ops": [{{"op": "ADD", "text": "a", "sources": [{sources}], "kind": "fact"}}]}}'
+
+
+def test_the_default_constraint_caps_sources_per_item_at_the_config_default():
+    assert MEMORY_MAX_SOURCES == RunConfig().agent.memory_max_sources == 3
+    assert MEMORY_OPS.id == "memory-ops-v2-sources3"
+    auto = Automaton(MEMORY_OPS)
+    assert [auto.accepts(_add(n)) for n in range(6)] == [True, True, True, True, False, False]
+    update = '{"ops": [{"op": "UPDATE", "id": "m1", "text": "a", "sources": ["d1:0", "d1:1", "d1:2", "d1:3"]}]}'
+    assert not auto.accepts(update) and auto.accepts(update.replace(', "d1:3"', ""))
+    # After three sources the array may only close: no comma, so no fourth source.
+    three = _add(3).split("]")[0]
+    assert auto.prefix_ok(three + "]") and not auto.prefix_ok(three + ",") and not auto.prefix_ok(three + " ,")
+    # Another cap is another constraint (its id names it); v1, uncapped, still replays old rows.
+    five = constraint_by_id("memory-ops-v2-sources5")
+    assert Automaton(five).accepts(_add(5)) and not Automaton(five).accepts(_add(6))
+    assert Automaton(MEMORY_OPS_V1).accepts(_add(40))
+    assert parse_ops(_add(4)).ok  # the parser does not count: the store rejects it (tests/memory)
 
 
 # ------------------------------------------------------------------------- token masks
@@ -156,6 +185,29 @@ def test_masks_replay_a_tokenized_output(tokenizer):
         tc.masks_for(early + [eos])  # EOS before the value is complete
     with pytest.raises(ValueError, match="not allowed"):
         tc.masks_for(tokenizer('{"ops": [}', add_special_tokens=False)["input_ids"])
+
+
+def test_masks_refuse_a_source_past_the_cap(tokenizer):
+    """Schema mode with the real embedded tokenizer: after the third source no token may open a
+    fourth (every token starting with a comma is masked), so a 4-source ADD cannot be sampled."""
+    tc = compile_constraint(MEMORY_OPS, tokenizer)
+    texts = token_texts(tokenizer)
+    commas = [i for i, t in enumerate(texts) if t is not None and t.lstrip().startswith(",")]
+    assert len(commas) > 10  # ",", " ,", ',"', ... : the tokens that could continue a list
+    two, three = (tc.automaton.walk(_add(n).split("]")[0]) for n in (2, 3))
+    assert tc.allowed(two)[texts.index(",")] and not tc.allowed(three)[commas].any()
+    assert tc.allowed(three)[texts.index("]")]  # the list may close
+    # Inside the third source's string: '"' may close it, '",' (close and go on) may not.
+    in_second, in_third = (tc.automaton.walk(_add(n).split("]")[0][:-1]) for n in (2, 3))
+    assert tc.allowed(in_second)[texts.index('",')] and not tc.allowed(in_third)[texts.index('",')]
+    assert tc.allowed(in_third)[texts.index('"')]
+    eos = tokenizer.eos_token_id
+    ok = tokenizer(_add(3), add_special_tokens=False)["input_ids"] + [eos]
+    assert tc.masks_for(ok).shape[0] == len(ok)
+    over = tokenizer(_add(4), add_special_tokens=False)["input_ids"] + [eos]
+    with pytest.raises(ValueError, match="is not allowed here"):
+        tc.masks_for(over)
+    compile_constraint(MEMORY_OPS_V1, tokenizer).masks_for(over)  # uncapped v1 allows it
 
 
 def test_masks_equal_a_brute_force_walk_of_every_token(tokenizer):
@@ -237,7 +289,7 @@ def test_constrained_sampling_gives_ops_json_and_replayable_logprobs(backend):
     tc = compile_constraint(MEMORY_OPS, backend.tokenizer)
     eos = backend.tokenizer.eos_token_id
     for (temperature, _), result in zip(settings, results, strict=True):
-        assert result.ok and result.constraint_id == "memory-ops-v1"
+        assert result.ok and result.constraint_id == MEMORY_OPS.id
         ids = list(result.completion_ids)
         if result.finish_reason == "stop":
             assert ids[-1] == eos and eos not in ids[:-1]
@@ -321,7 +373,7 @@ def test_schema_mode_episode_records_the_constraint(rules_env, backend):
     env = dataclasses.replace(env, backends={**env.backends, "memory": backend})  # rules controller and reader
     traj = run(run_episode(task, env))
     calls = [e for e in traj["events"] if e["type"] == "policy_call"]
-    assert [(e["role"], e["constraint_id"]) for e in calls] == [("memory", "memory-ops-v1"), ("reader", None)]
+    assert [(e["role"], e["constraint_id"]) for e in calls] == [("memory", "memory-ops-v2-sources3"), ("reader", None)]
     memory = calls[0]
     assert memory["finish_reason"] == "stop", memory["text"]
     assert isinstance(json.loads(memory["text"]), dict) and parse_ops(memory["text"]).ok

@@ -19,6 +19,7 @@ from memsearch.eval.metrics import (
     citation_scores,
     exact_match,
     f1,
+    memory_support_precision,
     normalize_answer,
     sub_em,
     support_recall,
@@ -245,6 +246,18 @@ def test_support_recall():
     assert support_recall(["d1:0"], ["d1:0", "d1:0"]) == 1.0  # gold counted once
     assert support_recall(["d1:0"], []) is None
     assert support_recall(["d1:1"], ["d1:10"]) == 0.0  # exact ids, no prefix match
+
+
+def test_memory_support_precision():
+    # cited d1:0 d2:1 d9:9 d9:8; counted (faithful) d1:0 d9:9; gold d1:0 d2:1 d2:3: 1 / 4
+    assert memory_support_precision(["d1:0", "d2:1", "d9:9", "d9:8"], ["d1:0", "d9:9"], GOLD) == 0.25
+    assert memory_support_precision(["d1:0", "d2:1"], ["d1:0", "d2:1"], GOLD) == 1.0
+    assert memory_support_precision(["d1:0", "d1:0", "d9:9"], ["d1:0"], GOLD) == 0.5  # distinct ids
+    assert memory_support_precision(["d1:0", "d2:1"], [], GOLD) == 0.0  # cited gold, but by no faithful item
+    assert memory_support_precision(["d9:9"], ["d1:0"], GOLD) == 0.0  # counted ids outside the cited ones ignored
+    assert memory_support_precision([], [], GOLD) is None  # the memory cites nothing
+    assert memory_support_precision(None, None, GOLD) is None
+    assert memory_support_precision(["d1:0"], ["d1:0"], []) is None  # no gold facts
 
 
 def test_citation_scores():

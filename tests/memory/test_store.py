@@ -343,3 +343,44 @@ def filled_ops():
         Add("Which river flows through Paris?", (), "open"),
         Add("The Seine flows through Paris.", ("d7:1",)),
     )
+
+
+# --- the sources cap (agent.memory_max_sources) ------------------------------------------------
+
+MANY = ("d1:0", "d1:1", "d1:2", "d1:3")
+SHOWN_MANY = SHOWN | set(MANY)
+
+
+def test_an_add_citing_more_sources_than_the_cap_is_rejected_with_the_cap_named():
+    memory = Memory(LexicalTokenizer(), 200, max_sources=3)
+    result = memory.apply([Add("Paris is the capital of France.", MANY)], SHOWN_MANY)
+    assert result.status == "rejected" and not result.valid
+    assert result.reasons == (
+        "op 0 (ADD): cites 4 distinct sources, over the cap of 3 per item (agent.memory_max_sources)",
+    )
+    assert memory.render() == EMPTY_RENDER and memory.next_id == 1  # nothing changed
+    # At the cap it is valid; a repeated id is one source (the store keeps distinct ids).
+    assert memory.apply([Add("Paris is the capital of France.", MANY[:3])], SHOWN_MANY).applied
+    assert memory.apply([Add("Lyon is in France.", ("d1:0",) * 5)], SHOWN_MANY).applied
+    assert [len(item.sources) for item in memory.items] == [3, 1]
+
+
+def test_an_update_over_the_cap_is_rejected_and_kept_sources_are_not_rechecked():
+    memory = Memory(LexicalTokenizer(), 200, max_sources=3)
+    assert memory.apply([Add("Paris is the capital of France.", MANY[:3])], SHOWN_MANY).applied
+    result = memory.apply([Update("m1", "Paris, France.", MANY)], SHOWN_MANY)
+    assert result.reasons == (
+        "op 0 (UPDATE): cites 4 distinct sources, over the cap of 3 per item (agent.memory_max_sources)",
+    )
+    assert memory.apply([Update("m1", "Paris, France.")], SHOWN_MANY).applied  # keeps its 3 sources
+    assert memory.items[0].sources == MANY[:3]
+
+
+def test_no_cap_by_default_and_snapshots_respect_the_cap():
+    uncapped = make()
+    assert uncapped.max_sources is None and uncapped.apply([Add("Paris.", MANY)], SHOWN_MANY).applied
+    with pytest.raises(ValueError, match="snapshot: item 'm1' cites 4 sources, over the cap of 3"):
+        Memory.from_snapshot(uncapped.snapshot(), LexicalTokenizer(), 200, max_sources=3)
+    assert Memory.from_snapshot(uncapped.snapshot(), LexicalTokenizer(), 200, max_sources=4).max_sources == 4
+    with pytest.raises(ValueError, match="max_sources must be at least 1"):
+        Memory(LexicalTokenizer(), 200, max_sources=0)

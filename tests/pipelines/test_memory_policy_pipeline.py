@@ -332,7 +332,10 @@ def test_cold_start_trains_stage1_from_the_base_without_teacher_or_sft(tmp_path,
     assert "grpo1: done (" in "\n".join(lines) and not (out / "teacher").exists()
 
 
-def test_publish_copies_the_runs_record_byte_for_byte(with_stage2, tmp_path):
+def test_publish_copies_what_a_reader_checks_claims_with(with_stage2, tmp_path):
+    import gzip
+
+    from memsearch.eval.run_diff import matrix_minus_control
     from memsearch.pipelines.publish import publish_results
 
     out, _, _ = with_stage2
@@ -344,12 +347,23 @@ def test_publish_copies_the_runs_record_byte_for_byte(with_stage2, tmp_path):
         "summary.json",
         "invocations.jsonl",
         "seed-7/grpo1/train_log.jsonl",
-        "seed-7/heldout/grpo/metrics.jsonl",
-        "heldout/rules/summary.json",
-        "seed-7/matrix/B/metrics.jsonl",
-        "seed-7/grpo1.stage.json",
+        "seed-7/heldout/grpo/metrics.jsonl.gz",
+        "heldout/rules/metrics.jsonl.gz",
+        "seed-7/matrix/B/metrics.jsonl.gz",
     } <= names
-    assert (tmp_path / "results" / "summary.json").read_bytes() == (out / "heldout" / "summary.json").read_bytes()
-    assert not any(p.name in ("trajectories.jsonl", "adapter_model.safetensors") for p in written)
+    results = tmp_path / "results"
+    assert (results / "summary.json").read_bytes() == (out / "heldout" / "summary.json").read_bytes()
+    packed = results / "seed-7" / "matrix" / "B" / "metrics.jsonl.gz"
+    assert gzip.decompress(packed.read_bytes()) == (out / "seed-7" / "matrix" / "B" / "metrics.jsonl").read_bytes()
+    # The published metrics answer the same paired comparison as the run's own.
+    groups = sorted(p.name for p in (out / "seed-7" / "matrix").iterdir() if (p / "metrics.jsonl").is_file())
+    assert matrix_minus_control(results / "seed-7" / "matrix", results / "seed-7" / "matrix", groups,
+                                resamples=50) == matrix_minus_control(out / "seed-7" / "matrix",
+                                                                      out / "seed-7" / "matrix", groups, resamples=50)
+    assert not any(p.name in ("trajectories.jsonl", "adapter_model.safetensors", "config.json")
+                   or p.name.endswith(".stage.json") for p in written)
+    # Publishing again gives the same bytes (gzip without a timestamp).
+    again = publish_results(out, tmp_path / "again")
+    assert [p.read_bytes() for p in again] == [p.read_bytes() for p in written]
     with pytest.raises(InputError, match="summary.json: missing"):
         publish_results(tmp_path / "nothing", tmp_path / "r2")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from memsearch.eval.bootstrap import paired_bootstrap
-from memsearch.pipelines.memagent.report import paired_difference, verdict
+from memsearch.eval.run_diff import paired_difference
+from memsearch.pipelines.memagent.report import verdict
 
 
 def rows(values: list[float | None]) -> dict[str, dict]:

@@ -115,3 +115,19 @@ def test_demo_ends_by_naming_its_report(tmp_path):
     payload = payload_of_html((tmp_path / "demo" / "report.html").read_text(encoding="utf-8"))
     assert payload["run_order"] == ["A", "B", "C", "D"]
     assert all(len(run["episodes"]) == 2 for run in payload["runs"].values())  # every episode browsable
+
+
+def test_training_view_shows_decision_entropy_and_op_shares(tmp_path):
+    """A log with the decision view (train.decisions): decision entropy and each op's share of a
+    step's ops and invalid calls come right after the reward, as band-able series."""
+    log = tmp_path / "run" / "train_log.jsonl"
+    log.parent.mkdir()
+    ops = [{"ADD": 3, "UPDATE": 0, "DELETE": 0, "NOOP": 1, "invalid_parse": 0, "invalid_budget": 0, "invalid_rule": 0},
+           {"ADD": 0, "UPDATE": 0, "DELETE": 0, "NOOP": 0, "invalid_parse": 0, "invalid_budget": 0, "invalid_rule": 0}]
+    log.write_text("".join(json.dumps({"step": s, "reward_mean": 0.1, "decision_entropy": 0.5 / s, "ops": o}) + "\n"
+                           for s, o in ((1, ops[0]), (2, ops[1]))))
+    series = training_series([log])
+    assert series["order"][:4] == ["reward_mean", "decision_entropy", "op_share/ADD", "op_share/UPDATE"]
+    assert series["metrics"]["op_share/ADD"] == {"steps": [1], "values": [[0.75]]}  # step 2 had no op at all
+    assert series["metrics"]["op_share/NOOP"]["values"] == [[0.25]]
+    assert series["metrics"]["decision_entropy"]["values"] == [[0.5], [0.25]]

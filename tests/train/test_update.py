@@ -148,3 +148,37 @@ def test_mini_batches_take_one_optimizer_step_each_and_the_clip_acts(tiny_model_
     stats = update(policy, optimizer, Batch(rows=make_rows(len(tokenizer))), one, Dist(), tokenizer.eos_token_id)
     assert optimizer.state[trainable_parameters(policy)[0]]["step"] == 1
     assert stats.ratio_mean == pytest.approx(1.0, abs=1e-7) and stats.clip_fraction == 0.0
+
+
+def test_a_step_whose_advantages_are_all_zero_changes_no_weight_and_no_optimizer_state(tiny_model_dir,
+                                                                                        tiny_adapter_dir):
+    """After a step with signal, AdamW has momentum and weight decay: a step on rows whose
+    advantages are all 0 would still move every weight. It is skipped (the schedule still
+    counts it, so ``--resume`` stays exact) and the log says so."""
+    optim = OptimSettings(lr=1e-2, weight_decay=0.1, max_grad_norm=None)
+    cfg = config(optim=optim, mini_batches_per_step=2, kl_coef=0.1)
+    policy, tokenizer, _ = load_policy(str(tiny_model_dir), str(tiny_adapter_dir), cfg.lora, device="cpu",
+                                       keep_reference=True)
+    optimizer, scheduler = make_optimizer(policy, optim, 3 * 2)
+    rows = make_rows(len(tokenizer))
+    first = update(policy, optimizer, Batch(rows=rows), cfg, Dist(), tokenizer.eos_token_id, scheduler=scheduler)
+    assert first.skipped_steps == 0 and first.grad_norm > 0
+    params = trainable_parameters(policy)
+    weights = [p.detach().clone() for p in params]
+    state = {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in optimizer.state[p].items()}
+             for i, p in enumerate(params)}
+    for r in rows:
+        r.advantage = 0.0
+    stats = update(policy, optimizer, Batch(rows=rows), cfg, Dist(), tokenizer.eos_token_id, scheduler=scheduler)
+    assert stats.skipped_steps == 2 and stats.grad_norm == 0.0
+    assert all(torch.equal(p.detach(), w) for p, w in zip(params, weights, strict=True))
+    for i, p in enumerate(params):
+        assert all(torch.equal(optimizer.state[p][k], v) if torch.is_tensor(v) else optimizer.state[p][k] == v
+                   for k, v in state[i].items())
+    assert scheduler.last_epoch == 4  # the schedule counted both skipped steps
+    # One mini-batch with signal and one without: only the one without is skipped.
+    for r in rows:
+        r.advantage = 0.5 if r.trajectory == 0 else 0.0
+    mixed = update(policy, optimizer, Batch(rows=rows), cfg, Dist(), tokenizer.eos_token_id, scheduler=scheduler)
+    assert mixed.skipped_steps == 1 and not all(torch.equal(p.detach(), w) for p, w in zip(params, weights,
+                                                                                             strict=True))

@@ -24,6 +24,9 @@ SHIPPED_CONFIGS = ("demo.toml", "rules.toml")
 
 HOTPOT_DEV = "hotpotqa/dev_distractor_sample.json"
 HOTPOT_TRAIN = "hotpotqa/train_sample.json"
+# 619 train questions: HOTPOT_TRAIN's 100 first, then 519 more (provenance per record in
+# train_extended.sources.tsv; hotpotqa/SOURCE.md): the memory-policy recipe's training data.
+HOTPOT_TRAIN_EXTENDED = "hotpotqa/train_extended.json"
 MUSIQUE_DEV = "musique/musique_ans_dev_sample.json"
 MUSIQUE_TRAIN = "musique/musique_ans_train_sample.json"
 

@@ -6,7 +6,7 @@ Every command imports what it needs inside its body, so ``memsearch --help`` sta
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -19,43 +19,38 @@ Split = Annotated[str, typer.Option(
     help="train or dev (required): recorded in the manifest, which keeps dev data out of training.")]
 
 
-def _prepare(convert: Callable[..., Any], input: Path, out: Path, split: str, limit: int | None) -> None:
+def _prepare(kind: str, input: Path, out: Path, split: str, limit: int | None) -> None:
+    """Check the split, convert with ``memsearch.data.<kind>.convert_<kind>`` and save the folder."""
+    import importlib
+
     from memsearch.data.dataset import save_dataset
     from memsearch.data.source import check_split
 
     check_split(input, split)
+    convert = getattr(importlib.import_module(f"memsearch.data.{kind}"), f"convert_{kind}")
     dataset = convert(input, split=split, limit=limit)
     save_dataset(dataset, out)
     typer.echo(f"wrote {out}: {len(dataset.tasks)} tasks, {len(dataset.documents)} documents "
                f"({dataset.manifest['kind']} {split})")
 
 
+HotpotFile = Annotated[Path, typer.Option(
+    "--input", help="HotpotQA file: JSON list, JSON lines, or the Hugging Face layout.")]
+MusiqueFile = Annotated[Path, typer.Option("--input", help="MuSiQue-Ans file: JSON list or JSON lines.")]
+
+
 @data_app.command("prepare-hotpot")
 @friendly
-def prepare_hotpot(
-    input: Annotated[Path, typer.Option(help="HotpotQA file: JSON list, JSON lines, or the Hugging Face layout.")],
-    out: NewFolder,
-    split: Split,
-    limit: Limit = None,
-) -> None:
+def prepare_hotpot(input: HotpotFile, out: NewFolder, split: Split, limit: Limit = None) -> None:
     """Convert HotpotQA into corpus.jsonl, tasks.jsonl, labels.jsonl and manifest.json."""
-    from memsearch.data.hotpot import convert_hotpot
-
-    _prepare(convert_hotpot, input, out, split, limit)
+    _prepare("hotpot", input, out, split, limit)
 
 
 @data_app.command("prepare-musique")
 @friendly
-def prepare_musique(
-    input: Annotated[Path, typer.Option(help="MuSiQue-Ans file: JSON list or JSON lines.")],
-    out: NewFolder,
-    split: Split,
-    limit: Limit = None,
-) -> None:
+def prepare_musique(input: MusiqueFile, out: NewFolder, split: Split, limit: Limit = None) -> None:
     """Convert MuSiQue-Ans into the same three-file layout (paragraph-level evidence)."""
-    from memsearch.data.musique import convert_musique
-
-    _prepare(convert_musique, input, out, split, limit)
+    _prepare("musique", input, out, split, limit)
 
 
 # Its source is a prepared folder, which every other command takes as --data.

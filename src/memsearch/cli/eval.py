@@ -38,6 +38,11 @@ eval_app = command_group("Evaluate agents: one run over a data folder, or the A-
                          cls=EvalGroup)
 
 ConfigFile = Annotated[Path, typer.Option("--config", help="TOML run config, e.g. configs/rules.toml.")]
+RunOut = Annotated[Path, typer.Option("--out", help="New run folder (or the one to --resume).")]
+RunResume = Annotated[bool, typer.Option(help="Finish a crashed run in OUT: missing tasks only.")]
+MatrixOut = Annotated[Path, typer.Option(
+    "--out", help="New folder: one subfolder per group plus matrix.json / matrix.md.")]
+MatrixResume = Annotated[bool, typer.Option(help="Finish the groups of a crashed matrix in OUT.")]
 
 
 def _run_config(path: Path, overrides: list[str] | None, limit: int | None, matrix: bool = False) -> Any:
@@ -70,14 +75,8 @@ def report_hint(run: Path, data: Path) -> str:
 
 @eval_app.command("run")
 @friendly
-def run(
-    config: ConfigFile,
-    data: DataDir,
-    out: Annotated[Path, typer.Option(help="New run folder (or the one to --resume).")],
-    limit: Limit = None,
-    resume: Annotated[bool, typer.Option(help="Finish a crashed run in OUT: missing tasks only.")] = False,
-    set_: Overrides = None,
-) -> None:
+def run(config: ConfigFile, data: DataDir, out: RunOut, limit: Limit = None, resume: RunResume = False,
+        set_: Overrides = None) -> None:
     """Run one agent over a data folder: trajectories, per-task metrics, summary."""
     from memsearch.eval.runner import run_eval
 
@@ -95,14 +94,8 @@ def run(
 
 @eval_app.command("matrix")
 @friendly
-def matrix(
-    config: ConfigFile,
-    data: DataDir,
-    out: Annotated[Path, typer.Option(help="New folder: one subfolder per group plus matrix.json / matrix.md.")],
-    limit: Limit = None,
-    resume: Annotated[bool, typer.Option(help="Finish the groups of a crashed matrix in OUT.")] = False,
-    set_: Overrides = None,
-) -> None:
+def matrix(config: ConfigFile, data: DataDir, out: MatrixOut, limit: Limit = None, resume: MatrixResume = False,
+           set_: Overrides = None) -> None:
     """Groups A-D (memory x controller) under identical budgets, with paired bootstrap CIs."""
     from memsearch.eval.matrix import run_matrix
 

@@ -16,33 +16,33 @@ pipeline_app = command_group("End-to-end pipelines: prepare, train, merge, evalu
 
 PipelineOut = Annotated[Path, typer.Option(
     "--out", help="Pipeline folder: created, or continued (finished stages are skipped).")]
+PipelineConfig = Annotated[Path, typer.Option(
+    "--config", help="Pipeline config, e.g. configs/memagent.toml or configs/memory_policy_cpu.toml.")]
+
+
+_CONFIG_CLASSES = {"memagent": "MemAgentPipeline", "memory_policy": "MemoryPolicyPipeline"}
+
+
+def _run_pipeline(kind: str, config: Path, out: Path, overrides: list[str] | None) -> None:
+    """Load the config of pipeline ``kind`` (file and --set) and run ``memsearch.pipelines.<kind>``."""
+    import importlib
+
+    from memsearch.config import load_config
+
+    model = getattr(importlib.import_module(f"memsearch.pipelines.{kind}.config"), _CONFIG_CLASSES[kind])
+    run = getattr(importlib.import_module(f"memsearch.pipelines.{kind}.pipeline"), f"run_{kind}_pipeline")
+    run(load_config(config, overrides, model=model), out, echo=typer.echo)
 
 
 @pipeline_app.command("memagent")
 @friendly
-def memagent(
-    config: Annotated[Path, typer.Option("--config", help="Pipeline config, e.g. configs/memagent.toml.")],
-    out: PipelineOut,
-    set_: Overrides = None,
-) -> None:
+def memagent(config: PipelineConfig, out: PipelineOut, set_: Overrides = None) -> None:
     """MemAgent: RULER-HQA sets, GRPO (overwrite role), merge, base vs trained at every N, report."""
-    from memsearch.config import load_config
-    from memsearch.pipelines.memagent.config import MemAgentPipeline
-    from memsearch.pipelines.memagent.pipeline import run_memagent_pipeline
-
-    run_memagent_pipeline(load_config(config, set_, model=MemAgentPipeline), out, echo=typer.echo)
+    _run_pipeline("memagent", config, out, set_)
 
 
 @pipeline_app.command("memory-policy")
 @friendly
-def memory_policy(
-    config: Annotated[Path, typer.Option("--config", help="Pipeline config, e.g. configs/memory_policy_cpu.toml.")],
-    out: PipelineOut,
-    set_: Overrides = None,
-) -> None:
+def memory_policy(config: PipelineConfig, out: PipelineOut, set_: Overrides = None) -> None:
     """Memory policy: teacher + SFT, GRPO stage 1, merge, optional stage 2 (controller), A-D on held-out dev, report."""
-    from memsearch.config import load_config
-    from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
-    from memsearch.pipelines.memory_policy.pipeline import run_memory_policy_pipeline
-
-    run_memory_policy_pipeline(load_config(config, set_, model=MemoryPolicyPipeline), out, echo=typer.echo)
+    _run_pipeline("memory_policy", config, out, set_)

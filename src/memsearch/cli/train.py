@@ -53,29 +53,24 @@ def _train(kind: str, config: Path, out: Path, resume: bool, adapter: Path | Non
         typer.echo(f"adapter: {summary['adapter']}")
 
 
+StartAdapter = Annotated[Optional[Path], typer.Option(
+    "--adapter", help="Start from this LoRA adapter, e.g. an SFT run (weights only).")]
+SFTConfigFile = Annotated[Path, typer.Option("--config", help="TOML SFT config, e.g. configs/train/sft_cpu.toml.")]
+GRPOConfigFile = Annotated[Path, typer.Option("--config", help="TOML GRPO config, e.g. configs/train/grpo_cpu.toml.")]
+
+
 @train_app.command("sft")
 @friendly
-def sft(
-    config: Annotated[Path, typer.Option("--config", help="TOML SFT config, e.g. configs/train/sft_cpu.toml.")],
-    out: TrainOut,
-    resume: TrainResume = False,
-    adapter: Annotated[Optional[Path], typer.Option(help="Start from this LoRA adapter (weights only).")] = None,
-    set_: Overrides = None,
-) -> None:
+def sft(config: SFTConfigFile, out: TrainOut, resume: TrainResume = False, adapter: StartAdapter = None,
+        set_: Overrides = None) -> None:
     """LoRA SFT on completion tokens of `train export-sft` data; checkpoints, periodic engine eval."""
     _train("sft", config, out, resume, adapter, set_)
 
 
 @train_app.command("grpo")
 @friendly
-def grpo(
-    config: Annotated[Path, typer.Option("--config", help="TOML GRPO config, e.g. configs/train/grpo_cpu.toml.")],
-    out: TrainOut,
-    resume: TrainResume = False,
-    adapter: Annotated[Optional[Path], typer.Option(
-        help="Start from this LoRA adapter, e.g. an SFT run (weights only).")] = None,
-    set_: Overrides = None,
-) -> None:
+def grpo(config: GRPOConfigFile, out: TrainOut, resume: TrainResume = False, adapter: StartAdapter = None,
+         set_: Overrides = None) -> None:
     """Multi-turn GRPO through the episode engine (role memory, controller or overwrite)."""
     _train("grpo", config, out, resume, adapter, set_)
 

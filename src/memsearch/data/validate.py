@@ -81,6 +81,24 @@ def _check_manifest(data_dir: Path, manifest: dict[str, Any], counts: dict[str, 
             )
 
 
+def _support_problem(eid: str, docs: dict[str, tuple[int, Document]], task_doc_set: set[str]) -> str | None:
+    """What is wrong with one supporting-fact id of a label (None: nothing)."""
+    parts = split_evidence_id(eid)
+    if parts is None:
+        return f"{eid!r} is malformed, expected 'doc_id:sentence_index'"
+    doc_id, sent = parts
+    if doc_id not in docs:
+        return f"{eid!r} points at unknown document {doc_id!r}, expected a doc_id of corpus.jsonl"
+    sentences = docs[doc_id][1].sentences
+    if sent >= len(sentences):
+        return f"{eid!r} points at sentence {sent} but {doc_id} has {len(sentences)}, expected an existing sentence"
+    if not has_visible_text(sentences[sent]):
+        return f"{eid!r} points at a blank sentence, expected a sentence with text"
+    if doc_id not in task_doc_set:
+        return f"{eid!r} is not in the task's documents, expected support among them"
+    return None
+
+
 def _check_labels(
     lpath: Path,
     labels: list[tuple[int, Label]],
@@ -89,83 +107,26 @@ def _check_labels(
     problems: list[Problem],
 ) -> None:
     for lineno, lab in labels:
+        def bad(field: str, message: str, lineno: int = lineno) -> None:
+            problems.append(Problem(str(lpath), lineno, field, message))
+
         if lab.id not in tasks:
-            problems.append(Problem(str(lpath), lineno, "id", f"{lab.id!r} has no task, expected a label per task id"))
+            bad("id", f"{lab.id!r} has no task, expected a label per task id")
             continue
         task_docs = tasks[lab.id][1].doc_ids
         task_doc_set = set(task_docs)
         for i, eid in enumerate(lab.supporting_facts):
-            parts = split_evidence_id(eid)
-            if parts is None:
-                problems.append(
-                    Problem(
-                        str(lpath),
-                        lineno,
-                        f"supporting_facts[{i}]",
-                        f"{eid!r} is malformed, expected 'doc_id:sentence_index'",
-                    )
-                )
-                continue
-            doc_id, sent = parts
-            if doc_id not in docs:
-                problems.append(
-                    Problem(
-                        str(lpath),
-                        lineno,
-                        f"supporting_facts[{i}]",
-                        f"{eid!r} points at unknown document {doc_id!r}, expected a doc_id of corpus.jsonl",
-                    )
-                )
-            elif sent >= len(docs[doc_id][1].sentences):
-                problems.append(
-                    Problem(
-                        str(lpath),
-                        lineno,
-                        f"supporting_facts[{i}]",
-                        f"{eid!r} points at sentence {sent} but {doc_id} has {len(docs[doc_id][1].sentences)}, "
-                        "expected an existing sentence",
-                    )
-                )
-            elif not has_visible_text(docs[doc_id][1].sentences[sent]):
-                problems.append(
-                    Problem(
-                        str(lpath),
-                        lineno,
-                        f"supporting_facts[{i}]",
-                        f"{eid!r} points at a blank sentence, expected a sentence with text",
-                    )
-                )
-            elif doc_id not in task_doc_set:
-                problems.append(
-                    Problem(
-                        str(lpath),
-                        lineno,
-                        f"supporting_facts[{i}]",
-                        f"{eid!r} is not in the task's documents, expected support among them",
-                    )
-                )
+            message = _support_problem(eid, docs, task_doc_set)
+            if message is not None:
+                bad(f"supporting_facts[{i}]", message)
         for i, doc_id in enumerate(lab.gold_doc_ids):
             if doc_id not in task_doc_set:
-                problems.append(
-                    Problem(
-                        str(lpath),
-                        lineno,
-                        f"gold_doc_ids[{i}]",
-                        f"{doc_id!r} is not in the task's documents, expected one of them",
-                    )
-                )
+                bad(f"gold_doc_ids[{i}]", f"{doc_id!r} is not in the task's documents, expected one of them")
         if lab.gold_positions is not None:
             want = [task_docs.index(d) + 1 for d in lab.gold_doc_ids if d in task_doc_set]
             if lab.gold_positions != want:
-                problems.append(
-                    Problem(
-                        str(lpath),
-                        lineno,
-                        "gold_positions",
-                        f"got {lab.gold_positions}, expected {want} (1-based positions of gold_doc_ids in the task's "
-                        "documents)",
-                    )
-                )
+                bad("gold_positions", f"got {lab.gold_positions}, expected {want} (1-based positions of gold_doc_ids "
+                    "in the task's documents)")
     tpath = lpath.with_name("tasks.jsonl")
     problems.extend(p for p in pairing_problems(tpath, tasks, lpath, labels) if p.file == str(tpath))
 
@@ -215,14 +176,8 @@ def validate_data(data_dir: str | Path, against: str | Path | None = None) -> li
     for lineno, task in task_rows:
         for i, doc_id in enumerate(task.doc_ids):
             if doc_id not in docs:
-                problems.append(
-                    Problem(
-                        str(tpath),
-                        lineno,
-                        f"doc_ids[{i}]",
-                        f"{doc_id!r} is not in corpus.jsonl, expected an existing doc_id",
-                    )
-                )
+                problems.append(Problem(str(tpath), lineno, f"doc_ids[{i}]",
+                                        f"{doc_id!r} is not in corpus.jsonl, expected an existing doc_id"))
         for doc_id, n in Counter(task.doc_ids).items():
             if n > 1:
                 problems.append(

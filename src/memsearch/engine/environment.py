@@ -47,12 +47,14 @@ class SharedParts:
     backends: dict[str, PolicyBackend]  # by call role, in ``CALL_ROLES`` order; left-out roles absent
 
     def environment(
-        self, config: RunConfig, group: str = "", answered_by: Mapping[str, PolicyBackend] | None = None
+        self, config: RunConfig, group: str = "", answered_by: Mapping[str, PolicyBackend] | None = None,
+        branches: int = 1,
     ) -> Environment:
         """An ``Environment`` for ``config``; ``answered_by`` gives the roles that were left out
-        (e.g. the trained roles, answered by the live policy)."""
+        (e.g. the trained roles, answered by the live policy); ``branches`` > 1 draws that many
+        completions at every memory call (GRPO's state groups, ``train.state_credit``)."""
         backends = self.backends_with(answered_by or {})
-        return Environment(config, self.tokenizer, self.documents, backends, self.retriever, group)
+        return Environment(config, self.tokenizer, self.documents, backends, self.retriever, group, branches)
 
     def backends_with(self, answered_by: Mapping[str, PolicyBackend]) -> dict[str, PolicyBackend]:
         """Every call role's backend, in ``CALL_ROLES`` order: ``answered_by``'s where it gives

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memsearch.backends.base import Constraint, GenerationRequest, GenerationResult, PolicyBackend, SamplingParams
-from memsearch.backends.hf.constraint import MEMORY_OPS
+from memsearch.backends.hf.constraint import memory_ops_constraint
 from memsearch.config import RunConfig
-from memsearch.data.records import Document, Task
+from memsearch.data.records import Document, Task, split_evidence_id
 from memsearch.engine import prompts
+from memsearch.engine.branching import branched_memory_call
 from memsearch.engine.evidence import chunk_context, render_evidence
 from memsearch.engine.memory_modes import make_memory
 from memsearch.engine.parsing import parse_controller, parse_reader
@@ -37,7 +38,9 @@ from memsearch.tokenizer import Tokenizer
 # engine-2: trajectories record answer_format (what the reader was asked for; eval.score reads it).
 # engine-3: a call whose request failed is not judged (valid None) and not an invalid action.
 # engine-4: a search the retrieval service failed to answer is a request error (search event "error").
-ENGINE_VERSION = "engine-4"
+# engine-5: memory_sources holds the ids of faithful items only (memory.faithfulness), memory_cited all
+# cited ids; an item cites at most agent.memory_max_sources ids (schema mode: memory-ops-v2-sources<n>).
+ENGINE_VERSION = "engine-5"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
@@ -59,6 +62,7 @@ class Environment:
     backends: dict[str, PolicyBackend]
     retriever: Retriever | None = None
     group: str = ""
+    branches: int = 1  # > 1: completions drawn at each decision-memory call (GRPO state groups, engine.branching)
 
 
 @dataclass
@@ -67,24 +71,45 @@ class _Episode:
     task: Task
     events: list[dict[str, Any]] = field(default_factory=list)
     shown: dict[str, None] = field(default_factory=dict)  # ordered set of evidence ids
+    # The text each shown id stands for (its paragraph's title and the sentence): what the
+    # faithfulness of a memory item citing it is judged on.
+    texts: dict[str, str] = field(default_factory=dict)
     calls: int = 0
     invalid: int = 0
     request_errors: int = 0
 
-    def _seed(self, role: str, step: int) -> int | None:
+    def _seed(self, role: str, step: int, *branch: int) -> int | None:
         base = self.env.config.backends.model_dump()[role]["sampling"]["seed"]
         if base is None:
             return None
-        return derived_seed(base, self.task.id, role, step)
+        return derived_seed(base, self.task.id, role, step, *(("branch", *branch) if branch else ()))
+
+    def branch_seed(self, step: int) -> int:
+        """Seed of the choice of the continued branch at memory call ``step`` (engine.branching)."""
+        return derived_seed(self._seed("memory", step), self.task.id, "continue", step)
+
+    async def sample(self, role: str, step: int, messages, observation: dict[str, Any], max_tokens: int,
+                     constraint: Constraint | None, n: int = 1) -> list[GenerationResult]:
+        """``n`` completions of one prompt in one batch (n > 1: each with its branch's seed)."""
+        cfg = getattr(self.env.config.backends, role)
+        seeds = [self._seed(role, step)] if n == 1 else [self._seed(role, step, k) for k in range(n)]
+        requests = [
+            GenerationRequest(role=role, messages=tuple(messages), observation=observation, constraint=constraint,
+                              sampling=SamplingParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
+                                                      max_tokens=max_tokens, seed=seed, logprobs=True))
+            for seed in seeds
+        ]
+        return list(await self.env.backends[role].generate(requests))
 
     async def call(self, role: str, step: int, messages, observation: dict[str, Any], max_tokens: int,
                    constraint: Constraint | None = None) -> GenerationResult:
-        cfg = getattr(self.env.config.backends, role)
-        sampling = SamplingParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
-                                  max_tokens=max_tokens, seed=self._seed(role, step), logprobs=True)
-        request = GenerationRequest(role=role, messages=tuple(messages), sampling=sampling, observation=observation,
-                                    constraint=constraint)
-        (result,) = await self.env.backends[role].generate([request])
+        (result,) = await self.sample(role, step, messages, observation, max_tokens, constraint)
+        self.record(role, step, messages, result, constraint)
+        return result
+
+    def record(self, role: str, step: int, messages, result: GenerationResult,
+               constraint: Constraint | None = None) -> None:
+        """Count one policy call and append its event."""
         self.calls += 1
         if not result.ok:
             self.request_errors += 1
@@ -105,7 +130,6 @@ class _Episode:
             # schema mode: training replays this constraint's masks on the completion ids
             "constraint_id": constraint.id if constraint is not None else None,
         })
-        return result
 
     def judge(self, valid: bool, action: dict[str, Any], reason: str | None) -> None:
         """Attach the parsed action to the last policy call; count invalid actions.
@@ -138,18 +162,25 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
                          f"decoding runs in the local model); got kind {cfg.backends.memory.kind!r}")
     ep = _Episode(env, task)
     memory = make_memory(cfg.agent.memory, tok, budgets.memory_tokens, cfg.prompts,
-                         show_sources=cfg.agent.memory_sources == "shown")
+                         show_sources=cfg.agent.memory_sources == "shown", max_sources=cfg.agent.memory_max_sources)
     # Schema mode (docs/design.md §7): memory ops are sampled under the JSON constraint, masks replayable.
-    ops_constraint = MEMORY_OPS if cfg.backends.memory.schema_mode and memory.mode == "decision" else None
+    ops_constraint = (
+        memory_ops_constraint(cfg.agent.memory_max_sources)
+        if cfg.backends.memory.schema_mode and memory.mode == "decision"
+        else None
+    )
     started = time.perf_counter()
     counts = {"searches": 0, "chunks": 0, "chunks_cut": 0, "evidence_cut_sentences": 0, "memory_truncations": 0}
     ops: dict[str, int] = {}
 
     async def remember(step: int, evidence_text: str, evidence_items) -> None:
         obs = {"question": task.question, "evidence": evidence_items, "mode": memory.mode, **memory.observation()}
-        result = await ep.call(
-            "memory", step, memory.messages(task.question, evidence_text), obs, budgets.policy_tokens, ops_constraint
-        )
+        messages = memory.messages(task.question, evidence_text)
+        if env.branches > 1 and memory.mode == "decision":
+            result = await branched_memory_call(ep, memory, step, messages, obs, budgets.policy_tokens,
+                                                ops_constraint, env.branches)
+        else:
+            result = await ep.call("memory", step, messages, obs, budgets.policy_tokens, ops_constraint)
         record = (
             memory.update(result.text, set(ep.shown))
             if result.ok
@@ -215,6 +246,9 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
             counts["evidence_cut_sentences"] += evidence.cut_sentences
             shown_docs.extend(evidence.doc_ids)
             ep.shown.update(dict.fromkeys(evidence.ids))
+            ids = set(evidence.ids)
+            ep.texts.update((eid, f"{p.title}\n{sentence.strip()}") for p in fresh for eid, sentence in p.sentences
+                            if eid in ids)
             ep.events.append(
                 {
                     "type": "search",
@@ -236,6 +270,10 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
         counts["chunks_cut"] = chunked.cut_off
         for step, chunk in enumerate(chunked.chunks):
             ep.shown.update(dict.fromkeys(chunked.shown_after[step]))
+            for eid in chunked.shown_after[step]:
+                if eid not in ep.texts and (split := split_evidence_id(eid)) is not None:
+                    doc = env.documents[split[0]]
+                    ep.texts[eid] = f"{doc.title}\n{doc.sentences[split[1]].strip()}"
             counts["chunks"] += 1
             ep.events.append({"type": "chunk", "step": step, "tokens": tok.count(chunk)})
             # Chunks carry no evidence ids; rule-based policies still get the sentences.
@@ -265,7 +303,10 @@ async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
         "invalid_citations": [c for c in citations if c not in shown],
         "shown_evidence": list(ep.shown),
         "memory_final": memory.render(),
-        "memory_sources": memory.cited(),
+        # What memory support recall scores: ids cited by items their cited sentences support
+        # (memory.faithfulness); memory_cited is every id the final memory cites.
+        "memory_sources": memory.faithful_cited(ep.texts),
+        "memory_cited": memory.cited(),
         "counts": {
             **counts,
             "policy_calls": ep.calls,

@@ -7,15 +7,20 @@
   truncated to ``memory_tokens``.
 
 ``update`` returns a JSON-able record of what happened (valid or not, why, what changed).
+``cited`` lists every evidence id the memory cites; ``faithful_cited`` only those cited by an item
+whose text its cited sentences support (``memory.faithfulness``): what memory support recall
+counts. A summary or overwrite note is judged line by line, each line's ids being its sources.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from memsearch.engine import prompts
 from memsearch.engine.parsing import evidence_ids_in
 from memsearch.memory import EMPTY_RENDER, Memory
+from memsearch.memory.faithfulness import faithful_sources
 from memsearch.tokenizer import Tokenizer
 
 
@@ -27,8 +32,9 @@ class DecisionMemory:
 
     mode = "decision"
 
-    def __init__(self, tokenizer: Tokenizer, budget: int, show_sources: bool = True) -> None:
-        self.store = Memory(tokenizer, budget, show_sources)
+    def __init__(self, tokenizer: Tokenizer, budget: int, show_sources: bool = True,
+                 max_sources: int | None = None) -> None:
+        self.store = Memory(tokenizer, budget, show_sources, max_sources)
 
     def render(self) -> str:
         return self.store.render()
@@ -63,6 +69,9 @@ class DecisionMemory:
 
     def cited(self) -> list[str]:
         return list(dict.fromkeys(s for item in self.store.items for s in item.sources))
+
+    def faithful_cited(self, texts: Mapping[str, str]) -> list[str]:
+        return faithful_sources(((item.text, item.sources) for item in self.store.items), texts)
 
 
 class RewriteMemory:
@@ -113,14 +122,26 @@ class RewriteMemory:
     def cited(self) -> list[str]:
         return list(evidence_ids_in(self.text))
 
+    def faithful_cited(self, texts: Mapping[str, str]) -> list[str]:
+        # One item per line: the ids it mentions are its sources, the rest of the line its text.
+        items = []
+        for line in self.text.splitlines():
+            ids = evidence_ids_in(line)
+            for eid in ids:
+                line = line.replace(eid, " ")
+            items.append((line, ids))
+        return faithful_sources(items, texts)
 
-def make_memory(mode: str, tokenizer: Tokenizer, budget: int, wording=None, show_sources: bool = True):
+
+def make_memory(mode: str, tokenizer: Tokenizer, budget: int, wording=None, show_sources: bool = True,
+                max_sources: int | None = None):
     """The memory strategy for ``mode`` (``decision``, ``summary`` or ``overwrite``);
     ``wording`` (``config.Prompts``) sets the overwrite mode's initial memory and update prompt;
-    ``show_sources`` (decision mode only; ``agent.memory_sources``) whether items render with
-    their evidence ids. Summary and overwrite notes are free text the model writes: unaffected."""
+    ``show_sources`` and ``max_sources`` (decision mode only; ``agent.memory_sources``,
+    ``agent.memory_max_sources``) whether items render with their evidence ids and how many one
+    item may cite. Summary and overwrite notes are free text the model writes: unaffected."""
     if mode == "decision":
-        return DecisionMemory(tokenizer, budget, show_sources)
+        return DecisionMemory(tokenizer, budget, show_sources, max_sources)
     if mode == "summary":
         return RewriteMemory(mode, tokenizer, budget)
     if mode == "overwrite":

@@ -17,8 +17,8 @@ from memsearch.config import RunConfig, group_config
 from memsearch.errors import InputError
 from memsearch.io import iter_jsonl, write_json
 
-TABLE_METRICS = ("f1", "em", "retrieval_support_recall", "memory_support_recall", "citation_precision",
-                 "searches", "invalid_action_rate", "request_errors")
+TABLE_METRICS = ("f1", "em", "retrieval_support_recall", "memory_support_recall", "memory_support_precision",
+                 "citation_precision", "searches", "invalid_action_rate", "request_errors")
 
 
 def check_comparable(configs: dict[str, RunConfig]) -> None:

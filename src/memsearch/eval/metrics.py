@@ -1,12 +1,13 @@
 """Per-task metrics as small pure functions: answers, provenance, and their aggregation.
 
-    from memsearch.eval.metrics import exact_match, f1, sub_em, boxed_em, citation_scores
+    from memsearch.eval.metrics import exact_match, f1, sub_em, boxed_em, citation_scores, memory_support_precision
 
     exact_match("The Eiffel Tower", ["Eiffel Tower"])            # 1.0
     f1("no", ["yes"])                                             # 0.0 (yes/no rule)
     sub_em("It was Paris, France.", ["Paris"])                   # 1.0 (RULER-HQA)
     boxed_em(r"so \\boxed{\\text{Paris}}", ["Paris"])              # 1.0
     citation_scores(["d1:0", "d9:3"], ["d1:0", "d2:1"])          # p 0.5, r 0.5, f1 0.5
+    memory_support_precision(["d1:0", "d9:3"], ["d1:0"], ["d1:0"])  # 0.5
 
 Answer metrics follow the official HotpotQA evaluation script (SQuAD normalization, max over
 gold answers). Every answer metric takes ``prediction=None`` (a failed request) and scores it 0,
@@ -161,13 +162,29 @@ def support_recall(seen_ids: Iterable[str] | None, supporting_facts: Iterable[st
     """Fraction of distinct gold supporting facts found among ``seen_ids``.
 
     Retrieval support recall passes every evidence id ever shown to the agent; memory support
-    recall passes the ids cited by the final memory. ``None`` when there are no gold facts;
-    ``seen_ids=None`` counts as nothing seen.
+    recall passes the ids cited by the final memory's faithful items (the trajectory's
+    ``memory_sources``). ``None`` when there are no gold facts; ``seen_ids=None`` counts as nothing
+    seen.
     """
     gold = _id_set(supporting_facts)
     if not gold:
         return None
     return len(gold & _id_set(seen_ids)) / len(gold)
+
+
+def memory_support_precision(
+    cited_ids: Iterable[str] | None, counted_ids: Iterable[str] | None, supporting_facts: Iterable[str]
+) -> float | None:
+    """Share of the distinct ids the final memory cites (``cited_ids``) that are gold supporting
+    facts and counted (``counted_ids``: cited by a faithful item, ``memory.faithfulness``):
+    ``|counted & gold| / |cited|``, counted ids outside ``cited_ids`` ignored. ``None`` when there
+    are no gold facts or the memory cites nothing (nothing to judge).
+    """
+    gold = _id_set(supporting_facts)
+    cited = _id_set(cited_ids)
+    if not gold or not cited:
+        return None
+    return len(_id_set(counted_ids) & gold & cited) / len(cited)
 
 
 def citation_scores(

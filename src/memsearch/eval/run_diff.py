@@ -22,11 +22,48 @@ from memsearch.io import iter_jsonl
 DIFF_METRICS = ("searches", "memory_support_recall", "retrieval_support_recall", "f1", "em")
 
 
-def _rows(folder: Path) -> dict[str, dict[str, Any]]:
-    path = folder / "metrics.jsonl"
+def per_task_metrics(path: str | Path) -> dict[str, dict[str, Any]]:
+    """A run's per-question metrics by task id, from its ``metrics.jsonl`` (``.gz`` as published)."""
+    path = Path(path)
+    if not path.is_file() and path.with_name(path.name + ".gz").is_file():
+        path = path.with_name(path.name + ".gz")
     if not path.is_file():
-        raise InputError(f"{path}: no such file; expected a matrix group's per-question metrics")
+        raise InputError(f"{path}: no such file; expected a run's per-question metrics")
     return {row["task_id"]: row for _, row in iter_jsonl(path)}
+
+
+def paired_difference(
+    base_rows: dict[str, dict[str, Any]],
+    trained_rows: dict[str, dict[str, Any]],
+    metric: str,
+    resamples: int,
+    confidence: float,
+    seed: int,
+) -> dict[str, Any] | None:
+    """Trained minus base on ``metric`` with a paired bootstrap CI, over the questions both runs
+    scored (a question whose metric is ``None`` in either run is left out of both); ``None``
+    when no question is shared."""
+    from memsearch.eval.bootstrap import paired_bootstrap
+
+    common = [
+        t
+        for t in base_rows
+        if t in trained_rows and base_rows[t].get(metric) is not None and trained_rows[t].get(metric) is not None
+    ]
+    if not common:
+        return None
+    result = paired_bootstrap(
+        [trained_rows[t][metric] for t in common],
+        [base_rows[t][metric] for t in common],
+        n_resamples=resamples,
+        seed=seed,
+        confidence=confidence,
+    )
+    return {k: result[k] for k in ("mean_a", "mean_b", "diff", "ci_low", "ci_high", "p_value", "n", "confidence")}
+
+
+def _rows(folder: Path) -> dict[str, dict[str, Any]]:
+    return per_task_metrics(folder / "metrics.jsonl")
 
 
 def matrix_minus_control(run: str | Path, control: str | Path, groups: list[str],

@@ -33,12 +33,13 @@ from memsearch.io import dumps_line, iter_jsonl, sha256_file, write_jsonl
 # definition changes, so summaries scored differently are never compared.
 # eval-2: a reader asked for a box is scored on the box only; sub_em_lenient added.
 # eval-3: invalid_action_rate is over calls that returned a completion (request errors apart).
-EVALUATOR_VERSION = "eval-3"
+# eval-4: memory_support_precision added (memory support recall counts faithful items: engine-5).
+EVALUATOR_VERSION = "eval-4"
 
 SUMMARY_KEYS = (
     "em", "f1", "sub_em", "boxed_em", "sub_em_lenient", "retrieval_support_recall", "memory_support_recall",
-    "citation_precision", "citation_recall", "searches", "chunks", "chunks_cut", "memory_truncations",
-    "policy_calls", "invalid_actions", "invalid_action_rate", "request_errors", "latency_s",
+    "memory_support_precision", "citation_precision", "citation_recall", "searches", "chunks", "chunks_cut",
+    "memory_truncations", "policy_calls", "invalid_actions", "invalid_action_rate", "request_errors", "latency_s",
 )
 
 

@@ -14,6 +14,11 @@ Which answer the answer metrics score depends on what the reader was asked for
 ``sub_em_lenient`` is ``sub_em`` of the tolerant parse in both cases: what the lenient reading
 would have scored, kept apart so it is never reported as the protocol's sub_em. ``boxed_em``
 is exact match of the box whatever the format.
+
+Memory provenance (docs/design.md §6): ``memory_support_recall`` scores the trajectory's
+``memory_sources`` (ids cited by faithful memory items); ``memory_support_precision`` is the share
+of ``memory_cited`` (every id the final memory cites; ``memory_sources`` for trajectories written
+before it existed) that is gold and counted.
 """
 
 from __future__ import annotations
@@ -21,7 +26,15 @@ from __future__ import annotations
 from typing import Any
 
 from memsearch.data.records import Label
-from memsearch.eval.metrics import boxed_em, citation_scores, exact_match, f1, sub_em, support_recall
+from memsearch.eval.metrics import (
+    boxed_em,
+    citation_scores,
+    exact_match,
+    f1,
+    memory_support_precision,
+    sub_em,
+    support_recall,
+)
 from memsearch.text.answers import boxed_prediction
 
 
@@ -72,6 +85,11 @@ def score_trajectory(traj: dict[str, Any], label: Label) -> dict[str, Any]:
         "sub_em_lenient": sub_em(pred, label.answers),
         "retrieval_support_recall": support_recall(traj.get("shown_evidence", []), label.supporting_facts),
         "memory_support_recall": support_recall(traj.get("memory_sources", []), label.supporting_facts),
+        # Trajectories before engine-5 have no memory_cited: their memory_sources is every cited id.
+        "memory_support_precision": memory_support_precision(
+            traj.get("memory_cited", traj.get("memory_sources", [])), traj.get("memory_sources", []),
+            label.supporting_facts,
+        ),
         "citation_precision": cites["precision"],
         "citation_recall": cites["recall"],
         "invalid_citations": len(traj.get("invalid_citations", [])),

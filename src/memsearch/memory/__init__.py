@@ -10,7 +10,8 @@
     print(memory.render())
 
 ``ops.py`` holds the op values and the tolerant parser; ``store.py`` the items, the memory and
-the rules (see docs/design.md §5).
+the rules (see docs/design.md §5); ``faithfulness.py`` whether an item's text is supported by
+the sentences it cites (which sources memory support recall counts, docs/design.md §6).
 """
 
 from memsearch.memory.ops import (

@@ -24,6 +24,10 @@ scored, only the agent no longer sees it.
 Stored text is the op's text with white space runs collapsed to single spaces: a newline in
 an item would otherwise forge extra ``[m..]`` lines in the rendering.
 
+A memory built with ``max_sources=n`` (``agent.memory_max_sources``) rejects an ADD or UPDATE
+citing more than ``n`` distinct evidence ids: one item citing every shown sentence would
+otherwise cite the gold ones too (memory support recall, docs/design.md §6).
+
 Run the tests with ``uv run pytest tests/memory -q``.
 """
 
@@ -151,9 +155,13 @@ class Memory:
     a counter that only grows, so an id is never reused within an episode, even after DELETE.
     Two memories are equal when their snapshots, budgets and tokenizer names are equal.
     ``show_sources=False`` renders (and counts) items without their sources (module docstring).
+    ``max_sources``: the most distinct sources an op may give one item (``None``: no cap).
     """
 
-    def __init__(self, tokenizer: Tokenizer, budget_tokens: int, show_sources: bool = True) -> None:
+    def __init__(self, tokenizer: Tokenizer, budget_tokens: int, show_sources: bool = True,
+                 max_sources: int | None = None) -> None:
+        if max_sources is not None and max_sources < 1:
+            raise ValueError(f"max_sources must be at least 1 (or None for no cap), got {max_sources}")
         empty = tokenizer.count(EMPTY_RENDER)
         if budget_tokens < empty:
             raise ValueError(
@@ -163,6 +171,7 @@ class Memory:
         self.tokenizer = tokenizer
         self.budget_tokens = budget_tokens
         self.show_sources = show_sources
+        self.max_sources = max_sources
         self._items: tuple[MemoryItem, ...] = ()
         self._next_id = 1
         self._tokens = empty
@@ -204,12 +213,12 @@ class Memory:
 
     @classmethod
     def from_snapshot(cls, snapshot: dict[str, Any], tokenizer: Tokenizer, budget_tokens: int,
-                      show_sources: bool = True) -> Memory:
+                      show_sources: bool = True, max_sources: int | None = None) -> Memory:
         """Rebuild a memory from ``snapshot()``; raises ``ValueError`` if it is inconsistent
-        (duplicate or malformed ids, an id at or above ``next_id``, a fact without sources,
-        or over budget). Sources cannot be checked against what was shown: that is episode
-        state the snapshot does not hold."""
-        memory = cls(tokenizer, budget_tokens, show_sources)
+        (duplicate or malformed ids, an id at or above ``next_id``, a fact without sources, an
+        item over ``max_sources``, or over budget). Sources cannot be checked against what was
+        shown: that is episode state the snapshot does not hold."""
+        memory = cls(tokenizer, budget_tokens, show_sources, max_sources)
         items = tuple(MemoryItem.from_dict(d) for d in snapshot["items"])
         next_id = int(snapshot["next_id"])
         seen: set[str] = set()
@@ -219,6 +228,9 @@ class Memory:
                 raise ValueError(f"snapshot: bad or duplicate id {item.id!r} (next_id={next_id})")
             if item.kind == "fact" and not item.sources:
                 raise ValueError(f"snapshot: fact {item.id!r} has no sources")
+            if max_sources is not None and len(set(item.sources)) > max_sources:
+                raise ValueError(f"snapshot: item {item.id!r} cites {len(set(item.sources))} sources, "
+                                 f"over the cap of {max_sources}")
             seen.add(item.id)
         tokens = tokenizer.count(_render(items, show_sources))
         if tokens > budget_tokens:
@@ -230,7 +242,8 @@ class Memory:
         if not isinstance(other, Memory):
             return NotImplemented
         return (self.snapshot() == other.snapshot() and self.budget_tokens == other.budget_tokens
-                and self.tokenizer.name == other.tokenizer.name and self.show_sources == other.show_sources)
+                and self.tokenizer.name == other.tokenizer.name and self.show_sources == other.show_sources
+                and self.max_sources == other.max_sources)
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 
@@ -247,7 +260,8 @@ class Memory:
         Every problem found is reported as ``"op i (NAME): ..."``; if there is any, the memory
         (items and id counter) is left exactly as it was. ``shown_evidence`` is every evidence
         id shown to the agent so far in the episode; only sources an op cites are checked
-        against it (sources an UPDATE keeps were checked when first cited).
+        against it and against ``max_sources`` (sources an UPDATE keeps were checked when first
+        cited).
         """
         ops = tuple(ops)
         for op in ops:
@@ -275,6 +289,9 @@ class Memory:
                           final_sources: tuple[str, ...]) -> None:
             if not text:
                 reasons.append(f"{where}: text is empty")
+            if sources is not None and self.max_sources is not None and len(sources) > self.max_sources:
+                reasons.append(f"{where}: cites {len(sources)} distinct sources, over the cap of "
+                               f"{self.max_sources} per item (agent.memory_max_sources)")
             for source in sources or ():
                 if split_evidence_id(source) is None:
                     reasons.append(f"{where}: source {source!r} is not an evidence id "

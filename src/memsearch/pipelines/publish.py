@@ -4,23 +4,25 @@ the files they come from. Nothing is computed or typed here: every file is the r
 
     uv run python scripts/publish_mp_results.py runs/mp-cpu docs/results/memory_policy_cpu
 
-What is copied (when present): ``report.md``, ``report.json``, ``curves.png``,
-``heldout/summary.json`` as ``summary.json``, ``invocations.jsonl`` (every resolved config the
-run was started with), the stage records (``*.stage.json``), each trainer's ``train_log.jsonl``
-and ``config.json``, and each held-out run's ``summary.json`` and ``metrics.jsonl`` (per question,
-so the paired differences can be recomputed). Trajectories, checkpoints and weights stay in the run.
+What a reader needs to check each claim, nothing more (docs/design.md §11): ``report.md``,
+``report.json``, ``curves.png``, ``heldout/summary.json`` as ``summary.json``,
+``invocations.jsonl`` (every resolved config the run was started with), each trainer's
+``train_log.jsonl`` (the curves), and each held-out and matrix run's per-question metrics as
+``metrics.jsonl.gz`` (gzip, mtime 0: the same run gives the same bytes), from which every paired
+difference can be recomputed (``scripts/compare_matrix_runs.py`` and ``memsearch.eval.run_diff``
+read it). Stage records, per-run configs and summaries (the report and summary.json hold them),
+trajectories, checkpoints and weights stay in the run.
 """
 
 from __future__ import annotations
 
+import gzip
 import shutil
 from pathlib import Path
 
 from memsearch.errors import InputError
 
 _TOP = ("report.md", "report.json", "curves.png", "invocations.jsonl")
-_TRAINER_FILES = ("train_log.jsonl", "config.json")
-_RUN_FILES = ("summary.json", "metrics.jsonl", "config.json")
 
 
 def publish_results(run: str | Path, dest: str | Path) -> list[Path]:
@@ -31,18 +33,18 @@ def publish_results(run: str | Path, dest: str | Path) -> list[Path]:
                          "comparison has been written")
     pairs = [(run / name, dest / name) for name in _TOP]
     pairs.append((run / "heldout" / "summary.json", dest / "summary.json"))
-    pairs += [(p, dest / p.relative_to(run)) for p in sorted(run.rglob("*.stage.json"))]
     for trainer in ("sft", "grpo1", "sft2", "grpo2"):
         for seed in sorted(run.glob("seed-*")):
-            pairs += [(seed / trainer / f, dest / seed.name / trainer / f) for f in _TRAINER_FILES]
-    for held in (
-        sorted(run.glob("heldout/*/")) + sorted(run.glob("seed-*/heldout/*/")) + sorted(run.glob("seed-*/matrix/*/"))
-    ):
-        pairs += [(held / f, dest / held.relative_to(run) / f) for f in _RUN_FILES]
+            pairs.append((seed / trainer / "train_log.jsonl", dest / seed.name / trainer / "train_log.jsonl"))
+    held = sorted(run.glob("heldout/*/")) + sorted(run.glob("seed-*/heldout/*/")) + sorted(run.glob("seed-*/matrix/*/"))
+    pairs += [(h / "metrics.jsonl", dest / h.relative_to(run) / "metrics.jsonl.gz") for h in held]
     written = []
     for src, dst in pairs:
         if src.is_file():
             dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dst)
+            if dst.suffix == ".gz":
+                dst.write_bytes(gzip.compress(src.read_bytes(), compresslevel=9, mtime=0))
+            else:
+                shutil.copyfile(src, dst)
             written.append(dst)
     return written

@@ -28,8 +28,8 @@ SCHEMA = "memsearch-report/1"
 # Columns of the task table, in order; each is a key of a metrics.jsonl row (or derived below).
 TABLE_COLUMNS = ("em", "f1", "sub_em", "searches", "chunks", "invalid_actions", "request_errors",
                  "memory_truncations", "tokens", "latency_s")
-CI_METRICS = ("em", "f1", "sub_em", "retrieval_support_recall", "memory_support_recall", "citation_precision",
-              "citation_recall")
+CI_METRICS = ("em", "f1", "sub_em", "retrieval_support_recall", "memory_support_recall", "memory_support_precision",
+              "citation_precision", "citation_recall")
 
 
 def run_folders(path: Path) -> dict[str, Path]:
@@ -102,8 +102,8 @@ def _task_row(row: dict[str, Any], traj: dict[str, Any], label: dict[str, Any] |
     calls = [e for e in traj.get("events", []) if e.get("type") == "policy_call"]
     out = {k: row.get(k) for k in ("task_id", "status", "prediction", "em", "f1", "sub_em", "searches", "chunks",
                                    "chunks_cut", "invalid_actions", "request_errors", "memory_truncations", "latency_s",
-                                   "retrieval_support_recall", "memory_support_recall", "citation_precision",
-                                   "citation_recall", "invalid_citations")}
+                                   "retrieval_support_recall", "memory_support_recall", "memory_support_precision",
+                                   "citation_precision", "citation_recall", "invalid_citations")}
     out["question"] = traj.get("question", "")
     out["gold"] = label["answers"][0] if label else None
     out["tokens"] = _tokens(row)

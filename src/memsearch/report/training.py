@@ -10,8 +10,22 @@ from pathlib import Path
 from typing import Any
 
 # What a researcher looks at first, in this order; any other numeric key follows, sorted.
-PREFERRED = ("reward_mean", "reward_std", "zero_variance_groups", "invalid_rate", "kl", "clip_fraction",
-             "rows_generated", "rows_consumed", "loss", "entropy", "grad_norm")
+PREFERRED = ("reward_mean", "reward_std", "zero_variance_groups", "invalid_rate", "decision_entropy",
+             "op_share/ADD", "op_share/UPDATE", "op_share/DELETE", "op_share/NOOP", "op_share/invalid_parse",
+             "op_share/invalid_budget", "op_share/invalid_rule", "kl", "clip_fraction", "rows_generated",
+             "rows_consumed", "loss", "entropy", "grad_norm")
+
+
+def with_op_shares(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` plus ``op_share/NAME``: each bucket of its op histogram (``ops``, train.decisions)
+    as a share of the step's ops and invalid calls (absent when the step has none)."""
+    ops = record.get("ops")
+    if not isinstance(ops, dict):
+        return record
+    total = sum(v for v in ops.values() if isinstance(v, (int, float)))
+    if not total:
+        return record
+    return {**record, **{f"op_share/{k}": v / total for k, v in ops.items() if isinstance(v, (int, float))}}
 
 
 def training_series(logs: list[Path]) -> dict[str, Any]:
@@ -19,7 +33,7 @@ def training_series(logs: list[Path]) -> dict[str, Any]:
     a log without a value at a step holds ``None`` there."""
     from memsearch.train.log import read_log
 
-    records = [read_log(Path(p)) for p in logs]
+    records = [[with_op_shares(r) for r in read_log(Path(p))] for p in logs]
     keys: set[str] = set()
     for recs in records:
         for r in recs:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from memsearch.config import RunConfig, StrictConfig, merge_tables
+from memsearch.train.rows import TrainedRole
 
 
 def _list_as_tuple(value: Any) -> Any:
@@ -112,6 +113,42 @@ class RewardSettings(StrictConfig):
     )
 
 
+class CollapseGuardSettings(StrictConfig):
+    """Stop a GRPO run that has collapsed into one decision (``train.collapse``): for ``patience``
+    consecutive steps a decision entropy below ``min_decision_entropy``, or one op (or one invalid
+    cause) over ``max_op_share`` of the memory calls' ops."""
+
+    enabled: bool = Field(False, description="Check every step and stop with collapse.json when it trips")
+    min_decision_entropy: float = Field(
+        0.05, ge=0, description="Nats at the tokens that choose an op (train.decisions), mean over the step")
+    max_op_share: float = Field(
+        0.95, gt=0, le=1, description="Share of a step's ops and invalid calls one bucket may hold (ADD, NOOP, ...)")
+    patience: int = Field(3, ge=1, description="Consecutive collapsed steps before the run stops")
+    min_ops: int = Field(4, ge=1, description="Steps with fewer ops and invalid calls are not judged on shares")
+
+
+class StateReward(StrictConfig):
+    """The per-call reward of ``credit = "state"`` (``train.state_credit``): label shaping from the
+    train labels, so each run's config states the reward it used. G = the question's gold facts."""
+
+    gold_gain: float = Field(1.0, ge=0, description="x (gold ids kept by faithful items after - before) / |G|")
+    junk_penalty: float = Field(0.5, ge=0, description="x (non-gold ids newly cited) / |G|, subtracted")
+    overflow_penalty: float = Field(
+        0.5, ge=0, description="A batch over the memory budget: x (0.5 + 0.5 x min(1, tokens over / budget)), "
+        "subtracted")
+    invalid_penalty: float = Field(0.5, ge=0, description="Any other rejected or unreadable batch, subtracted")
+
+
+class DynamicSamplingSettings(StrictConfig):
+    """DAPO's dynamic sampling (``train.dynamic_sampling``): groups whose rewards are all equal are
+    dropped and other tasks rolled out in their place."""
+
+    enabled: bool = Field(False, description="Drop zero-variance groups and sample replacements")
+    max_extra_rounds: int = Field(
+        2, ge=0, description="Extra rollout rounds per step at most; the step trains on fewer groups when they run "
+        "out (0: drop only)")
+
+
 class TrainerConfig(StrictConfig):
     """Settings both trainers (``GRPOConfig``, ``SFTConfig``) have, with the same meaning."""
 
@@ -131,7 +168,7 @@ class TrainerConfig(StrictConfig):
 class GRPOConfig(TrainerConfig):
     """``memsearch train grpo``: multi-turn GRPO through the episode engine (docs/design.md §7)."""
 
-    role: Literal["memory", "controller", "overwrite"] = Field(
+    role: TrainedRole = Field(
         "memory",
         description="Trained decisions: memory (stage 1), controller (stage 2), "
         "overwrite (MemAgent: memory updates + final answer)",
@@ -149,7 +186,9 @@ class GRPOConfig(TrainerConfig):
     )
     steps: int = Field(20, ge=1, description="Optimizer steps (one rollout batch each)")
     tasks_per_step: int = Field(4, ge=1, description="Tasks per step over all ranks (each rank rolls out its share)")
-    group_size: int = Field(4, ge=2, description="Rollouts per task (the GRPO group)")
+    group_size: int = Field(
+        4, ge=1, description="Rollouts per task (the GRPO group); at least 2, except with credit = 'state' and "
+        "global_weight = 0, where the state groups are the groups")
     temperature: float = Field(
         1.0, gt=0, description="Sampling temperature of the trained role (full distribution at 1)"
     )
@@ -162,17 +201,27 @@ class GRPOConfig(TrainerConfig):
         "source of truth for rollouts and periodic evaluation: episode.backends.memory.schema_mode follows it, and a "
         "config where the two disagree is refused",
     )
-    credit: Literal["share", "split"] = Field(
-        "share", description="share: every row gets the advantage; split: advantage / rows"
-    )
+    credit: Literal["share", "split", "state"] = Field(
+        "share", description="share: every row gets the trajectory's advantage; split: advantage / rows; state: "
+        "state groups, each memory call branched state_group_size times from the same state, each branch's "
+        "advantage from its per-call reward (train.state_credit; memory role)")
+    state_group_size: int = Field(4, ge=2, description="credit = 'state': completions drawn at every memory call")
+    state_reward: StateReward = Field(default_factory=StateReward, description="credit = 'state': per-call reward")
+    global_weight: float = Field(
+        0.0, ge=0, description="credit = 'state': the continued branch also gets this x its trajectory's group "
+        "advantage (0: local credit only, and group_size may be 1)")
     std_scale: bool = Field(False, description="Divide advantages by the group's standard deviation")
     clip_low: float = Field(0.2, ge=0, description="Ratio clip below: 1 - clip_low")
     clip_high: float = Field(0.2, ge=0, description="Ratio clip above: 1 + clip_high")
-    aggregation: Literal["trajectory", "token", "sequence"] = Field(
+    aggregation: Literal["trajectory", "token", "sequence", "constant"] = Field(
         "trajectory",
         description="trajectory: each trajectory normalized by its generated tokens; token: token mean; "
-        "sequence: row mean",
+        "sequence: row mean; constant: every token weighted 1 / aggregation_tokens, divided by the trajectories "
+        "(Dr. GRPO: no length bias between short and long trajectories; train.loss)",
     )
+    aggregation_tokens: int = Field(
+        256, ge=1, description="L of aggregation = 'constant' (Dr. GRPO's constant normaliser): scales the loss, "
+        "not its direction; e.g. the longest trajectory's generated tokens")
     kl_coef: float = Field(0.0, ge=0, description="k3 KL penalty to the reference (kl_reference)")
     kl_reference: Literal["start", "base"] = Field(
         "start",
@@ -201,6 +250,9 @@ class GRPOConfig(TrainerConfig):
         "function the rollouts sampled from (they always run without dropout), so the first pass has ratio 1 even "
         "with lora.dropout > 0. Old and reference log-probs are always taken without dropout",
     )
+    share_prompts: bool = Field(
+        False, description="Score the rows that share a prompt (a state group, the first calls of a task's "
+        "rollouts) as one packed sequence with the prompt once (train.shared_prompt): same numbers, less compute")
     micro_batch_tokens: int = Field(
         1024,
         ge=64,
@@ -208,6 +260,10 @@ class GRPOConfig(TrainerConfig):
         "accumulate exactly, so it changes memory and speed, not the update (raise it on a GPU)",
     )
     reward: RewardSettings = Field(default_factory=RewardSettings, description="Reward of a trajectory")
+    dynamic_sampling: DynamicSamplingSettings = Field(
+        default_factory=DynamicSamplingSettings, description="Drop zero-variance groups (train.dynamic_sampling)")
+    collapse_guard: CollapseGuardSettings = Field(
+        default_factory=CollapseGuardSettings, description="Stop when the decision collapses (train.collapse)")
     optim: OptimSettings = Field(default_factory=OptimSettings, description="Optimizer and schedule")
     seed: int = Field(0, description="Seeds task order, sampling and initialization")
     checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every N steps (and at the end)")
@@ -230,6 +286,15 @@ class GRPOConfig(TrainerConfig):
             raise ValueError("role 'controller' needs episode.agent.controller = 'policy'")
         if self.role == "overwrite" and agent.memory != "overwrite":
             raise ValueError("role 'overwrite' needs episode.agent.memory = 'overwrite' (MemAgent)")
+        if self.credit == "state":
+            if self.role != "memory":
+                raise ValueError("credit = 'state' branches memory calls: it needs role = 'memory'")
+            if self.dynamic_sampling.enabled:
+                raise ValueError("dynamic_sampling filters trajectory groups; with credit = 'state' the groups are the "
+                                 "state groups of each call: set dynamic_sampling.enabled = false")
+        if self.group_size < 2 and (self.credit != "state" or self.global_weight > 0):
+            raise ValueError(f"group_size = {self.group_size}: a GRPO group needs at least 2 rollouts (1 is "
+                             "allowed only with credit = 'state' and global_weight = 0)")
         if 0 < self.dual_clip <= 1:
             raise ValueError(f"dual_clip = {self.dual_clip}: the dual-clip bound must be > 1 (or 0 to disable it)")
         return self

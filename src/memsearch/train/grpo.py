@@ -10,13 +10,15 @@ One step, top to bottom (``train_grpo``):
    (``run_episode``), the trained role(s) answered by an ``hf`` backend that holds the live LoRA
    policy (sampling at ``temperature``, a distinct seed per step / rollout / task / call), the
    other roles by whatever backend the episode config names (rules, a frozen stage-1 model...);
-3. reward each trajectory (``reward.trajectory_reward``), advantage per trajectory inside its
-   group, expanded to its rows without dropping any (``rows.build_batch``);
+3. reward each trajectory (``reward.trajectory_reward``); with ``dynamic_sampling``, groups whose
+   rewards are all equal are replaced by other tasks (``dynamic_sampling``); advantage per
+   trajectory inside its group, expanded to its rows without dropping any (``rows.build_batch``);
 4. recompute log-probs (the schema mask replayed), clipped policy loss (+ k3 KL to the
    reference: the frozen starting adapter, or the base), micro-batched backward, gradients
    summed over ranks and divided by the global denominator, clip, AdamW step and LR-schedule
    step, once per mini-batch and epoch (``update``);
-5. check the row-count contract, log, checkpoint, evaluate.
+5. check the row-count contract, log (with the decision view: ``decisions``), stop if the
+   collapse guard trips (``collapse``), checkpoint, evaluate.
 
 ``--resume`` continues from the newest complete checkpoint exactly (weights, optimizer,
 scheduler, RNG, data position are functions of the step). The old log-probs of the ratio are
@@ -40,13 +42,19 @@ from memsearch.engine.episode import derived_seed
 from memsearch.errors import InputError
 from memsearch.io import write_jsonl
 from memsearch.train.checkpoint import checkpoints, load_checkpoint, save_checkpoint
+from memsearch.train.collapse import guard_for_run, stop_collapsed
 from memsearch.train.config import GRPOConfig
+from memsearch.train.decisions import mark_decisions
 from memsearch.train.distributed import Dist
+from memsearch.train.dynamic_sampling import sample_step
 from memsearch.train.log import TrainLog
 from memsearch.train.logprobs import completion_logprobs, micro_batches
 from memsearch.train.loss import assign_weights, policy_loss, split_mini_batches
 from memsearch.train.rows import TRAINED_CALL_ROLES, Batch, Row, build_batch
 from memsearch.train.run_folder import finish_run, prepare_run_folder
+from memsearch.train.shared_prompt import shared_completion_logprobs, shared_micro_batches
+from memsearch.train.state_credit import build_state_batch
+from memsearch.train.step_record import UpdateStats, step_record
 
 
 def step_task_positions(step: int, tasks_per_step: int, n_tasks: int, seed: int, rank: int, world: int) -> list[int]:
@@ -61,23 +69,6 @@ def step_task_positions(step: int, tasks_per_step: int, n_tasks: int, seed: int,
         random.Random(derived_seed(seed, "epoch", epoch)).shuffle(order)
         out.append(order[pos])
     return out
-
-
-@dataclass
-class UpdateStats:
-    """What ``update`` reports: first-epoch statistics summed over ranks (means per completion
-    token where a mean is meant), as ``train_log.jsonl`` records them."""
-
-    loss: float = 0.0
-    tokens: float = 0.0
-    clip_fraction: float = 0.0
-    kl: float = 0.0
-    entropy: float = 0.0
-    ratio_mean: float = 0.0
-    grad_norm: float = 0.0
-    consumed: int = 0
-    logprob_mismatch: float = 0.0
-    denominator: float = 0.0
 
 
 def _mask_fn(tokenizer):
@@ -103,7 +94,9 @@ def update(
     the ranks by ``reduce_gradients``), i.e. exactly one process training on those rows. Every
     rank calls ``reduce_gradients`` once per part, empty or not, so the collectives stay in step;
     a step whose global denominator is 0 is skipped but still counts for the schedule (the
-    learning rate is a function of the step number, which keeps ``--resume`` exact).
+    learning rate is a function of the step number, which keeps ``--resume`` exact). So is a step
+    none of whose rows (on any rank) has a non-zero advantage: it changes no weight and no
+    optimizer state, and ``skipped_steps`` counts it.
 
     Old log-probs (when the ratio can depart from 1: epochs > 1 or mini-batches) and reference
     log-probs are taken once, before the first optimizer step, without dropout (eval mode). The
@@ -117,8 +110,10 @@ def update(
     plan = _plan_mini_batches(rows, cfg)
     off_policy = cfg.epochs > 1 or cfg.mini_batches_per_step > 1
     fixed = _fixed_logprobs(model, rows, plan, cfg, pad_id, mask_fn, off_policy)
+    signal = _signal(rows, plan, dist)
     model.train(not cfg.disable_dropout)
     first = _FirstEpoch.start(len(plan), fixed.mismatch)
+    skipped = 0
     for epoch in range(cfg.epochs):
         tally = first if epoch == 0 else None
         for k, part in enumerate(plan):
@@ -128,14 +123,32 @@ def update(
                 _backward(model, sub, fixed, (k, g), cfg, pad_id, mask_fn, off_policy, tally)
             denominator = dist.reduce_gradients(params, part.local_denominator)
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or float("inf"))
-            if denominator > 0:
+            # No row with an advantage: nothing to learn. AdamW would still move every weight
+            # (momentum, weight decay) and advance its state, so the step is skipped outright.
+            takes_step = denominator > 0 and signal[k]
+            if takes_step:
                 optimizer.step()
+            else:
+                skipped += 1
             if scheduler is not None:
                 scheduler.step()
             if tally is not None:
-                tally.stepped(k, denominator, float(norm))
+                tally.stepped(k, denominator, float(norm), updated=takes_step)
     model.eval()
-    return first.reduce(dist)
+    stats = first.reduce(dist)
+    stats.skipped_steps = skipped
+    return stats
+
+
+def _signal(rows: list[Row], plan: list[_MiniBatch], dist: Dist) -> list[bool]:
+    """Per mini-batch: does any rank's part hold a row with a non-zero advantage and a token?"""
+    local = {
+        f"signal/{k}": float(sum(1 for g in part.micro_batches for i in g
+                                 if rows[i].advantage != 0 and rows[i].completion_tokens))
+        for k, part in enumerate(plan)
+    }
+    total = dist.all_sum_named(local)
+    return [total[f"signal/{k}"] > 0 for k in range(len(plan))]
 
 
 @dataclass
@@ -152,8 +165,9 @@ def _plan_mini_batches(rows: list[Row], cfg: GRPOConfig) -> list[_MiniBatch]:
     plan = []
     for part in split_mini_batches(rows, cfg.mini_batches_per_step):
         sub = [rows[i] for i in part]
-        local_denominator = assign_weights(sub, cfg.aggregation)
-        micros = [[part[j] for j in idx] for idx in micro_batches(sub, cfg.micro_batch_tokens)]
+        local_denominator = assign_weights(sub, cfg.aggregation, cfg.aggregation_tokens)
+        packer = shared_micro_batches if cfg.share_prompts else micro_batches
+        micros = [[part[j] for j in idx] for idx in packer(sub, cfg.micro_batch_tokens)]
         plan.append(_MiniBatch(local_denominator, micros))
     return plan
 
@@ -179,19 +193,24 @@ def _fixed_logprobs(model, rows, plan: list[_MiniBatch], cfg: GRPOConfig, pad_id
             for g, idx in enumerate(part.micro_batches):
                 sub = [rows[i] for i in idx]
                 if off_policy:
-                    fixed.old[k, g] = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
+                    fixed.old[k, g] = _scorer(cfg)(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
                     fixed.mismatch = max(fixed.mismatch, _mismatch(fixed.old[k, g], sub))
                 if cfg.kl_coef > 0:
                     with reference_policy(model):
-                        fixed.ref[k, g] = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
+                        fixed.ref[k, g] = _scorer(cfg)(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
     return fixed
+
+
+def _scorer(cfg: GRPOConfig):
+    """How rows are scored: each prompt once per micro-batch (``share_prompts``), or row by row."""
+    return shared_completion_logprobs if cfg.share_prompts else completion_logprobs
 
 
 def _backward(model, sub, fixed: _FixedLogprobs, key: tuple[int, int], cfg: GRPOConfig, pad_id: int, mask_fn,
               off_policy: bool, tally: _FirstEpoch | None) -> None:
     """Backpropagate one micro-batch's weighted loss sum; ``tally`` (first epoch only) adds its
     statistics."""
-    scored = completion_logprobs(model, sub, pad_id, cfg.temperature, mask_fn, with_entropy=tally is not None)
+    scored = _scorer(cfg)(model, sub, pad_id, cfg.temperature, mask_fn, with_entropy=tally is not None)
     old_lp = fixed.old[key] if off_policy else scored.logprobs.detach()
     adv = torch.tensor([r.advantage for r in sub], device=scored.logprobs.device)
     weights = torch.tensor([r.weight for r in sub], device=scored.logprobs.device)
@@ -205,6 +224,12 @@ def _backward(model, sub, fixed: _FixedLogprobs, key: tuple[int, int], cfg: GRPO
     for name in ("tokens", "clipped", "kl", "ratio"):
         tally.sums[name] += st[name]
     tally.sums["entropy"] += float(scored.entropy.sum()) if scored.entropy is not None else 0.0
+    c_max = scored.logprobs.shape[1]
+    for k, row in enumerate(sub):
+        first_column = c_max - len(row.completion_ids)
+        for pos in row.decision_positions:
+            tally.sums["decision_entropy"] += float(scored.entropy[k, first_column + pos])
+            tally.sums["decisions"] += 1
     if not off_policy:  # the first (and only) pass is before any update
         tally.mismatch = max(tally.mismatch, _mismatch(scored.logprobs.detach(), sub))
 
@@ -226,12 +251,13 @@ class _FirstEpoch:
     @classmethod
     def start(cls, parts: int, mismatch: float) -> _FirstEpoch:
         sums = {_part_loss(k): 0.0 for k in range(parts)}
-        sums.update(dict.fromkeys(("tokens", "clipped", "kl", "entropy", "ratio"), 0.0))
+        sums.update(dict.fromkeys(("tokens", "clipped", "kl", "entropy", "ratio", "decision_entropy", "decisions"),
+                                  0.0))
         return cls(sums, [0.0] * parts, mismatch=mismatch)
 
-    def stepped(self, k: int, denominator: float, norm: float) -> None:
+    def stepped(self, k: int, denominator: float, norm: float, updated: bool) -> None:
         self.denominators[k] = denominator
-        if denominator > 0:
+        if updated:
             self.norms.append(norm)
 
     def reduce(self, dist: Dist) -> UpdateStats:
@@ -253,6 +279,8 @@ class _FirstEpoch:
             stats.kl = total["kl"] / tokens
             stats.entropy = total["entropy"] / tokens
             stats.ratio_mean = total["ratio"] / tokens
+        if total["decisions"]:
+            stats.decision_entropy = total["decision_entropy"] / total["decisions"]
         stats.logprob_mismatch = dist.all_max([self.mismatch])[0]
         return stats
 
@@ -293,25 +321,28 @@ class Rollouts:
         )
         self.backends = self.shared.backends_with({role: self.policy_backend for role in self.trained})
 
-    def config_for(self, step: int, k: int):
-        """The episode config of rollout ``k`` at ``step``: trained roles sample at T with their own seed."""
+    def config_for(self, step: int, k: int, round_: int = 0):
+        """The episode config of rollout ``k`` at ``step``: trained roles sample at T with their own
+        seed (an extra round of dynamic sampling has seeds of its own)."""
         from memsearch.config import RunConfig
 
         data = trained_role_backends(self.cfg, self.cfg.episode.model_dump(mode="json"))
+        seed_parts = (self.cfg.seed, "rollout", step, k) + (("round", round_) if round_ else ())
         for role in self.trained:
             data["backends"][role]["sampling"] = {
                 "temperature": self.cfg.temperature,
                 "top_p": self.cfg.top_p,
-                "seed": derived_seed(self.cfg.seed, "rollout", step, k),
+                "seed": derived_seed(*seed_parts),
             }
         return RunConfig.model_validate(data)
 
-    def run(self, tasks, step: int) -> list[list[dict[str, Any]]]:
+    def run(self, tasks, step: int, round_: int = 0) -> list[list[dict[str, Any]]]:
         """``group_size`` trajectories per task, grouped by task (task order, then rollout index)."""
         from memsearch.engine.episode import run_episode
 
         envs = [
-            self.shared.environment(self.config_for(step, k), "grpo", answered_by=self.backends)
+            self.shared.environment(self.config_for(step, k, round_), "grpo", answered_by=self.backends,
+                                    branches=self.cfg.state_group_size if self.cfg.credit == "state" else 1)
             for k in range(self.cfg.group_size)
         ]
 
@@ -401,6 +432,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
         mask_fn = _mask_fn(tokenizer) if cfg.schema_mode else None
         rollouts = Rollouts(cfg, dataset, policy, tokenizer)
         log = TrainLog(out, enabled=dist.main, resume_step=start if resume else None)
+        guard = guard_for_run(cfg.collapse_guard, out, start)
         if cfg.eval.data and cfg.eval.at_start and start == 0:
             if dist.main:
                 save_adapter(policy, out / "adapter-step0")
@@ -411,19 +443,33 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             positions = step_task_positions(
                 step, cfg.tasks_per_step, len(dataset.tasks), cfg.seed, dist.rank, dist.world
             )
-            tasks = [dataset.tasks[i] for i in positions]
-            groups = rollouts.run(tasks, step)
+
+            def roll(tasks, round_, step=step):
+                groups = rollouts.run(tasks, step, round_)
+                return groups, rollouts.generated
+
+            def score(groups):
+                return [[trajectory_reward(tr, labels[tr["task_id"]], cfg.reward, cfg.role) for tr in grp]
+                        for grp in groups]
+
+            sampled = sample_step(positions, dataset.tasks, roll, score, filter_groups=cfg.dynamic_sampling.enabled,
+                                  max_extra_rounds=cfg.dynamic_sampling.max_extra_rounds, seed=cfg.seed, step=step,
+                                  rank=dist.rank, role=cfg.role)
+            groups, rewards = sampled.groups, sampled.rewards
             t_roll = time.perf_counter() - t0
-            rewards = [
-                [trajectory_reward(tr, labels[tr["task_id"]], cfg.reward, cfg.role) for tr in grp] for grp in groups
-            ]
-            batch = build_batch(groups, rewards, cfg.role, cfg.credit, cfg.std_scale, generated=rollouts.generated)
+            if cfg.credit == "state":
+                batch = build_state_batch(groups, rewards, labels, cfg.state_reward, std_scale=cfg.std_scale,
+                                          global_weight=cfg.global_weight, generated=sampled.generated)
+            else:
+                batch = build_batch(groups, rewards, cfg.role, cfg.credit, cfg.std_scale, generated=sampled.generated)
+            batch.counts.dropped = sampled.rows_dropped
+            mark_decisions(batch.rows, tokenizer)
             lr = optimizer.param_groups[0]["lr"]
             stats = update(policy, optimizer, batch, cfg, dist, pad_id, mask_fn, scheduler)
             batch.counts.consumed = stats.consumed
-            record = _step_record(step, batch, groups, stats, dist, lr, cfg.role, t0, t_roll)
+            record = step_record(step, batch, groups, stats, dist, lr, cfg.role, t0, t_roll, sampled)
             if (
-                record["rows_generated"] != record["rows_converted"]
+                record["rows_generated"] != record["rows_converted"] + record["rows_dropped"]
                 or record["rows_converted"] != record["rows_consumed"]
             ):
                 batch.counts.check()  # this rank's view names the numbers ...
@@ -456,6 +502,9 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
                     f"{record['rows_consumed']}, "
                     f"invalid {record['invalid_rate']:.2f}, {record['step_s']:.1f}s"
                 )
+            # Every rank holds the same summed record, so all ranks stop at the same step.
+            if guard is not None and (reason := guard.observe(record)) is not None:
+                stop_collapsed(guard, reason, record["step"], out, dist)
         rollouts.close()
         log.close()
         return finish_run(
@@ -463,72 +512,3 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
         )
     finally:
         dist.close()
-
-
-def _step_record(
-    step, batch: Batch, groups, stats: UpdateStats, dist: Dist, lr: float, role: str, t0, t_roll
-) -> dict[str, Any]:
-    """One JSON line of the training log, summed over ranks."""
-    total = dist.all_sum_named(_step_counts(batch, groups, role))
-    n = total["trajectories"]
-    mean = total["reward_sum"] / n if n else 0.0
-    var = max(0.0, total["reward_square_sum"] / n - mean * mean) if n else 0.0
-    return {
-        "step": step,
-        "reward_mean": mean,
-        "reward_std": var**0.5,
-        "zero_variance_groups": int(total["zero_variance_groups"]),
-        "groups": int(total["groups"]),
-        "trajectories": int(n),
-        "rows_generated": int(total["rows_generated"]),
-        "rows_converted": int(total["rows_converted"]),
-        "rows_consumed": int(total["rows_consumed"]),
-        "rows_per_trajectory": _ratio(total["trajectory_rows"], total["trajectory_row_counts"]),
-        "failed_calls": int(total["failed_calls"]),
-        "request_errors": int(total["request_errors"]),
-        "invalid_rate": _ratio(total["invalid_calls"], total["calls"]),
-        "loss": stats.loss,
-        "clip_fraction": stats.clip_fraction,
-        "kl": stats.kl,
-        "entropy": stats.entropy,
-        "ratio_mean": stats.ratio_mean,
-        "grad_norm": stats.grad_norm,
-        "completion_tokens": int(stats.tokens),
-        "prompt_tokens": int(total["prompt_tokens"]),
-        "logprob_mismatch": stats.logprob_mismatch,
-        "lr": lr,
-        "rollout_s": round(t_roll, 3),
-        "step_s": round(time.perf_counter() - t0, 3),
-    }
-
-
-def _step_counts(batch: Batch, groups, role: str) -> dict[str, float]:
-    """This rank's counts of one step, by name (``_step_record`` sums them over ranks)."""
-    trajs = [tr for grp in groups for tr in grp]
-    calls = [
-        c
-        for tr in trajs
-        for c in tr.get("events", [])
-        if c.get("type") == "policy_call" and c["role"] in TRAINED_CALL_ROLES[role]
-    ]
-    return {
-        "reward_sum": sum(batch.rewards),
-        "reward_square_sum": sum(r * r for r in batch.rewards),
-        "trajectories": len(batch.rewards),
-        "zero_variance_groups": batch.zero_variance_groups,
-        "groups": batch.groups,
-        "rows_generated": batch.counts.generated,
-        "rows_converted": batch.counts.converted,
-        "rows_consumed": batch.counts.consumed,
-        "failed_calls": batch.counts.failed_calls,
-        "invalid_calls": sum(1 for c in calls if c.get("valid") is False),
-        "calls": len(calls),
-        "prompt_tokens": sum(len(c.get("prompt_ids") or []) for c in calls),
-        "request_errors": sum(tr.get("counts", {}).get("request_errors", 0) for tr in trajs),
-        "trajectory_rows": sum(batch.rows_per_trajectory),
-        "trajectory_row_counts": len(batch.rows_per_trajectory),
-    }
-
-
-def _ratio(numerator: float, denominator: float) -> float:
-    return numerator / denominator if denominator else 0.0

@@ -74,23 +74,31 @@ def completion_logprobs(
         return Scored(zeros, zeros.bool(), zeros if with_entropy else None)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(rows), width), dtype=torch.long)
-    targets = torch.zeros((len(rows), c_max), dtype=torch.long)
-    loss_mask = torch.zeros((len(rows), c_max), dtype=torch.bool)
     for i, row in enumerate(rows):
         seq = row.prompt_ids + row.completion_ids
         ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
         attn[i, width - len(seq):] = 1
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    ids, attn, positions = ids.to(device), attn.to(device), positions.to(device)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False, logits_to_keep=c_max + 1)
+    # Window position k predicts the token at padded position width - c_max + k: the first
+    # c_max positions of the window predict the right-aligned completion columns.
+    return masked_logprobs(out.logits[:, :c_max, :].float(), rows, c_max, temperature, mask_fn, with_entropy)
+
+
+def masked_logprobs(logits: torch.Tensor, rows: Sequence[Row], c_max: int, temperature: float,
+                    mask_fn: MaskFn | None, with_entropy: bool) -> Scored:
+    """Log-probs (and entropies) of the rows' completion tokens from (rows, C, V) logits that
+    predict them, right-aligned: temperature, the replayed schema mask, then log-softmax."""
+    device = logits.device
+    targets = torch.zeros((len(rows), c_max), dtype=torch.long)
+    loss_mask = torch.zeros((len(rows), c_max), dtype=torch.bool)
+    for i, row in enumerate(rows):
         c = len(row.completion_ids)
         if c:
             targets[i, c_max - c:] = torch.tensor(row.completion_ids, dtype=torch.long)
             loss_mask[i, c_max - c:] = torch.tensor(row.loss_mask, dtype=torch.bool)
-    positions = (attn.cumsum(-1) - 1).clamp(min=0)
-    ids, attn, positions = ids.to(device), attn.to(device), positions.to(device)
     targets, loss_mask = targets.to(device), loss_mask.to(device)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False, logits_to_keep=c_max + 1)
-    # Window position k predicts the token at padded position width - c_max + k: the first
-    # c_max positions of the window predict the right-aligned completion columns.
-    logits = out.logits[:, :c_max, :].float()
     if temperature != 1.0:
         logits = logits / temperature
     if mask_fn is not None:

@@ -20,7 +20,13 @@ Aggregation is a per-token weight w_t and a denominator D, so that loss = sum_t 
 - ``trajectory`` (default): w_t = 1 / (generated tokens of its trajectory), D = trajectories
   with at least one generated token -> every trajectory counts once, however many rows or tokens;
 - ``token``: w_t = 1, D = all generated tokens;
-- ``sequence``: w_t = 1 / (tokens of its row), D = rows with at least one token.
+- ``sequence``: w_t = 1 / (tokens of its row), D = rows with at least one token;
+- ``constant``: w_t = 1 / L for a constant L (``aggregation_tokens``), D = trajectories with at
+  least one generated token: Dr. GRPO's length-unbiased form (arXiv 2503.20783; verl's
+  ``seq-mean-token-sum-norm`` normalises by a constant the same way). Under ``trajectory`` a
+  token's weight is 1 / (its trajectory's tokens), so the op token of a 39-token all-NOOP
+  trajectory is pushed ~3x harder than the same token in a 120-token one; here every token of
+  every trajectory has the same weight, and L scales the loss, never its direction.
 
 Writing it as sums with a separate denominator is what makes gradient accumulation over
 micro-batches and across ranks exact: each micro-batch adds ``sum_t w_t loss_t``; the ranks
@@ -37,7 +43,7 @@ import torch
 
 from memsearch.train.rows import Row
 
-AGGREGATIONS = ("trajectory", "token", "sequence")
+AGGREGATIONS = ("trajectory", "token", "sequence", "constant")
 LOG_RATIO_CLAMP = 20.0  # verl: log-ratios clamped to +-20 before exp (finite in float32)
 K3_CLAMP = 10.0  # verl's "low_var_kl": the k3 value clamped to +-10
 
@@ -67,8 +73,14 @@ def split_mini_batches(rows: Sequence[Row], count: int) -> list[list[int]]:
     return out
 
 
-def assign_weights(rows: Sequence[Row], aggregation: str) -> float:
-    """Set ``row.weight`` (the per-token weight) for ``aggregation``; return this rank's denominator."""
+def assign_weights(rows: Sequence[Row], aggregation: str, constant_tokens: int = 256) -> float:
+    """Set ``row.weight`` (the per-token weight) for ``aggregation``; return this rank's denominator.
+
+    ``constant_tokens`` is L of the ``constant`` aggregation (unused by the others)."""
+    if aggregation == "constant":
+        for row in rows:
+            row.weight = 1.0 / constant_tokens
+        return float(len({r.trajectory for r in rows if r.completion_tokens}))
     if aggregation == "token":
         for row in rows:
             row.weight = 1.0

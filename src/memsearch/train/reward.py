@@ -24,6 +24,14 @@
   facts adds 0. On the CPU recipe answer F1 barely moves with memory quality, so this term
   gives the memory role a signal that sees which evidence was kept (docs/memory_policy.md).
 
+Each term's scale, explicitly: the metric is in [0, 1]; the invalid term is a *fraction* of the
+calls, so with the default 0.5 one invalid call of three costs 0.5 x 1/3 = 0.167, and only an
+episode whose every trained call is invalid loses the full 0.5; the citation term likewise (0.5
+when every cited id was never shown); each search costs ``search_cost``; the recall term adds at
+most ``memory_recall``. An over-budget ADD is a rejected batch: the memory stays as it was (as
+after a NOOP), the call counts invalid (one such call of three: -0.167), and the trajectory keeps
+the one advantage every row of it shares (``credit = "share"``).
+
 Defaults (``RewardSettings``): F1, both penalties 0.5, searches free (docs/design.md §7).
 """
 

@@ -15,7 +15,8 @@ trajectory's rows, dropping none:
 ``RowCounts`` carries the row-count contract: rows generated (completions of the trained roles,
 counted by the policy backend that answered them: ``HFBackend.completed``), converted (rows
 built from the trajectories, counted here) and consumed (rows the loss saw, counted by the
-update) must be equal every step, else the run stops with ``RowCountError`` instead of
+update) must be equal every step (generated = converted + the rows of groups dynamic sampling
+dropped), else the run stops with ``RowCountError`` instead of
 training on a silently trimmed (or padded) batch. Each number is counted where it happens, so a
 trained call lost or duplicated between the backend and the rows is caught.
 """
@@ -58,6 +59,7 @@ class Row:
     constraint_id: str | None = None
     advantage: float = 0.0
     weight: float = 1.0  # per-token loss weight set by the aggregation (see loss.token_weights)
+    decision_positions: list[int] = field(default_factory=list)  # completion tokens that choose (train.decisions)
 
     @property
     def completion_tokens(self) -> int:
@@ -72,12 +74,13 @@ class RowCounts:
     converted: int = 0  # rows built from the trajectories
     consumed: int = 0  # rows the loss saw
     failed_calls: int = 0  # calls of the trained role with a request error (no completion: no row)
+    dropped: int = 0  # rows of the groups dynamic sampling left out (train.dynamic_sampling)
 
     def check(self) -> None:
-        if not (self.generated == self.converted == self.consumed):
+        if not (self.generated == self.converted + self.dropped and self.converted == self.consumed):
             raise RowCountError(
                 f"row-count contract broken: generated {self.generated}, converted {self.converted}, "
-                f"consumed {self.consumed}; stopping instead of training on a trimmed batch"
+                f"dropped {self.dropped}, consumed {self.consumed}; stopping instead of training on a trimmed batch"
             )
 
 
@@ -154,6 +157,7 @@ class Batch:
     zero_variance_groups: int = 0
     groups: int = 0
     counts: RowCounts = field(default_factory=RowCounts)
+    call_rewards: list[float] = field(default_factory=list)  # credit = "state": every branch's per-call reward
 
 
 def build_batch(groups: Sequence[Sequence[dict[str, Any]]], rewards: Sequence[Sequence[float]], role: str,

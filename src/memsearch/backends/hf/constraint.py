@@ -34,19 +34,22 @@ How it works
 
 Cost (embedded tokenizer, 49152 ids, 2-core CPU): ~1.1 s once per tokenizer (decode the
 vocabulary, build the tries); ~0.6 ms per new state (at most ~2 ms); a 124-token memory-ops
-output with all four op kinds visits 60 distinct states, and ``MEMORY_OPS`` has 270 reachable
-states in all (so at most ~13 MB of memoized masks); ``masks_for`` on memoized states ~2 ms
-for 124 tokens.
+output with all four op kinds visits 60 distinct states, and ``MEMORY_OPS`` (at most 3 sources
+per item) has 330 reachable states in all (270 for the uncapped v1; so at most ~16 MB of
+memoized masks); ``masks_for`` on memoized states ~2 ms for 124 tokens.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
 from memsearch.backends.base import Constraint
+from memsearch.config import MEMORY_MAX_SOURCES
 
 if TYPE_CHECKING:
     import torch
@@ -58,7 +61,6 @@ _WS = frozenset(" \t\n\r")
 _HEX, _ESCAPES = frozenset("0123456789abcdefABCDEF"), frozenset('"\\/bfnrt')
 
 _ID_TEXT = {"type": "string", "minLength": 1}
-_SOURCES = {"type": "array", "items": {"type": "string", "minLength": 1}}
 _KIND = {"enum": ["fact", "open"]}
 
 
@@ -67,34 +69,62 @@ def _op(name: str, props: dict[str, Any], required: list[str]) -> dict[str, Any]
             "required": ["op", *required], "additionalProperties": False}
 
 
-# Decision-mode output (docs/design.md §5). Every text it accepts parses with ``memory.ops.parse_ops``;
-# it is stricter where that helps the memory: keys in this order, ADD must cite ``sources`` and
-# give a ``kind``, texts and ids are non-empty, at least one op. Whether ids exist, sources were
-# shown and NOOP stands alone is for the memory store (it depends on the episode).
-MEMORY_OPS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"ops": {"type": "array", "minItems": 1, "items": {"anyOf": [
-        _op("ADD", {"text": _ID_TEXT, "sources": _SOURCES, "kind": _KIND}, ["text", "sources", "kind"]),
-        _op("UPDATE", {"id": _ID_TEXT, "text": _ID_TEXT, "sources": _SOURCES, "kind": _KIND}, ["id", "text"]),
-        _op("DELETE", {"id": _ID_TEXT}, ["id"]),
-        _op("NOOP", {}, []),
-    ]}}},
-    "required": ["ops"],
-    "additionalProperties": False,
-}
-MEMORY_OPS = Constraint(id="memory-ops-v1", json_schema=MEMORY_OPS_SCHEMA)
+def memory_ops_schema(max_sources: int | None) -> dict[str, Any]:
+    """Decision-mode output (docs/design.md §5), each item citing at most ``max_sources``
+    sources (``maxItems``; ``None``: unbounded, the v1 schema). Every text it accepts parses with
+    ``memory.ops.parse_ops``; it is stricter where that helps the memory: keys in this order, ADD
+    must cite ``sources`` and give a ``kind``, texts and ids are non-empty, at least one op, and
+    ``maxItems`` counts a repeated id twice where the store counts distinct ids. Whether ids
+    exist, sources were shown and NOOP stands alone is for the memory store (it depends on the
+    episode)."""
+    sources: dict[str, Any] = {"type": "array", "items": {"type": "string", "minLength": 1}}
+    if max_sources is not None:
+        sources["maxItems"] = max_sources
+    return {
+        "type": "object",
+        "properties": {"ops": {"type": "array", "minItems": 1, "items": {"anyOf": [
+            _op("ADD", {"text": _ID_TEXT, "sources": sources, "kind": _KIND}, ["text", "sources", "kind"]),
+            _op("UPDATE", {"id": _ID_TEXT, "text": _ID_TEXT, "sources": sources, "kind": _KIND}, ["id", "text"]),
+            _op("DELETE", {"id": _ID_TEXT}, ["id"]),
+            _op("NOOP", {}, []),
+        ]}}},
+        "required": ["ops"],
+        "additionalProperties": False,
+    }
 
-CONSTRAINTS: dict[str, Constraint] = {c.id: c for c in (MEMORY_OPS,)}
+
+# v1 (no cap on sources) stays registered so rows sampled under it still replay their masks.
+MEMORY_OPS_V1 = Constraint(id="memory-ops-v1", json_schema=memory_ops_schema(None))
+_CAPPED_ID = re.compile(r"memory-ops-v2-sources([1-9][0-9]*)")
+
+
+@functools.cache
+def memory_ops_constraint(max_sources: int) -> Constraint:
+    """The memory-ops constraint of ``agent.memory_max_sources = max_sources``; its id
+    (``memory-ops-v2-sources{n}``) names the cap, so ``constraint_by_id`` rebuilds it from a row."""
+    if max_sources < 1:
+        raise ValueError(f"max_sources must be at least 1, got {max_sources}")
+    return Constraint(id=f"memory-ops-v2-sources{max_sources}", json_schema=memory_ops_schema(max_sources))
+
+
+MEMORY_OPS = memory_ops_constraint(MEMORY_MAX_SOURCES)  # the default cap
+MEMORY_OPS_SCHEMA: dict[str, Any] = MEMORY_OPS.json_schema
+
+CONSTRAINTS: dict[str, Constraint] = {c.id: c for c in (MEMORY_OPS_V1, MEMORY_OPS)}
 
 
 def constraint_by_id(constraint_id: str) -> Constraint:
-    """The registered constraint called ``constraint_id`` (training rows store only the id)."""
-    try:
+    """The registered constraint called ``constraint_id`` (training rows store only the id);
+    ``memory-ops-v2-sources{n}`` for any cap ``n``."""
+    if constraint_id in CONSTRAINTS:
         return CONSTRAINTS[constraint_id]
-    except KeyError:
-        raise ValueError(
-            f"unknown constraint id {constraint_id!r}; valid ids: {', '.join(sorted(CONSTRAINTS))}"
-        ) from None
+    capped = _CAPPED_ID.fullmatch(constraint_id)
+    if capped:
+        return memory_ops_constraint(int(capped.group(1)))
+    raise ValueError(
+        f"unknown constraint id {constraint_id!r}; valid ids: {', '.join(sorted(CONSTRAINTS))} "
+        "(memory-ops-v2-sources<n> for any cap n)"
+    )
 
 
 # ---------------------------------------------------------------------------------- automaton
@@ -509,9 +539,12 @@ __all__ = [
     "MAX_WHITESPACE",
     "MEMORY_OPS",
     "MEMORY_OPS_SCHEMA",
+    "MEMORY_OPS_V1",
     "Automaton",
     "TokenConstraint",
     "compile_constraint",
     "constraint_by_id",
+    "memory_ops_constraint",
+    "memory_ops_schema",
     "token_texts",
 ]

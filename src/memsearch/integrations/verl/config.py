@@ -62,9 +62,13 @@ def refusals(cfg: GRPOConfig) -> list[str]:
     if cfg.credit == "split":
         out.append("credit = 'split': verl broadcasts the session's advantage to every row (that is 'share'); "
                    "set credit = 'share'")
-    if cfg.aggregation == "trajectory":
-        out.append("aggregation = 'trajectory': verl aggregates per token (token-mean) or per row "
-                   "(seq-mean-token-mean), not per trajectory; set aggregation = 'token' or 'sequence'")
+    if cfg.credit == "state":
+        out.append("credit = 'state': verl's agent loop returns one session per rollout, not branches of each memory "
+                   "call from one state; set credit = 'share'")
+    if cfg.aggregation in ("trajectory", "constant"):
+        out.append(f"aggregation = {cfg.aggregation!r}: verl aggregates per token (token-mean) or per row "
+                   "(seq-mean-token-mean), and its seq-mean-token-sum-norm divides by no count of trajectories; "
+                   "set aggregation = 'token' or 'sequence'")
     if cfg.schema_mode:
         out.append("schema_mode = true: vLLM/SGLang rollouts do not record memsearch's constraint masks, and verl's "
                    "loss cannot replay them")
@@ -81,6 +85,12 @@ def refusals(cfg: GRPOConfig) -> list[str]:
         out.append("dual_clip = 0: verl always applies the dual clip (actor.clip_ratio_c > 1)")
     if cfg.lora.dropout > 0:
         out.append("lora.dropout > 0: verl's LoRA has no dropout setting")
+    if cfg.dynamic_sampling.enabled:
+        out.append("dynamic_sampling.enabled: map it to verl's algorithm.filter_groups yourself (its metric and "
+                   "batch sizing differ); set it to false here")
+    if cfg.collapse_guard.enabled:
+        out.append("collapse_guard.enabled: verl's trainer logs no decision entropy or op histogram for the guard "
+                   "to read; set it to false")
     if cfg.reward.memory_recall:
         out.append(
             "reward.memory_recall > 0: the verl rows carry the gold answers only (reward_model.ground_truth), "

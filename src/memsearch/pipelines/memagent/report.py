@@ -17,10 +17,10 @@ score the same questions: such runs may not be used to claim the criterion eithe
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from memsearch.eval.run_diff import paired_difference, per_task_metrics
 from memsearch.io import write_json
 
 METRICS = ("sub_em", "em", "f1", "boxed_em")
@@ -71,40 +71,6 @@ def comparison_rows(summaries: dict[str, dict[str, dict[str, Any]]]) -> list[dic
                 }
             )
     return rows
-
-
-def _per_task(metrics_path: Path) -> dict[str, dict[str, Any]]:
-    return {row["task_id"]: row for row in map(json.loads, metrics_path.read_text().splitlines()) if row}
-
-
-def paired_difference(
-    base_rows: dict[str, dict[str, Any]],
-    trained_rows: dict[str, dict[str, Any]],
-    metric: str,
-    resamples: int,
-    confidence: float,
-    seed: int,
-) -> dict[str, Any] | None:
-    """Trained minus base on ``metric`` with a paired bootstrap CI, over the questions both runs
-    scored (a question whose metric is ``None`` in either run is left out of both); ``None``
-    when no question is shared."""
-    from memsearch.eval.bootstrap import paired_bootstrap
-
-    common = [
-        t
-        for t in base_rows
-        if t in trained_rows and base_rows[t].get(metric) is not None and trained_rows[t].get(metric) is not None
-    ]
-    if not common:
-        return None
-    result = paired_bootstrap(
-        [trained_rows[t][metric] for t in common],
-        [base_rows[t][metric] for t in common],
-        n_resamples=resamples,
-        seed=seed,
-        confidence=confidence,
-    )
-    return {k: result[k] for k in ("mean_a", "mean_b", "diff", "ci_low", "ci_high", "p_value", "n", "confidence")}
 
 
 def verdict(
@@ -226,7 +192,7 @@ def write_report(
     verdicts = []
     for set_name in sorted(set(summaries["base"]) & set(summaries["trained"]), key=_set_order):
         base_rows, trained_rows = (
-            _per_task(out / "eval" / c / set_name / "metrics.jsonl") for c in ("base", "trained")
+            per_task_metrics(out / "eval" / c / set_name / "metrics.jsonl") for c in ("base", "trained")
         )
         deltas[set_name] = {
             m: paired_difference(

@@ -26,6 +26,11 @@ _OWNED = ("role", "model", "data", "episode", "episode_config", "eval", "eval_co
 _OWNED_EVAL = ("data",)
 
 
+
+def oracle_teacher(description: str) -> Any:
+    """A teacher backend field, the oracle by default (each use says what it teaches)."""
+    return Field(default_factory=lambda: BackendConfig(kind="oracle"), description=description)
+
 class MPData(StrictConfig):
     """Train and held-out dev questions (``prepare`` stage)."""
 
@@ -78,11 +83,9 @@ class Stage2(StrictConfig):
         "'sft' (LoRA SFT on the controller rows of a teacher run on train, OUT/teacher2: `teacher` answers the "
         "controller, the pipeline's [teacher] the memory)",
     )
-    teacher: BackendConfig = Field(
-        default_factory=lambda: BackendConfig(kind="oracle"),
-        description="start = 'sft': the controller backend of the teacher run (oracle: SEARCH the title of the first "
-        "gold paragraph the memory has no supporting fact of, then FINISH; rules: the question, then open items)",
-    )
+    teacher: BackendConfig = oracle_teacher(
+        "start = 'sft': the controller backend of the teacher run (oracle: SEARCH the title of the first gold "
+        "paragraph the memory has no supporting fact of, then FINISH; rules: the question, then open items)")
     sft: dict[str, Any] = Field(
         default_factory=dict,
         description="start = 'sft': memsearch train sft fields of the controller's SFT, over the "
@@ -165,7 +168,7 @@ class MemoryPolicyPipeline(StrictConfig):
         "sft",
         description="Where GRPO stage 1 starts: 'sft' (the seed's SFT adapter on the teacher rows) or 'base' "
         "(a cold start: a fresh LoRA on the untrained base in schema mode; the teacher, export and SFT stages are "
-        "skipped and the held-out comparison has no 'sft' row). The cold-start control of issue 12 section 3",
+        "skipped and the held-out comparison has no 'sft' row): the cold-start control",
     )
     teacher_rows: TeacherRows = Field(default_factory=TeacherRows, description="Selection of the teacher's SFT rows")
     matrix_seeds: list[int] | None = Field(
@@ -175,10 +178,7 @@ class MemoryPolicyPipeline(StrictConfig):
         "`seeds = [2]` alone); the held-out comparison of memory policies runs for every "
         "seed regardless",
     )
-    teacher: BackendConfig = Field(
-        default_factory=lambda: BackendConfig(kind="oracle"),
-        description="Memory backend of the teacher trajectories on train (oracle by default)",
-    )
+    teacher: BackendConfig = oracle_teacher("Memory backend of the teacher trajectories on train (oracle by default)")
     sft: dict[str, Any] = Field(
         default_factory=dict, description="memsearch train sft fields (model, data, role, seed set by the pipeline)"
     )

@@ -31,8 +31,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from memsearch.eval.run_diff import paired_difference, per_task_metrics
 from memsearch.io import iter_jsonl, write_json
-from memsearch.pipelines.memagent.report import _per_task, paired_difference
 from memsearch.pipelines.stages import eval_run
 from memsearch.train.config import RewardSettings
 
@@ -40,7 +40,8 @@ POLICIES = ("base", "rules", "sft", "grpo")
 SHARED = ("base", "rules")
 PAIRS = (("grpo", "rules"), ("grpo", "sft"), ("sft", "rules"), ("sft", "base"), ("grpo", "base"))
 DIFF_METRICS = ("memory_support_recall", "f1", "em")
-METRICS = ("memory_support_recall", "retrieval_support_recall", "f1", "em", "invalid_action_rate")
+METRICS = ("memory_support_recall", "memory_support_precision", "retrieval_support_recall", "f1", "em",
+           "invalid_action_rate")
 INVALID_CAUSES = ("over_budget", "truncated", "unshown_source", "other")
 
 
@@ -129,7 +130,7 @@ def run_seed(cfg, root: Path, paths: dict[str, Any], sft: Path | None, stage1: P
 
 def _mean_rows(runs: list[Path]) -> dict[str, dict[str, Any]]:
     """Per question, each metric's mean over the runs (questions every run scored)."""
-    per_run = [_per_task(r / "metrics.jsonl") for r in runs]
+    per_run = [per_task_metrics(r / "metrics.jsonl") for r in runs]
     common = set.intersection(*(set(p) for p in per_run))
     out = {}
     for task in (t for t in per_run[0] if t in common):  # the first run's order: the bootstrap is reproducible
@@ -152,12 +153,12 @@ def compare(cfg, shared: dict[str, dict[str, Any]], seeds: dict[int, dict[str, d
     per_seed = {}
     for seed, rows in seeds.items():
         runs = {**shared, **rows}
-        per_task = {p: _per_task(Path(runs[p]["run"]) / "metrics.jsonl") for p in policies}
+        per_task = {p: per_task_metrics(Path(runs[p]["run"]) / "metrics.jsonl") for p in policies}
         usable = all(runs[p]["usable_for_comparison"] for p in policies)
         per_seed[seed] = {f"{a}-{b}": {m: {**(diff(per_task[a], per_task[b], m) or {}), "usable": usable}
                                        for m in DIFF_METRICS} for a, b in pairs}
     means = {p: _mean_rows([Path(rows[p]["run"]) for rows in seeds.values()]) for p in trained_policies(cfg)}
-    rules = _per_task(Path(shared["rules"]["run"]) / "metrics.jsonl")
+    rules = per_task_metrics(Path(shared["rules"]["run"]) / "metrics.jsonl")
     over = {**({"grpo-sft": {m: diff(means["grpo"], means["sft"], m) for m in DIFF_METRICS}} if "sft" in means else {}),
             "grpo-rules": {m: diff(means["grpo"], rules, m) for m in DIFF_METRICS}}
     key = "memory_support_recall"

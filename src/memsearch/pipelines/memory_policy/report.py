@@ -6,7 +6,8 @@ A-D table (memory backend that wrote each group's memory, metrics, disclosures: 
 request errors, truncation, memory-call invalid rate) and the paired bootstrap difference of
 every pair that isolates one change (B-A, D-C: trained vs base memory; C-A, D-B: controller).
 A run that is incomplete or had request errors is marked NOT USABLE and its differences are
-not a result. ``curves.png``: SFT loss and GRPO reward per step, mean over seeds with a
+not a result. ``curves.png``: SFT loss and GRPO reward per step (and stage 1's decision entropy
+and ADD / NOOP shares, where its log has them), mean over seeds with a
 min-max band.
 """
 
@@ -16,12 +17,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from memsearch.eval.run_diff import paired_difference, per_task_metrics
 from memsearch.io import write_json
-from memsearch.pipelines.memagent.report import _per_task, paired_difference
 
 GROUPS = ("A", "B", "C", "D")
 PAIRS = (("B", "A"), ("D", "C"), ("C", "A"), ("D", "B"))
-METRICS = ("memory_support_recall", "f1", "em", "invalid_action_rate", "searches")
+METRICS = ("memory_support_recall", "memory_support_precision", "f1", "em", "invalid_action_rate", "searches")
 DIFF_METRICS = ("memory_support_recall", "f1", "em")
 
 
@@ -52,7 +53,7 @@ def seed_section(cfg, seed: dict[str, Any]) -> dict[str, Any]:
     """The rows and paired differences of one seed's matrix."""
     folder = seed["root"] / "matrix"
     rows = [_group_row(folder, g) for g in GROUPS]
-    per_task = {g: _per_task(folder / g / "metrics.jsonl") for g in GROUPS}
+    per_task = {g: per_task_metrics(folder / g / "metrics.jsonl") for g in GROUPS}
     usable = {r["group"]: r["usable_for_comparison"] for r in rows}
     diffs = []
     for a, b in PAIRS:
@@ -281,6 +282,7 @@ def plot_curves(logs: dict[str, list[Path]], png: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from memsearch.report.training import with_op_shares
     from memsearch.train.log import read_log
 
     cols = min(3, len(logs))  # a grid, so seven panels stay readable
@@ -290,14 +292,16 @@ def plot_curves(logs: dict[str, list[Path]], png: Path) -> Path:
         ax.set_visible(False)
     for ax, (name, paths) in zip(axes.flat, logs.items()):
         name, key = name.split(":") if ":" in name else (name, "loss" if name.startswith("sft") else "reward_mean")
-        runs = [{r["step"]: r[key] for r in read_log(p) if r.get(key) is not None} for p in paths if p.is_file()]
+        runs = [{r["step"]: r[key] for r in map(with_op_shares, read_log(p)) if r.get(key) is not None}
+                for p in paths if p.is_file()]
         # Every step some seed logged (a periodic evaluation may fall on other steps in another seed's
         # run); the mean and band are over the seeds that have the step.
         steps = sorted(set().union(*(set(r) for r in runs))) if runs else []
         values = [[r[s] for r in runs if s in r] for s in steps]
         ax.plot(steps, [sum(v) / len(v) for v in values], marker="o", label=f"mean of up to {len(runs)} seed(s)")
         ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.25, label="min-max")
-        ax.set_title(name if key in ("loss", "reward_mean") else f"{name}: validation {key.removeprefix('eval_')}")
+        ax.set_title(name if key in ("loss", "reward_mean") else f"{name}: validation {key.removeprefix('eval_')}"
+                     if key.startswith("eval_") else f"{name}: {key}")
         ax.set_xlabel("step")
         ax.set_ylabel(key)
         ax.legend(loc="best")
@@ -316,6 +320,13 @@ def write_mp_report(
     if cfg.data.val_questions:  # the periodic evaluation on the validation split, per GRPO stage
         for n in [n for n in panels if n.startswith("grpo")]:
             for key in ("eval_memory_support_recall", "eval_f1"):
+                panels[f"{n}:{key}"] = panels[n]
+    # The decision view of the memory stage (train.decisions), where its logs have it.
+    from memsearch.train.log import read_log
+
+    for n in [n for n in panels if n == "grpo1"]:
+        if any(p.is_file() and any("decision_entropy" in r for r in read_log(p)) for p in panels[n]):
+            for key in ("decision_entropy", "op_share/ADD", "op_share/NOOP"):
                 panels[f"{n}:{key}"] = panels[n]
     plot_curves(panels, out / "curves.png")
     table = render(cfg, sections, comparison)

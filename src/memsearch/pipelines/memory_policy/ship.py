@@ -30,7 +30,8 @@ from memsearch.io import iter_jsonl
 from memsearch.pipelines.stages import folder_sha256
 
 CAST_DTYPES = ("bfloat16", "float16")
-HELDOUT_METRICS = ("memory_support_recall", "retrieval_support_recall", "f1", "em", "invalid_action_rate")
+HELDOUT_METRICS = ("memory_support_recall", "memory_support_precision", "retrieval_support_recall", "f1", "em",
+                   "invalid_action_rate")
 
 
 def _json(path: Path) -> dict[str, Any]:

@@ -233,7 +233,7 @@
       `${bad.has(c) ? ' <span class="invalid" data-testid="invalid-citation">(not shown: invalid)</span>' : ""}</span>`).join("") || '<span class="muted">none</span>';
     return `<div class="card answer"><h4>answer</h4>prediction: <b>${esc(t.prediction)}</b> · gold: <b>${esc((lab.answers || []).join(" | "))}</b> ` +
       `<span class="badge ${row.em === 1 ? "ok" : "bad"}">EM ${fmt(row.em)}</span><span class="badge">F1 ${fmt(row.f1)}</span>` +
-      `<div>citations: ${cites}</div><div>retrieval support recall ${fmt(row.retrieval_support_recall)} · memory support recall ${fmt(row.memory_support_recall)}` +
+      `<div>citations: ${cites}</div><div>retrieval support recall ${fmt(row.retrieval_support_recall)} · memory support recall ${fmt(row.memory_support_recall)} · memory support precision ${fmt(row.memory_support_precision)}` +
       ` · gold facts: ${[...gold].map((g) => `<mark class="gold">${esc(g)}</mark>`).join(" ")}</div>` +
       `reader text:${longText(t.reader_text, re)}final memory:${longText(t.memory_final, re)}</div>`;
   }

@@ -1,0 +1,110 @@
+"""The collapse guard of GRPO: stop a run that has fallen into an absorbing state.
+
+A memory policy that writes NOOP in every call earns the same reward in every rollout, so every
+group has zero variance, no advantage and no gradient: nothing moves it back, and training on
+only spends time (the last CPU run did this in two seeds of three). The guard reads each step's
+log record (``train_log.jsonl``: ``decision_entropy`` and the op histogram ``ops``, from
+``train.decisions``) and stops the run when, for ``patience`` consecutive steps,
+
+- the decision entropy is below ``min_decision_entropy`` (the choice has become deterministic), or
+- one bucket of the op histogram (an op, or invalid calls of one cause) holds more than
+  ``max_op_share`` of the step's ops and invalid calls (steps with fewer than ``min_ops`` of
+  them are too small to judge and reset neither count).
+
+It writes ``collapse.json`` in the run folder (the rule, the steps and values that tripped it,
+the last checkpoint) and raises ``CollapseError``: the trainer exits non-zero, so a pipeline
+stage is not marked done. The state is a function of the log, so ``--resume`` rebuilds it from
+the records kept and trips at the same step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from memsearch.io import write_json
+from memsearch.train.checkpoint import checkpoints
+from memsearch.train.log import read_log
+
+if TYPE_CHECKING:
+    from memsearch.train.config import CollapseGuardSettings
+    from memsearch.train.distributed import Dist
+
+
+class CollapseError(RuntimeError):
+    """The collapse guard stopped the run (``collapse.json`` says why)."""
+
+
+@dataclass
+class CollapseGuard:
+    """Counts consecutive collapsed steps; ``observe`` returns a reason once ``patience`` is reached."""
+
+    min_decision_entropy: float
+    max_op_share: float
+    patience: int
+    min_ops: int = 4
+    low_entropy: list[dict[str, Any]] = field(default_factory=list)  # the current run of low-entropy steps
+    one_op: list[dict[str, Any]] = field(default_factory=list)  # the current run of one-op steps
+
+    def observe(self, record: dict[str, Any]) -> str | None:
+        """Feed one step's log record; the reason to stop, or None."""
+        entropy = record.get("decision_entropy")
+        if entropy is not None:
+            if entropy < self.min_decision_entropy:
+                self.low_entropy.append({"step": record["step"], "decision_entropy": entropy})
+            else:
+                self.low_entropy = []
+        ops = record.get("ops") or {}
+        total = sum(ops.values())
+        if total >= self.min_ops:
+            name, count = max(ops.items(), key=lambda kv: (kv[1], kv[0]))
+            if count / total <= self.max_op_share:
+                self.one_op = []
+            else:
+                if self.one_op and self.one_op[-1]["op"] != name:
+                    self.one_op = []  # another op took over: a new run starts
+                self.one_op.append({"step": record["step"], "op": name, "share": count / total})
+        if len(self.low_entropy) >= self.patience:
+            values = ", ".join(f"{r['decision_entropy']:.4f}" for r in self.low_entropy[-self.patience:])
+            return (f"decision entropy below {self.min_decision_entropy} for {self.patience} steps "
+                    f"(steps {self._steps(self.low_entropy)}: {values})")
+        if len(self.one_op) >= self.patience:
+            shares = ", ".join(f"{r['share']:.2f}" for r in self.one_op[-self.patience:])
+            return (f"{self.one_op[-1]['op']} took more than {self.max_op_share:.0%} of the memory calls' ops for "
+                    f"{self.patience} steps (steps {self._steps(self.one_op)}: {shares})")
+        return None
+
+    def _steps(self, run: list[dict[str, Any]]) -> str:
+        tail = run[-self.patience:]
+        return f"{tail[0]['step']}-{tail[-1]['step']}"
+
+    def evidence(self) -> dict[str, Any]:
+        """The records behind the current counts, for ``collapse.json``."""
+        return {"low_decision_entropy": self.low_entropy[-self.patience:], "one_op": self.one_op[-self.patience:]}
+
+
+def guard_for_run(settings: CollapseGuardSettings, out: Path, start: int) -> CollapseGuard | None:
+    """The run's guard (None when off), fed the log records of the steps a resume keeps."""
+    if not settings.enabled:
+        return None
+    guard = CollapseGuard(settings.min_decision_entropy, settings.max_op_share, settings.patience, settings.min_ops)
+    log_path = out / "train_log.jsonl"
+    if start and log_path.is_file():
+        for record in read_log(log_path):
+            if 0 < record.get("step", 0) <= start:
+                guard.observe(record)
+    return guard
+
+
+def stop_collapsed(guard: CollapseGuard, reason: str, step: int, out: Path, dist: Dist) -> None:
+    """Write ``collapse.json`` (main rank) and raise ``CollapseError``."""
+    found = checkpoints(out / "checkpoints")
+    last = str(found[-1]) if found else None
+    if dist.main:
+        write_json(out / "collapse.json", {"step": step, "reason": reason, "last_checkpoint": last,
+                                           **guard.evidence()})
+    raise CollapseError(f"{out}: collapse guard stopped GRPO at step {step}: {reason}. The policy has collapsed "
+                        f"into one decision, which no zero-variance group can undo; collapse.json has the record, "
+                        f"the newest checkpoint is {last}. Change the recipe (collapse_guard in the config) rather "
+                        "than resuming")

@@ -1,0 +1,99 @@
+"""What the trained policy decided, per GRPO step: the tokens that choose an operation, and a
+histogram of the operations chosen (docs/training.md, "Reading a run").
+
+The token entropy of a whole completion hides a collapse of the decision itself: most of a
+memory completion is forced by the ops schema (a NOOP is ~13 tokens, nearly all forced), so a
+policy that always writes NOOP can still show a healthy mean entropy. Two views that do not:
+
+- **decision positions** (``decision_positions``): the completion tokens at which the choice is
+  made. Memory role: the token that starts each op's name (``"op": "`` *here* ``ADD``...);
+  controller role: the token that starts the first ``SEARCH`` / ``FINISH``. The update logs the
+  mean entropy at those tokens (``decision_entropy``, under the schema mask in schema mode).
+  The overwrite role (MemAgent's free-text memory) has no such token and logs none.
+- **op histogram** (``op_histogram``): over the trained memory calls of a step, each applied op
+  counts once under its name (a call with two ADDs counts two), and each invalid call once
+  under its cause: ``invalid_parse`` (not readable as ops), ``invalid_budget`` (the batch would
+  overflow the memory budget), ``invalid_rule`` (any other rule: unknown id, source not shown,
+  ...). A call whose request failed is a request error, not a decision, and is not counted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from memsearch.memory.ops import OP_NAMES
+from memsearch.train.rows import Row
+
+# Where the decision starts in a completion's text, by call role: the match's end (memory) or
+# start (controller) is the first character of the chosen name.
+_OP_NAME_START = re.compile(r'"op"\s*:\s*"')
+_CONTROLLER_CHOICE = re.compile(r"\b(?:SEARCH|FINISH)\b")
+INVALID_CAUSES = ("invalid_parse", "invalid_budget", "invalid_rule")
+HISTOGRAM_KEYS = (*OP_NAMES, *INVALID_CAUSES)
+
+
+def decision_characters(text: str, role: str) -> list[int]:
+    """Character offsets in ``text`` at which a decision of call ``role`` starts (module doc)."""
+    if role == "memory":
+        return [m.end() for m in _OP_NAME_START.finditer(text)]
+    if role == "controller":
+        first = _CONTROLLER_CHOICE.search(text)
+        return [first.start()] if first else []
+    return []
+
+
+def decision_positions(completion_ids: Sequence[int], tokenizer: Any, role: str) -> list[int]:
+    """Indices into ``completion_ids`` of the tokens that choose (the token whose decoded text
+    covers a decision's first character)."""
+    ids = list(completion_ids)
+    if not ids:
+        return []
+    chars = decision_characters(tokenizer.decode(ids, skip_special_tokens=True), role)
+    positions = []
+    for offset in chars:
+        # The first prefix whose decoded text reaches past ``offset`` ends with the deciding
+        # token (binary search: decoded prefix lengths never shrink as tokens are added).
+        lo, hi = 0, len(ids) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(tokenizer.decode(ids[: mid + 1], skip_special_tokens=True)) > offset:
+                hi = mid
+            else:
+                lo = mid + 1
+        if not positions or positions[-1] != lo:
+            positions.append(lo)
+    return positions
+
+
+def mark_decisions(rows: Iterable[Row], tokenizer: Any) -> None:
+    """Set every row's ``decision_positions`` from its own completion ids and call role."""
+    for row in rows:
+        row.decision_positions = decision_positions(row.completion_ids, tokenizer, row.role)
+
+
+def invalid_cause(reason: str | None) -> str:
+    """The histogram bucket of an invalid memory call, from the reason the memory gave."""
+    text = reason or ""
+    if text.startswith("parse error"):
+        return "invalid_parse"
+    if "over the budget" in text:
+        return "invalid_budget"
+    return "invalid_rule"
+
+
+def op_histogram(calls: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """Counts of applied ops by name and of invalid calls by cause, over memory policy calls
+    (trajectory ``policy_call`` events with the engine's judgement attached)."""
+    counts = dict.fromkeys(HISTOGRAM_KEYS, 0)
+    for call in calls:
+        if call.get("role") != "memory" or call.get("valid") is None:
+            continue
+        if call["valid"] is False:
+            counts[invalid_cause(call.get("invalid_reason"))] += 1
+            continue
+        executed = ((call.get("action") or {}).get("memory") or {}).get("executed") or {}
+        for name in OP_NAMES:
+            counts[name] += int(executed.get(name, 0))
+    return counts

@@ -1,0 +1,42 @@
+"""Memory provenance in a metrics row (``eval.score.score_trajectory``): memory support recall of
+the faithful items' ids, memory support precision over every cited id, old trajectories too."""
+
+from __future__ import annotations
+
+import pytest
+
+from memsearch.data.records import Label
+from memsearch.eval.score import score_trajectory
+
+LABEL = Label(id="t1", answers=["Paris"], supporting_facts=["d1:0", "d2:1", "d2:3"], gold_doc_ids=["d1", "d2"])
+
+
+def _traj(**memory) -> dict:
+    return {"task_id": "t1", "status": "ok", "prediction": "Paris", "shown_evidence": ["d1:0", "d2:1", "d9:9"],
+            **memory}
+
+
+def test_precision_and_recall_on_a_hand_computed_memory():
+    # The final memory cites d1:0 d2:1 d9:9 d9:8; the faithful items cite d1:0 and d9:9.
+    row = score_trajectory(_traj(memory_cited=["d1:0", "d2:1", "d9:9", "d9:8"], memory_sources=["d1:0", "d9:9"]),
+                           LABEL)
+    assert row["memory_support_recall"] == pytest.approx(1 / 3)  # d1:0 of 3 gold facts
+    assert row["memory_support_precision"] == 0.25  # d1:0 of 4 cited ids
+    assert row["retrieval_support_recall"] == pytest.approx(2 / 3)
+
+
+def test_a_memory_citing_gold_from_unfaithful_items_only_scores_zero():
+    row = score_trajectory(_traj(memory_cited=["d1:0", "d2:1", "d9:9"], memory_sources=[]), LABEL)
+    assert row["memory_support_recall"] == 0.0 and row["memory_support_precision"] == 0.0
+
+
+def test_precision_is_none_without_citations_or_gold_and_old_trajectories_still_score():
+    empty = score_trajectory(_traj(memory_cited=[], memory_sources=[]), LABEL)
+    assert empty["memory_support_recall"] == 0.0 and empty["memory_support_precision"] is None
+    no_gold = LABEL.model_copy(update={"supporting_facts": []})
+    row = score_trajectory(_traj(memory_cited=["d1:0"], memory_sources=["d1:0"]), no_gold)
+    assert row["memory_support_recall"] is None and row["memory_support_precision"] is None
+    # Written before memory_cited existed (engine-4): memory_sources was every cited id.
+    old = score_trajectory(_traj(memory_sources=["d1:0", "d9:9"]), LABEL)
+    assert old["memory_support_recall"] == pytest.approx(1 / 3) and old["memory_support_precision"] == 0.5
+    assert score_trajectory(_traj(), LABEL)["memory_support_precision"] is None

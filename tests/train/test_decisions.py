@@ -1,0 +1,98 @@
+"""The decision view of a GRPO step (``train.decisions``): the tokens that choose an op, found in
+real token ids of the embedded tokenizer; the entropy the update logs at exactly those tokens; the
+op histogram with invalid calls by cause."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memsearch.train.decisions import decision_characters, decision_positions, invalid_cause, op_histogram
+from memsearch.train.rows import Row
+
+OPS = ('{"ops": [{"op": "ADD", "text": "Paris is in France", "sources": ["d1:0"], "kind": "fact"}, '
+       '{"op":"NOOP"}]}')
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from memsearch.assets.embedded import tokenizer_dir
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir()))
+
+
+def test_decision_characters_by_role():
+    assert [OPS[c:c + 4] for c in decision_characters(OPS, "memory")] == ["ADD\"", "NOOP"]
+    assert decision_characters("I will SEARCH: capital of France, then FINISH", "controller") == [7]
+    assert decision_characters("RESEARCH more", "controller") == []  # a word containing SEARCH is no choice
+    assert decision_characters("any memory text", "overwrite") == []
+    assert decision_characters('{"ops": [', "memory") == []  # cut before the op name: no decision
+
+
+def test_decision_positions_are_the_tokens_that_start_each_op_name(tokenizer):
+    ids = tokenizer.encode(OPS, add_special_tokens=False)
+    positions = decision_positions(ids, tokenizer, "memory")
+    assert len(positions) == 2
+    for pos, name in zip(positions, ("ADD", "NOOP"), strict=True):
+        before = tokenizer.decode(ids[:pos])
+        through = tokenizer.decode(ids[: pos + 1])
+        # the token at ``pos`` is the one whose text covers the op name's first letter
+        assert before.endswith('"') and not before.endswith(f'"{name[0]}')
+        assert through[len(before):].lstrip('"').startswith(name[0])
+    assert decision_positions([], tokenizer, "memory") == []
+
+
+def test_invalid_causes_and_the_op_histogram():
+    def call(valid, executed=None, reason=None, role="memory"):
+        return {"role": role, "valid": valid, "invalid_reason": reason,
+                "action": {"memory": {"executed": executed or {}}}}
+
+    calls = [
+        call(True, {"ADD": 2, "UPDATE": 0, "DELETE": 1, "NOOP": 0}),
+        call(True, {"ADD": 0, "UPDATE": 0, "DELETE": 0, "NOOP": 1}),
+        call(False, reason="parse error: no JSON object found"),
+        call(False, reason="memory after the batch would be 90 tokens, over the budget of 64 tokens"),
+        call(False, reason="op 0 (ADD): source 'd9:9' was not shown to the agent"),
+        call(None, reason="request failed: timeout"),  # a request error, not a decision
+        call(True, {"NOOP": 1}, role="controller"),  # not a memory call
+    ]
+    assert op_histogram(calls) == {"ADD": 2, "UPDATE": 0, "DELETE": 1, "NOOP": 1, "invalid_parse": 1,
+                                   "invalid_budget": 1, "invalid_rule": 1}
+    assert invalid_cause(None) == "invalid_rule"
+
+
+def test_the_update_logs_the_entropy_at_the_decision_tokens_only(tiny_model_dir, tiny_adapter_dir, tokenizer):
+    """``decision_entropy`` is the mean entropy at the deciding tokens, recomputed here from the
+    same forward pass, and not the mean at the tokens next to them."""
+    from memsearch.train.config import GRPOConfig, LoraSettings, OptimSettings
+    from memsearch.train.decisions import mark_decisions
+    from memsearch.train.distributed import Dist
+    from memsearch.train.grpo import update
+    from memsearch.train.logprobs import completion_logprobs
+    from memsearch.train.policy import load_policy
+    from memsearch.train.rows import Batch
+
+    prompt = tokenizer.encode("Decide the memory ops.", add_special_tokens=False)
+    texts = [OPS, '{"ops": [{"op": "NOOP"}]}']
+    rows = [Row(prompt, tokenizer.encode(t, add_special_tokens=False), [], [], k, 0, "memory", 0, advantage=a)
+            for k, (t, a) in enumerate(zip(texts, (0.5, -0.5), strict=True))]
+    for r in rows:
+        r.rollout_logprobs, r.loss_mask = [0.0] * len(r.completion_ids), [1] * len(r.completion_ids)
+    mark_decisions(rows, tokenizer)
+    assert [len(r.decision_positions) for r in rows] == [2, 1]
+    cfg = GRPOConfig(data="unused", lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+                     optim=OptimSettings(lr=1e-2, max_grad_norm=None))
+    policy, _, _ = load_policy(str(tiny_model_dir), str(tiny_adapter_dir), cfg.lora, device="cpu")
+    with torch.no_grad():
+        scored = completion_logprobs(policy, rows, tokenizer.eos_token_id, with_entropy=True)
+    c_max = scored.entropy.shape[1]
+    expected = [float(scored.entropy[k, c_max - len(r.completion_ids) + p])
+                for k, r in enumerate(rows) for p in r.decision_positions]
+    stats = update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), Batch(rows=rows), cfg, Dist(),
+                   tokenizer.eos_token_id)
+    neighbours = [float(scored.entropy[k, c_max - len(r.completion_ids) + p + 1])
+                  for k, r in enumerate(rows) for p in r.decision_positions]
+    assert stats.decision_entropy == pytest.approx(sum(expected) / 3, rel=1e-6)
+    assert stats.decision_entropy != pytest.approx(sum(neighbours) / 3, rel=1e-5)  # the check can tell them apart
