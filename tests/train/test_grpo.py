@@ -81,8 +81,10 @@ def assert_same_optimizer(a, b):
 
 @pytest.mark.slow
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, tmp_path):
-    # KL to the base (not to the starting adapter) pulls the weights even when every advantage is 0
-    cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, kl_reference="base")
+    # Schema mode with room for a whole op: some rollouts write valid ops, others do not, so groups
+    # have a reward spread and steps update (a step whose advantages are all 0 is skipped).
+    cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, kl_reference="base",
+                      schema_mode=True, **{"episode.budgets.policy_tokens": 40})
     train_grpo(cfg, tmp_path / "straight", echo=lambda m: None)
     with pytest.raises(Crash):
         train_grpo(cfg, tmp_path / "crashed", echo=crash_after(2))
@@ -95,7 +97,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tiny_model_dir, tiny_a
     for k in w1:
         assert torch.equal(w1[k], w2[k]), k
     assert_same_optimizer(o1, o2)
-    # the weights did move (KL to the base pulls the non-zero adapter back) so equality means something
+    # the weights did move (steps with a reward spread updated them) so equality means something
     from safetensors.torch import load_file
 
     init = load_file(str(tiny_adapter_dir / "adapter_model.safetensors"))
@@ -104,7 +106,9 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tiny_model_dir, tiny_a
     logs = [[json.loads(line) for line in (tmp_path / run / "train_log.jsonl").read_text().splitlines()]
             for run in ("straight", "crashed")]
     assert [r["step"] for r in logs[1]] == [1, 2, 3, 4]  # no duplicated step after the resume
-    timing = {"rollout_s", "step_s"}
+    # logprob_mismatch is float round-off (~1e-6) of a decode whose batches depend on timing: bounded, not equal
+    timing = {"rollout_s", "step_s", "logprob_mismatch"}
+    assert all(r["logprob_mismatch"] < 1e-4 for log in logs for r in log)
     assert [{k: v for k, v in r.items() if k not in timing} for r in logs[0]] == \
            [{k: v for k, v in r.items() if k not in timing} for r in logs[1]]
     for record in logs[0]:

@@ -92,7 +92,7 @@ def test_a_grpo_step_with_state_groups_on_the_tiny_llama(tiny_model_dir, tiny_ad
 
     from memsearch.train.grpo import train_grpo
 
-    cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, steps=1, group_size=1,
+    cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, steps=1, group_size=2,
                       credit="state", state_group_size=3, schema_mode=True,
                       **{"episode.budgets.policy_tokens": 48, "episode.budgets.memory_tokens": 96})
     train_grpo(cfg, tmp_path / "run", echo=lambda m: None)
@@ -103,6 +103,7 @@ def test_a_grpo_step_with_state_groups_on_the_tiny_llama(tiny_model_dir, tiny_ad
     memory_events = [e for t in trajectories for e in t["events"] if e["type"] == "memory"]
     assert calls and all(len(c["branches"]) == 3 for c in calls)
     assert record["rows_generated"] == record["rows_converted"] == record["rows_consumed"] == 3 * len(calls)
+    assert record["trajectories"] == 2 * 2  # 2 tasks x group 2
     assert record["groups"] == len(calls) and record["call_reward_mean"] is not None
     for call, event in zip(calls, memory_events, strict=True):
         chosen = call["branches"][call["branch_chosen"]]

@@ -186,9 +186,7 @@ class GRPOConfig(TrainerConfig):
     )
     steps: int = Field(20, ge=1, description="Optimizer steps (one rollout batch each)")
     tasks_per_step: int = Field(4, ge=1, description="Tasks per step over all ranks (each rank rolls out its share)")
-    group_size: int = Field(
-        4, ge=1, description="Rollouts per task (the GRPO group); at least 2, except with credit = 'state' and "
-        "global_weight = 0, where the state groups are the groups")
+    group_size: int = Field(4, ge=2, description="Rollouts per task (the GRPO group)")
     temperature: float = Field(
         1.0, gt=0, description="Sampling temperature of the trained role (full distribution at 1)"
     )
@@ -209,7 +207,7 @@ class GRPOConfig(TrainerConfig):
     state_reward: StateReward = Field(default_factory=StateReward, description="credit = 'state': per-call reward")
     global_weight: float = Field(
         0.0, ge=0, description="credit = 'state': the continued branch also gets this x its trajectory's group "
-        "advantage (0: local credit only, and group_size may be 1)")
+        "advantage (0: local credit only)")
     std_scale: bool = Field(False, description="Divide advantages by the group's standard deviation")
     clip_low: float = Field(0.2, ge=0, description="Ratio clip below: 1 - clip_low")
     clip_high: float = Field(0.2, ge=0, description="Ratio clip above: 1 + clip_high")
@@ -292,9 +290,6 @@ class GRPOConfig(TrainerConfig):
             if self.dynamic_sampling.enabled:
                 raise ValueError("dynamic_sampling filters trajectory groups; with credit = 'state' the groups are the "
                                  "state groups of each call: set dynamic_sampling.enabled = false")
-        if self.group_size < 2 and (self.credit != "state" or self.global_weight > 0):
-            raise ValueError(f"group_size = {self.group_size}: a GRPO group needs at least 2 rollouts (1 is "
-                             "allowed only with credit = 'state' and global_weight = 0)")
         if 0 < self.dual_clip <= 1:
             raise ValueError(f"dual_clip = {self.dual_clip}: the dual-clip bound must be > 1 (or 0 to disable it)")
         return self
