@@ -3,11 +3,28 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 from memsearch.assets.samples import HOTPOT_DEV, samples_dir
 from memsearch.data.dataset import save_dataset
 from memsearch.data.hotpot import convert_hotpot
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (pyproject addopts), split the cores between the workers: each worker's
+    torch, and every subprocess it starts, gets cores // workers threads, so two workers on two cores
+    do not each spin two OpenMP threads. A test that pins its own thread count still wins."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = str(max(1, len(os.sched_getaffinity(0)) // workers))
+    os.environ["OMP_NUM_THREADS"] = threads
+    os.environ["MKL_NUM_THREADS"] = threads
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(threads))
 
 
 @pytest.fixture(scope="session")

@@ -367,3 +367,44 @@ def test_publish_copies_what_a_reader_checks_claims_with(with_stage2, tmp_path):
     assert [p.read_bytes() for p in again] == [p.read_bytes() for p in written]
     with pytest.raises(InputError, match="summary.json: missing"):
         publish_results(tmp_path / "nothing", tmp_path / "r2")
+
+
+def test_validation_only_runs_no_heldout_row_and_the_full_run_continues_from_it(tmp_path, mp_config):
+    """A pilot reads only the validation split; the full run later reuses its SFT and stage 1."""
+    from memsearch.io import sha256_file
+    from memsearch.pipelines.memory_policy.pipeline import run_validation_only
+
+    settings = ("data.val_questions=2", "grpo.eval.every=1", "grpo.eval.at_start=true", "grpo.eval.limit=2")
+    out = tmp_path / "pilot"
+    lines: list[str] = []
+    evals = run_validation_only(mp_config(*settings), out, echo=lines.append)
+    seed = out / "seed-7"
+    assert (seed / "sft" / "adapter").is_dir() and (seed / "grpo1" / "adapter").is_dir()
+    # Nothing that reads the held-out questions ran: no held-out rows, merge, matrix or report.
+    assert not (out / "heldout").exists() and not (seed / "heldout").exists()
+    assert not (seed / "merged1").exists() and not (seed / "matrix").exists() and not (out / "report.md").exists()
+    assert [r["step"] for r in evals[7]] == [0, 1]  # the SFT start, then the end of stage 1
+    log = [json.loads(line) for line in (seed / "grpo1" / "train_log.jsonl").read_text().splitlines()]
+    for r in evals[7]:
+        logged = next(x for x in log if x["step"] == r["step"] and "eval_f1" in x)
+        assert r["eval_memory_support_recall"] == logged["eval_memory_support_recall"]
+        summary = record(seed / "grpo1" / "eval" / f"step-{r['step']:06d}" / "summary.json")
+        assert r["memory_ops"] == summary["memory_ops"] and summary["tasks"]["scored"] == 2
+        assert summary["data"]["manifest_sha256"] == sha256_file(out / "prepare" / "val" / "manifest.json")
+    assert sum("grpo1 validation at step" in line for line in lines) == 2
+    assert lines[-1].startswith("validation only: no held-out row was run")
+    sft_adapter = (seed / "sft" / "adapter" / "adapter_model.safetensors").read_bytes()
+    # The same folder continues into the full pipeline: SFT and stage 1 are skipped, not retrained.
+    lines = []
+    run_memory_policy_pipeline(mp_config(*settings), out, echo=lines.append)
+    assert "sft: done" in "\n".join(lines) and "grpo1: done" in "\n".join(lines)
+    assert (seed / "sft" / "adapter" / "adapter_model.safetensors").read_bytes() == sft_adapter
+    assert (out / "report.md").exists() and (seed / "heldout").is_dir()
+
+
+def test_validation_only_needs_a_validation_split(tmp_path, mp_config):
+    from memsearch.pipelines.memory_policy.pipeline import run_validation_only
+
+    with pytest.raises(InputError, match="set data.val_questions > 0 and grpo.eval.every"):
+        run_validation_only(mp_config(), tmp_path / "o", echo=lambda _: None)
+    assert not (tmp_path / "o").exists()

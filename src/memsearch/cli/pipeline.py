@@ -23,14 +23,15 @@ PipelineConfig = Annotated[Path, typer.Option(
 _CONFIG_CLASSES = {"memagent": "MemAgentPipeline", "memory_policy": "MemoryPolicyPipeline"}
 
 
-def _run_pipeline(kind: str, config: Path, out: Path, overrides: list[str] | None) -> None:
-    """Load the config of pipeline ``kind`` (file and --set) and run ``memsearch.pipelines.<kind>``."""
+def _run_pipeline(kind: str, config: Path, out: Path, overrides: list[str] | None, entry: str | None = None) -> None:
+    """Load the config of pipeline ``kind`` (file and --set) and run ``memsearch.pipelines.<kind>``
+    (its ``run_<kind>_pipeline``, or the function named ``entry``)."""
     import importlib
 
     from memsearch.config import load_config
 
     model = getattr(importlib.import_module(f"memsearch.pipelines.{kind}.config"), _CONFIG_CLASSES[kind])
-    run = getattr(importlib.import_module(f"memsearch.pipelines.{kind}.pipeline"), f"run_{kind}_pipeline")
+    run = getattr(importlib.import_module(f"memsearch.pipelines.{kind}.pipeline"), entry or f"run_{kind}_pipeline")
     run(load_config(config, overrides, model=model), out, echo=typer.echo)
 
 
@@ -43,6 +44,14 @@ def memagent(config: PipelineConfig, out: PipelineOut, set_: Overrides = None) -
 
 @pipeline_app.command("memory-policy")
 @friendly
-def memory_policy(config: PipelineConfig, out: PipelineOut, set_: Overrides = None) -> None:
+def memory_policy(
+    config: PipelineConfig,
+    out: PipelineOut,
+    set_: Overrides = None,
+    validation_only: Annotated[bool, typer.Option(
+        "--validation-only", help="Pilot: prepare, teacher, each seed's SFT and GRPO stage 1 with its periodic "
+        "evaluation on the validation split; no held-out row is run (continue the same --out without it later).")
+    ] = False,
+) -> None:
     """Memory policy: teacher + SFT, GRPO stage 1, merge, optional stage 2 (controller), A-D on held-out dev, report."""
-    _run_pipeline("memory_policy", config, out, set_)
+    _run_pipeline("memory_policy", config, out, set_, "run_validation_only" if validation_only else None)

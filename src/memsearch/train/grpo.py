@@ -386,7 +386,8 @@ def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path) -> dict[str, Any]:
     return {
         "eval_" + k: v
         for k, v in summary["metrics"].items()
-        if k in ("f1", "em", "sub_em", "boxed_em", "invalid_action_rate", "memory_support_recall")
+        if k in ("f1", "em", "sub_em", "boxed_em", "invalid_action_rate", "memory_support_recall",
+                 "memory_support_precision")
     }
 
 

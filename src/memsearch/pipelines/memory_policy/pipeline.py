@@ -185,6 +185,37 @@ def select_stage(
     return selected, stage.fingerprint
 
 
+def train_stage1(
+    cfg: MemoryPolicyPipeline,
+    out: Path,
+    seed: int,
+    paths: dict[str, Any],
+    rows: Path | None,
+    rows_fp: str | None,
+    echo=print,
+) -> tuple[Path | None, Path, dict[str, Any]]:
+    """One seed's SFT (unless ``grpo_start = 'base'``) and GRPO stage 1; returns (SFT adapter or
+    None, stage-1 adapter, the start's fingerprint for the stages downstream)."""
+    root = out / f"seed-{seed}"
+    val = str(paths["val"]) if cfg.data.val_questions else None
+    if cfg.grpo_start == "sft":
+        sft = sft_stage(
+            root / "sft", root / "sft.stage.json", cfg.sft_config([str(rows)], seed), {"rows": rows_fp}, echo
+        )
+        start = {"sft_sha256": folder_sha256(sft)}
+    else:  # cold start: stage 1 from the base model, no SFT (grpo_start = "base")
+        sft, start = None, {"start": "base"}
+        echo(f"seed {seed} sft: skipped (grpo_start = 'base': GRPO stage 1 starts from the base model)")
+    stage1 = grpo_stage(
+        root / "grpo1",
+        root / "grpo1.stage.json",
+        cfg.grpo_config(str(paths["train"]), seed, str(sft) if sft else None, val),
+        {"prepare": paths["fingerprint"], **start},
+        echo,
+    )
+    return sft, stage1, start
+
+
 def seed_stages(
     cfg: MemoryPolicyPipeline,
     out: Path,
@@ -203,21 +234,7 @@ def seed_stages(
     root = out / f"seed-{seed}"
     train = str(paths["train"])
     val = str(paths["val"]) if cfg.data.val_questions else None
-    if cfg.grpo_start == "sft":
-        sft = sft_stage(
-            root / "sft", root / "sft.stage.json", cfg.sft_config([str(rows)], seed), {"rows": rows_fp}, echo
-        )
-        start = {"sft_sha256": folder_sha256(sft)}
-    else:  # cold start: stage 1 from the base model, no SFT (grpo_start = "base")
-        sft, start = None, {"start": "base"}
-        echo(f"seed {seed} sft: skipped (grpo_start = 'base': GRPO stage 1 starts from the base model)")
-    stage1 = grpo_stage(
-        root / "grpo1",
-        root / "grpo1.stage.json",
-        cfg.grpo_config(train, seed, str(sft) if sft else None, val),
-        {"prepare": paths["fingerprint"], **start},
-        echo,
-    )
+    sft, stage1, start = train_stage1(cfg, out, seed, paths, rows, rows_fp, echo)
     merged1, fp1 = merge_stage(root / "merged1", root / "merged1.stage.json", cfg.model, stage1, cfg.merge_dtype, echo)
     from memsearch.pipelines.memory_policy import heldout
 
@@ -340,6 +357,42 @@ def stage2_stage(
         server = {"serving": "transformers serve", "url": url, "model": str(merged1), "args": s2.serve_args}
         grpo = cfg.stage2_config(train, seed, str(merged1), val, launched_url=url, adapter=start)
     return grpo_stage(root / "grpo2", record, grpo, {**upstream, "memory_server": server}, echo, around)
+
+
+def run_validation_only(cfg: MemoryPolicyPipeline, out: str | Path, echo=print) -> dict[str, Any]:
+    """A pilot that never reads a held-out number: prepare, the teacher, and each seed's SFT and GRPO
+    stage 1 (periodic evaluation on the validation split only). No held-out row, merge, matrix or
+    report is run, so a recipe can be chosen on validation and pre-registered before any held-out
+    figure of it exists; the same ``OUT`` later continues into the full pipeline, skipping these
+    stages when the recipe is unchanged. Returns, per seed, the stage-1 validation evaluations."""
+    from memsearch.io import iter_jsonl
+
+    if not cfg.data.val_questions or not (cfg.grpo.get("eval") or {}).get("every"):
+        raise InputError(
+            "a validation-only run reads GRPO's periodic evaluation: set data.val_questions > 0 and grpo.eval.every"
+        )
+    out = record_invocation(out, cfg)
+    with run_folder(out):
+        paths = prepare_stage(cfg, out, echo)
+        rows, rows_fp = teacher_stage(cfg, out, paths, echo) if cfg.grpo_start == "sft" else (None, None)
+        evals = {}
+        for seed in cfg.seeds:
+            _, adapter, _ = train_stage1(cfg, out, seed, paths, rows, rows_fp, echo)
+            stage1 = adapter.parent  # the run folder: train_log.jsonl and eval/ beside the adapter
+            log = stage1 / "train_log.jsonl"
+            records = [r for _, r in iter_jsonl(log)] if log.exists() else []
+            evals[seed] = [{k: v for k, v in r.items() if k == "step" or k.startswith("eval_")}
+                           for r in records if any(k.startswith("eval_") for k in r)]
+            for r in evals[seed]:
+                summary = stage1 / "eval" / f"step-{r['step']:06d}" / "summary.json"
+                if summary.exists():  # the op counts of the validation rows (collapse shows here first)
+                    r["memory_ops"] = json.loads(summary.read_text())["memory_ops"]
+                echo(f"seed {seed} grpo1 validation at step {r['step']}: "
+                     + " ".join(f"{k[5:]}={'n/a' if v is None else f'{v:.4f}'}"  # None: no memory kept
+                                for k, v in sorted(r.items()) if k.startswith("eval_"))
+                     + f" ops={r.get('memory_ops', {})}")
+    echo("validation only: no held-out row was run (drop --validation-only to continue into the full pipeline)")
+    return evals
 
 
 def run_memory_policy_pipeline(cfg: MemoryPolicyPipeline, out: str | Path, echo=print) -> dict[str, Any]:
