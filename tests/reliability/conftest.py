@@ -37,6 +37,17 @@ def pytest_runtest_makereport(item, call):
         report.LEDGER.test_failed(item.nodeid)
 
 
+def pytest_sessionfinish(session):
+    # Under pytest-xdist each worker holds the rows of its own tests: hand them to the controller.
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["reliability_ledger"] = report.LEDGER.dump()
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent with -p no:xdist
+def pytest_testnodedown(node, error):
+    report.LEDGER.merge(getattr(node, "workeroutput", {}).get("reliability_ledger", {}))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not report.LEDGER.rows:
         return

@@ -67,6 +67,17 @@ class Ledger:
         row.wrong_exit += wrong_exit
         row.seconds += seconds
 
+    def dump(self) -> dict[str, dict[str, float]]:
+        """The rows as plain data: a pytest-xdist worker hands them to the controller."""
+        return {name: vars(row) for name, row in self.rows.items()}
+
+    def merge(self, rows: dict[str, dict[str, float]]) -> None:
+        """Add a worker's ``dump()`` to this ledger (the controller prints the sum)."""
+        for name, counts in rows.items():
+            row = self.rows.setdefault(name, Row())
+            for key, value in counts.items():
+                setattr(row, key, getattr(row, key) + value)
+
     def table(self) -> str:
         head = ("scenario", "runs", "tasks lost", "tasks duplicated", "wrong exit codes", "failed tests")
         rows = [*self.rows.items(), ("TOTAL", self._total())]
