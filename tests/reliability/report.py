@@ -1,5 +1,6 @@
 """The reliability suite's ledger: every scenario test records what it ran and what it found
-(runs, tasks lost, tasks duplicated, wrong exit codes; a test that fails any other check
+(runs, tasks lost, tasks duplicated, wrong exit codes, files touched outside the run folder;
+a test that fails any other check
 counts under "failed tests") here, and ``conftest.py`` prints the table
 at the end of the session:
 
@@ -39,6 +40,7 @@ class Row:
     lost: int = 0
     duplicated: int = 0
     wrong_exit: int = 0
+    outside: int = 0  # files created, changed or removed outside the run's own folder
     failed_tests: int = 0
     seconds: float = 0.0
 
@@ -57,7 +59,7 @@ class Ledger:
             self.rows[scenario].failed_tests += 1
 
     def record(self, scenario: str, *, runs: int = 1, lost: int = 0, duplicated: int = 0, wrong_exit: int = 0,
-               seconds: float = 0.0) -> None:
+               outside: int = 0, seconds: float = 0.0) -> None:
         row = self.rows.setdefault(scenario, Row())
         if self.current is not None:
             self.by_test.setdefault(self.current, set()).add(scenario)
@@ -65,6 +67,7 @@ class Ledger:
         row.lost += lost
         row.duplicated += duplicated
         row.wrong_exit += wrong_exit
+        row.outside += outside
         row.seconds += seconds
 
     def dump(self) -> dict[str, dict[str, float]]:
@@ -79,10 +82,11 @@ class Ledger:
                 setattr(row, key, getattr(row, key) + value)
 
     def table(self) -> str:
-        head = ("scenario", "runs", "tasks lost", "tasks duplicated", "wrong exit codes", "failed tests")
+        head = ("scenario", "runs", "tasks lost", "tasks duplicated", "wrong exit codes",
+                "files touched outside the run folder", "failed tests")
         rows = [*self.rows.items(), ("TOTAL", self._total())]
         body = [
-            (name, str(r.runs), str(r.lost), str(r.duplicated), str(r.wrong_exit), str(r.failed_tests))
+            (name, str(r.runs), str(r.lost), str(r.duplicated), str(r.wrong_exit), str(r.outside), str(r.failed_tests))
             for name, r in rows
         ]
         widths = [max(len(row[i]) for row in (head, *body)) for i in range(len(head))]
@@ -99,15 +103,17 @@ class Ledger:
             t.lost += r.lost
             t.duplicated += r.duplicated
             t.wrong_exit += r.wrong_exit
+            t.outside += r.outside
             t.failed_tests += r.failed_tests
         return t
 
     def result_line(self) -> str:
         t = self._total()
-        ok = t.lost == t.duplicated == t.wrong_exit == t.failed_tests == 0
+        ok = t.lost == t.duplicated == t.wrong_exit == t.outside == t.failed_tests == 0
         return (
             f"RESULT reliability scenarios={len(self.rows)} runs={t.runs} tasks_lost={t.lost} "
-            f"tasks_duplicated={t.duplicated} wrong_exit_codes={t.wrong_exit} failed_tests={t.failed_tests} "
+            f"tasks_duplicated={t.duplicated} wrong_exit_codes={t.wrong_exit} outside_writes={t.outside} "
+            f"failed_tests={t.failed_tests} "
             f"wall_s={time.perf_counter() - self.started:.1f} {'OK' if ok else 'FAIL'}"
         )
 
@@ -116,6 +122,24 @@ LEDGER = Ledger()
 
 
 # ----------------------------------------------------------------------------- run folders
+
+
+def tree_state(root: Path, exclude: tuple[Path, ...] = ()) -> dict[str, tuple[int, int, int]]:
+    """(size, mtime_ns, mode) of every path under ``root`` except those under ``exclude``
+    (symlinks not followed): compare two states with ``changed_paths``."""
+    state = {}
+    skip = [p.resolve() for p in exclude]
+    for path in [root, *root.rglob("*")]:
+        if any(path.resolve() == s or s in path.resolve().parents for s in skip):
+            continue
+        st = path.lstat()
+        state[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns, st.st_mode)
+    return state
+
+
+def changed_paths(before: dict[str, tuple[int, int, int]], after: dict[str, tuple[int, int, int]]) -> list[str]:
+    """Paths created, removed or changed between two ``tree_state`` snapshots."""
+    return sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
 
 
 def raw_lines(path: Path) -> list[dict[str, Any]]:
