@@ -190,6 +190,11 @@ class MemoryPolicyPipeline(StrictConfig):
     report: PipelineReport = Field(
         default_factory=PipelineReport, description="Paired bootstrap settings of the report"
     )
+    bar: Literal["recall_every_seed", "pooled"] = Field(
+        "recall_every_seed",
+        description="The held-out bar the report judges (pipelines/memory_policy/bar.py; its thresholds are "
+        "constants there, fixed before any held-out number): 'recall_every_seed' (recipe v1) or 'pooled' (v2)",
+    )
 
     @model_validator(mode="before")
     @classmethod

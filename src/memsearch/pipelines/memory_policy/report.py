@@ -147,6 +147,16 @@ def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
                 )
                 + " |"
             )
+        lines += ["", "| policy | gold kept share | junk ids / call | overflow rate | calls with ADD "
+                  "| calls with NOOP |", "|---|---|---|---|---|---|"]
+        for policy, r in {**shared, **rows}.items():
+            dec, calls = r.get("decisions") or {}, r["memory_calls"]
+            with_op = calls.get("calls_with") or {}  # absent in summaries written before it was counted
+            share = {op: with_op[op] / calls["calls"] if calls["calls"] and op in with_op else None
+                     for op in ("ADD", "NOOP")}
+            lines.append(f"| {policy} | " + " | ".join(_cell(v) for v in (
+                dec.get("gold_kept_share"), dec.get("junk_ids_per_call"), dec.get("overflow_rate"),
+                share["ADD"], share["NOOP"])) + " |")
         lines += ["", "| pair | metric | a | b | a - b | CI | n | usable |", "|---|---|---|---|---|---|---|---|"]
         for pair, metrics in comparison["per_seed"][seed].items():
             lines += [_diff_line(pair, m, metrics[m], metrics[m]["usable"]) for m in DIFF_METRICS]
@@ -168,6 +178,12 @@ def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
         f"over seeds with a CI above 0: {on_sft}.",
         "",
     ]
+    if "checks" in bar:  # the pooled bar: each check and the figures it read
+        lines += ["| check | holds | figures |", "|---|---|---|"]
+        lines += [f"| {name} | {_cell(c['holds'])} | "
+                  + ", ".join(f"{k} = {_cell(v)}" for k, v in c.items() if k != "holds") + " |"
+                  for name, c in bar["checks"].items()]
+        lines.append("")
     return lines
 
 
