@@ -296,3 +296,60 @@ def test_prepare_needs_a_split_and_refuses_one_the_file_name_contradicts(tmp_pat
     result = invoke("data", "prepare-hotpot", "--input", HOTPOT_TRAIN, "--split", "train", "--out", out, "--limit", "3")
     assert result.exit_code == 0, result.output
     assert json.loads((out / "manifest.json").read_text())["split"] == "train"
+
+
+# --------------------------------------------------------------------------- Hugging Face layouts
+
+SAMPLES = ROOT / "data" / "samples"
+
+
+@pytest.mark.slow  # every shipped sample, three layouts each (~20 s)
+@pytest.mark.parametrize(
+    ("command", "sample", "split"),
+    [
+        ("prepare-hotpot", SAMPLES / "hotpotqa" / "dev_distractor_sample.json", "dev"),
+        ("prepare-hotpot", SAMPLES / "hotpotqa" / "train_extended.json", "train"),
+        ("prepare-musique", SAMPLES / "musique" / "musique_ans_dev_sample.json", "dev"),
+        ("prepare-musique", SAMPLES / "musique" / "musique_ans_train_sample.json", "train"),
+    ],
+)
+def test_every_shipped_sample_prepares_alike_from_its_hugging_face_layouts(tmp_path, command, sample, split):
+    """Each sample rewritten as the Hub stores it (parquet) and as ``Dataset.to_json`` exports it
+    (JSON lines) prepares, through the CLI, exactly the data the original file does."""
+    from tests.support.hf_layout import (
+        hotpot_schema,
+        hotpot_to_hf,
+        prepared_differences,
+        write_json_lines,
+        write_parquet,
+    )
+
+    records = json.loads(sample.read_text(encoding="utf-8"))
+    hotpot = command == "prepare-hotpot"
+    rows = [hotpot_to_hf(ex) for ex in records] if hotpot else records
+    shard = "validation" if split == "dev" else "train"
+    sources = [write_parquet(tmp_path / "hf" / f"{shard}-00000-of-00001.parquet", rows,
+                             hotpot_schema() if hotpot else None, row_group_size=100),
+               write_json_lines(tmp_path / "hf" / f"{shard}.jsonl", rows)]
+    outs = []
+    for i, src in enumerate([sample, *sources]):
+        outs.append(tmp_path / f"out{i}")
+        result = invoke("data", command, "--input", src, "--split", split, "--out", outs[-1])
+        assert result.exit_code == 0, result.output
+        assert result.stdout.startswith(f"wrote {outs[-1]}: {len(records)} tasks, ")
+    for out in outs[1:]:
+        assert prepared_differences(out, outs[0]) == []
+        assert invoke("data", "validate", "--data", out).exit_code == 0
+
+
+def test_prepare_from_malformed_parquet_exits_2_naming_file_row_and_field(tmp_path):
+    from tests.support.hf_layout import hotpot_schema, hotpot_to_hf, write_parquet
+
+    rows = [hotpot_to_hf(ex) for ex in json.loads(HOTPOT_DEV.read_text(encoding="utf-8"))[:3]]
+    rows[2]["question"] = None
+    src = write_parquet(tmp_path / "validation-00000-of-00001.parquet", rows, hotpot_schema())
+    out = tmp_path / "out"
+    result = invoke("data", "prepare-hotpot", "--input", src, "--split", "dev", "--out", out)
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == f"error: {src}: [row 2].question: got NoneType None, expected the question string\n"
+    assert not out.exists()

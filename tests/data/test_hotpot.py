@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from tests.support.hf_layout import hotpot_schema, prepared_differences, write_json_lines, write_parquet
+from tests.support.hf_layout import hotpot_to_hf as to_hf
 from typer.testing import CliRunner
 
 from memsearch.cli.app import app
@@ -58,22 +62,6 @@ def problems_of(path: Path, **kwargs) -> list[str]:
 
 def hashes(folder: Path) -> dict[str, str]:
     return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in FILES}
-
-
-def to_hf(ex: dict) -> dict:
-    """The Hugging Face ``hotpot_qa`` layout: ``id`` and dicts of parallel lists."""
-    return {
-        "id": ex["_id"],
-        "question": ex["question"],
-        "answer": ex["answer"],
-        "type": ex["type"],
-        "level": ex["level"],
-        "supporting_facts": {
-            "title": [t for t, _ in ex["supporting_facts"]],
-            "sent_id": [s for _, s in ex["supporting_facts"]],
-        },
-        "context": {"title": [t for t, _ in ex["context"]], "sentences": [s for _, s in ex["context"]]},
-    }
 
 
 # --------------------------------------------------------------------------- documents
@@ -219,6 +207,74 @@ def test_hugging_face_layout_as_json_lines(head, saved, tmp_path):
     hf.write_text("".join(json.dumps(to_hf(ex)) + "\n" for ex in head), encoding="utf-8")
     out = save_dataset(convert_hotpot(hf), tmp_path / "out")
     assert [(out / n).read_bytes() for n in FILES[:3]] == [(saved / n).read_bytes() for n in FILES[:3]]
+
+
+@pytest.mark.parametrize("name", ["validation-00000-of-00001.parquet", "blob-without-extension", "named-dev.json"])
+def test_hugging_face_parquet_gives_identical_outputs(head, saved, tmp_path, name):
+    """``hotpot_qa`` as the Hub stores it (parquet, structs of parallel lists), recognised by its
+    bytes whatever the file is called, prepares the very same data as the original JSON."""
+    src = write_parquet(tmp_path / name, [to_hf(ex) for ex in head], hotpot_schema(), row_group_size=7)
+    out = save_dataset(convert_hotpot(src, split="dev"), tmp_path / "out")
+    assert prepared_differences(out, saved) == []
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["source"] == {"name": name, "sha256": hashlib.sha256(src.read_bytes()).hexdigest()}
+
+
+def test_hugging_face_parquet_limit(head, converted, tmp_path):
+    src = write_parquet(tmp_path / "hf.parquet", [to_hf(ex) for ex in head], hotpot_schema(), row_group_size=3)
+    small = convert_hotpot(src, limit=5)
+    assert (small.tasks, small.labels, small.documents) == (converted.tasks[:5], converted.labels[:5],
+                                                            converted.documents[:50])
+
+
+def test_malformed_hugging_face_parquet_names_file_row_and_field(head, tmp_path):
+    rows = [to_hf(ex) for ex in head[:6]]
+    rows[1]["context"]["title"] = rows[1]["context"]["title"][:-1]
+    rows[2]["id"] = rows[0]["id"]
+    rows[3]["supporting_facts"]["sent_id"] = [None] + rows[3]["supporting_facts"]["sent_id"][1:]
+    rows[4]["answer"] = None
+    rows[5]["context"] = None
+    src = write_parquet(tmp_path / "hf.parquet", rows, hotpot_schema())
+    assert problems_of(src) == [
+        f"{src}: [row 1].context: 9 titles but 10 sentence lists, expected parallel lists",
+        f"{src}: [row 2].id: duplicate id {rows[0]['id']!r} (first used at row 0), expected unique ids",
+        f"{src}: [row 3].supporting_facts[0]: got [{rows[3]['supporting_facts']['title'][0]!r}, None], "
+        "expected [title string, integer sentence index]",
+        f"{src}: [row 4].answer: got NoneType None, expected the answer string",
+        f"{src}: [row 5].context: missing or not a list, expected [[title, [sentence, ...]], ...]",
+    ]
+
+
+def test_malformed_hugging_face_json_lines_names_file_line_and_field(head, tmp_path):
+    rows = [to_hf(ex) for ex in head[:3]]
+    rows[2]["supporting_facts"]["sent_id"] = rows[2]["supporting_facts"]["sent_id"] + [0]
+    src = write_json_lines(tmp_path / "hf.jsonl", rows)
+    n = len(rows[2]["supporting_facts"]["title"])
+    assert problems_of(src) == [
+        f"{src}:3: [2].supporting_facts: {n} titles but {n + 1} sentence ids, expected parallel lists"]
+
+
+def test_damaged_parquet_is_one_clear_error(head, tmp_path):
+    src = write_parquet(tmp_path / "hf.parquet", [to_hf(ex) for ex in head], hotpot_schema())
+    src.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
+    (line,) = problems_of(src)
+    assert line.startswith(f"{src}: file: unreadable parquet (") and line.endswith(
+        "), expected a complete parquet file as datasets or pyarrow write it")
+
+
+def test_parquet_without_pyarrow_names_the_package(head, tmp_path):
+    """Where pyarrow is not installed (the package does not depend on it), a parquet input says
+    which package reads it; a None entry in sys.modules is how Python marks a module unimportable."""
+    src = write_parquet(tmp_path / "hf.parquet", [to_hf(ex) for ex in head[:2]], hotpot_schema())
+    code = ("import sys; sys.modules['pyarrow'] = sys.modules['pyarrow.parquet'] = None\n"
+            "from memsearch.data.hotpot import convert_hotpot\n"
+            "from memsearch.errors import InputError\n"
+            f"try: convert_hotpot({str(src)!r})\n"
+            "except InputError as exc: print(exc)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout == (
+        f"{src}: file: a parquet file, but the pyarrow package that reads it is not installed; expected "
+        "`pip install pyarrow`, or the dataset exported as JSON lines (datasets: Dataset.to_json)\n")
 
 
 def test_json_lines_input_gives_identical_outputs(head, saved, tmp_path):

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.support.hf_layout import as_parallel_lists, prepared_differences, write_json_lines, write_parquet
 
 from memsearch.data.dataset import save_dataset
 from memsearch.data.musique import convert_musique
@@ -148,6 +149,59 @@ def test_real_train_sample_converts_whole(tmp_path):
     assert ds.manifest["source"] == {"name": TRAIN.name, "sha256": hashlib.sha256(TRAIN.read_bytes()).hexdigest()}
     assert len({t.id for t in ds.tasks}) == 100
     assert all(lab.supporting_facts and lab.gold_doc_ids for lab in ds.labels)
+
+
+@pytest.fixture(scope="module")
+def saved(converted, tmp_path_factory) -> Path:
+    return save_dataset(converted, tmp_path_factory.mktemp("musique-saved") / "out")
+
+
+def _parallel(ex: dict) -> dict:
+    """``ex`` with its lists of objects stored as a ``datasets`` ``Sequence`` of a dict stores them."""
+    return {**ex, "paragraphs": as_parallel_lists(ex["paragraphs"]),
+            "question_decomposition": as_parallel_lists(ex["question_decomposition"])}
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        pytest.param(lambda p, rows: write_parquet(p / "validation-00000-of-00001.parquet", rows), id="parquet"),
+        pytest.param(lambda p, rows: write_parquet(p / "blob", rows, row_group_size=4), id="parquet-no-extension"),
+        pytest.param(lambda p, rows: write_json_lines(p / "dev.jsonl", rows), id="json-lines"),
+        pytest.param(lambda p, rows: write_parquet(p / "seq.parquet", [_parallel(r) for r in rows]),
+                     id="parquet-parallel-lists"),
+        pytest.param(lambda p, rows: write_json_lines(p / "seq.jsonl", [_parallel(r) for r in rows]),
+                     id="json-lines-parallel-lists"),
+    ],
+)
+def test_hugging_face_layouts_give_identical_outputs(dev, saved, tmp_path, write):
+    """MuSiQue as its Hub exports store it (parquet: lists of arrow structs; JSON lines; either with
+    the parallel lists of a ``Sequence`` of a dict) prepares the very same data as the original."""
+    src = write(tmp_path, dev[:N])
+    out = save_dataset(convert_musique(src, split="dev"), tmp_path / "out")
+    assert prepared_differences(out, saved) == []
+
+
+def test_malformed_hugging_face_parquet_names_file_row_and_field(dev, tmp_path):
+    rows = [_parallel(ex) for ex in dev[:4]]
+    rows[1]["paragraphs"]["title"] = rows[1]["paragraphs"]["title"][:-1]
+    rows[2]["paragraphs"]["is_supporting"] = [None] + rows[2]["paragraphs"]["is_supporting"][1:]
+    rows[3]["question_decomposition"]["answer"] = []
+    src = write_parquet(tmp_path / "hf.parquet", rows)
+    n = len(rows[3]["question_decomposition"]["question"])
+    assert problems_of(src) == [
+        f"{src}: [row 1].paragraphs: parallel lists of different lengths (idx: 20, title: 19, paragraph_text: 20, "
+        "is_supporting: 20), expected one entry per item in each",
+        f"{src}: [row 2].paragraphs[0].is_supporting: got NoneType None, expected true or false",
+        f"{src}: [row 3].question_decomposition: parallel lists of different lengths (id: {n}, question: {n}, "
+        f"answer: 0, paragraph_support_idx: {n}), expected one entry per item in each",
+    ]
+    rows = [dict(ex) for ex in dev[:2]]
+    rows[1]["paragraphs"] = [dict(p) for p in rows[1]["paragraphs"]]
+    rows[1]["paragraphs"][3]["paragraph_text"] = None
+    src = write_parquet(tmp_path / "hf2.parquet", rows)
+    assert problems_of(src) == [
+        f"{src}: [row 1].paragraphs[3].paragraph_text: got NoneType None, expected a string"]
 
 
 def test_limit(dev, converted):

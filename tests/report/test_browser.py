@@ -9,6 +9,7 @@ Set ``MEMSEARCH_SCREENSHOTS=docs/images`` to also write the README's screenshots
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -135,4 +136,60 @@ def test_compare_mode_regressions(browser, rules_matrix, short_memory_run, hotpo
     page.eval(f"window.__report.apply('filter=regressions&task={regressions[0]}')")
     _shot(page, "compare")
     assert page.eval("window.__report.apply('filter=improvements'), " + COUNT) == str(len(improvements))
+    _clean(page)
+
+
+HEADER_RUN = "document.querySelector('#header summary b').textContent"
+ROWS_OUTSIDE_TABLE = "[...document.querySelectorAll('[data-task-id]')].filter(e => !e.closest('#table')).length"
+
+
+def test_hostile_run_names_render_as_text(browser, rules_matrix, hotpot_dev_dir, tmp_path):
+    """Run folders named like the template's placeholders, HTML, and Object.prototype members are
+    shown as their names: no task rows in the header, search and run selection still work."""
+    hostile = tmp_path / "__JS__ __PAYLOAD__ __CSS__ __TITLE__ <img src=x onerror=alert(1)>&x=1#y'\"\\1"
+    shutil.copytree(rules_matrix / "B", hostile)
+    proto = tmp_path / "__proto__"
+    shutil.copytree(rules_matrix / "D", proto)
+    report = write_report([hostile, proto], hotpot_dev_dir, tmp_path / "h.html")
+    rows = [r for _, r in iter_jsonl(rules_matrix / "B" / "metrics.jsonl")]
+    page = browser.open(report.as_uri())
+    title = f"{hostile.name} vs __proto__"
+    assert page.eval("document.title") == title
+    assert page.eval("document.getElementById('title').textContent") == title
+    assert page.eval(ROWS_OUTSIDE_TABLE) == 0
+    assert page.eval("[...document.querySelectorAll('#runsel option')].map(o => o.textContent)") == [
+        hostile.name, "__proto__"]
+    assert page.eval(HEADER_RUN) == hostile.name
+    assert int(page.eval(COUNT)) == len(rows)
+    page.eval(f"window.__report.apply('q={rows[3]['task_id']}')")
+    assert int(page.eval(COUNT)) == 1
+    assert page.eval("[...document.querySelectorAll('#table [data-task-id]')].map(e => e.dataset.taskId)") == [
+        rows[3]["task_id"]]
+    # The run named __proto__ is a run like any other, selected from the hash and from the list.
+    page = browser.open(f"{report.as_uri()}#run=__proto__&vs=-")
+    assert page.eval(HEADER_RUN) == "__proto__"
+    page.eval("(() => { const s = document.getElementById('runsel'); s.selectedIndex = 0;"
+              " s.dispatchEvent(new Event('change')); })()")
+    assert page.eval("new Promise((ok) => setTimeout(() => ok(" + HEADER_RUN + "), 50))") == hostile.name
+    _clean(page)
+
+
+@pytest.mark.parametrize("key", ["__proto__", "constructor", "toString", "hasOwnProperty", "valueOf"])
+def test_hash_keys_naming_object_members(browser, rules_matrix, hotpot_dev_dir, tmp_path_factory, key):
+    """A hash naming Object.prototype members (as a run, the compared run, a task, a sort key or a
+    state key) falls back like any unknown name, with no page error."""
+    report = tmp_path_factory.getbasetemp() / "object-members.html"
+    if not report.exists():
+        write_report([rules_matrix / "B"], hotpot_dev_dir, report)
+    rows = [r for _, r in iter_jsonl(rules_matrix / "B" / "metrics.jsonl")]
+    page = browser.open(f"{report.as_uri()}#run={key}")
+    assert page.eval(HEADER_RUN) == "B" and int(page.eval(COUNT)) == len(rows)
+    _clean(page)
+    page = browser.open(f"{report.as_uri()}#run=B&vs={key}&task={key}&sort={key}&{key}=1")
+    assert page.eval(HEADER_RUN) == "B" and int(page.eval(COUNT)) == len(rows)
+    assert page.eval("document.querySelector('[data-testid=episode]').dataset.episodeTask") == key
+    assert page.eval("document.querySelector('#episode .muted').textContent") == (
+        f"this run has no episode for task {key}")
+    visible = page.eval("[...document.querySelectorAll('[data-task-id]')].map(e => e.dataset.taskId)")
+    assert visible == [r["task_id"] for r in rows][: len(visible)]  # unknown sort key: metrics order
     _clean(page)

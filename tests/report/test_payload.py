@@ -3,6 +3,7 @@ trip, determinism, nothing cut, the data-folder check, comparison sets against h
 
 from __future__ import annotations
 
+import html
 import json
 
 import pytest
@@ -126,3 +127,17 @@ def test_token_arrays_become_lengths():
         "token_counts": {"prompt_ids": 3, "completion_ids": 1, "logprobs": None},
     }
     assert traj["events"][1] == {"type": "search", "query": "q"}
+
+
+@pytest.mark.parametrize("name", ["__TITLE__", "__CSS__", "__JS__", "__PAYLOAD__", "__JS__ vs __PAYLOAD__ <b>&'\"\\1"])
+def test_placeholder_text_in_the_title_is_not_expanded(name):
+    """The template is filled in one pass: a run folder named like a placeholder stays text."""
+    from memsearch.report.html import _static
+
+    payload = {"runs": {name: {}}, "note": "__JS__ __CSS__ __TITLE__ __PAYLOAD__"}
+    page = render_html(payload, name)
+    escaped = html.escape(name)
+    assert page.count(f"<title>{escaped}</title>") == 1 and page.count(f'<span id="title">{escaped}</span>') == 1
+    for text in (_static("report.css"), _static("report.js"), encode_payload(payload)):
+        assert page.count(text) == 1  # each placeholder's content once, where the template has it
+    assert payload_of_html(page) == payload

@@ -35,8 +35,11 @@ def _prepare(kind: str, input: Path, out: Path, split: str, limit: int | None) -
 
 
 HotpotFile = Annotated[Path, typer.Option(
-    "--input", help="HotpotQA file: JSON list, JSON lines, or the Hugging Face layout.")]
-MusiqueFile = Annotated[Path, typer.Option("--input", help="MuSiQue-Ans file: JSON list or JSON lines.")]
+    "--input", help="HotpotQA file: the original JSON list or JSON lines, or the Hugging Face hotpot_qa layout "
+    "(parquet or JSON lines; parquet needs pyarrow).")]
+MusiqueFile = Annotated[Path, typer.Option(
+    "--input", help="MuSiQue-Ans file: the original JSON list or JSON lines, or a Hugging Face export "
+    "(parquet or JSON lines; parquet needs pyarrow).")]
 
 
 @data_app.command("prepare-hotpot")

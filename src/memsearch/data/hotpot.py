@@ -2,8 +2,10 @@
 
 Accepts the original layout (a JSON list with ``_id``, ``context = [[title, [sentence, ...]],
 ...]``, ``supporting_facts = [[title, sent_id], ...]``), the same records as JSON lines, and the
-Hugging Face layout (``id``; ``context = {title: [...], sentences: [[...]]}``;
-``supporting_facts = {title: [...], sent_id: [...]}``).
+Hugging Face ``hotpot_qa`` layout (``id``; ``context = {title: [...], sentences: [[...]]}``;
+``supporting_facts = {title: [...], sent_id: [...]}``) as JSON lines or parquet (the Hub's files,
+``Dataset.to_parquet``; read by ``data/parquet.py``). The layout is read off each record and the
+file's bytes, never its name.
 """
 
 from __future__ import annotations
@@ -138,6 +140,6 @@ def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, in
 
 
 def convert_hotpot(path: str | Path, split: str = "dev", limit: int | None = None) -> Dataset:
-    """Convert a HotpotQA file; all problems are raised together as one ``InputError``."""
+    """Convert a HotpotQA file (any layout above); all problems are raised together as one ``InputError``."""
     return convert_source(path, split, limit, _convert_record, kind="hotpotqa", evidence_granularity="sentence",
                           converter=CONVERTER_VERSION)

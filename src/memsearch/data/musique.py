@@ -4,11 +4,17 @@ MuSiQue marks support per paragraph (``is_supporting``), not per sentence, so ea
 becomes a document with one "sentence" (the whole paragraph) and evidence ids point at
 paragraphs (``evidence_granularity = "paragraph"`` in the manifest). Splitting paragraphs into
 sentences would invent a finer support than the labels give.
+
+Accepts the original records (a JSON list or JSON lines) and their Hugging Face exports: JSON
+lines look the same; parquet stores each list of objects as a list of arrow structs, which
+reads back as the same list of dicts. A ``datasets`` ``Sequence`` of a dict stores such a list as
+parallel lists instead (``paragraphs = {title: [...], paragraph_text: [...], ...}``): both read.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from memsearch.data.convert import convert_source
 from memsearch.data.dataset import Dataset, DocumentPool
@@ -16,11 +22,30 @@ from memsearch.data.records import Label, Task, evidence_id, has_visible_text
 from memsearch.data.source import SourceRecord, check_unique_id
 
 CONVERTER_VERSION = "musique-1"
+# _objects' answer for parallel lists of different lengths (already reported).
+_MISMATCHED = object()
+
+
+def _objects(record: SourceRecord, name: str) -> Any:
+    """``record[name]``, with the parallel-lists layout (a dict of equal-length lists, one per
+    field) turned into the list of objects it stands for; any other value is returned as is."""
+    raw = record.obj.get(name)
+    if not (isinstance(raw, dict) and raw and all(isinstance(v, list) for v in raw.values())):
+        return raw
+    sizes = {key: len(values) for key, values in raw.items()}
+    if len(set(sizes.values())) > 1:
+        record.problem(name, f"parallel lists of different lengths ({', '.join(f'{k}: {n}' for k, n in sizes.items())}"
+                       "), expected one entry per item in each")
+        return _MISMATCHED
+    return [dict(zip(raw, values)) for values in zip(*raw.values())]
 
 
 def _paragraphs(record: SourceRecord) -> list[tuple[str, str, bool]] | None:
-    raw = record.get("paragraphs", list, "a list of {title, paragraph_text, is_supporting}")
-    if raw is None:
+    raw = _objects(record, "paragraphs")
+    if raw is _MISMATCHED:
+        return None
+    if not isinstance(raw, list):
+        record.get("paragraphs", list, "a list of {title, paragraph_text, is_supporting}")  # says what is there
         return None
     out = []
     for i, para in enumerate(raw):
@@ -38,8 +63,8 @@ def _paragraphs(record: SourceRecord) -> list[tuple[str, str, bool]] | None:
 
 
 def _decomposition(record: SourceRecord) -> list[dict[str, str]] | None:
-    raw = record.obj.get("question_decomposition")
-    if raw is None:
+    raw = _objects(record, "question_decomposition")
+    if raw is None or raw is _MISMATCHED:
         return None
     if not isinstance(raw, list):
         record.problem("question_decomposition", "not a list, expected a list of {question, answer}")
@@ -91,6 +116,6 @@ def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, in
 
 
 def convert_musique(path: str | Path, split: str = "dev", limit: int | None = None) -> Dataset:
-    """Convert a MuSiQue-Ans file (JSON list or JSON lines); problems raise one ``InputError``."""
+    """Convert a MuSiQue-Ans file (JSON list, JSON lines or parquet); problems raise one ``InputError``."""
     return convert_source(path, split, limit, _convert_record, kind="musique", evidence_granularity="paragraph",
                           converter=CONVERTER_VERSION)

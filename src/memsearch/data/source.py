@@ -1,8 +1,9 @@
 """Shared helpers for converters that read a source dataset file record by record.
 
-A converter walks the records of a JSON list or JSON-lines file, checks each field it uses,
-and collects every problem (``file:line: [record].field: what was wrong, what was expected``)
-before anything is written, so one run shows all that needs fixing.
+A converter walks the records of a JSON list, JSON-lines or parquet file, checks each field it
+uses, and collects every problem (``file:line: [record].field: what was wrong, what was
+expected``; a parquet file has rows, not lines: ``file: [row N].field: ...``) before anything is
+written, so one run shows all that needs fixing.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from memsearch.data.parquet import is_parquet, iter_parquet_rows
 from memsearch.errors import InputError, Problem
-from memsearch.io import iter_json_records
+from memsearch.io import iter_json_records, require_file
 
 # Words in a source file's name that say which split it holds (the official files are named
 # hotpot_train_v1.1.json, hotpot_dev_distractor_v1.json, musique_ans_v1.0_dev.jsonl, ...).
@@ -34,16 +36,16 @@ def check_split(path: str | Path, split: str) -> None:
 
 
 class SourceRecord:
-    """One record of a source file, with the location to report its problems at."""
+    """One record of a source file, with the location to report its problems at: a line of a
+    JSON file, or (``line`` None) a row of a parquet file."""
 
-    def __init__(self, file: str, line: int, index: int, obj: Any, problems: list[Problem]) -> None:
+    def __init__(self, file: str, line: int | None, index: int, obj: Any, problems: list[Problem]) -> None:
         self.file, self.line, self.index, self.obj = file, line, index, obj
         self._problems = problems
 
     def problem(self, field: str, message: str) -> None:
-        self._problems.append(
-            Problem(self.file, self.line, f"[{self.index}].{field}" if field else f"[{self.index}]", message)
-        )
+        where = f"[{self.index}]" if self.line is not None else f"[row {self.index}]"
+        self._problems.append(Problem(self.file, self.line, f"{where}.{field}" if field else where, message))
 
     def get(
         self, key: str, kind: type | tuple[type, ...], expected: str, container: Any = None, path: str | None = None
@@ -82,7 +84,11 @@ def iter_source(path: str | Path, limit: int | None, problems: list[Problem]) ->
     if limit is not None and limit < 1:
         raise InputError(f"--limit {limit}: expected a positive number of examples")
     n = 0
-    for line, index, obj in iter_json_records(path):
+    require_file(path)
+    # The bytes decide, not the name: the Hub's cache keeps files as extensionless blobs, and a
+    # renamed export would otherwise be misread.
+    rows = ((None, i, obj) for i, obj in iter_parquet_rows(path)) if is_parquet(path) else iter_json_records(path)
+    for line, index, obj in rows:
         record = SourceRecord(str(path), line, index, obj, problems)
         if not isinstance(obj, dict):
             record.problem("", f"got {type(obj).__name__}, expected a JSON object per example")
@@ -96,9 +102,10 @@ def iter_source(path: str | Path, limit: int | None, problems: list[Problem]) ->
 def check_unique_id(record: SourceRecord, key: str, task_id: str, seen: dict[str, int]) -> bool:
     """Record a problem if ``task_id`` was already used by an earlier record."""
     if task_id in seen:
-        record.problem(key, f"duplicate id {task_id!r} (first used at line {seen[task_id]}), expected unique ids")
+        first = f"line {seen[task_id]}" if record.line is not None else f"row {seen[task_id]}"
+        record.problem(key, f"duplicate id {task_id!r} (first used at {first}), expected unique ids")
         return False
-    seen[task_id] = record.line
+    seen[task_id] = record.line if record.line is not None else record.index
     return True
 
 

@@ -11,11 +11,14 @@ import base64
 import gzip
 import html
 import json
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 PAYLOAD_TAG = '<script id="payload" type="application/octet-stream">'
+# The template's placeholders (static/report.html); nothing else in the page is one.
+PLACEHOLDER = re.compile(r"__(TITLE|CSS|JS|PAYLOAD)__")
 
 
 def encode_payload(payload: dict[str, Any]) -> str:
@@ -36,11 +39,13 @@ def _static(name: str) -> str:
 
 
 def render_html(payload: dict[str, Any], title: str) -> str:
-    """The page: template + CSS + JS + encoded payload. Replacement order matters: the payload
-    goes in last so that nothing in it can be taken for a placeholder."""
-    page = _static("report.html").replace("__TITLE__", html.escape(title))
-    page = page.replace("__CSS__", _static("report.css")).replace("__JS__", _static("report.js"))
-    return page.replace("__PAYLOAD__", encode_payload(payload))
+    """The page: template + CSS + JS + encoded payload, substituted in one pass over the template
+    only, so no substituted text (a run folder named ``__JS__`` in the title, a placeholder
+    written in the CSS or JS) is ever taken for a placeholder itself."""
+    values = {"TITLE": html.escape(title), "CSS": _static("report.css"), "JS": _static("report.js"),
+              "PAYLOAD": encode_payload(payload)}
+    # A function replacement is inserted literally: no backslash or group expansion of the values.
+    return PLACEHOLDER.sub(lambda m: values[m.group(1)], _static("report.html"))
 
 
 def payload_of_html(page: str) -> dict[str, Any]:

@@ -18,6 +18,11 @@
   const esc = (s) => String(s == null ? "" : s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
   const fmt = (v) => v == null ? "–" : typeof v === "number" ? (Number.isInteger(v) ? String(v) : Math.abs(v) < 0.01 ? v.toExponential(2) : v.toFixed(3)) : String(v);
   const reEsc = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+  // Every lookup by a key that comes from the URL hash or the data (run names, task ids, evidence
+  // ids) goes through own(): a plain obj[key] finds Object.prototype's members for "__proto__",
+  // "constructor", "toString", ..., and the page would take them for a run or an episode.
+  const has = (obj, key) => obj != null && Object.prototype.hasOwnProperty.call(obj, key);
+  const own = (obj, key) => has(obj, key) ? obj[key] : undefined;
 
   async function decode() {
     const b64 = $("payload").textContent.trim();
@@ -35,11 +40,11 @@
       if (!part) continue;
       const i = part.indexOf("=");
       const k = decodeURIComponent(i < 0 ? part : part.slice(0, i)), v = i < 0 ? "" : decodeURIComponent(part.slice(i + 1));
-      if (k === "dir") st.dir = v === "-1" ? -1 : 1; else if (k in st) st[k] = v;
+      if (k === "dir") st.dir = v === "-1" ? -1 : 1; else if (has(st, k)) st[k] = v;
     }
-    if (!P.runs[st.run]) st.run = P.run_order[0];
+    if (!own(P.runs, st.run)) st.run = P.run_order[0];
     // vs "-" means "compare with nothing" (an empty value would fall back to the default run).
-    if (st.vs && st.vs !== "-" && (!P.runs[st.vs] || st.vs === st.run)) st.vs = P.run_order.find((r) => r !== st.run) || "";
+    if (st.vs && st.vs !== "-" && (!own(P.runs, st.vs) || st.vs === st.run)) st.vs = P.run_order.find((r) => r !== st.run) || "";
     if (!FILTERS.includes(st.filter)) st.filter = "all";
     return st;
   }
@@ -51,7 +56,7 @@
 
   // ---- gold highlighting ----
   function goldRe(tid) {
-    const facts = (P.labels[tid] || {}).supporting_facts || [];
+    const facts = (own(P.labels, tid) || {}).supporting_facts || [];
     return facts.length ? new RegExp("(" + facts.map(reEsc).join("|") + ")(?![0-9])", "g") : null;
   }
   function hl(text, re) { const e = esc(text); return re ? e.replace(re, '<mark class="gold" data-testid="gold">$1</mark>') : e; }
@@ -75,8 +80,8 @@
   }
   function renderHeader() {
     const h = P.runs[S.run].header, m = h.metrics || {};
-    const metrics = {};
-    for (const k of Object.keys(m)) metrics[k] = fmt(m[k]) + (h.ci && h.ci[k] ? `  [${fmt(h.ci[k][0])}, ${fmt(h.ci[k][1])}]` : "");
+    const metrics = Object.create(null);  // keyed by the run's metric names: no inherited keys
+    for (const k of Object.keys(m)) { const ci = own(h.ci, k); metrics[k] = fmt(m[k]) + (ci ? `  [${fmt(ci[0])}, ${fmt(ci[1])}]` : ""); }
     const ident = { agent: h.agent, backends: h.backends, models: h.models, tokenizer: h.tokenizer, budgets: h.budgets,
       "data manifest sha256": h.data && h.data.manifest_sha256, "data kind/split": h.data && (h.data.kind + " / " + h.data.split),
       evaluator: h.evaluator_version, engine: h.engine_version, prompts: h.prompt_version };
@@ -87,7 +92,7 @@
       `<h3>tokens reported</h3>${kv(h.tokens_reported)}<h3>tokens estimated</h3>${kv(h.tokens_estimated)}</div>` +
       `<div><h3>metrics (mean [95% bootstrap CI])</h3>${kv(metrics)}</div></div></details>`;
   }
-  function comparison() { return S.vs && S.vs !== "-" ? P.comparisons[S.run + "|" + S.vs] || null : null; }
+  function comparison() { return S.vs && S.vs !== "-" ? own(P.comparisons, S.run + "|" + S.vs) || null : null; }
   function renderCompare() {
     const c = comparison();
     if (!c) { $("compare").innerHTML = ""; return; }
@@ -102,15 +107,15 @@
   function columns() {
     const cols = [["task_id", "id", 1.3], ["question", "question", 4], ["gold", "gold", 1.5], ["prediction", "prediction", 1.5]];
     const SHORT = { sub_em: "subEM", searches: "srch", invalid_actions: "invalid", request_errors: "req err", memory_truncations: "mem cut", latency_s: "latency" };
-    for (const c of P.columns) cols.push([c, SHORT[c] || c.replace(/_/g, " "), 0.8]);
+    for (const c of P.columns) cols.push([c, own(SHORT, c) || c.replace(/_/g, " "), 0.8]);
     if (comparison()) cols.push(["vs_prediction", S.vs + " prediction", 1.5], ["vs_em", S.vs + " em", 0.7], ["d_f1", "ΔF1", 0.7]);
     return cols;
   }
   function rowsOf() {
-    const c = comparison(), vs = c ? Object.fromEntries(P.runs[S.vs].tasks.map((t) => [t.task_id, t])) : null;
+    const c = comparison(), vs = c ? new Map(P.runs[S.vs].tasks.map((t) => [t.task_id, t])) : null;
     return P.runs[S.run].tasks.map((t) => {
       const r = Object.assign({}, t);
-      if (c) { const b = vs[t.task_id] || {}; r.vs_prediction = b.prediction; r.vs_em = b.em; r.d_f1 = (c.deltas[t.task_id] || {}).f1; }
+      if (c) { const b = vs.get(t.task_id) || {}; r.vs_prediction = b.prediction; r.vs_em = b.em; r.d_f1 = (own(c.deltas, t.task_id) || {}).f1; }
       return r;
     });
   }
@@ -134,7 +139,7 @@
     if (S.sort) {
       const k = S.sort, d = S.dir;
       view.sort((a, b) => {
-        const x = a[k], y = b[k];
+        const x = own(a, k), y = own(b, k);
         if (x == null || y == null) return x == null ? (y == null ? 0 : 1) : -1;  // missing values last
         return (typeof x === "number" && typeof y === "number" ? x - y : String(x).localeCompare(String(y))) * d;
       });
@@ -204,9 +209,9 @@
     return '<span class="badge">not judged</span>';
   }
   function eventCard(e, tid, re) {
-    const gold = new Set((P.labels[tid] || {}).supporting_facts || []);
+    const gold = new Set((own(P.labels, tid) || {}).supporting_facts || []);
     if (e.type === "search") {
-      const items = (e.shown || []).map((id) => `<li class="${gold.has(id) ? "gold" : ""}">${hl(id, re)} ${esc(P.evidence[id] || "")}</li>`).join("");
+      const items = (e.shown || []).map((id) => `<li class="${gold.has(id) ? "gold" : ""}">${hl(id, re)} ${esc(own(P.evidence, id) || "")}</li>`).join("");
       return `<div class="card search"><h4>search ${e.step}</h4>query: ${longText(e.query, null)}documents: ${esc((e.doc_ids || []).join(", "))} · ` +
         `${e.evidence_tokens} evidence tokens${e.cut_sentences ? ` · <b>${e.cut_sentences} sentences cut by the budget</b>` : ""}<ul>${items}</ul></div>`;
     }
@@ -227,7 +232,7 @@
     return `<div class="card"><h4>${esc(e.type)}</h4><pre>${esc(JSON.stringify(e, null, 1))}</pre></div>`;
   }
   function answerCard(run, tid, re) {
-    const t = P.runs[run].episodes[tid] || {}, row = P.runs[run].tasks.find((r) => r.task_id === tid) || {}, lab = P.labels[tid] || {};
+    const t = own(P.runs[run].episodes, tid) || {}, row = P.runs[run].tasks.find((r) => r.task_id === tid) || {}, lab = own(P.labels, tid) || {};
     const gold = new Set(lab.supporting_facts || []), bad = new Set(t.invalid_citations || []);
     const cites = (t.citations || []).map((c) => `<span class="badge ${gold.has(c) ? "" : ""}">${gold.has(c) ? `<mark class="gold" data-testid="gold">${esc(c)}</mark>` : esc(c)}` +
       `${bad.has(c) ? ' <span class="invalid" data-testid="invalid-citation">(not shown: invalid)</span>' : ""}</span>`).join("") || '<span class="muted">none</span>';
@@ -238,7 +243,7 @@
       `reader text:${longText(t.reader_text, re)}final memory:${longText(t.memory_final, re)}</div>`;
   }
   function episodeColumn(run, tid) {
-    const t = P.runs[run].episodes[tid];
+    const t = own(P.runs[run].episodes, tid);
     if (!t) return `<div><h3>${esc(run)}</h3><p class="muted">this run has no episode for task ${esc(tid)}</p></div>`;
     const re = goldRe(tid);
     return `<div><h3>${esc(run)} · ${esc(t.status)}</h3>` + (t.error ? `<div class="invalid">${esc(t.error)}</div>` : "") +
@@ -247,7 +252,7 @@
   function renderEpisode() {
     fullTexts = [];
     if (!S.task) { $("episode").innerHTML = '<p class="muted">Click a task to open its episode.</p>'; return; }
-    const t = P.runs[S.run].episodes[S.task];
+    const t = own(P.runs[S.run].episodes, S.task);
     const runs = [S.run].concat(comparison() ? [S.vs] : []);
     $("episode").innerHTML = `<h2 data-testid="episode" data-episode-task="${esc(S.task)}">task ${esc(S.task)}</h2>` +
       `<p>${esc(t ? t.question : "")}</p><div class="pair ${runs.length === 1 ? "one" : ""}">${runs.map((r) => episodeColumn(r, S.task)).join("")}</div>`;
@@ -273,7 +278,7 @@
     const T = P.training;
     if (!T) { $("training").innerHTML = '<p class="muted">No training log in this report (memsearch report view … --train-log RUN/train_log.jsonl).</p>'; return; }
     $("training").innerHTML = `<p>${T.logs.length} log(s): ${esc(T.logs.join(", "))}${T.logs.length > 1 ? " (line: mean over logs, band: min–max)" : ""}</p>` +
-      `<div class="charts">${T.order.map((k) => chart(k, T.metrics[k])).join("")}</div>`;
+      `<div class="charts">${T.order.map((k) => chart(k, own(T.metrics, k))).join("")}</div>`;
   }
 
   // ---- dispatch ----
