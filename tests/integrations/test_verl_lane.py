@@ -1,8 +1,8 @@
 """The verl lane: ``MemsearchAgentLoop`` run exactly as verl 0.9.1's CPU tests run agent loops.
 
 Needs the verl environment (``UV_PROJECT_ENVIRONMENT=.venv-verl uv sync --frozen --extra verl
---no-dev``, then ``.venv-verl/bin/pytest -m verl``; ``.ci/run`` does both); skipped only where
-verl cannot be imported. The loop is built from the YAML ``memsearch verl config`` writes,
+--no-dev``, then ``.venv-verl/bin/pytest -o addopts= -m verl``: no xdist there; ``.ci/run`` does
+both); skipped only where verl cannot be imported. The loop is built from the YAML ``memsearch verl config`` writes,
 through ``hydra.utils.instantiate`` as verl's ``AgentLoopWorker`` does, with verl's config
 wrappers; the LLM server is a scripted fake answering through the embedded model's real
 tokenizer (verl's own tests fake it the same way). Reward through verl's naive reward manager
