@@ -47,6 +47,31 @@ def test_one_op_over_the_share_for_patience_steps_trips_it_and_a_change_of_op_re
                                                                                    "share": 1.0}]
 
 
+def test_greedy_evaluations_in_one_op_trip_it_although_the_sampled_steps_do_not():
+    """Pilot 1 of CPU v2: sampled steps kept ADD near 20 % (never over max_op_share), while the
+    greedy evaluations at steps 4 and 8 wrote NOOP in almost every call."""
+    guard = CollapseGuard(min_decision_entropy=0.05, max_op_share=0.95, patience=3, max_eval_op_share=0.95,
+                          eval_patience=2)
+    sampled = {"decision_entropy": 0.5, "ops": ops(ADD=5, NOOP=19)}
+    greedy = {"ADD": 0, "UPDATE": 0, "DELETE": 0, "NOOP": 150}
+    reasons = feed(guard, [
+        sampled, sampled, sampled,
+        {**sampled, "eval_ops": {**greedy, "ADD": 19, "NOOP": 130}},  # 87 % NOOP: under the share, resets
+        sampled,
+        {**sampled, "eval_ops": greedy},
+        {**sampled, "eval_ops": {k: 0 for k in greedy}},  # an evaluation with no memory op: neither counts nor resets
+        sampled,
+        {**sampled, "eval_ops": {**greedy, "ADD": 1, "NOOP": 149}},
+    ])
+    assert reasons[:8] == [None] * 8
+    assert reasons[8] == ("NOOP took more than 95% of the greedy evaluation's ops in 2 evaluations in a row "
+                          "(steps 6, 9: 1.00, 0.99)")
+    assert [r["step"] for r in guard.evidence()["eval_one_op"]] == [6, 9]
+    # off by default: the same records never trip a guard without max_eval_op_share
+    plain = CollapseGuard(min_decision_entropy=0.05, max_op_share=0.95, patience=3)
+    assert feed(plain, [{**sampled, "eval_ops": greedy}] * 4) == [None] * 4
+
+
 @pytest.mark.slow
 def test_a_run_stuck_in_one_bucket_stops_with_collapse_json(tiny_model_dir, tiny_adapter_dir, hotpot_train_dir,
                                                             tmp_path):

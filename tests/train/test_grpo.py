@@ -328,6 +328,10 @@ def test_periodic_evaluation_runs_on_its_own_cadence_not_only_on_checkpoint_step
     train_grpo(cfg, tmp_path / "run", echo=lambda _: None)
     log = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if "eval_f1" in r] == [2, 4]
+    for r in (x for x in log if "eval_f1" in x):  # greedy decoding's op counts, for the collapse guard
+        summary = json.loads((tmp_path / "run" / "eval" / f"step-{r['step']:06d}" / "summary.json").read_text())
+        assert r["eval_ops"] == {k.removeprefix("ops_"): v for k, v in summary["memory_ops"].items()}
+        assert set(r["eval_ops"]) == {"ADD", "UPDATE", "DELETE", "NOOP"}
     assert sorted(p.name for p in (tmp_path / "run" / "eval").iterdir()) == ["step-000002", "step-000004"]
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
         "step-000002",

@@ -11,6 +11,13 @@ log record (``train_log.jsonl``: ``decision_entropy`` and the op histogram ``ops
   ``max_op_share`` of the step's ops and invalid calls (steps with fewer than ``min_ops`` of
   them are too small to judge and reset neither count).
 
+The sampled rollouts can hide a collapse that greedy decoding shows: the first CPU v2 pilot kept
+ADD at 22 % of its sampled ops while its greedy evaluation wrote NOOP in 150 of 150 calls
+(docs/results/memory_policy_cpu_v2). With ``max_eval_op_share`` set, the guard also reads the
+periodic evaluation's op counts (``eval_ops`` on an evaluation step's record) and stops when one
+op holds more than that share of the evaluation's ops for ``eval_patience`` consecutive
+evaluations.
+
 It writes ``collapse.json`` in the run folder (the rule, the steps and values that tripped it,
 the last checkpoint) and raises ``CollapseError``: the trainer exits non-zero, so a pipeline
 stage is not marked done. The state is a function of the log, so ``--resume`` rebuilds it from
@@ -44,8 +51,11 @@ class CollapseGuard:
     max_op_share: float
     patience: int
     min_ops: int = 4
+    max_eval_op_share: float | None = None  # None: evaluations are not judged
+    eval_patience: int = 2
     low_entropy: list[dict[str, Any]] = field(default_factory=list)  # the current run of low-entropy steps
     one_op: list[dict[str, Any]] = field(default_factory=list)  # the current run of one-op steps
+    eval_one_op: list[dict[str, Any]] = field(default_factory=list)  # the current run of one-op evaluations
 
     def observe(self, record: dict[str, Any]) -> str | None:
         """Feed one step's log record; the reason to stop, or None."""
@@ -65,6 +75,7 @@ class CollapseGuard:
                 if self.one_op and self.one_op[-1]["op"] != name:
                     self.one_op = []  # another op took over: a new run starts
                 self.one_op.append({"step": record["step"], "op": name, "share": count / total})
+        self._observe_eval(record)
         if len(self.low_entropy) >= self.patience:
             values = ", ".join(f"{r['decision_entropy']:.4f}" for r in self.low_entropy[-self.patience:])
             return (f"decision entropy below {self.min_decision_entropy} for {self.patience} steps "
@@ -73,7 +84,26 @@ class CollapseGuard:
             shares = ", ".join(f"{r['share']:.2f}" for r in self.one_op[-self.patience:])
             return (f"{self.one_op[-1]['op']} took more than {self.max_op_share:.0%} of the memory calls' ops for "
                     f"{self.patience} steps (steps {self._steps(self.one_op)}: {shares})")
+        if len(self.eval_one_op) >= self.eval_patience:
+            tail = self.eval_one_op[-self.eval_patience:]
+            shares = ", ".join(f"{r['share']:.2f}" for r in tail)
+            steps = ", ".join(str(r["step"]) for r in tail)
+            return (f"{tail[-1]['op']} took more than {self.max_eval_op_share:.0%} of the greedy evaluation's ops "
+                    f"in {self.eval_patience} evaluations in a row (steps {steps}: {shares})")
         return None
+
+    def _observe_eval(self, record: dict[str, Any]) -> None:
+        ops = record.get("eval_ops")
+        if self.max_eval_op_share is None or not ops or sum(ops.values()) == 0:
+            return  # not an evaluation step, or an evaluation without memory ops: neither counts nor resets
+        total = sum(ops.values())
+        name, count = max(ops.items(), key=lambda kv: (kv[1], kv[0]))
+        if count / total <= self.max_eval_op_share:
+            self.eval_one_op = []
+            return
+        if self.eval_one_op and self.eval_one_op[-1]["op"] != name:
+            self.eval_one_op = []
+        self.eval_one_op.append({"step": record["step"], "op": name, "share": count / total})
 
     def _steps(self, run: list[dict[str, Any]]) -> str:
         tail = run[-self.patience:]
@@ -81,14 +111,16 @@ class CollapseGuard:
 
     def evidence(self) -> dict[str, Any]:
         """The records behind the current counts, for ``collapse.json``."""
-        return {"low_decision_entropy": self.low_entropy[-self.patience:], "one_op": self.one_op[-self.patience:]}
+        return {"low_decision_entropy": self.low_entropy[-self.patience:], "one_op": self.one_op[-self.patience:],
+                "eval_one_op": self.eval_one_op[-self.eval_patience:]}
 
 
 def guard_for_run(settings: CollapseGuardSettings, out: Path, start: int) -> CollapseGuard | None:
     """The run's guard (None when off), fed the log records of the steps a resume keeps."""
     if not settings.enabled:
         return None
-    guard = CollapseGuard(settings.min_decision_entropy, settings.max_op_share, settings.patience, settings.min_ops)
+    guard = CollapseGuard(settings.min_decision_entropy, settings.max_op_share, settings.patience, settings.min_ops,
+                          settings.max_eval_op_share, settings.eval_patience)
     log_path = out / "train_log.jsonl"
     if start and log_path.is_file():
         for record in read_log(log_path):

@@ -125,6 +125,10 @@ class CollapseGuardSettings(StrictConfig):
         0.95, gt=0, le=1, description="Share of a step's ops and invalid calls one bucket may hold (ADD, NOOP, ...)")
     patience: int = Field(3, ge=1, description="Consecutive collapsed steps before the run stops")
     min_ops: int = Field(4, ge=1, description="Steps with fewer ops and invalid calls are not judged on shares")
+    max_eval_op_share: float | None = Field(
+        None, gt=0, le=1, description="Also stop when one op holds more than this share of the periodic greedy "
+        "evaluation's ops (eval_ops) for eval_patience evaluations in a row; None: evaluations are not judged")
+    eval_patience: int = Field(2, ge=1, description="Consecutive one-op evaluations before the run stops")
 
 
 class StateReward(StrictConfig):

@@ -383,12 +383,15 @@ def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path) -> dict[str, Any]:
     data = trained_role_backends(cfg, cfg.episode.model_dump(mode="json"), adapter)
     data["limit"] = cfg.eval.limit
     summary = run_eval(RunConfig.model_validate(data), cfg.eval.data, out, show_progress=False)
-    return {
+    record = {
         "eval_" + k: v
         for k, v in summary["metrics"].items()
         if k in ("f1", "em", "sub_em", "boxed_em", "invalid_action_rate", "memory_support_recall",
                  "memory_support_precision")
     }
+    if summary.get("memory_ops"):  # greedy decoding's ops: what the collapse guard's eval check reads
+        record["eval_ops"] = {k.removeprefix("ops_"): v for k, v in summary["memory_ops"].items()}
+    return record
 
 
 def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=print) -> dict[str, Any]:

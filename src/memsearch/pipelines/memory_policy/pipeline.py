@@ -389,7 +389,7 @@ def run_validation_only(cfg: MemoryPolicyPipeline, out: str | Path, echo=print) 
                     r["memory_ops"] = json.loads(summary.read_text())["memory_ops"]
                 echo(f"seed {seed} grpo1 validation at step {r['step']}: "
                      + " ".join(f"{k[5:]}={'n/a' if v is None else f'{v:.4f}'}"  # None: no memory kept
-                                for k, v in sorted(r.items()) if k.startswith("eval_"))
+                                for k, v in sorted(r.items()) if k.startswith("eval_") and k != "eval_ops")
                      + f" ops={r.get('memory_ops', {})}")
     echo("validation only: no held-out row was run (drop --validation-only to continue into the full pipeline)")
     return evals
