@@ -51,6 +51,28 @@ def make_tiny_model(seed: int = 0):
     return LlamaForCausalLM(config).eval(), tokenizer
 
 
+def write_short_sft_rows(path, n: int = 12):
+    """Real SFT rows (the export-sft format) with short prompts, so an SFT step on the tiny model
+    takes a fraction of a second."""
+    import json
+
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(n):
+            ops = {"ops": [{"op": "ADD", "text": f"Author {i} wrote book {i}.", "sources": [f"d{i}:0"],
+                            "kind": "fact"}]}
+            fh.write(json.dumps({
+                "messages": [{"role": "user", "content": f"Question: who wrote book {i}? Evidence: [d{i}:0] "
+                                                          f"Author {i} wrote book {i}."}],
+                "completion": json.dumps(ops), "source": {"split": "train"}}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def short_sft_rows(tmp_path_factory):
+    """``write_short_sft_rows``: 12 rows in a session file."""
+    return write_short_sft_rows(tmp_path_factory.mktemp("rows") / "short.jsonl")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A 2-layer, 32-wide Llama with random weights and the embedded tokenizer, saved as a local folder."""

@@ -13,9 +13,37 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from memsearch.errors import InputError, Problem
+from memsearch.errors import InputError, InputValueError, Problem
+
+
+class KeyProblems(InputValueError):
+    """Problems a validator found, each at a dotted key path relative to the model it validates
+    (``("matrix.overrides.b", "no such group")``). Raised inside a pydantic validator it reaches
+    ``validation_problems`` in the error's context, which prefixes the error's location, so a
+    check across fields still names a full key path; outside pydantic it reads ``path: what``."""
+
+    def __init__(self, *problems: tuple[str, str]) -> None:
+        self.keyed = list(problems)
+        super().__init__("; ".join(f"{path}: {what}" if path else what for path, what in self.keyed))
+
+
+def validation_problems(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
+    """Every error of ``exc`` as (full dotted key path below ``prefix``, what was expected): the
+    problems of a ``KeyProblems`` one by one, a validator's own words without pydantic's
+    "Value error, ", "unknown field" for a key the model does not have."""
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(part) for part in (prefix, *err["loc"]) if part != "")
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, KeyProblems):
+            problems += [(".".join(p for p in (loc, path) if p), what) for path, what in cause.keyed]
+        elif err["type"] == "extra_forbidden":
+            problems.append((loc, "unknown field"))
+        else:
+            problems.append((loc, str(cause) if err["type"] == "value_error" and cause else err["msg"]))
+    return problems
 
 
 class StrictConfig(BaseModel):
@@ -89,7 +117,9 @@ class BackendConfig(StrictConfig):
     @model_validator(mode="after")
     def _oracle_only(self) -> BackendConfig:
         if self.open_items and self.kind != "oracle":
-            raise ValueError(f"open_items is an option of the oracle teacher (it reads labels); kind is {self.kind!r}")
+            raise KeyProblems((
+                "open_items", f"open_items is an option of the oracle teacher (it reads labels); kind is {self.kind!r}"
+            ))
         return self
 
 
@@ -161,20 +191,104 @@ GROUP_DESIGNS = {
     "C": ("summary", "policy"),
     "D": ("decision", "policy"),
 }
+# Keys a group's overrides may not set: what every group shares (the matrix compares groups under
+# identical budgets and tokenizer, seeing the same evidence), the matrix itself, and the memory and
+# controller that make the group what it is (B with summary memory would be A, run under B's name).
+_SHARED_BY_GROUPS = ("budgets", "tokenizer", "retrieval")
+_GROUP_DESIGN = ("agent.memory", "agent.controller")
+# Validation context of a group's own config (``group_config``).
+_AS_GROUP = "matrix_group"
+
+
+def _dotted_keys(table: dict[str, Any], group: str) -> dict[str, Any]:
+    """A group's overrides as dotted keys: a sub-table and a dotted key mean the same
+    (``[matrix.overrides.B.backends.memory] adapter = ...`` is ``"backends.memory.adapter" = ...``).
+    A key given in both forms, or both a key and a key below it, is refused: which one would win
+    is not visible in the file."""
+    flat: dict[str, Any] = {}
+    todo = [("", table)]
+    while todo:
+        prefix, node = todo.pop(0)
+        for key, value in node.items():
+            if isinstance(value, dict) and value:
+                todo.append((f"{prefix}{key}.", value))
+            elif f"{prefix}{key}" in flat:
+                raise KeyProblems((f"{group}.{prefix}{key}", "given twice (as a dotted key and in a table); keep one"))
+            else:
+                flat[f"{prefix}{key}"] = value
+    for key in flat:
+        if above := next((other for other in flat if key.startswith(f"{other}.")), None):
+            raise KeyProblems((f"{group}.{key}", f"set below {group}.{above}, which is also set; keep one"))
+    return flat
+
+
+def _nested(dotted: dict[str, Any]) -> dict[str, Any]:
+    """Dotted keys (none below another: ``_dotted_keys``) as nested tables."""
+    nested: dict[str, Any] = {}
+    for key, value in dotted.items():
+        *tables, last = key.split(".")
+        node = nested
+        for part in tables:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return nested
 
 
 class Matrix(StrictConfig):
     """Groups of ``memsearch matrix``: memory x controller (docs/design.md §3), same budgets for all."""
 
     groups: list[Literal["A", "B", "C", "D"]] = Field(
-        ["A", "B", "C", "D"], description="A summary+fixed, B decision+fixed, C summary+policy, D decision+policy"
+        ["A", "B", "C", "D"],
+        min_length=1,
+        description="A summary+fixed, B decision+fixed, C summary+policy, D decision+policy",
     )
     overrides: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
-        description="Per-group dotted overrides, e.g. [matrix.overrides.B] 'backends.memory.adapter' = 'runs/stage1'. "
-        "Budgets and tokenizer must stay identical across groups (the matrix refuses otherwise).",
+        description="Per-group settings over the run config, applied last: a table per group, e.g. "
+        "[matrix.overrides.B.backends.memory] adapter = 'runs/stage1', or the same as dotted keys "
+        "([matrix.overrides.B] 'backends.memory.adapter' = ...; recorded in this form). A group must be one of "
+        "A-D; budgets, tokenizer and retrieval (identical across groups), agent.memory and agent.controller (the "
+        "group's design), backends.baseline_memory (set once for A/C) and matrix are refused",
     )
     bootstrap_resamples: int = Field(10_000, ge=100, description="Paired bootstrap resamples for group differences")
+
+    @field_validator("groups")
+    @classmethod
+    def _distinct_groups(cls, groups: list[str]) -> list[str]:
+        if twice := sorted({g for g in groups if groups.count(g) > 1}):
+            raise ValueError(f"{', '.join(twice)} given twice; expected each group once, e.g. ['A', 'B']")
+        return groups
+
+    @field_validator("overrides", mode="before")
+    @classmethod
+    def _one_form(cls, overrides: Any) -> Any:
+        if not isinstance(overrides, dict):
+            return overrides  # pydantic says what was expected
+        return {g: _dotted_keys(t, g) if isinstance(t, dict) else t for g, t in overrides.items()}
+
+    @field_validator("overrides")
+    @classmethod
+    def _groups_and_keys_that_exist(cls, overrides: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        # An override nobody reads would run the ablation as the control: refused, never ignored.
+        problems = []
+        for group, table in overrides.items():
+            if group not in GROUP_DESIGNS:
+                problems.append((group, "no such group; expected A, B, C or D (upper case)"))
+                continue
+            memory, controller = GROUP_DESIGNS[group]
+            for top in sorted({key.split(".")[0] for key in table} & {*_SHARED_BY_GROUPS, "matrix"}):
+                problems.append((f"{group}.{top}", "a group's overrides cannot change the matrix; set it outside "
+                                 "[matrix]" if top == "matrix" else "budgets, tokenizer and retrieval are identical "
+                                 "across groups: set them for every group, outside [matrix]"))
+            problems += [(f"{group}.{key}", f"the group sets it ({group}: {memory} memory, {controller} controller); "
+                          "run another group instead") for key in table if key in _GROUP_DESIGN]
+            if any(key.startswith("backends.baseline_memory") for key in table):
+                # group_config has already turned it into the group's memory backend when overrides apply
+                problems.append((f"{group}.backends.baseline_memory", "set once for the summary groups, outside "
+                                 "[matrix]; for this group alone set backends.memory"))
+        if problems:
+            raise KeyProblems(*problems)
+        return overrides
 
 
 _PROMPT_FIELDS = {"overwrite_update": {"question", "memory", "chunk"}, "overwrite_final": {"question", "memory"}}
@@ -204,14 +318,15 @@ class Prompts(StrictConfig):
             try:
                 used = {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
             except ValueError as exc:
-                raise ValueError(
-                    f"{name}: not a format template ({exc}); write literal braces as {{{{ and }}}}"
+                raise KeyProblems(
+                    (name, f"not a format template ({exc}); write literal braces as {{{{ and }}}}")
                 ) from None
             if used != wanted:
-                raise ValueError(
-                    f"{name}: uses {{{'}, {'.join(sorted(used))}}} but must use exactly "
-                    f"{{{'}, {'.join(sorted(wanted))}}} (literal braces as {{{{ and }}}})"
-                )
+                raise KeyProblems((
+                    name,
+                    f"uses {{{'}, {'.join(sorted(used))}}} but must use exactly "
+                    f"{{{'}, {'.join(sorted(wanted))}}} (literal braces as {{{{ and }}}})",
+                ))
         return self
 
 
@@ -232,11 +347,34 @@ class RunConfig(StrictConfig):
     def _consistent_agent(self) -> RunConfig:
         agent = self.agent
         if agent.evidence == "stream" and (agent.controller != "exhaust" or agent.memory == "decision"):
-            raise ValueError(
-                "evidence 'stream' reads every chunk: use controller 'exhaust' and memory 'summary' or 'overwrite'"
-            )
+            raise KeyProblems((
+                "agent",
+                "evidence 'stream' reads every chunk: use controller 'exhaust' and memory 'summary' or 'overwrite'",
+            ))
         if agent.evidence == "search" and agent.controller == "exhaust":
-            raise ValueError("controller 'exhaust' belongs to evidence 'stream'; use 'fixed' or 'policy' with 'search'")
+            raise KeyProblems(
+                ("agent", "controller 'exhaust' belongs to evidence 'stream'; use 'fixed' or 'policy' with 'search'")
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _group_overrides_validate(self, info: ValidationInfo) -> RunConfig:
+        # Each group's config is validated at load, where the problem can still name its file and
+        # key, not when the matrix reaches that group. A group's own config skips this (its
+        # matrix table is the base's), or every group would validate every group again.
+        if not self.matrix.overrides or (info.context or {}).get(_AS_GROUP):
+            return self
+        if self.agent.evidence != "search":
+            raise KeyProblems(("matrix.overrides", "the A-D matrix runs search agents (agent.evidence = 'search'); "
+                               "this config streams, so no group of it runs"))
+        problems = []
+        for group in self.matrix.overrides:
+            try:
+                group_config(self, group)
+            except ValidationError as exc:
+                problems += validation_problems(exc, f"matrix.overrides.{group}")
+        if problems:
+            raise KeyProblems(*problems)
         return self
 
 
@@ -296,8 +434,10 @@ def group_config(base: RunConfig, group: str) -> RunConfig:
     if memory == "summary":
         # A/C are the untrained-summary baselines: a trained memory policy must not write their memory.
         data["backends"]["memory"] = baseline_memory_backend(base.backends)
-    extra = [f"{k}={json.dumps(v)}" for k, v in base.matrix.overrides.get(group, {}).items()]
-    return RunConfig.model_validate(apply_overrides(data, extra))
+    # Values are set as they were read, not round-tripped through `--set` text (a table would
+    # come back a string).
+    data = merge_tables(data, _nested(base.matrix.overrides.get(group, {})))
+    return RunConfig.model_validate(data, context={_AS_GROUP: True})
 
 
 def _parse_value(raw: str) -> Any:
@@ -351,23 +491,36 @@ def read_config_file(path: str | Path | None) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is not part of the TOML
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: invalid TOML ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); save the file as UTF-8"
+        ) from None
+
+
+def _origin(path: str, flags: list[tuple[list[str], str]], where: str) -> str:
+    """Where the value at key ``path`` came from: the last ``--set`` of that key or of a table
+    above it (that value won); else the last one that set a key below it (``--set nosuch.key=1``
+    is refused at ``nosuch``; a check across a table's fields is refused at the table); else the
+    file ``where``."""
+    keys = path.split(".") if path else []
+    above = [flag for key, flag in flags if keys[: len(key)] == key]
+    below = [flag for key, flag in flags if keys and key[: len(keys)] == keys]
+    return (above or below or [where])[-1]
 
 
 def config_from_tables(data: dict[str, Any], overrides: list[str] | None, model: type[BaseModel], where: str) -> Any:
     """Apply ``--set`` overrides to raw tables and validate them; problems name ``where`` and the field."""
     data = apply_overrides(data, overrides or [])
     # A problem in a field that `--set` wrote is reported against the flag, not the file.
-    set_by = {tuple(item.partition("=")[0].strip().split(".")): f"--set {item}" for item in overrides or []}
+    flags = [(item.partition("=")[0].strip().split("."), f"--set {item}") for item in overrides or []]
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            loc = tuple(str(p) for p in err["loc"])
-            origin = next((flag for key, flag in set_by.items() if loc[: len(key)] == key), where)
-            msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-            problems.append(Problem(origin, None, ".".join(loc), msg))
-        raise InputError(problems) from None
+        found = [Problem(_origin(path, flags, where), None, path, what) for path, what in validation_problems(exc)]
+    if all(problem.field for problem in found):
+        raise InputError(found)
+    # A check of the whole config names no key: `source: what`, never `source: : what`.
+    raise InputError("\n".join(str(p) if p.field else f"{p.file}: {p.message}" for p in found))
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None, model: type[BaseModel] = RunConfig) -> Any:

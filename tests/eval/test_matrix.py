@@ -4,11 +4,15 @@ the trained memory policy of B/D, and every group's summary says which backend w
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from memsearch.cli.app import app
 from memsearch.config import group_config, load_config
+from memsearch.errors import InputError
 from memsearch.eval.matrix import run_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,3 +88,88 @@ def test_matrix_summaries_record_which_backend_wrote_the_memory(hotpot_dev_dir, 
 def test_baseline_memory_must_be_a_backend_table():
     with pytest.raises(Exception, match="baseline_memory"):
         load_config(RULES, ['backends.baseline_memory="embedded"'])
+
+
+def _toml(tmp_path: Path, text: str) -> Path:
+    """configs/rules.toml with ``text`` appended: a real config file."""
+    path = tmp_path / "matrix.toml"
+    path.write_text(RULES.read_text(encoding="utf-8") + "\n" + text, encoding="utf-8")
+    return path
+
+
+# One override in each form TOML allows: a sub-table, dotted keys, a quoted dotted key.
+FORMS = {
+    "sub-table": '[matrix.overrides.B.backends.memory]\nadapter = "runs/x"\n',
+    "dotted keys": '[matrix.overrides.B]\nbackends.memory.adapter = "runs/x"\n',
+    "quoted dotted key": '[matrix.overrides.B]\n"backends.memory.adapter" = "runs/x"\n',
+    "inline table": '[matrix.overrides]\nB = {backends = {memory = {adapter = "runs/x"}}}\n',
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_an_override_means_the_same_in_every_toml_form(tmp_path, form):
+    cfg = load_config(_toml(tmp_path, FORMS[form]))
+    assert cfg.matrix.overrides == {"B": {"backends.memory.adapter": "runs/x"}}  # recorded in one form
+    assert group_config(cfg, "B").backends.memory.adapter == "runs/x"
+    assert group_config(cfg, "D").backends.memory.adapter is None
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('[matrix.overrides.b]\n"backends.memory.adapter" = "x"\n',
+     "matrix.overrides.b: no such group; expected A, B, C or D (upper case)"),
+    ('[matrix.overrides.Q.budgets]\nmax_searches = 2\n', "matrix.overrides.Q: no such group"),
+    ('[matrix.overrides.B.backends.memory]\nkind = "nosuch"\n',
+     "matrix.overrides.B.backends.memory.kind: Input should be 'rules', 'hf', 'openai' or 'oracle'"),
+    ('[matrix.overrides.B.backends.memory]\nnosuch = 1\n', "matrix.overrides.B.backends.memory.nosuch: unknown field"),
+    ('[matrix.overrides.B]\n"backends.memory.kind" = "hf"\nbackends.memory.kind = "rules"\n',
+     "matrix.overrides.B.backends.memory.kind: given twice"),
+    ('[matrix.overrides.B.budgets]\nmemory_tokens = 128\n',
+     "matrix.overrides.B.budgets: budgets, tokenizer and retrieval are identical across groups"),
+    ('[matrix.overrides.D]\ntokenizer = "embedded"\n', "matrix.overrides.D.tokenizer: budgets, tokenizer and"),
+    ('[matrix.overrides.B.agent]\nmemory = "summary"\n',
+     "matrix.overrides.B.agent.memory: the group sets it (B: decision memory, fixed controller)"),
+    ('[matrix.overrides.A.agent]\nevidence = "stream"\n', "matrix.overrides.A.agent: evidence 'stream' reads every"),
+    ('[matrix.overrides.A.matrix]\ngroups = ["A"]\n', "matrix.overrides.A.matrix: a group's overrides cannot"),
+    ('[matrix.overrides.C.backends.baseline_memory]\nkind = "oracle"\n',
+     "matrix.overrides.C.backends.baseline_memory: set once for the summary groups, outside [matrix]"),
+    ('[matrix]\ngroups = ["A", "B", "A"]\n', "matrix.groups: A given twice"),
+    ('[matrix]\ngroups = []\n', "matrix.groups: List should have at least 1 item"),
+])
+def test_a_bad_matrix_setting_is_refused_at_load_naming_file_and_key(tmp_path, text, problem):
+    path = _toml(tmp_path, text)
+    with pytest.raises(InputError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: {problem}"), str(info.value)
+
+
+def test_a_bad_override_given_with_set_is_blamed_on_that_set():
+    override = 'matrix.overrides.B.backends.memory.kind="nosuch"'
+    with pytest.raises(InputError) as info:
+        load_config(RULES, [override])
+    assert str(info.value).startswith(f"--set {override}: matrix.overrides.B.backends.memory.kind: Input should be")
+
+
+def test_overrides_of_a_streaming_config_are_refused(tmp_path):
+    path = tmp_path / "stream.toml"
+    path.write_text('[agent]\nevidence = "stream"\nmemory = "overwrite"\ncontroller = "exhaust"\n'
+                    '[matrix.overrides.B]\nlimit = 2\n', encoding="utf-8")
+    with pytest.raises(InputError, match=rf"^{re.escape(str(path))}: matrix.overrides: the A-D matrix runs "):
+        load_config(path)
+
+
+def test_the_matrix_of_a_streaming_config_is_refused_naming_the_key(tmp_path):
+    from memsearch.pipelines.config import load_run_config
+
+    with pytest.raises(InputError, match=r"^agent.evidence = 'stream': the A-D matrix"):
+        run_matrix(load_run_config(ROOT / "configs" / "memagent.toml"), tmp_path / "data", tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+
+
+def test_the_matrix_command_refuses_a_group_that_does_not_exist_with_exit_2(tmp_path, hotpot_dev_dir):
+    """Through the real CLI: nothing runs (the ablation must not silently run as the control)."""
+    path = _toml(tmp_path, '[matrix.overrides.b]\n"backends.memory.adapter" = "x"\n')
+    run = CliRunner().invoke(app, ["eval", "matrix", "--config", str(path), "--data", str(hotpot_dev_dir),
+                                   "--out", str(tmp_path / "m"), "--limit", "1"])
+    assert run.exit_code == 2, run.output
+    assert run.stderr == f"error: {path}: matrix.overrides.b: no such group; expected A, B, C or D (upper case)\n"
+    assert not (tmp_path / "m").exists()

@@ -21,6 +21,9 @@ from memsearch.testing.agent_server import AgentServer
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "configs" / "rules.toml"
 API = ROOT / "configs" / "api.toml"
+# The marker's file name is part of the on-disk format (folders made before a rename must still
+# resume), so it is spelled out here rather than imported (``test_the_marker_names_its_command``).
+MARKER = ".memsearch-folder.json"
 
 
 def _lines(path: Path) -> list[dict]:
@@ -85,11 +88,12 @@ def test_resume_of_a_half_made_folder_says_what_is_missing(damage, problem, hotp
 
 
 def test_a_folder_killed_before_its_records_were_written_is_started_afresh_by_resume(hotpot_dev_dir, tmp_path):
-    """A kill between the mkdir and the records (or between the two records) leaves a folder with
-    no trajectory: --resume starts the run there instead of calling the folder broken."""
+    """A kill between the mkdir (and its marker) and the records, or between the two records,
+    leaves a folder with no trajectory: --resume starts the run there instead of calling the
+    folder broken."""
     cfg = load_config(RULES, ["limit=2"])
     straight = run_eval(cfg, hotpot_dev_dir, tmp_path / "straight", show_progress=False)
-    for name, leftovers in (("bare", []), ("half", ["config.json"])):
+    for name, leftovers in (("bare", [MARKER]), ("half", [MARKER, "config.json"])):
         out = tmp_path / name
         out.mkdir()
         (out / ".lock").write_text("")
@@ -98,6 +102,92 @@ def test_a_folder_killed_before_its_records_were_written_is_started_afresh_by_re
         summary = run_eval(cfg, hotpot_dev_dir, out, resume=True, show_progress=False)
         assert summary["complete"] and summary["metrics"]["f1"] == straight["metrics"]["f1"]
         assert summary["tasks"] == straight["tasks"]
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _foreign_folders(root: Path) -> list[Path]:
+    """Folders eval did not make (issue 26 item 1): a model (only the config.json that the
+    killed-run rule used to take for a half-made run), a training run, an empty folder, another
+    tool's folder that happens to hold a config.json and a run.json, and one holding only a
+    trajectories.jsonl."""
+    model, train_run, empty = root / "model", root / "train-run", root / "empty"
+    lookalike, lines = root / "lookalike", root / "lines"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text('{"model_type": "llama"}\n')
+    (model / "model.safetensors").write_bytes(b"\0" * 16)
+    train_run.mkdir()
+    (train_run / "config.json").write_text('{"steps": 4}\n')
+    (train_run / "summary.json").write_text('{"adapter": "adapter"}\n')
+    empty.mkdir()
+    lookalike.mkdir()
+    (lookalike / "config.json").write_text('{"lr": 0.1}\n')
+    (lookalike / "run.json").write_text('{"id": 3, "status": "done"}\n')
+    lines.mkdir()
+    (lines / "trajectories.jsonl").write_text('{"task_id": "t1"}\n')
+    return [model, train_run, empty, lookalike, lines]
+
+
+def test_resume_writes_only_into_a_folder_eval_made(hotpot_dev_dir, tmp_path):
+    cfg = load_config(RULES, ["limit=2"])
+    for folder in _foreign_folders(tmp_path / "foreign"):
+        before = _snapshot(folder)
+        with pytest.raises(InputError, match=rf"^{folder}: not a folder made by `memsearch eval run`"):
+            run_eval(cfg, hotpot_dev_dir, folder, resume=True, show_progress=False)
+        assert _snapshot(folder) == before and sorted(p.name for p in folder.iterdir()) == sorted(before)
+    matrix = tmp_path / "matrix"
+    run_matrix(load_config(RULES, ["limit=1", 'matrix.groups=["A"]']), hotpot_dev_dir, matrix, show_progress=False)
+    before = _snapshot(matrix)
+    with pytest.raises(InputError, match=r"made by `memsearch eval matrix`, not `memsearch eval run`"):
+        run_eval(cfg, hotpot_dev_dir, matrix, resume=True, show_progress=False)
+    assert _snapshot(matrix) == before
+
+
+def test_matrix_resume_writes_only_into_a_folder_matrix_made(hotpot_dev_dir, tmp_path):
+    cfg = load_config(RULES, ["limit=1", 'matrix.groups=["A", "B"]'])
+    for folder in [*_foreign_folders(tmp_path / "foreign"), hotpot_dev_dir]:
+        before = _snapshot(folder)
+        with pytest.raises(InputError, match=rf"^{folder}: not a folder made by `memsearch eval matrix`"):
+            run_matrix(cfg, hotpot_dev_dir, folder, resume=True, show_progress=False)
+        assert _snapshot(folder) == before
+    run = tmp_path / "run"
+    run_eval(cfg, hotpot_dev_dir, run, show_progress=False)
+    with pytest.raises(InputError, match=r"made by `memsearch eval run`, not `memsearch eval matrix`"):
+        run_matrix(cfg, hotpot_dev_dir, run, resume=True, show_progress=False)
+
+
+def test_folders_of_earlier_versions_without_a_marker_still_resume(hotpot_dev_dir, tmp_path):
+    """An eval run folder with both records of this very run, and a matrix folder whose group
+    folders are such runs, are unambiguous: they resume, and get their marker."""
+    cfg = load_config(RULES, ["limit=2", 'matrix.groups=["A", "B"]'])
+    run, matrix = tmp_path / "run", tmp_path / "matrix"
+    run_eval(cfg, hotpot_dev_dir, run, show_progress=False)
+    run_matrix(cfg, hotpot_dev_dir, matrix, show_progress=False)
+    shutil.rmtree(matrix / "B")  # the matrix was killed before group B began
+    for marker in [*run.rglob(MARKER), *matrix.rglob(MARKER)]:
+        marker.unlink()
+    (run / "trajectories.jsonl").write_text((run / "trajectories.jsonl").read_text().splitlines(True)[0])
+    assert run_eval(cfg, hotpot_dev_dir, run, resume=True, show_progress=False)["tasks"]["scored"] == 2
+    assert run_matrix(cfg, hotpot_dev_dir, matrix, resume=True, show_progress=False)["groups"]["B"]["complete"]
+    assert all((folder / MARKER).is_file() for folder in (run, matrix, matrix / "A", matrix / "B"))
+
+
+def test_the_marker_names_its_command(hotpot_dev_dir, tmp_path):
+    from memsearch.eval import run_folder
+
+    run_eval(load_config(RULES, ["limit=1"]), hotpot_dev_dir, tmp_path / "run", show_progress=False)
+    assert run_folder.MARKER == MARKER
+    assert json.loads((tmp_path / "run" / MARKER).read_text()) == {"made_by": "eval run"}
+
+
+def test_a_refused_new_matrix_leaves_no_folder(tmp_path, hotpot_dev_dir):
+    out = tmp_path / "matrix"
+    cfg = load_config(RULES, ["limit=1", 'backends.reader.kind="hf"', 'backends.reader.model="no/such/model"'])
+    with pytest.raises(InputError, match="no such model folder"):  # refused by group A's run, inside the matrix
+        run_matrix(cfg, hotpot_dev_dir, out, show_progress=False)
+    assert not out.exists()
 
 
 def test_records_are_replaced_whole(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 
 from memsearch.config import load_config
 from memsearch.errors import InputError
-from memsearch.eval.matrix import run_matrix
+from memsearch.eval.matrix import check_comparable, run_matrix
 from memsearch.eval.runner import run_eval
 from memsearch.io import iter_jsonl
 from memsearch.testing.agent_server import AgentServer
@@ -81,11 +81,15 @@ def test_rules_matrix_keeps_labels_out_and_budgets_in(canary_data, tmp_path):
     assert "| A | summary | fixed |" in (out / "matrix.md").read_text()
 
 
-def test_matrix_refuses_groups_with_different_budgets(hotpot_dev_dir, tmp_path):
-    cfg = load_config(RULES, ["limit=5", 'matrix.overrides.B={"budgets.memory_tokens" = 128}'])
+def test_matrix_refuses_groups_with_different_budgets():
+    # A group's budgets override is refused as the config loads (naming --set and key) ...
+    with pytest.raises(InputError, match=r"^--set matrix.overrides.B=.*: matrix.overrides.B.budgets: budgets, "):
+        load_config(RULES, ["limit=5", 'matrix.overrides.B={"budgets.memory_tokens" = 128}'])
+    # ... and a config built in code is still checked before the matrix runs.
+    cfg = load_config(RULES, ["limit=5"])
+    b = cfg.model_copy(update={"budgets": cfg.budgets.model_copy(update={"memory_tokens": 128})})
     with pytest.raises(InputError, match="group B: budgets differ from group A"):
-        run_matrix(cfg, hotpot_dev_dir, tmp_path / "m", show_progress=False)
-    assert not (tmp_path / "m").exists()
+        check_comparable({"A": cfg, "B": b})
 
 
 def test_existing_folder_refused_and_resume_needs_same_config(hotpot_dev_dir, tmp_path):

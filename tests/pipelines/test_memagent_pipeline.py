@@ -311,3 +311,21 @@ def test_train_questions_that_are_also_dev_questions_are_refused(tiny_model_dir,
         run_memagent_pipeline(cfg, tmp_path / "p", echo=lambda m: None)
     assert "problem(s) between train and dev" in str(info.value) and "question" in str(info.value)
     assert not json.loads((tmp_path / "p" / "prepare.stage.json").read_text())["complete"]
+
+
+def test_the_merge_stage_refuses_a_merged_model_changed_after_it_finished(tiny_model_dir, tmp_path):
+    from memsearch.pipelines.memagent.pipeline import merge_stage
+    from memsearch.pipelines.stages import folder_sha256
+    from memsearch.train.config import LoraSettings
+    from memsearch.train.policy import load_policy, save_adapter
+
+    policy, _, _ = load_policy(str(tiny_model_dir), None, LoraSettings(r=2, target_modules=["q_proj"]), device="cpu")
+    save_adapter(policy, tmp_path / "adapter")
+    cfg = pipeline_config(tiny_model_dir)
+    merged, _ = merge_stage(cfg, tmp_path, tmp_path / "adapter", echo=lambda m: None)
+    record = json.loads((tmp_path / "merge.stage.json").read_text())
+    assert record["outputs"]["merged_sha256"] == folder_sha256(merged)
+    weights = merged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(InputError, match="merged: missing or changed since the merge finished"):
+        merge_stage(cfg, tmp_path, tmp_path / "adapter", echo=lambda m: None)

@@ -408,3 +408,24 @@ def test_validation_only_needs_a_validation_split(tmp_path, mp_config):
     with pytest.raises(InputError, match="set data.val_questions > 0 and grpo.eval.every"):
         run_validation_only(mp_config(), tmp_path / "o", echo=lambda _: None)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_refused_overlap_leaves_nothing_that_blocks_the_corrected_run(tmp_path, mp_config):
+    """The leak check runs before the prepare stage writes anything: before, it ran after
+    prepare/ and its record were written, and the corrected config was then refused as
+    'made from different inputs'."""
+    from memsearch.pipelines.memory_policy.pipeline import prepare_stage
+
+    dev = json.loads((SAMPLES / "dev_distractor_sample.json").read_text())
+    train = json.loads((SAMPLES / "train_sample.json").read_text())[:2] + dev[:1]
+    leaky, clean = tmp_path / "leaky.json", tmp_path / "clean.json"
+    leaky.write_text(json.dumps(train))
+    clean.write_text(json.dumps(train[:2]))
+    out = tmp_path / "o"
+    out.mkdir()
+    with pytest.raises(InputError, match="held-out questions must never be trained on") as exc:
+        prepare_stage(mp_config(f"data.train={json.dumps(str(leaky))}"), out, echo=lambda _: None)
+    assert list(out.iterdir()) == []
+    assert f"question {dev[0]['_id']} of train ({leaky}) is also in dev" in str(exc.value)
+    paths = prepare_stage(mp_config(f"data.train={json.dumps(str(clean))}"), out, echo=lambda _: None)
+    assert record(out / "prepare.stage.json")["complete"] is True and paths["train"].is_dir()

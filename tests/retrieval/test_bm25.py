@@ -227,3 +227,17 @@ def test_settings_validation(documents):
         BM25Settings(token_pattern=r"(\w+)")
     with pytest.raises(ValueError, match="duplicate doc ids"):
         BM25Retriever.build([documents[0], documents[0]])
+
+
+def test_the_word_memo_of_query_analysis_is_bounded_in_characters(documents):
+    """Queries go through the analyzer's word memo (a retrieval service sees any client's words):
+    unique long words must not grow it past its character bound, and results stay the same."""
+    index = BM25Retriever.build(documents)
+    analyzer = index._analyze
+    analyzer._CACHE_CHARS = 100_000  # the default (32 M characters) scaled down to the test
+    before = index.search("Broad Peak mountain", k=3)
+    for n in range(100):
+        index.search(f"{n:04d}" + "x" * 3996, k=3)  # 100 unique words of 4,000 characters
+    held = sum(len(word) + len(term) for word, term in analyzer._terms.items())
+    assert held <= 100_000 + 2 * 4000  # one word past the bound at most before the memo is cleared
+    assert index.search("Broad Peak mountain", k=3) == before

@@ -44,6 +44,25 @@ def tiny_adapter_dir(tiny_model_dir, tmp_path_factory):
     return out
 
 
+def _short_sft_config(model, rows, **extra):
+    import json
+
+    from memsearch.config import load_config
+    from memsearch.train.config import SFTConfig
+
+    fields = {"model": str(model), "data": [str(rows)], "epochs": 1.0, "micro_batch_rows": 2,
+              "grad_accumulation": 1, "checkpoint_every": 2, "keep_checkpoints": 2, "lora.r": 4,
+              "optim.lr": 1e-2, "optim.warmup_steps": 0, **extra}
+    return load_config(None, [f"{k}={json.dumps(v)}" for k, v in fields.items()], model=SFTConfig)
+
+
+@pytest.fixture(scope="session")
+def short_sft_config():
+    """``config(model, rows, **fields)``: an SFTConfig of 6 one-row-pair steps over the short rows,
+    checkpoints every 2 steps (two kept); ``fields`` are dotted config keys."""
+    return _short_sft_config
+
+
 @pytest.fixture(scope="session")
 def hotpot_train_dir(tmp_path_factory):
     """The first 12 real HotpotQA train questions, prepared with split = train."""

@@ -60,3 +60,38 @@ def test_files_named_by_the_shipped_configs_exist():
     for toml in sorted((ROOT / "configs").rglob("*.toml")):
         for name in re.findall(r"configs/[\w./-]+\.toml", toml.read_text(encoding="utf-8")):
             assert (ROOT / name).is_file(), f"{toml.relative_to(ROOT)} names {name}, which does not exist"
+
+
+@pytest.mark.parametrize("model", ["sft", "grpo"])
+@pytest.mark.parametrize("setting, field", [
+    ("optim.lr=inf", "optim.lr"),
+    ("optim.lr=nan", "optim.lr"),
+    ("optim.lr=-0.001", "optim.lr"),
+    ("optim.betas=[1.0, 0.999]", "optim.betas"),
+    ("optim.betas=[0.9, -0.1]", "optim.betas"),
+    ("optim.betas=[0.9, inf]", "optim.betas"),
+    ("optim.weight_decay=-0.01", "optim.weight_decay"),
+    ("optim.weight_decay=inf", "optim.weight_decay"),
+    ("optim.max_grad_norm=inf", "optim.max_grad_norm"),
+    ("lora.alpha=inf", "lora.alpha"),
+    ("dist_timeout_s=nan", "dist_timeout_s"),
+])
+def test_absurd_optimiser_and_trainer_numbers_are_refused_at_load_naming_the_field(model, setting, field):
+    """Before, lr = inf trained to an all-NaN adapter with exit 0 and bad betas failed inside
+    torch after the run folder was made; now the config is refused with the field's path."""
+    from memsearch.errors import InputError
+    from memsearch.train.config import SFTConfig
+
+    cls, base = {"sft": (SFTConfig, ['data=["x"]']), "grpo": (GRPOConfig, ['data="x"'])}[model]
+    with pytest.raises(InputError) as exc:
+        load_config(None, [*base, setting], model=cls)
+    lines = str(exc.value).splitlines()
+    assert len(lines) == 1 and f"--set {setting}: {field}" in lines[0], lines
+
+
+def test_grpo_fields_beyond_the_optimiser_refuse_non_finite_numbers():
+    from memsearch.errors import InputError
+
+    for setting in ("reward.search_cost=inf", "kl_coef=nan", "clip_high=inf", "temperature=inf"):
+        with pytest.raises(InputError, match="finite"):
+            load_config(None, ['data="x"', setting], model=GRPOConfig)

@@ -120,16 +120,21 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tiny_model_dir, tiny_a
 
 
 def test_refusals(tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, hotpot_dev_dir, tmp_path):
+    from memsearch.train.distributed import Dist
+    from memsearch.train.run_folder import prepare_run_folder
+
     cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_dev_dir)
     with pytest.raises(InputError, match="split is 'dev'; GRPO trains on a train split only"):
         train_grpo(cfg, tmp_path / "dev-run")
+    assert not (tmp_path / "dev-run").exists()  # refused before the run folder is made: a rerun is not blocked
     (tmp_path / "exists").mkdir()
     with pytest.raises(InputError, match="already exists"):
         train_grpo(grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir), tmp_path / "exists")
+    prepare_run_folder(cfg, tmp_path / "started", False, Dist())  # the folder a run of cfg starts with
     with pytest.raises(InputError, match="config differs"):
         train_grpo(
             grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_dev_dir, steps=2),
-            tmp_path / "dev-run",
+            tmp_path / "started",
             resume=True,
         )
     with pytest.raises(InputError, match="episode.agent.memory = 'decision'"):
@@ -338,3 +343,28 @@ def test_periodic_evaluation_runs_on_its_own_cadence_not_only_on_checkpoint_step
         "step-000003",
         "step-000004",
     ]
+
+
+def test_a_damaged_checkpoint_is_named_and_grpo_resumes_from_the_newest_intact_one(
+    tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, tmp_path
+):
+    """Before, NaN weights read from a damaged checkpoint made every rollout fail and the run
+    trained on to a NaN adapter (exit 0)."""
+    from safetensors.torch import load_file
+
+    cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, kl_reference="base")
+    out = tmp_path / "run"
+    with pytest.raises(Crash):
+        train_grpo(cfg, out, echo=crash_after(2))
+    damaged = out / "checkpoints" / "step-000002" / "adapter" / "adapter_model.safetensors"
+    data = bytearray(damaged.read_bytes())
+    data[-64:-32] = b"\xff" * 32  # overwritten in place: NaN float32 values, same size
+    damaged.write_bytes(bytes(data))
+    lines: list[str] = []
+    train_grpo(cfg, out, resume=True, echo=lines.append)
+    assert any(line.startswith("damaged checkpoint: ") and str(damaged) in line for line in lines), lines
+    assert any(line.startswith("resumed at step 1 from ") for line in lines), lines
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4] and all(r["request_errors"] == 0 for r in log)
+    final = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    assert all(torch.isfinite(t).all() for t in final.values())

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memsearch.cli.common import EXIT_INCOMPLETE, EXIT_INPUT, EXIT_STORAGE, command_group, friendly
+from memsearch.cli.common import EXIT_INCOMPLETE, EXIT_INPUT, EXIT_STORAGE, command_group, friendly, out_folder
 from memsearch.cli.data import add_renamed_data_commands, data_app
 from memsearch.cli.eval import add_renamed_eval_commands, eval_app
 from memsearch.cli.pipeline import pipeline_app
@@ -35,7 +35,7 @@ def demo(
     backend: Annotated[str, typer.Option(help="hf (the embedded model, CPU) or rules (seconds).")] = "hf",
     limit: Annotated[int, typer.Option(help="Number of dev questions (about 45 s each on a 2-core CPU).")] = 4,
     out: Annotated[Optional[Path], typer.Option(
-        help="New output folder (default: a fresh runs/demo-* folder).")] = None,
+        help="New output folder (default: a fresh runs/demo-* folder).", callback=out_folder)] = None,
     adapter: Annotated[Optional[Path], typer.Option(
         help="hf: the trained memory-policy adapter of the B-trained row (default: models/memory-policy-cpu, "
              "or MEMSEARCH_MEMORY_POLICY_ADAPTER); must match its fingerprint.json.")] = None,
@@ -51,7 +51,7 @@ def demo(
 @friendly
 def walkthrough(
     out: Annotated[Optional[Path], typer.Option(
-        help="New output folder (default: a fresh runs/walkthrough-* folder).")] = None,
+        help="New output folder (default: a fresh runs/walkthrough-* folder).", callback=out_folder)] = None,
 ) -> None:
     """The walk-through on the shipped samples: prepare, validate, index, search, long contexts."""
     from memsearch.pipelines.walkthrough import run_walkthrough

@@ -8,8 +8,9 @@ Only typer is imported here; each command imports what it needs inside its body,
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Callable, NoReturn, Optional
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -36,14 +37,57 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except (InputError, FileNotFoundError) as exc:
-            for line in str(exc).splitlines():
-                typer.echo(f"error: {line}", err=True)
-            raise typer.Exit(EXIT_INPUT) from None
+            _refuse(exc)
         except StorageError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(EXIT_STORAGE) from None
 
     return wrapper
+
+
+def _refuse(exc: Exception) -> NoReturn:
+    """Bad input: its ``error:`` lines on stderr, then exit status 2."""
+    for line in str(exc).splitlines():
+        typer.echo(f"error: {line}", err=True)
+    raise typer.Exit(EXIT_INPUT) from None
+
+
+def out_problem(path: Path, kind: str) -> str | None:
+    """Why no command can write the output ``path`` (``kind``: "folder" or "file"), else ``None``:
+    a symlink to nothing, a path under a file or under such a symlink, or an existing path of the
+    other kind. Whether an existing output may be written again is each command's own rule."""
+    if path.is_symlink() and not path.exists():
+        return (f"--out is a symlink to {os.readlink(path)}, which does not exist; remove the link or choose "
+                "another --out")
+    for parent in path.parents:  # the nearest existing ancestor decides whether the path can be made
+        if os.path.lexists(parent):
+            if parent.is_dir():
+                break
+            what = "a file" if parent.is_file() else "not a folder"
+            if parent.is_symlink():
+                what = f"a symlink to {os.readlink(parent)}, " + (what if parent.exists() else "which does not exist")
+            return f"--out is under {parent}, {what}; expected a path under a folder"
+    if path.exists() and path.is_dir() != (kind == "folder"):
+        return f"--out is {'a folder' if path.is_dir() else 'a file'}; expected a {kind}"
+    return None
+
+
+def _out_check(kind: str) -> Callable[[Optional[Path]], Optional[Path]]:
+    def check(value: Optional[Path]) -> Optional[Path]:
+        from memsearch.errors import InputError
+
+        problem = None if value is None else out_problem(value, kind)
+        if problem:  # as --out is parsed: before any other option is read or anything runs
+            _refuse(InputError(f"{value}: {problem}"))
+        return value
+
+    return check
+
+
+# ``callback=`` of every ``--out`` option: one ``error:`` line and status 2 for an output path
+# that cannot be written, instead of a traceback from deep inside the command.
+out_folder = _out_check("folder")
+out_file = _out_check("file")
 
 
 class HelpGroup(TyperGroup):

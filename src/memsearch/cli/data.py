@@ -10,11 +10,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from memsearch.cli.common import EXIT_INPUT, Limit, add_renamed, command_group, friendly, renamed_options
+from memsearch.cli.common import EXIT_INPUT, Limit, add_renamed, command_group, friendly, out_folder, renamed_options
 
 data_app = command_group("Prepare data folders (HotpotQA, MuSiQue, RULER-HQA long contexts) and validate them.")
 
-NewFolder = Annotated[Path, typer.Option(help="New output folder (must not exist).")]
+NewFolder = Annotated[Path, typer.Option(help="New output folder (must not exist).", callback=out_folder)]
 Split = Annotated[str, typer.Option(
     help="train or dev (required): recorded in the manifest, which keeps dev data out of training.")]
 
@@ -65,7 +65,7 @@ RulerCommand = renamed_options("data prepare-ruler", {"--input": "--data"})
 def prepare_ruler(
     data: Annotated[Path, typer.Option(help="A prepared dev folder (from data prepare-hotpot --split dev).")],
     docs: Annotated[str, typer.Option(help="Comma-separated numbers of documents per context.")],
-    out: Annotated[Path, typer.Option(help="New output folder; one docs{N} subfolder per N.")],
+    out: Annotated[Path, typer.Option(help="New output folder; one docs{N} subfolder per N.", callback=out_folder)],
     seed: Annotated[int, typer.Option(help="Seed for sampling and shuffling documents.")] = 42,
     limit: Limit = None,
     tokenizer: Annotated[str, typer.Option(

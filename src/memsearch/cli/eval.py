@@ -19,6 +19,7 @@ from memsearch.cli.common import (
     add_renamed,
     command_group,
     friendly,
+    out_folder,
     say_renamed,
 )
 
@@ -38,11 +39,13 @@ eval_app = command_group("Evaluate agents: one run over a data folder, or the A-
                          cls=EvalGroup)
 
 ConfigFile = Annotated[Path, typer.Option("--config", help="TOML run config, e.g. configs/rules.toml.")]
-RunOut = Annotated[Path, typer.Option("--out", help="New run folder (or the one to --resume).")]
-RunResume = Annotated[bool, typer.Option(help="Finish a crashed run in OUT: missing tasks only.")]
+RunOut = Annotated[Path, typer.Option("--out", help="New run folder (or the one to --resume).", callback=out_folder)]
+RunResume = Annotated[bool, typer.Option(
+    help="Finish a crashed run in OUT (a folder `eval run` made): missing tasks only.")]
 MatrixOut = Annotated[Path, typer.Option(
-    "--out", help="New folder: one subfolder per group plus matrix.json / matrix.md.")]
-MatrixResume = Annotated[bool, typer.Option(help="Finish the groups of a crashed matrix in OUT.")]
+    "--out", help="New folder: one subfolder per group plus matrix.json / matrix.md.", callback=out_folder)]
+MatrixResume = Annotated[bool, typer.Option(help="Finish the groups of a crashed matrix in OUT (a folder `eval matrix` "
+                                                 "made).")]
 
 
 def _run_config(path: Path, overrides: list[str] | None, limit: int | None, matrix: bool = False) -> Any:

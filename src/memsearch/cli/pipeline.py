@@ -10,12 +10,13 @@ from typing import Annotated
 
 import typer
 
-from memsearch.cli.common import Overrides, command_group, friendly
+from memsearch.cli.common import Overrides, command_group, friendly, out_folder
 
 pipeline_app = command_group("End-to-end pipelines: prepare, train, merge, evaluate, report (resumable).")
 
 PipelineOut = Annotated[Path, typer.Option(
-    "--out", help="Pipeline folder: created, or continued (finished stages are skipped).")]
+    "--out", help="Pipeline folder: created, or continued (one this pipeline made; finished stages are skipped).",
+    callback=out_folder)]
 PipelineConfig = Annotated[Path, typer.Option(
     "--config", help="Pipeline config, e.g. configs/memagent.toml or configs/memory_policy_cpu.toml.")]
 

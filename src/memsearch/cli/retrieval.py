@@ -26,8 +26,9 @@ def _build(data: Path, method: str, out: Path, index_type: str) -> tuple[int, fl
     import time
 
     from memsearch.data.dataset import load_dataset
-    from memsearch.retrieval.index import build_index
+    from memsearch.retrieval.index import build_index, check_new_index_folder
 
+    check_new_index_folder(out)  # before reading the data: a refused folder costs no work
     start = time.perf_counter()
     retriever = build_index(load_dataset(data).documents, method, out, index_type=index_type, show_progress=True)
     return len(retriever), time.perf_counter() - start
@@ -98,12 +99,33 @@ def serve(
     max_batch: Annotated[int, typer.Option(help="Queries merged into one encode + search (1: no batching).")] = 64,
     max_wait_ms: Annotated[float, typer.Option(help="How long a batch waits for more queries.")] = 5.0,
     cache_size: Annotated[int, typer.Option(help="LRU cache entries (0: no cache).")] = 10_000,
+    cache_mb: Annotated[float, typer.Option(help="And at most this many MiB of cached hits (0: no cache).")] = 64.0,
+    max_queries: Annotated[int, typer.Option(help="Queries in one request.")] = 1024,
+    max_topk: Annotated[int, typer.Option(help="Largest topk.")] = 1000,
+    max_hits: Annotated[int, typer.Option(help="Queries x topk (plus excluded ids) in one request.")] = 16_384,
+    max_query_chars: Annotated[int, typer.Option(help="Characters of one query.")] = 4096,
+    max_body_mb: Annotated[float, typer.Option(help="Request body, MiB.")] = 16.0,
+    timeout_s: Annotated[float, typer.Option(
+        help="A client must send its request head, then its body, and read its answer within this each.")] = 30.0,
+    max_connections: Annotated[Optional[int], typer.Option(
+        help="Open connections (default: what the open-file limit leaves room for).")] = None,
+    quote_titles: Annotated[bool, typer.Option(
+        help="Search-R1 'contents' as its wiki corpus writes them: the title in double quotes.")] = False,
 ) -> None:
-    """Serve an index: Search-R1-compatible POST /retrieve, GET /health, GET /info."""
-    from memsearch.retrieval.server import ServiceSettings, load_service
+    """Serve an index: Search-R1-compatible POST /retrieve, GET /health, GET /info.
+
+    A request over a limit is refused (400, or 413 for the body) with an error naming it; the
+    limits and why: docs/results/retrieval_service.md "Limits"."""
+    from memsearch.retrieval.server import ServiceSettings, check_port, load_service
     from memsearch.retrieval.server import serve as serve_forever
 
-    settings = ServiceSettings(max_batch=max_batch, max_wait_ms=max_wait_ms, cache_size=cache_size)
+    # Settings and port are checked before the index is loaded (a dense one takes seconds).
+    settings = ServiceSettings(
+        max_batch=max_batch, max_wait_ms=max_wait_ms, cache_size=cache_size, cache_mb=cache_mb,
+        max_queries=max_queries, max_topk=max_topk, max_hits=max_hits, max_query_chars=max_query_chars,
+        max_body_mb=max_body_mb, timeout_s=timeout_s, max_connections=max_connections, quote_titles=quote_titles,
+    )
+    check_port(port)
     serve_forever(load_service(str(index), method, settings), host, port, announce=typer.echo)
     typer.echo("stopped")
 

@@ -10,12 +10,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from memsearch.cli.common import Overrides, add_renamed, command_group, friendly
+from memsearch.cli.common import Overrides, add_renamed, command_group, friendly, out_file, out_folder
 
 train_app = command_group("Train policies: SFT rows from a run, LoRA SFT, multi-turn GRPO (torchrun for several "
                           "devices), merged checkpoints.")
 
-TrainOut = Annotated[Path, typer.Option("--out", help="New run folder (or the one to --resume).")]
+TrainOut = Annotated[Path, typer.Option("--out", help="New run folder (or the one to --resume).", callback=out_folder)]
 TrainResume = Annotated[bool, typer.Option(
     help="Continue the run in OUT from its newest complete checkpoint, exactly.")]
 
@@ -27,7 +27,7 @@ def export_sft(
         help="trajectories.jsonl of an eval run (config.json must sit next to it).")],
     metrics: Annotated[Path, typer.Option(help="metrics.jsonl written with those trajectories.")],
     role: Annotated[str, typer.Option(help="Policy role to export: memory, controller or reader.")],
-    out: Annotated[Path, typer.Option(help="New JSON-lines file (must not exist).")],
+    out: Annotated[Path, typer.Option(help="New JSON-lines file (must not exist).", callback=out_file)],
     min_f1: Annotated[Optional[float], typer.Option(help="Keep only tasks whose metrics row has f1 >= this.")] = None,
 ) -> None:
     """Chat-format SFT rows (messages, completion) from the valid policy calls of one role."""
@@ -80,7 +80,8 @@ def grpo(config: GRPOConfigFile, out: TrainOut, resume: TrainResume = False, ada
 def merge_adapter(
     model: Annotated[str, typer.Option(help="Base model: 'embedded' or a local Hugging Face folder.")],
     adapter: Annotated[Path, typer.Option(help="LoRA adapter folder (e.g. RUN/adapter).")],
-    out: Annotated[Path, typer.Option(help="New folder for the merged Hugging Face checkpoint.")],
+    out: Annotated[Path, typer.Option(help="New folder for the merged Hugging Face checkpoint.",
+                                      callback=out_folder)],
     dtype: Annotated[str, typer.Option(help="Saved weights dtype: float32, bfloat16, float16.")] = "float32",
 ) -> None:
     """Merge a LoRA adapter into its base: a plain checkpoint for the hf backend, transformers serve or vLLM."""

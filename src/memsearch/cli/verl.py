@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memsearch.cli.common import DataDir, Overrides, command_group, friendly
+from memsearch.cli.common import DataDir, Overrides, command_group, friendly, out_file
 
 verl_app = command_group("Scale out on upstream verl: export the parquet, print the Hydra overrides (docs/verl.md).")
 
@@ -20,7 +20,8 @@ verl_app = command_group("Scale out on upstream verl: export the parquet, print 
 @friendly
 def export_data(
     data: DataDir,
-    out: Annotated[Path, typer.Option("--out", help="The parquet file to write (data.train_files / val_files).")],
+    out: Annotated[Path, typer.Option("--out", help="The parquet file to write (data.train_files / val_files).",
+                                      callback=out_file)],
     role: Annotated[Optional[str], typer.Option(help="Record the trained role (memory, controller, overwrite); the "
                                                      "loop refuses a config that trains another.")] = None,
 ) -> None:

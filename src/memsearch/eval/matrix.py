@@ -4,18 +4,23 @@ Each group is an ordinary eval run in ``OUT/<group>``; ``OUT/matrix.json`` and
 ``OUT/matrix.md`` compare them: per group the headline metrics and the backend that wrote its
 memory, per pair of groups the F1 and EM difference with a paired bootstrap 95 % CI over the
 same tasks. Summary groups A/C write memory with the baseline memory backend, B/D with
-``backends.memory`` (``memsearch.config.baseline_memory_backend``).
+``backends.memory`` (``memsearch.config.baseline_memory_backend``). ``OUT`` is created with the
+matrix's marker (``eval.run_folder.MARKER``): ``--resume`` continues only a matrix folder.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
 from memsearch.config import RunConfig, group_config
 from memsearch.errors import InputError
+from memsearch.eval.run_folder import MARKER, claim_folder
 from memsearch.io import iter_jsonl, write_json
+
+MATRIX_COMMAND = "eval matrix"
 
 TABLE_METRICS = ("f1", "em", "retrieval_support_recall", "memory_support_recall", "memory_support_precision",
                  "citation_precision", "searches", "invalid_action_rate", "request_errors")
@@ -39,6 +44,18 @@ def check_comparable(configs: dict[str, RunConfig]) -> None:
                 f"group {group}: retrieval settings {cfg.retrieval.model_dump()} differ from group "
                 f"{first_group}'s {first.retrieval.model_dump()}; a matrix compares groups that see the same evidence"
             )
+
+
+def _earlier_matrix_folder(out: Path, groups: list[str]) -> bool:
+    """A matrix folder of an earlier version (no marker): some group folder holds an eval run of
+    that group (its ``run.json`` names it). Each group's run is then checked by its own resume."""
+    for group in groups:
+        try:
+            if json.loads((out / group / "run.json").read_text(encoding="utf-8")).get("group") == group:
+                return True
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False
 
 
 def _per_task(out: Path, group: str, key: str) -> dict[str, float]:
@@ -101,6 +118,12 @@ def run_matrix(
 
     out = Path(out_dir)
     groups = list(config.matrix.groups)
+    if config.agent.evidence != "search":
+        # Every group's controller (fixed or policy) searches: a streaming base has no group to run.
+        raise InputError(
+            f"agent.evidence = {config.agent.evidence!r}: the A-D matrix (memory x controller) runs search "
+            "agents; use `memsearch eval run` for this config"
+        )
     configs = {g: group_config(config, g) for g in groups}
     check_comparable(configs)
     if out.exists() and not resume:
@@ -109,18 +132,25 @@ def run_matrix(
         )
     if resume and not out.is_dir():
         raise InputError(f"{out}: nothing to resume (no such folder)")
-    # No folder is made here: the first group's run_eval creates it (as out/A) only once its data,
-    # models and backends are checked, so a bad command leaves nothing behind.
+    created = claim_folder(out, MATRIX_COMMAND, lambda folder: _earlier_matrix_folder(folder, groups))
     summaries = {}
-    for group, cfg in configs.items():
-        summaries[group] = run_eval(
-            cfg,
-            data_dir,
-            out / group,
-            resume=resume and (out / group).exists(),
-            group=group,
-            show_progress=show_progress,
-        )
+    try:
+        for group, cfg in configs.items():
+            summaries[group] = run_eval(
+                cfg,
+                data_dir,
+                out / group,
+                resume=resume and (out / group).exists(),
+                group=group,
+                show_progress=show_progress,
+            )
+    except BaseException:
+        # The first group's run checks data, models and backends before its folder exists: a bad
+        # command must leave nothing behind, so a new matrix folder holding only its marker goes.
+        if created and [p.name for p in out.iterdir()] == [MARKER]:
+            (out / MARKER).unlink()
+            out.rmdir()
+        raise
     pairs = compare(out, groups, config.matrix.bootstrap_resamples)
     table = render_table(summaries, pairs)
     result = {

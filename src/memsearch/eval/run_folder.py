@@ -7,6 +7,11 @@
   together, exactly one gets it) or reopen it for ``--resume``, and take an exclusive ``flock``
   on ``OUT/.lock`` for the rest of the process, so two writers never append to one run.
   ``config.json`` and ``run.json`` are written atomically (temp file + rename).
+- ``create_marked_folder`` / ``check_made_by``: the marker (``MARKER``) a command writes into a
+  folder the moment it creates it, and the check that a later ``--resume`` (or pipeline re-run)
+  writes only into a folder whose marker names that command (issue 26).
+- ``replacing``: a file written whole under a temporary name, then renamed onto its own (records,
+  and the report's page and plots).
 - ``model_identity``: what answered each role, by content: SHA-256 of the embedded GGUF file,
   of a local model's config and weight files, of an adapter's files; for a served model only
   its name and URL can be recorded.
@@ -16,38 +21,52 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import os
-import tempfile
+import uuid
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from memsearch.errors import InputError, StorageError
 from memsearch.io import sha256_file
 
 RECORDS = ("config.json", "run.json")
+# Written into a folder as it is created, naming the command that made it: the only proof that a
+# folder is ours to write again (a model folder's config.json looks like a half-made run's).
+MARKER = ".memsearch-folder.json"
+RUN_COMMAND = "eval run"
 # Files of a local model folder that decide what it computes (weights, architecture, vocabulary).
 _MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".gguf", ".json", ".model", ".txt")
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO}
 
 
-def write_record(path: Path, obj: Any) -> None:
-    """Pretty JSON written to a temporary sibling and renamed into place: a crash leaves the old
-    file or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """Yield a new temporary sibling of ``path`` (same suffix) for the block to write; when the
+    block succeeds it is renamed onto ``path``. A crash leaves the old file or the new one, never
+    half of one, and a symlink at ``path`` is replaced, never written through."""
+    # Not mkstemp: its 0600 mode would survive the rename; the writer creates the file, umask mode.
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp{path.suffix}")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            json.dump(obj, fh, ensure_ascii=False, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        yield tmp
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+def write_record(path: Path, obj: Any) -> None:
+    """Pretty JSON written whole (``replacing``) and synced to disk before it takes the name."""
+    with replacing(path) as tmp, open(tmp, "x", encoding="utf-8", newline="\n") as fh:
+        json.dump(obj, fh, ensure_ascii=False, indent=2, sort_keys=True)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def _read_record(out: Path, name: str) -> dict[str, Any]:
@@ -61,6 +80,89 @@ def _read_record(out: Path, name: str) -> dict[str, Any]:
     raise InputError(f"{out}: incomplete run folder ({path} {problem}); delete it and start again")
 
 
+def create_marked_folder(out: Path, command: str) -> None:
+    """Create ``out`` (its parents as needed) holding the marker naming ``command``.
+
+    The folder is made under a temporary name, marked, then renamed into place: no kill leaves
+    an unmarked folder that ``--resume`` would refuse, and of two processes creating the same
+    folder exactly one gets it (a rename onto a folder that holds a marker fails), the other an
+    ``InputError``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    tmp.mkdir()  # not mkdtemp: its 0700 mode would survive the rename
+    try:
+        mark_folder(tmp, command)
+        if os.path.lexists(out):
+            raise FileExistsError(errno.EEXIST, "exists", str(out))
+        os.rename(tmp, out)
+    except OSError as exc:
+        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+            raise
+        raise InputError(
+            f"{out}: output folder already exists (another process just created it); choose a new folder"
+        ) from None
+    finally:
+        if tmp.is_dir():
+            (tmp / MARKER).unlink(missing_ok=True)
+            tmp.rmdir()
+
+
+def claim_folder(out: Path, command: str, earlier: Callable[[Path], bool]) -> bool:
+    """Make ``out`` the folder `memsearch {command}` writes: create it marked (returns True), or,
+    when it exists, check that the command made it (``check_made_by``) and mark it if an earlier
+    version did (returns False)."""
+    if not out.exists():
+        create_marked_folder(out, command)
+        return True
+    check_made_by(out, command, earlier)
+    mark_folder(out, command)
+    return False
+
+
+def mark_folder(out: Path, command: str) -> None:
+    """Write the marker naming ``command`` into ``out`` unless it has one: a folder the command
+    made, or one an earlier version made that it has just recognised (``check_made_by``)."""
+    if not (out / MARKER).is_file():
+        write_record(out / MARKER, {"made_by": command})
+
+
+def check_made_by(out: Path, command: str, earlier: Callable[[Path], bool]) -> None:
+    """Refuse (``InputError``; nothing is written) to write again into the existing folder ``out``
+    unless `memsearch {command}` made it: its marker names ``command``, or, in a folder without a
+    marker, ``earlier(out)`` recognises a folder that an earlier version of the command made."""
+    try:
+        made_by = json.loads((out / MARKER).read_text(encoding="utf-8"))["made_by"]
+    except FileNotFoundError:
+        if earlier(out):
+            return
+        raise InputError(
+            f"{out}: not a folder made by `memsearch {command}` (no {MARKER}); it writes only into a folder it "
+            "created, so nothing was written: choose a new --out"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{out / MARKER}: unreadable ({exc}); expected {{\"made_by\": \"{command}\"}}") from None
+    if made_by != command:
+        raise InputError(
+            f"{out}: made by `memsearch {made_by}`, not `memsearch {command}`; continue it with that command, "
+            "or choose a new --out"
+        )
+
+
+def _earlier_run_folder(out: Path) -> bool:
+    """A run folder of an earlier version (no marker), recognised by content: a ``config.json``
+    object and a ``run.json`` object holding the data fingerprint and model identities that
+    `eval run` has always recorded (a model's or a training run's folder has no ``run.json``).
+    ``check_run_folder`` then also requires both to equal the resumed run's config, data and models."""
+    records = []
+    for name in RECORDS:
+        try:
+            records.append(json.loads((out / name).read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return False
+    config, run = records
+    return isinstance(config, dict) and isinstance(run, dict) and {"data", "models"} <= set(run)
+
+
 def check_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: dict[str, Any]) -> None:
     """Refuse a run that cannot start in ``out``; creates and changes nothing."""
     if not resume:
@@ -71,6 +173,7 @@ def check_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: 
         return
     if not out.is_dir():
         raise InputError(f"{out}: nothing to resume (no such folder)")
+    check_made_by(out, RUN_COMMAND, _earlier_run_folder)
     if never_started(out):
         return  # killed between creating the folder and writing its records: start it afresh
     saved_config = _read_record(out, "config.json")
@@ -131,18 +234,15 @@ def claim_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: 
     The checks of ``check_run_folder`` are repeated under the lock: another process may have
     created or changed the folder since they were first made."""
     if not resume:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            out.mkdir()
-        except FileExistsError:
-            raise InputError(
-                f"{out}: output folder already exists (another process just created it); choose a new folder"
-            ) from None
+        create_marked_folder(out, RUN_COMMAND)  # appears with its marker: resumable whenever it is killed
+    else:
+        check_made_by(out, RUN_COMMAND, _earlier_run_folder)  # before the lock file is made in it
     lock = RunFolderLock(out)
     try:
-        if resume and not never_started(out):
+        if resume:
             check_run_folder(out, True, config, run_info)
-        else:
+            mark_folder(out, RUN_COMMAND)  # an earlier version's folder, just checked: marked from now on
+        if not resume or never_started(out):
             write_record(out / "config.json", config)
             write_record(out / "run.json", run_info)
     except BaseException:

@@ -6,8 +6,9 @@ A run folder holds ``config.json`` (resolved), ``run.json`` (data fingerprint, m
 versions),
 ``trajectories.jsonl`` (one line per task, appended as episodes finish), ``metrics.jsonl``
 (per task, in task order) and ``summary.json``. The folder must not exist unless ``resume``:
-then the saved config must equal the new one, finished tasks are kept and only missing ones
-run, so a crashed run is completed without losing or repeating a task.
+then it must be a folder ``eval run`` made (``eval.run_folder.check_made_by``), the saved config
+must equal the new one, finished tasks are kept and only missing ones run, so a crashed run is
+completed without losing or repeating a task.
 """
 
 from __future__ import annotations

@@ -12,8 +12,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from memsearch.config import RunConfig, StrictConfig, config_from_tables, merge_tables, read_config_file
-from memsearch.errors import InputValueError
+from memsearch.config import (
+    KeyProblems,
+    RunConfig,
+    StrictConfig,
+    config_from_tables,
+    merge_tables,
+    read_config_file,
+    validation_problems,
+)
 
 
 def episode_table(data: dict[str, Any]) -> dict[str, Any]:
@@ -43,13 +50,12 @@ def run_config_tables(path: str | Path) -> dict[str, Any]:
 
 def validated(model: type[BaseModel], fields: dict[str, Any], table: str) -> Any:
     """``model`` validated from ``fields`` (a trainer table of a pipeline config); problems are
-    named by their place in the pipeline config (``table.field``), not the trainer's."""
+    named by their place in the pipeline config (``table.field``), not the trainer's, as
+    ``KeyProblems``: raised in the pipeline config's validator, they keep those key paths."""
     try:
         return model.model_validate(fields)
     except ValidationError as exc:
-        problems = "; ".join(f"{table}.{'.'.join(str(p) for p in e['loc'])}: "
-                             f"{'unknown field' if e['type'] == 'extra_forbidden' else e['msg']}" for e in exc.errors())
-        raise InputValueError(problems) from None
+        raise KeyProblems(*validation_problems(exc, table)) from None
 
 
 class PipelineReport(StrictConfig):

@@ -15,6 +15,7 @@ anything runs. The rules demo has no trained row (the adapter is a LoRA on the e
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,8 +36,11 @@ def fresh_run_dir(prefix: str) -> Path:
 
 
 def report_command(run: Path, data: Path) -> str:
-    """The line eval, matrix and the demo end with: how to write and open the run's report."""
-    return f"report: memsearch report view {run} --data {data} --out {Path(run) / 'report.html'}"
+    """The line eval, matrix and the demo end with: how to write and open the run's report. Each
+    path is shell-quoted, so the line pasted into a shell runs that command and nothing else."""
+    return "report: " + shlex.join(
+        ["memsearch", "report", "view", str(run), "--data", str(data), "--out", str(Path(run) / "report.html")]
+    )
 
 
 def trained_group_config(config, adapter: Path):

@@ -11,6 +11,7 @@ import base64
 import gzip
 import html
 import json
+import os
 import re
 from importlib import resources
 from pathlib import Path
@@ -54,13 +55,24 @@ def payload_of_html(page: str) -> dict[str, Any]:
     return decode_payload(page[start : page.index("</script>", start)])
 
 
-def write_report(paths: list[Path], data_dir: Path, out: Path, train_logs: list[Path] | None = None) -> Path:
-    """Build the payload from run folders (and training logs) and write the HTML file."""
+def write_report(
+    paths: list[Path], data_dir: Path, out: Path, train_logs: list[Path] | None = None, force: bool = False
+) -> Path:
+    """Build the payload from run folders (and training logs) and write the HTML file.
+
+    An existing ``out`` (a symlink too, even a dangling one) is refused before any work unless
+    ``force``; the page is written whole and renamed onto ``out``, so a symlink there is replaced,
+    never written through."""
+    from memsearch.errors import InputError
+    from memsearch.eval.run_folder import replacing
     from memsearch.report.payload import build_payload
 
+    out = Path(out)
+    if os.path.lexists(out) and not force:
+        raise InputError(f"{out}: already exists; pass --force to replace it, or choose another --out")
     payload = build_payload([Path(p) for p in paths], Path(data_dir), [Path(p) for p in train_logs or []])
     title = " vs ".join(Path(p).name for p in paths)
-    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(payload, title), encoding="utf-8")
+    with replacing(out) as tmp:
+        tmp.write_text(render_html(payload, title), encoding="utf-8")
     return out

@@ -137,6 +137,9 @@ class _Analyzer:
     """Text to terms: lower-case, split with the token pattern, drop stop words, stem."""
 
     _CACHE_LIMIT = 1_000_000  # distinct words remembered; plenty for one corpus' vocabulary
+    # ... and their characters: queries reach the memo too (the retrieval service), and a client
+    # sending unique 4,096-character words would otherwise grow it to gigabytes before the count cap.
+    _CACHE_CHARS = 32_000_000
 
     def __init__(self, settings: BM25Settings, stopwords: Iterable[str]) -> None:
         self._lower = settings.lowercase
@@ -150,6 +153,7 @@ class _Analyzer:
         # word -> term ("" = dropped); stemming each word once makes indexing ~2x faster.
         # Not thread-safe (neither is a PyStemmer object): one analyzer per thread.
         self._terms: dict[str, str] = {}
+        self._chars = 0  # characters of the words and terms in self._terms
 
     def _term(self, word: str) -> str:
         if word in self._stop:
@@ -163,9 +167,11 @@ class _Analyzer:
         for word in self._split(text):
             term = terms.get(word)
             if term is None:
-                if len(terms) >= self._CACHE_LIMIT:
+                if len(terms) >= self._CACHE_LIMIT or self._chars >= self._CACHE_CHARS:
                     terms.clear()
+                    self._chars = 0
                 term = terms[word] = self._term(word)
+                self._chars += len(word) + len(term)
             if term:
                 out.append(term)
         return out

@@ -11,6 +11,7 @@ and ``hybrid`` (it holds a BM25 index of the same documents) and ``bm25``. ``des
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ METHODS = ("bm25", "dense", "hybrid")
 
 def build_index(documents: Sequence[Document], method: str, out: str | Path, index_type: str = "flat",
                 show_progress: bool = False) -> Any:
-    """Build a ``bm25`` or ``dense`` index over ``documents`` and save it to the new folder ``out``."""
+    """Build a ``bm25`` or ``dense`` index over ``documents`` and save it to the new folder ``out``
+    (checked first: ``check_new_index_folder``)."""
+    check_new_index_folder(out)
     if method == "bm25":
         from memsearch.retrieval.bm25 import BM25Retriever
 
@@ -36,6 +39,26 @@ def build_index(documents: Sequence[Document], method: str, out: str | Path, ind
         raise InputValueError(f"--method {method!r}: build 'bm25' or 'dense' (a dense folder also serves 'hybrid')")
     retriever.save(out)
     return retriever
+
+
+def check_new_index_folder(out: str | Path) -> None:
+    """``InputError`` (one line) unless ``out`` can become a new index folder: nothing is there,
+    not even an empty folder or a dangling symlink, and the nearest existing folder above it is a
+    writable folder. Checked before any work: saving is the last step of a build that can take
+    minutes."""
+    out = Path(out)
+    if os.path.lexists(out):
+        what = ("a dangling symlink" if not out.exists() else "a folder" if out.is_dir() else "a file")
+        raise InputError(f"{out}: already exists ({what}); choose a new folder (nothing was written)")
+    parent = out.parent
+    while not parent.exists():
+        if os.path.lexists(parent):
+            raise InputError(f"{out}: {parent} is a dangling symlink; choose a new folder (nothing was written)")
+        parent = parent.parent
+    if not parent.is_dir():
+        raise InputError(f"{out}: {parent} is a file, not a folder; choose a new folder (nothing was written)")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"{out}: cannot create a folder in {parent} (not writable); choose another place")
 
 
 def open_index(index_dir: str | Path, method: str | None = None) -> Any:

@@ -8,6 +8,19 @@ shapes) and ``format = "memsearch"`` (hits are ``Passage`` records: sentences wi
 ``GET /health`` answers ``{"status": "ok"}``; ``GET /info`` the index manifest, the method and the
 service's settings and counters. A bad request gets 400 and ``{"error": reason}``.
 
+Whatever one client sends, the others keep being answered in bounded memory (``ServiceSettings``,
+docs/results/retrieval_service.md "Limits"): a request over a limit (query length, queries,
+queries x topk, body size) is refused with 400 or 413 naming the limit before any search; the
+batcher takes one query from each waiting request in turn, so a large request cannot make a small
+one wait for all of it; the cache is bounded in bytes and keyed by digests, never by query text;
+a client must send its request, and read its answer, within ``timeout_s``; connections are capped
+below the open-file limit, a new one closing the oldest connection that is not being answered;
+repeated log lines are rate-limited (``RepeatLimiter``). Each of those is a module of its own,
+read and tested apart from this one, which only puts them together: ``service_requests`` (the
+limits, the request check and the hit's JSON), ``service_cache`` (the byte-bounded cache),
+``service_connections`` (the connection cap and the listener) and ``service_log``; their public
+names are importable from here too.
+
 Why it is fast under concurrency (docs/design.md §8): query encoding dominates dense search, so
 queries from all concurrent requests are merged by a micro-batcher (up to ``max_batch`` queries,
 waiting at most ``max_wait_ms`` for more) into one encode + search, run on one worker thread so the
@@ -21,33 +34,36 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import signal
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
+from memsearch.errors import InputError
 from memsearch.retrieval.base import passage_from_document
+from memsearch.retrieval.service_cache import Digest, HitCache, digest, entry_bytes
+from memsearch.retrieval.service_connections import ConnectionGuard, connection_limits, listening_socket
+from memsearch.retrieval.service_log import RepeatLimiter, install_log_limits
+from memsearch.retrieval.service_requests import (
+    BadRequest,
+    Hits,
+    Key,
+    ServiceSettings,
+    check_port,
+    parse_request,
+    render_hit,
+)
 
-Key = tuple[str, int, tuple[str, ...] | None]
-Hits = tuple[tuple[str, float], ...]  # (doc id, score), best first
-
-
-@dataclass(frozen=True)
-class ServiceSettings:
-    """Batching, caching and request limits of the service."""
-
-    max_batch: int = 64  # queries merged into one encode + search; 1 = every query on its own
-    max_wait_ms: float = 5.0  # how long a batch waits for more queries once it has one
-    cache_size: int = 10_000  # LRU entries (query, k, candidates); 0 = no cache
-    max_queries: int = 1024  # queries in one request
-    max_topk: int = 1000
-
-
-class BadRequest(ValueError):
-    """A request the service refuses with 400 and this message."""
+# Importable from here, as before the service was split into modules (the CLI, tests, benchmarks).
+__all__ = [
+    "BadRequest", "RepeatLimiter", "RetrievalService", "ServiceSettings", "cache_entry_bytes", "check_port",
+    "install_log_limits", "load_service", "parse_request", "render_hit", "running_service", "serve",
+]
+cache_entry_bytes = entry_bytes
 
 
 class RetrievalService:
@@ -60,18 +76,25 @@ class RetrievalService:
         self.settings = settings or ServiceSettings()
         self._info = info or {}
         self._rows = {doc.doc_id: doc for doc in retriever.documents}
-        self._cache: collections.OrderedDict[Key, Hits] = collections.OrderedDict()
-        self._pending: dict[Key, asyncio.Future] = {}
-        self._queue: asyncio.Queue | None = None
+        self.cache = HitCache(self.settings.cache_size, self.settings.cache_bytes)
+        self._pending: dict[Digest, asyncio.Future] = {}
+        # The keys still to search, one deque per request, served round robin (``_take``).
+        self._waiting: collections.deque[collections.deque[tuple[Digest, Key]]] = collections.deque()
+        self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         # One thread: the BM25 analyzer is not thread-safe and torch already uses every core.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieval")
+        # Parsing bodies and rendering answers (up to max_body_mb / max_hits) run here, so the event
+        # loop keeps answering /health and other clients meanwhile.
+        self._http = ThreadPoolExecutor(max_workers=2, thread_name_prefix="retrieval-http")
+        self.answering: set[Any] = set()  # connections (aiohttp protocols) whose request is being answered
+        self.max_connections: int | None = None  # the limit in force while serving (``_serve``)
         self.counts: collections.Counter[str] = collections.Counter()
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self._queue = asyncio.Queue()
+        self._wakeup = asyncio.Event()
         self._worker = asyncio.create_task(self._batch_loop())
 
     async def stop(self) -> None:
@@ -80,12 +103,14 @@ class RetrievalService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
         self._executor.shutdown(wait=True)
+        self._http.shutdown(wait=True)
 
     def app(self):
         """The aiohttp application (routes, start/stop hooks)."""
         from aiohttp import web
 
-        app = web.Application(client_max_size=16 * 1024 * 1024)
+        # aiohttp refuses a larger body with 413 while reading it; _retrieve words the answer.
+        app = web.Application(client_max_size=self.settings.max_body_bytes)
         app.router.add_post("/retrieve", self._retrieve)
         app.router.add_get("/health", self._health)
         app.router.add_get("/info", self._info_handler)
@@ -106,56 +131,81 @@ class RetrievalService:
         """``(doc id, score)`` hits for each ``(query, k, candidates)``: from the cache, a search in
         flight, or the batcher."""
         loop = asyncio.get_running_loop()
-        futures = []
+        futures, fresh, memo = [], collections.deque(), {}
         for key in keys:
             self.counts["queries"] += 1
-            if key in self._cache:
-                self._cache.move_to_end(key)
+            key_digest = digest(key, memo)
+            cached = self.cache.get(key_digest)
+            if cached is not None:
                 self.counts["cache_hits"] += 1
                 done = loop.create_future()
-                done.set_result(self._cache[key])
+                done.set_result(cached)
                 futures.append(done)
-            elif key in self._pending:
+            elif key_digest in self._pending:
                 self.counts["coalesced"] += 1
-                futures.append(self._pending[key])
+                futures.append(self._pending[key_digest])
             else:
-                future = self._pending[key] = loop.create_future()
-                self._queue.put_nowait(key)
+                future = self._pending[key_digest] = loop.create_future()
+                fresh.append((key_digest, key))
                 futures.append(future)
+        if fresh:
+            self._waiting.append(fresh)
+            self._wakeup.set()
         # shield: a client that disconnects must not cancel a search other requests share.
         return list(await asyncio.shield(asyncio.gather(*futures)))
+
+    def _queued(self) -> int:
+        return sum(len(keys) for keys in self._waiting)
+
+    def _take(self, n: int) -> list[tuple[Digest, Key]]:
+        """Up to ``n`` waiting keys, one from each waiting request in turn: a request of a thousand
+        queries shares every batch with the requests that came after it instead of making them
+        wait for all of its batches."""
+        batch = []
+        while self._waiting and len(batch) < n:
+            keys = self._waiting.popleft()
+            batch.append(keys.popleft())
+            if keys:
+                self._waiting.append(keys)
+        return batch
 
     async def _batch_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = [await self._queue.get()]
+            while not self._waiting:
+                self._wakeup.clear()
+                await self._wakeup.wait()
             deadline = loop.time() + self.settings.max_wait_ms / 1000
-            while len(batch) < self.settings.max_batch:
+            while self._queued() < self.settings.max_batch and (remaining := deadline - loop.time()) > 0:
+                self._wakeup.clear()
                 try:
-                    batch.append(self._queue.get_nowait())
-                    continue
-                except asyncio.QueueEmpty:
-                    pass
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                    await asyncio.wait_for(self._wakeup.wait(), remaining)
                 except TimeoutError:
                     break
-            try:
-                results = await loop.run_in_executor(self._executor, self._search_batch, batch)
-            except Exception as exc:  # noqa: BLE001 - a failed batch fails its requests, not the service
-                for key in batch:
-                    future = self._pending.pop(key)
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for key, passages in zip(batch, results):
-                self._remember(key, passages)
-                future = self._pending.pop(key)
-                if not future.done():
-                    future.set_result(passages)
+            await self._settle(self._take(self.settings.max_batch))
+
+    async def _settle(self, batch: list[tuple[Digest, Key]]) -> None:
+        """Search ``batch`` and hand each key's hits (or the error) to the requests waiting on it."""
+        loop = asyncio.get_running_loop()
+        try:
+            results = await loop.run_in_executor(self._executor, self._search_batch, [key for _, key in batch])
+        except Exception as exc:  # noqa: BLE001 - a failed batch fails its requests, not the service
+            if len(batch) > 1:
+                # One query the retriever cannot take must fail only the requests that sent it,
+                # not the other clients' queries that shared its batch: search each on its own.
+                self.counts["split_batches"] += 1
+                for item in batch:
+                    await self._settle([item])
+                return
+            future = self._pending.pop(batch[0][0])
+            if not future.done():
+                future.set_exception(exc)
+            return
+        for (key_digest, _), hits in zip(batch, results):
+            self.cache.put(key_digest, hits)
+            future = self._pending.pop(key_digest)
+            if not future.done():
+                future.set_result(hits)
 
     def _search_batch(self, batch: list[Key]) -> list[Hits]:
         """One ``search_many`` for the whole batch (worker thread); each key cut to its own k."""
@@ -167,13 +217,6 @@ class RetrievalService:
         # made the RSS of a long load test grow by a third; passages are rebuilt when answering.
         return [tuple((p.doc_id, p.score) for p in hits[: key[1]]) for key, hits in zip(batch, found)]
 
-    def _remember(self, key: Key, passages: Hits) -> None:
-        if self.settings.cache_size <= 0:
-            return
-        self._cache[key] = passages
-        if len(self._cache) > self.settings.cache_size:
-            self._cache.popitem(last=False)
-
     # ------------------------------------------------------------------ HTTP
 
     async def _health(self, request):
@@ -182,8 +225,11 @@ class RetrievalService:
         return web.json_response({"status": "ok"})
 
     def info(self) -> dict[str, Any]:
-        """What ``GET /info`` answers."""
-        return {**self._info, "settings": asdict(self.settings), "counts": dict(self.counts)}
+        """What ``GET /info`` answers: the index, the settings, the counters, the cache's size and
+        the connection limit in force."""
+        return {**self._info, "settings": asdict(self.settings), "counts": dict(self.counts),
+                "cache": {"entries": len(self.cache), "bytes": self.cache.bytes},
+                "max_connections": self.max_connections}
 
     async def _info_handler(self, request):
         from aiohttp import web
@@ -195,103 +241,79 @@ class RetrievalService:
 
         started = time.perf_counter()
         self.counts["requests"] += 1
+        limits = self.settings
         try:
-            raw = await request.read()
-            body = parse_request(raw, self.settings, self._rows)
-        except BadRequest as exc:
+            async with asyncio.timeout(limits.timeout_s):
+                raw = await request.read()
+        except TimeoutError:
+            self.counts["timeouts"] += 1
+            return await self._answer(request, 408, {
+                "error": f"the request body did not arrive within the service's timeout_s = {limits.timeout_s:g} s"
+            }, close=True)
+        except web.HTTPRequestEntityTooLarge:
             self.counts["bad_requests"] += 1
-            return web.json_response({"error": str(exc)}, status=400)
-        queries, topk, cands, excl = body["queries"], body["topk"], body["candidates"], body["exclude"]
-        keys = [(q, topk + len(x), c) for q, c, x in zip(queries, cands, excl)]
+            return await self._answer(request, 413, {
+                "error": f"the body is larger than the service's max_body_mb = {limits.max_body_mb:g} MiB "
+                         f"({limits.max_body_bytes} bytes)"
+            }, close=True)
+        except ConnectionError:  # the client went away mid-body: nobody reads an answer
+            self.counts["disconnects"] += 1
+            return web.Response(status=400)
+        loop = asyncio.get_running_loop()
+        self.answering.add(request.protocol)
         try:
-            found = await self.search(keys)
-        except Exception as exc:  # noqa: BLE001 - the search failed: 500, the service stays up
-            self.counts["server_errors"] += 1
-            return web.json_response({"error": f"search failed: {type(exc).__name__}: {exc}"}, status=500)
+            try:
+                body = await loop.run_in_executor(self._http, parse_request, raw, limits, self._rows)
+            except BadRequest as exc:
+                self.counts["bad_requests"] += 1
+                return await self._answer(request, 400, {"error": str(exc)})
+            del raw
+            try:
+                found = await self.search(body["keys"])
+            except Exception as exc:  # noqa: BLE001 - the search failed: 500, the service stays up
+                self.counts["server_errors"] += 1
+                return await self._answer(request, 500, {"error": f"search failed: {type(exc).__name__}: {exc}"})
+            payload = await loop.run_in_executor(self._http, self._render, found, body)
+            self.counts["answered"] += 1
+            self.counts["latency_ms_total"] += int((time.perf_counter() - started) * 1000)
+            return await self._answer(request, 200, payload)
+        finally:
+            self.answering.discard(request.protocol)
+
+    def _render(self, found: list[Hits], body: dict[str, Any]) -> bytes:
+        """The answer's JSON: each query's hits without its excluded ids, cut to ``topk``."""
         result = []
-        for hits, exclude in zip(found, excl):
-            kept = [(doc_id, score) for doc_id, score in hits if doc_id not in exclude][:topk]
+        for hits, exclude in zip(found, body["exclude"]):
+            kept = [(doc_id, score) for doc_id, score in hits if doc_id not in exclude][: body["topk"]]
             result.append(
                 [
-                    render_hit(
-                        passage_from_document(self._rows[doc_id], score, rank), body["format"], body["return_scores"]
-                    )
+                    render_hit(passage_from_document(self._rows[doc_id], score, rank), body["format"],
+                               body["return_scores"], self.settings.quote_titles)
                     for rank, (doc_id, score) in enumerate(kept)
                 ]
             )
-        self.counts["answered"] += 1
-        self.counts["latency_ms_total"] += int((time.perf_counter() - started) * 1000)
-        return web.json_response({"result": result})
+        return json.dumps({"result": result}).encode()
 
+    async def _answer(self, request, status: int, answer: dict[str, Any] | bytes, close: bool = False):
+        """Send ``answer`` (JSON) within ``timeout_s``: a client that does not read its answer
+        would otherwise hold it, and its connection, for as long as it likes."""
+        from aiohttp import web
 
-def render_hit(passage: Any, fmt: str, scores: bool) -> dict[str, Any]:
-    """One hit as Search-R1 writes it, or as a memsearch ``Passage`` (sentences with evidence ids)."""
-    if fmt == "memsearch":
-        return passage.model_dump(mode="json")
-    document = {"id": passage.doc_id, "contents": f"{passage.title}\n{passage.text}"}
-    return {"document": document, "score": passage.score} if scores else document
-
-
-def parse_request(raw: bytes, settings: ServiceSettings, documents: dict[str, Any]) -> dict[str, Any]:
-    """The checked fields of a ``/retrieve`` body, or ``BadRequest`` saying what is wrong."""
-    import json
-
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("body must be a JSON object with a 'queries' list")
-    unknown = sorted(set(body) - {"queries", "topk", "return_scores", "candidates", "exclude", "format"})
-    if unknown:
-        raise BadRequest(f"unknown fields {unknown}")
-    queries = body.get("queries")
-    if not isinstance(queries, list) or not queries or not all(isinstance(q, str) for q in queries):
-        raise BadRequest("'queries' must be a non-empty list of strings")
-    if len(queries) > settings.max_queries:
-        raise BadRequest(f"{len(queries)} queries in one request; at most {settings.max_queries}")
-    topk = body.get("topk", 3)  # Search-R1's default
-    if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= settings.max_topk:
-        raise BadRequest(f"'topk' must be an integer from 1 to {settings.max_topk}, got {topk!r}")
-    scores = body.get("return_scores", False)
-    if not isinstance(scores, bool):
-        raise BadRequest("'return_scores' must be true or false")
-    fmt = body.get("format", "search-r1")
-    if fmt not in ("search-r1", "memsearch"):
-        raise BadRequest(f"'format' must be 'search-r1' or 'memsearch', got {fmt!r}")
-    cands = _per_query(body.get("candidates"), len(queries), "candidates", documents)
-    excl = _per_query(body.get("exclude"), len(queries), "exclude", documents)
-    return {
-        "queries": queries,
-        "topk": topk,
-        "return_scores": scores,
-        "format": fmt,
-        "candidates": [None if c is None else tuple(sorted(set(c))) for c in cands],
-        "exclude": [frozenset(x or ()) for x in excl],
-    }
-
-
-def _per_query(value: Any, n: int, name: str, documents: dict[str, Any]) -> list[list[str] | None]:
-    """``None``, one id list for every query, or one list (or null) per query -> one entry per query."""
-    if value is None:
-        return [None] * n
-    if not isinstance(value, list):
-        raise BadRequest(f"'{name}' must be a list of doc ids or one list (or null) per query")
-    if all(isinstance(v, str) for v in value):
-        per = [value] * n
-    elif len(value) == n and all(
-        v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v)) for v in value
-    ):
-        per = value
-    else:
-        raise BadRequest(f"'{name}' must be a list of doc ids or one list (or null) per query ({n} queries)")
-    unknown = sorted({x for v in per if v for x in v if x not in documents})
-    if unknown:
-        raise BadRequest(
-            f"'{name}': unknown doc ids {unknown[:10]}"
-            + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
-        )
-    return per
+        payload = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+        response = web.Response(body=payload, status=status, content_type="application/json")
+        if close:
+            response.force_close()
+        try:
+            async with asyncio.timeout(self.settings.timeout_s):
+                await response.prepare(request)
+                await response.write_eof()
+        except TimeoutError:
+            self.counts["timeouts"] += 1
+            if request.transport is not None:
+                request.transport.abort()  # drops the unsent answer from memory
+        except ConnectionError:
+            self.counts["disconnects"] += 1
+        return response
 
 
 def load_service(index: str, method: str | None = None, settings: ServiceSettings | None = None) -> RetrievalService:
@@ -309,18 +331,31 @@ async def _serve(
 ) -> None:
     from aiohttp import web
 
-    runner = web.AppRunner(app if app is not None else service.app(), handle_signals=False)
+    check_port(port)
+    limit, backlog = connection_limits(service.settings.max_connections)
+    install_log_limits()
+    # keepalive_timeout: aiohttp closes a connection that has not sent a complete request head
+    # this long after it connected or after its last answer (idle and slow clients alike).
+    runner = web.AppRunner(app if app is not None else service.app(), handle_signals=False,
+                           keepalive_timeout=service.settings.timeout_s)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+    service.max_connections = limit
+    loop = asyncio.get_running_loop()
+    try:
+        listener = await loop.create_server(ConnectionGuard(runner.server, limit, service.answering, service.counts),
+                                            sock=listening_socket(host, port, backlog), backlog=backlog)
+    except (OSError, OverflowError) as exc:
+        await runner.cleanup()
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InputError(f"cannot listen on {host}:{port}: {reason}") from None
     stop = stop or asyncio.Event()
-    bound = runner.addresses[0][1]
     if ready is not None:
-        ready(bound, stop)
+        ready(listener.sockets[0].getsockname()[1], stop)
     try:
         await stop.wait()
     finally:
         # Stop accepting, let requests in flight finish (bounded), then stop the batcher.
+        listener.close()
         await runner.cleanup()
 
 

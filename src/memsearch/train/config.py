@@ -8,13 +8,12 @@ Every field is documented where it is declared; the resolved config is saved in 
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from memsearch.config import RunConfig, StrictConfig, merge_tables
+from memsearch.config import KeyProblems, RunConfig, StrictConfig, merge_tables, read_config_file
 from memsearch.train.rows import TrainedRole
 
 
@@ -27,7 +26,15 @@ def _list_as_tuple(value: Any) -> Any:
 FloatPair = Annotated[tuple[float, float], BeforeValidator(_list_as_tuple)]
 
 
-class LoraSettings(StrictConfig):
+class TrainSettings(StrictConfig):
+    """The base of every trainer config table: a number that is NaN or infinite is refused at
+    load, naming its field (``lr = inf`` used to train to an all-NaN adapter with exit 0; no
+    setting of a trainer means "unbounded" by inf)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+class LoraSettings(TrainSettings):
     """The LoRA adapter that is trained (PEFT). Ignored when starting from an existing adapter,
     whose own settings then apply (the trainer says so)."""
 
@@ -38,11 +45,12 @@ class LoraSettings(StrictConfig):
     )
     target_modules: list[str] = Field(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1,
         description="Module names that get an adapter (Llama/Qwen/SmolLM naming)",
     )
 
 
-class OptimSettings(StrictConfig):
+class OptimSettings(TrainSettings):
     """AdamW with warm-up and a decay schedule."""
 
     lr: float = Field(1e-5, gt=0, description="Peak learning rate")
@@ -54,8 +62,16 @@ class OptimSettings(StrictConfig):
     )
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm (None = no clipping)")
 
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_unit_interval(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        # AdamW's own check runs only once the run folder exists; 1 would never forget a gradient
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"got {list(betas)}, expected two numbers in [0, 1), e.g. [0.9, 0.999]")
+        return betas
 
-class EvalSettings(StrictConfig):
+
+class EvalSettings(TrainSettings):
     """Periodic evaluation through the episode engine (the same code path as `memsearch eval`)."""
 
     data: str | None = Field(None, description="A prepared dev folder; None = no periodic evaluation")
@@ -70,7 +86,7 @@ class EvalSettings(StrictConfig):
     )
 
 
-class RewardSettings(StrictConfig):
+class RewardSettings(TrainSettings):
     """Trajectory reward: answer metric minus penalties, one number per trajectory
     (``train.reward``)::
 
@@ -113,7 +129,7 @@ class RewardSettings(StrictConfig):
     )
 
 
-class CollapseGuardSettings(StrictConfig):
+class CollapseGuardSettings(TrainSettings):
     """Stop a GRPO run that has collapsed into one decision (``train.collapse``): for ``patience``
     consecutive steps a decision entropy below ``min_decision_entropy``, or one op (or one invalid
     cause) over ``max_op_share`` of the memory calls' ops."""
@@ -131,7 +147,7 @@ class CollapseGuardSettings(StrictConfig):
     eval_patience: int = Field(2, ge=1, description="Consecutive one-op evaluations before the run stops")
 
 
-class StateReward(StrictConfig):
+class StateReward(TrainSettings):
     """The per-call reward of ``credit = "state"`` (``train.state_credit``): label shaping from the
     train labels, so each run's config states the reward it used. G = the question's gold facts."""
 
@@ -143,7 +159,7 @@ class StateReward(StrictConfig):
     invalid_penalty: float = Field(0.5, ge=0, description="Any other rejected or unreadable batch, subtracted")
 
 
-class DynamicSamplingSettings(StrictConfig):
+class DynamicSamplingSettings(TrainSettings):
     """DAPO's dynamic sampling (``train.dynamic_sampling``): groups whose rewards are all equal are
     dropped and other tasks rolled out in their place."""
 
@@ -153,7 +169,7 @@ class DynamicSamplingSettings(StrictConfig):
         "out (0: drop only)")
 
 
-class TrainerConfig(StrictConfig):
+class TrainerConfig(TrainSettings):
     """Settings both trainers (``GRPOConfig``, ``SFTConfig``) have, with the same meaning."""
 
     lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA settings")
@@ -283,19 +299,19 @@ class GRPOConfig(TrainerConfig):
     def _role_fits_episode(self) -> GRPOConfig:
         agent = self.episode.agent
         if self.role == "memory" and agent.memory != "decision":
-            raise ValueError("role 'memory' trains memory operations: set episode.agent.memory = 'decision'")
+            raise KeyProblems(("role", "'memory' trains memory operations: set episode.agent.memory = 'decision'"))
         if self.role == "controller" and agent.controller != "policy":
-            raise ValueError("role 'controller' needs episode.agent.controller = 'policy'")
+            raise KeyProblems(("role", "'controller' needs episode.agent.controller = 'policy'"))
         if self.role == "overwrite" and agent.memory != "overwrite":
-            raise ValueError("role 'overwrite' needs episode.agent.memory = 'overwrite' (MemAgent)")
+            raise KeyProblems(("role", "'overwrite' needs episode.agent.memory = 'overwrite' (MemAgent)"))
         if self.credit == "state":
             if self.role != "memory":
-                raise ValueError("credit = 'state' branches memory calls: it needs role = 'memory'")
+                raise KeyProblems(("credit", "'state' branches memory calls: it needs role = 'memory'"))
             if self.dynamic_sampling.enabled:
-                raise ValueError("dynamic_sampling filters trajectory groups; with credit = 'state' the groups are the "
-                                 "state groups of each call: set dynamic_sampling.enabled = false")
+                raise KeyProblems(("dynamic_sampling.enabled", "dynamic_sampling filters trajectory groups; with "
+                                   "credit = 'state' the groups are the state groups of each call: set it to false"))
         if 0 < self.dual_clip <= 1:
-            raise ValueError(f"dual_clip = {self.dual_clip}: the dual-clip bound must be > 1 (or 0 to disable it)")
+            raise KeyProblems(("dual_clip", f"{self.dual_clip}: the dual-clip bound must be > 1 (or 0 to disable it)"))
         return self
 
 
@@ -306,8 +322,8 @@ def _with_episode_config(data: Any) -> Any:
         return data
     path = Path(data["episode_config"])
     if not path.is_file():
-        raise ValueError(f"episode_config {path}: no such file")
-    base = tomllib.loads(path.read_text(encoding="utf-8"))
+        raise KeyProblems(("episode_config", f"{path}: no such file"))
+    base = read_config_file(path)  # an unreadable file is refused naming that file, not this config
     episode = data.get("episode") or {}
     return {**data, "episode": merge_tables(base, episode) if isinstance(episode, dict) else episode}
 
@@ -339,14 +355,15 @@ def schema_mode_rule(data: Any, validate) -> GRPOConfig:
         data = {**data, "episode": {**episode, "backends": {**backends, "memory": memory}}}
     cfg = validate(data)
     if cfg.schema_mode and cfg.role != "memory":
-        raise ValueError("schema_mode applies to the memory role (decision mode) only")
+        raise KeyProblems(("schema_mode", "applies to the memory role (decision mode) only"))
     episode_mode = cfg.episode.backends.memory.schema_mode
     if cfg.role in ("memory", "overwrite") and episode_mode != cfg.schema_mode:
-        raise ValueError(
+        raise KeyProblems((
+            "schema_mode",
             f"schema_mode = {str(cfg.schema_mode).lower()} and episode.backends.memory.schema_mode = "
             f"{str(episode_mode).lower()} disagree: training and evaluation must sample the memory role "
-            "the same way; set schema_mode (the episode follows it) and leave the episode's unset"
-        )
+            "the same way; set schema_mode (the episode follows it) and leave the episode's unset",
+        ))
     return cfg
 
 
@@ -378,5 +395,7 @@ class SFTConfig(TrainerConfig):
     @model_validator(mode="after")
     def _eval_needs_config(self) -> SFTConfig:
         if self.eval.data is not None and self.eval_config is None:
-            raise ValueError("eval.data is set: also set eval_config (the run config used for evaluation)")
+            raise KeyProblems(
+                ("eval_config", "eval.data is set: also set eval_config (the run config used for evaluation)")
+            )
         return self

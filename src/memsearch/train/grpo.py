@@ -20,8 +20,10 @@ One step, top to bottom (``train_grpo``):
 5. check the row-count contract, log (with the decision view: ``decisions``), stop if the
    collapse guard trips (``collapse``), checkpoint, evaluate.
 
-``--resume`` continues from the newest complete checkpoint exactly (weights, optimizer,
-scheduler, RNG, data position are functions of the step). The old log-probs of the ratio are
+``--resume`` continues from the newest intact checkpoint exactly (weights, optimizer,
+scheduler, RNG, data position are functions of the step; a damaged one is named and skipped:
+``train.checkpoint``). A non-finite loss, gradient norm or weight stops the run
+(``train.finite``). The old log-probs of the ratio are
 the trainer's own dropout-free forward pass before the first optimizer step (with one step per
 batch, the detached new log-probs: the ratio is exactly 1); the rollout log-probs are kept and
 their largest deviation from that recomputation is logged (``logprob_mismatch``).
@@ -41,17 +43,18 @@ import torch
 from memsearch.engine.episode import derived_seed
 from memsearch.errors import InputError
 from memsearch.io import write_jsonl
-from memsearch.train.checkpoint import checkpoints, load_checkpoint, save_checkpoint
+from memsearch.train.checkpoint import resume_checkpoint, save_checkpoint
 from memsearch.train.collapse import guard_for_run, stop_collapsed
 from memsearch.train.config import GRPOConfig
 from memsearch.train.decisions import mark_decisions
 from memsearch.train.distributed import Dist
 from memsearch.train.dynamic_sampling import sample_step
+from memsearch.train.finite import require_finite, require_finite_weights
 from memsearch.train.log import TrainLog
 from memsearch.train.logprobs import completion_logprobs, micro_batches
 from memsearch.train.loss import assign_weights, policy_loss, split_mini_batches
 from memsearch.train.rows import TRAINED_CALL_ROLES, Batch, Row, build_batch
-from memsearch.train.run_folder import finish_run, prepare_run_folder
+from memsearch.train.run_folder import check_run_folder, drop_lost_steps, finish_run, prepare_run_folder
 from memsearch.train.shared_prompt import shared_completion_logprobs, shared_micro_batches
 from memsearch.train.state_credit import build_state_batch
 from memsearch.train.step_record import UpdateStats, step_record
@@ -82,11 +85,14 @@ def _mask_fn(tokenizer):
 
 
 def update(
-    model, optimizer, batch: Batch, cfg: GRPOConfig, dist: Dist, pad_id: int, mask_fn=None, scheduler=None
+    model, optimizer, batch: Batch, cfg: GRPOConfig, dist: Dist, pad_id: int, mask_fn=None, scheduler=None,
+    step: int = 0,
 ) -> UpdateStats:
     """``cfg.epochs`` passes over this rank's rows, ``cfg.mini_batches_per_step`` optimizer steps
     each (all ranks call it together); ``scheduler`` (if given) is stepped after every optimizer
     step, so a schedule sized ``steps * epochs * mini_batches_per_step`` ends where it should.
+    A non-finite gradient norm (before the optimizer step) or weight (after it) stops training
+    with a ``NonFiniteError`` naming ``step`` (``train.finite``).
 
     Mini-batches (``loss.split_mini_batches``): each rank deals its own trajectories, whole and
     in order, into ``mini_batches_per_step`` parts; optimizer step k is the loss over the union of
@@ -103,10 +109,11 @@ def update(
     update itself runs without dropout too unless ``cfg.disable_dropout`` is off. Statistics are
     those of the first epoch (over all its mini-batches).
     """
-    from memsearch.train.policy import trainable_parameters
+    from memsearch.train.policy import trainable_named_parameters
 
     rows = batch.rows
-    params = trainable_parameters(model)
+    named = trainable_named_parameters(model)
+    params = [p for _, p in named]
     plan = _plan_mini_batches(rows, cfg)
     off_policy = cfg.epochs > 1 or cfg.mini_batches_per_step > 1
     fixed = _fixed_logprobs(model, rows, plan, cfg, pad_id, mask_fn, off_policy)
@@ -123,11 +130,14 @@ def update(
                 _backward(model, sub, fixed, (k, g), cfg, pad_id, mask_fn, off_policy, tally)
             denominator = dist.reduce_gradients(params, part.local_denominator)
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or float("inf"))
+            # the all-reduced gradients are the same on every rank: all ranks stop together
+            require_finite(step, f"the gradient norm (epoch {epoch + 1}, mini-batch {k + 1})", float(norm))
             # No row with an advantage: nothing to learn. AdamW would still move every weight
             # (momentum, weight decay) and advance its state, so the step is skipped outright.
             takes_step = denominator > 0 and signal[k]
             if takes_step:
                 optimizer.step()
+                require_finite_weights(step, named)
             else:
                 skipped += 1
             if scheduler is not None:
@@ -403,7 +413,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
     out = Path(out)
     dist = Dist.from_env(cfg.dist_timeout_s, cfg.eval.wait_s)
     try:
-        prepare_run_folder(cfg, out, resume, dist)
+        check_run_folder(cfg, out, resume, dist)
         dataset = load_dataset(cfg.data)
         split = dataset.manifest.get("split")
         if split != "train":
@@ -421,17 +431,14 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             cfg.seed,
             keep_reference=cfg.kl_coef > 0 and cfg.kl_reference == "start",
         )
+        optimizer, scheduler = make_optimizer(policy, cfg.optim, cfg.steps * cfg.epochs * cfg.mini_batches_per_step)
+        prepare_run_folder(cfg, out, resume, dist)  # only now: everything above may refuse the start
         if dist.main:
             echo(note)
-        optimizer, scheduler = make_optimizer(policy, cfg.optim, cfg.steps * cfg.epochs * cfg.mini_batches_per_step)
         start = 0
-        found = checkpoints(out / "checkpoints") if resume else []
-        if found:
-            start, _ = load_checkpoint(found[-1], policy, optimizer, scheduler, dist)
-            if dist.main:
-                echo(f"resumed from {found[-1]} (step {start})")
-        elif resume and dist.main:
-            echo("no complete checkpoint yet: starting from step 0")
+        if resume:
+            start, _ = resume_checkpoint(out / "checkpoints", policy, optimizer, scheduler, dist, echo)
+            drop_lost_steps(out, start, dist)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         mask_fn = _mask_fn(tokenizer) if cfg.schema_mode else None
         rollouts = Rollouts(cfg, dataset, policy, tokenizer)
@@ -469,7 +476,8 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             batch.counts.dropped = sampled.rows_dropped
             mark_decisions(batch.rows, tokenizer)
             lr = optimizer.param_groups[0]["lr"]
-            stats = update(policy, optimizer, batch, cfg, dist, pad_id, mask_fn, scheduler)
+            stats = update(policy, optimizer, batch, cfg, dist, pad_id, mask_fn, scheduler, step=step)
+            require_finite(step, "the loss", stats.loss, applied=True)  # summed over ranks: all stop together
             batch.counts.consumed = stats.consumed
             record = step_record(step, batch, groups, stats, dist, lr, cfg.role, t0, t_roll, sampled)
             if (

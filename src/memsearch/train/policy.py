@@ -48,6 +48,7 @@ def load_policy(model: str, adapter: str | None, lora: LoraSettings, device: str
 
         verify_adapter(path, base_model=model)  # a fingerprinted (shipped) adapter must match its fingerprint
         policy = PeftModel.from_pretrained(base, str(path), is_trainable=True)
+        require_finite_adapter(policy, path)
         saved = json.loads((path / "adapter_config.json").read_text())
         note = (f"LoRA initialized from {adapter} (weights only: optimizer, schedule and step start fresh; "
                 f"its r={saved.get('r')}, alpha={saved.get('lora_alpha')} apply, the config's [lora] is ignored)")
@@ -56,6 +57,7 @@ def load_policy(model: str, adapter: str | None, lora: LoraSettings, device: str
             policy.set_adapter(TRAINED_ADAPTER)  # keeps the trained adapter active and the copy frozen
             note += "; a frozen copy of it is the KL reference"
     else:
+        require_target_modules(base, lora.target_modules, model)
         torch.manual_seed(seed)  # LoRA A matrices are random; B starts at 0 (the policy starts as the base)
         config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                             target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
@@ -65,10 +67,58 @@ def load_policy(model: str, adapter: str | None, lora: LoraSettings, device: str
     return policy, tokenizer, note
 
 
+def require_target_modules(base, targets: list[str], model: str) -> None:
+    """``InputError`` naming ``lora.target_modules`` when one of them matches no module of
+    ``base`` (PEFT's rule: the name, or a dotted name ending in it) or matches a module LoRA
+    cannot wrap (``LORA_LAYER_TYPES``: e.g. ``mlp``, a whole block), before PEFT fails on it
+    half-way through a start; the model's linear layers to choose from are listed."""
+    from memsearch.errors import InputError
+
+    modules = list(base.named_modules())
+    supported = lora_layer_types()
+    missing, unsupported = [], []
+    for target in dict.fromkeys(targets):
+        matched = [m for n, m in modules if n == target or n.endswith("." + target)]
+        if not matched:
+            missing.append(target)
+        elif bad := sorted({type(m).__name__ for m in matched if not isinstance(m, supported)}):
+            unsupported.append(f"{target} ({'/'.join(bad)})")
+    if missing or unsupported:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in modules if isinstance(m, torch.nn.Linear)})
+        problems = ([f"{', '.join(missing)} not in model {model}"] if missing else []) + (
+            [f"{', '.join(unsupported)} not a layer LoRA can wrap (Linear, Embedding, Conv)"] if unsupported else [])
+        raise InputError(f"lora.target_modules: {'; '.join(problems)}; expected module names of it, e.g. its "
+                         f"linear layers {', '.join(linear)}")
+
+
+def require_finite_adapter(policy, path: Path) -> None:
+    """``InputError`` naming the adapter file and the first weight that is NaN or infinite: a
+    damaged or diverged adapter would train on as NaN (every rollout failing) to a NaN result."""
+    from memsearch.errors import InputError
+
+    for name, p in trainable_named_parameters(policy):
+        if not bool(torch.isfinite(p).all()):
+            raise InputError(f"{path / 'adapter_model.safetensors'}: weight {name} is not finite (NaN or inf); "
+                             "expected the finite weights of a trained adapter (is it damaged?)")
+
+
+def lora_layer_types() -> tuple[type, ...]:
+    """The module types PEFT's LoRA wraps (its default dispatch: ``peft.tuners.lora.layer``)."""
+    from transformers.pytorch_utils import Conv1D
+
+    nn = torch.nn
+    return (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention, Conv1D)
+
+
+def trainable_named_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
+    """Trainable ``(name, parameter)`` pairs in name order (never the frozen KL reference)."""
+    return [(name, p) for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0])
+            if p.requires_grad and f".{REFERENCE_ADAPTER}." not in name]
+
+
 def trainable_parameters(model) -> list[torch.nn.Parameter]:
     """Trainable parameters in a fixed (name) order (never the frozen KL reference)."""
-    return [p for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0])
-            if p.requires_grad and f".{REFERENCE_ADAPTER}." not in name]
+    return [p for _, p in trainable_named_parameters(model)]
 
 
 @contextmanager
@@ -88,8 +138,23 @@ def reference_policy(model) -> Iterator[None]:
 
 
 def save_adapter(model, folder: str | Path) -> None:
-    """Save the trained adapter only (not the KL reference copy), loadable by the hf backend."""
+    """Save the trained adapter only (not the KL reference copy), loadable by the hf backend,
+    with the same bytes in every process (``stable_adapter_config``)."""
     model.save_pretrained(str(folder), selected_adapters=[TRAINED_ADAPTER])
+    stable_adapter_config(Path(folder), model.peft_config[TRAINED_ADAPTER])
+
+
+def stable_adapter_config(folder: Path, config) -> None:
+    """Rewrite ``folder/adapter_config.json`` with the fields PEFT holds as sets (``target_modules``)
+    sorted. PEFT writes a set in its iteration order, which string hashing changes per process,
+    so two runs with byte-identical weights got different ``adapter_sha256`` records. The format is
+    PEFT's own (``json.dumps(indent=2, sort_keys=True)``), so nothing else changes."""
+    path = folder / "adapter_config.json"
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    for key, value in vars(config).items():
+        if isinstance(value, (set, frozenset)) and isinstance(saved.get(key), list):
+            saved[key] = sorted(saved[key])
+    path.write_text(json.dumps(saved, indent=2, sort_keys=True), encoding="utf-8")
 
 
 def lr_factor(step: int, total: int, optim: OptimSettings) -> float:

@@ -1,9 +1,16 @@
 """The run folder of a trainer: created new (never overwritten) or resumed with the same config,
-and the final adapter + summary written by the main rank."""
+and the final adapter + summary written by the main rank.
+
+``check_run_folder`` runs first and ``prepare_run_folder`` only once everything that can be
+refused (config, model, LoRA target modules, data) has been: a folder left by a refused start
+would block the corrected command ("already exists").
+"""
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +20,8 @@ from memsearch.train.distributed import Dist
 from memsearch.train.policy import save_adapter
 
 
-def prepare_run_folder(cfg, out: Path, resume: bool, dist: Dist) -> None:
-    """New folder with ``config.json``; or, with ``resume``, check the saved config is identical."""
+def check_run_folder(cfg, out: Path, resume: bool, dist: Dist) -> None:
+    """Refuse (main rank) what ``prepare_run_folder`` would refuse, creating nothing."""
     resolved = cfg.model_dump(mode="json")
     if dist.main:
         if out.exists() and not resume:
@@ -29,9 +36,28 @@ def prepare_run_folder(cfg, out: Path, resume: bool, dist: Dist) -> None:
                 raise InputError(
                     f"{out}: config differs from the run being resumed ({saved}); resume with the same config"
                 )
-        else:
-            out.mkdir(parents=True)
-            write_json(out / "config.json", resolved)
+
+
+def prepare_run_folder(cfg, out: Path, resume: bool, dist: Dist) -> None:
+    """New folder with ``config.json``; or, with ``resume``, check the saved config is identical."""
+    check_run_folder(cfg, out, resume, dist)
+    if dist.main and not resume:
+        out.mkdir(parents=True)
+        write_json(out / "config.json", cfg.model_dump(mode="json"))
+    dist.barrier()
+
+
+def drop_lost_steps(out: Path, start: int, dist: Dist) -> None:
+    """Remove the periodic evaluations (``eval/step-N``, SFT's ``eval/adapter-step-N``) of the
+    steps a resume from step ``start`` runs again (after ``start``; step 0 too when starting from
+    0), as ``TrainLog`` drops their log lines: they belong to the steps that were lost (a fall-back
+    past a damaged checkpoint, a crash between checkpoints), and the evaluation refuses an
+    existing folder, so the resume would stop there."""
+    if dist.main and (out / "eval").is_dir():
+        for path in (out / "eval").iterdir():
+            match = re.fullmatch(r"(?:adapter-)?step-(\d+)", path.name)
+            if match and path.is_dir() and (int(match[1]) > start or start == 0):
+                shutil.rmtree(path)
     dist.barrier()
 
 

@@ -8,9 +8,10 @@ is the chat template with the generation prompt, tokenized exactly as the ``hf``
 learns to stop where the decoder stops. Only completion tokens are in the loss (token mean over
 one optimizer step = ``micro_batch_rows x grad_accumulation`` rows).
 
-Warm-up + constant / linear / cosine schedule, resumable checkpoints (``--resume``), periodic
-evaluation through the episode engine with the adapter in the configured role, the final
-adapter in ``<out>/adapter``.
+Warm-up + constant / linear / cosine schedule, resumable checkpoints (``--resume``: from the newest
+intact one, ``train.checkpoint``), periodic evaluation through the episode engine with the adapter
+in the configured role, the final adapter in ``<out>/adapter``. A non-finite loss, gradient norm or
+weight stops the run (``train.finite``).
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ import torch
 
 from memsearch.errors import InputError, Problem
 from memsearch.io import iter_jsonl
-from memsearch.train.checkpoint import checkpoints, load_checkpoint, save_checkpoint
+from memsearch.train.checkpoint import resume_checkpoint, save_checkpoint
 from memsearch.train.config import SFTConfig
 from memsearch.train.distributed import Dist
+from memsearch.train.finite import require_finite, require_finite_weights
 from memsearch.train.log import TrainLog
 from memsearch.train.logprobs import completion_logprobs
 from memsearch.train.rows import Row
-from memsearch.train.run_folder import finish_run, prepare_run_folder
+from memsearch.train.run_folder import check_run_folder, drop_lost_steps, finish_run, prepare_run_folder
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
@@ -128,12 +130,12 @@ def evaluate_adapter(
 
 def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print) -> dict[str, Any]:
     """Train (or resume) LoRA SFT into ``out``; returns the summary."""
-    from memsearch.train.policy import load_policy, make_optimizer, trainable_parameters
+    from memsearch.train.policy import load_policy, make_optimizer, save_adapter, trainable_named_parameters
 
     out = Path(out)
     dist = Dist.from_env(cfg.dist_timeout_s, cfg.eval.wait_s)
     try:
-        prepare_run_folder(cfg, out, resume, dist)
+        check_run_folder(cfg, out, resume, dist)
         policy, tokenizer, note = load_policy(
             cfg.model, cfg.adapter, cfg.lora, dist.device(cfg.device), cfg.dtype, cfg.seed
         )
@@ -141,11 +143,13 @@ def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print)
         per_step = cfg.micro_batch_rows * cfg.grad_accumulation
         total = max(1, math.ceil(cfg.epochs * len(rows) / per_step))
         optimizer, scheduler = make_optimizer(policy, cfg.optim, total)
-        params = trainable_parameters(policy)
+        prepare_run_folder(cfg, out, resume, dist)  # only now: everything above may refuse the start
+        named = trainable_named_parameters(policy)
+        params = [p for _, p in named]
         start = 0
-        found = checkpoints(out / "checkpoints") if resume else []
-        if found:
-            start, _ = load_checkpoint(found[-1], policy, optimizer, scheduler, dist)
+        if resume:
+            start, _ = resume_checkpoint(out / "checkpoints", policy, optimizer, scheduler, dist, echo)
+            drop_lost_steps(out, start, dist)
         if dist.main:
             echo(
                 f"{note}; {len(rows)} rows, {total} optimizer steps of {per_step} rows"
@@ -176,7 +180,7 @@ def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print)
 
         if cfg.eval.at_start and start == 0 and cfg.eval.data:
             if dist.main:
-                policy.save_pretrained(str(out / "adapter-step0"))
+                save_adapter(policy, out / "adapter-step0")
             log.write({"step": 0, **run_eval_at(0, out / "adapter-step0")})
         for step in range(start + 1, total + 1):
             t0 = time.perf_counter()
@@ -197,11 +201,14 @@ def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print)
                 nll_sum += loss.item()
             denominator = dist.reduce_gradients(params, tokens)
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or float("inf"))
+            nll = dist.all_sum([nll_sum])[0] / denominator if denominator else 0.0
+            require_finite(step, "the loss", nll)
+            require_finite(step, "the gradient norm", float(norm))
             lr = optimizer.param_groups[0]["lr"]
             optimizer.step()
+            require_finite_weights(step, named)
             scheduler.step()
             policy.eval()
-            nll = dist.all_sum([nll_sum])[0] / denominator if denominator else 0.0
             record = {
                 "step": step,
                 "loss": nll,
@@ -226,7 +233,7 @@ def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print)
                     record.update(run_eval_at(step, folder / "adapter"))
             elif cfg.eval.every and step % cfg.eval.every == 0 and cfg.eval.data:
                 if dist.main:
-                    policy.save_pretrained(str(out / "eval" / f"adapter-step-{step:06d}"))
+                    save_adapter(policy, out / "eval" / f"adapter-step-{step:06d}")
                 record.update(run_eval_at(step, out / "eval" / f"adapter-step-{step:06d}"))
             log.write(record)
             if dist.main and (step == 1 or step % 5 == 0 or step == total):

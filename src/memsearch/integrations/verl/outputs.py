@@ -13,9 +13,11 @@ and broadcasts them to the others (memsearch's ``credit = "share"``); it reads t
 the last output's first mask-1 token, so ``session_outputs`` refuses a last output without a
 generated token instead of silently giving the whole session advantage 0.
 
-The summary travels in the last output's ``extra_fields["memsearch"]`` (verl's reward manager
-merges it into ``extra_info``): exactly the trajectory fields ``train.reward.trajectory_reward``
-reads, and no label.
+The summary travels in the last output's ``extra_fields["memsearch"]`` (in verl 0.9.1 the
+reward-loop managers ``naive``, the default, ``rate_limited`` and ``remote`` merge it into
+``extra_info``; the legacy ``verl.workers.reward_manager`` classes and reward-loop ``dapo``/``gdpo``
+do not: ``reward.py``): exactly the trajectory fields ``train.reward.trajectory_reward`` reads, and no
+label.
 """
 
 from __future__ import annotations

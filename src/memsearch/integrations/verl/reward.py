@@ -3,7 +3,12 @@
 It computes memsearch's own trajectory reward (``memsearch.train.reward.trajectory_reward``:
 the configured answer metric of ``memsearch.eval`` minus the invalid-action, invalid-citation and
 search penalties) from the episode summary the agent loop puts in the last output's
-``extra_fields["memsearch"]``; verl's reward manager merges those fields into ``extra_info``.
+``extra_fields["memsearch"]``. In verl 0.9.1 only the reward-loop managers
+(``verl.experimental.reward_loop.reward_manager``: ``naive``, the default
+``reward.reward_manager.name``, ``rate_limited`` and ``remote``) merge those fields (the agent
+loop's ``tool_extra_fields`` column) into ``extra_info``; its reward-loop ``dapo`` and ``gdpo`` and
+the legacy ``verl.workers.reward_manager`` classes (``naive``, ``batch``, ``dapo``, ``prime``) do
+not, and under them every row would be refused below.
 ``solution_str`` (the decoded last output) is not read: when the memory role alone is trained
 the last output is a memory update, not the answer, and the engine's parse of the reader's
 text is the prediction evaluation scores.

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from memsearch.config import RunConfig, StrictConfig
+from memsearch.config import KeyProblems, RunConfig, StrictConfig
 from memsearch.pipelines.config import PipelineReport, episode_table, validated
 from memsearch.train.config import GRPOConfig
 
@@ -43,8 +43,8 @@ class PipelineData(StrictConfig):
     @model_validator(mode="after")
     def _distinct_docs(self) -> PipelineData:
         if not self.docs or len(set(self.docs)) != len(self.docs) or min(self.docs) < 2:
-            raise ValueError(
-                f"docs {self.docs}: expected distinct numbers of documents of at least 2, e.g. [50, 200, 800]"
+            raise KeyProblems(
+                ("docs", f"{self.docs}: expected distinct numbers of documents of at least 2, e.g. [50, 200, 800]")
             )
         return self
 
@@ -81,24 +81,27 @@ class MemAgentPipeline(StrictConfig):
     def _recipe_is_consistent(self) -> MemAgentPipeline:
         agent, backends = self.episode.agent, self.episode.backends
         if (agent.evidence, agent.memory, agent.controller) != ("stream", "overwrite", "exhaust"):
-            raise ValueError(
-                "episode.agent: the MemAgent pipeline needs evidence 'stream', memory 'overwrite', controller 'exhaust'"
-            )
+            raise KeyProblems((
+                "episode.agent",
+                "the MemAgent pipeline needs evidence 'stream', memory 'overwrite', controller 'exhaust'",
+            ))
         if self.episode.tokenizer != self.model:
-            raise ValueError(
-                f"episode.tokenizer {self.episode.tokenizer!r} differs from model {self.model!r}: budgets must "
-                "be counted with the model's own tokenizer (leave episode.tokenizer unset)"
-            )
+            raise KeyProblems((
+                "episode.tokenizer",
+                f"{self.episode.tokenizer!r} differs from model {self.model!r}: budgets must "
+                "be counted with the model's own tokenizer (leave episode.tokenizer unset)",
+            ))
         for role in ("memory", "reader"):
             b = getattr(backends, role)
             if b.kind != "hf" or b.model != self.model or b.adapter is not None:
-                raise ValueError(
-                    f"episode.backends.{role}: must be kind 'hf' with model {self.model!r} and no adapter "
-                    "(the pipeline swaps in the trained model; leave it unset)"
-                )
+                raise KeyProblems((
+                    f"episode.backends.{role}",
+                    f"must be kind 'hf' with model {self.model!r} and no adapter "
+                    "(the pipeline swaps in the trained model; leave it unset)",
+                ))
         bad = sorted(set(self.train) & set(_PIPELINE_OWNED))
         if bad:
-            raise ValueError(f"train: {', '.join(bad)} set by the pipeline itself; remove them from [train]")
+            raise KeyProblems(("train", f"{', '.join(bad)} set by the pipeline itself; remove them from [train]"))
         self.grpo_config("<train-data>")  # validates [train] now, with its field names
         return self
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from memsearch.config import BackendConfig, RunConfig, StrictConfig
+from memsearch.config import BackendConfig, KeyProblems, Matrix, RunConfig, StrictConfig
 from memsearch.pipelines.config import PipelineReport, validated
 from memsearch.train.config import GRPOConfig, SFTConfig
 
@@ -174,8 +174,8 @@ class MemoryPolicyPipeline(StrictConfig):
     matrix_seeds: list[int] | None = Field(
         None,
         description="Seeds whose A-D matrix runs on the held-out questions "
-        "(None = every seed; [] = none; a seed not in `seeds` is not run: a session may train "
-        "`seeds = [2]` alone); the held-out comparison of memory policies runs for every "
+        "(None = every seed; [] = none; each must be in `seeds`: a session that trains `seeds = [2]` "
+        "alone says matrix_seeds = [2] or []); the held-out comparison of memory policies runs for every "
         "seed regardless",
     )
     teacher: BackendConfig = oracle_teacher("Memory backend of the teacher trajectories on train (oracle by default)")
@@ -209,15 +209,25 @@ class MemoryPolicyPipeline(StrictConfig):
     def _consistent(self) -> MemoryPolicyPipeline:
         agent = self.episode.agent
         if (agent.evidence, agent.memory, agent.controller) != ("search", "decision", "fixed"):
-            raise ValueError(
-                "episode.agent: the memory-policy pipeline trains decision memory on a fixed plan "
-                "(evidence 'search', memory 'decision', controller 'fixed'); stage 2 switches to 'policy' itself"
-            )
+            raise KeyProblems((
+                "episode.agent",
+                "the memory-policy pipeline trains decision memory on a fixed plan "
+                "(evidence 'search', memory 'decision', controller 'fixed'); stage 2 switches to 'policy' itself",
+            ))
         if self.episode.tokenizer != self.model:
-            raise ValueError(
-                f"episode.tokenizer {self.episode.tokenizer!r} differs from model {self.model!r}: budgets "
-                "must be counted with the trained model's tokenizer (leave it unset)"
-            )
+            raise KeyProblems((
+                "episode.tokenizer",
+                f"{self.episode.tokenizer!r} differs from model {self.model!r}: budgets "
+                "must be counted with the trained model's tokenizer (leave it unset)",
+            ))
+        if self.episode.matrix != Matrix():
+            # matrix_config sets the matrix table whole: a setting here would be silently dropped.
+            raise KeyProblems(("episode.matrix", "the pipeline runs the A-D matrix itself (groups A-D, their "
+                               "backends per stage, report.bootstrap_resamples); remove [episode.matrix]"))
+        if self.matrix_seeds and (untrained := sorted(set(self.matrix_seeds) - set(self.seeds))):
+            # A matrix seed that is not trained would run no matrix, without a word.
+            raise KeyProblems(("matrix_seeds", f"{untrained} not in seeds {self.seeds}: expected seeds that are "
+                               "trained (matrix_seeds = [] runs no matrix)"))
         self._check_stage2_serving()
         tables = (
             ("sft", self.sft),
@@ -231,24 +241,27 @@ class MemoryPolicyPipeline(StrictConfig):
                 f"eval.{k}" for k in set(fields.get("eval") or {}) & set(_OWNED_EVAL)
             )
             if not table.endswith("sft") and (fields.get("eval") or {}).get("every") and not self.data.val_questions:
-                raise ValueError(
+                raise KeyProblems((
+                    f"{table}.eval.every",
                     f"{table}.eval.every needs data.val_questions > 0: periodic evaluation reads the "
-                    "validation split only, never the held-out comparison questions"
-                )
+                    "validation split only, never the held-out comparison questions",
+                ))
             if bad:
-                raise ValueError(f"{table}: {', '.join(bad)} set by the pipeline itself; remove them")
+                raise KeyProblems((table, f"{', '.join(bad)} set by the pipeline itself; remove them"))
         if self.grpo_start == "base" and not self.schema_mode:
-            raise ValueError(
+            raise KeyProblems((
+                "grpo_start",
                 "grpo_start = 'base' needs schema_mode = true: without SFT the untrained base model "
-                "hardly ever writes a readable operation batch, so GRPO would have nothing to compare"
-            )
+                "hardly ever writes a readable operation batch, so GRPO would have nothing to compare",
+            ))
         if "schema_mode" in self.grpo:
-            raise ValueError(
-                "grpo.schema_mode: set the pipeline's top-level schema_mode (it also sets the held-out "
-                "evaluations and B/D); remove it from [grpo]"
-            )
+            raise KeyProblems((
+                "grpo.schema_mode",
+                "set the pipeline's top-level schema_mode (it also sets the held-out "
+                "evaluations and B/D); remove it from [grpo]",
+            ))
         if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds {self.seeds}: expected distinct seeds")
+            raise KeyProblems(("seeds", f"{self.seeds}: expected distinct seeds"))
         # Validate every trainer table now, with its field names, before any stage runs.
         self.sft_config(["<rows>"], self.seeds[0])
         self.grpo_config("<train>", self.seeds[0], None)
@@ -256,13 +269,14 @@ class MemoryPolicyPipeline(StrictConfig):
             self.stage2_config("<train>", self.seeds[0], "<stage-1 model>")
         if self.stage2.start == "sft":
             if not self.stage2.enabled:
-                raise ValueError(
-                    "stage2.start = 'sft' needs stage2.enabled = true (it is where stage 2's controller starts)"
-                )
+                raise KeyProblems((
+                    "stage2.start",
+                    "stage2.start = 'sft' needs stage2.enabled = true (it is where stage 2's controller starts)",
+                ))
             self.controller_teacher_config()
             self.stage2_sft_config(["<rows>"], self.seeds[0])
         elif self.stage2.sft:
-            raise ValueError("stage2.sft: only used with stage2.start = 'sft'")
+            raise KeyProblems(("stage2.sft", "only used with stage2.start = 'sft'"))
         return self
 
     def _check_stage2_serving(self) -> None:
@@ -271,41 +285,45 @@ class MemoryPolicyPipeline(StrictConfig):
         if s2.memory_serving == "in_process":
             bad = [k for k in ("memory_url", "memory_model", "serve_port", "serve_args") if getattr(s2, k)]
             if bad:
-                raise ValueError(f"stage2.{', stage2.'.join(bad)}: only used with stage2.memory_serving = 'http'")
+                raise KeyProblems(*[(f"stage2.{k}", "only used with stage2.memory_serving = 'http'") for k in bad])
             return
         if s2.memory_url and not s2.memory_model:
-            raise ValueError(
+            raise KeyProblems((
+                "stage2.memory_url",
                 "stage2.memory_url needs stage2.memory_model: the name the server serves seed-N/merged1 "
-                "under (vLLM's --served-model-name)"
-            )
+                "under (vLLM's --served-model-name)",
+            ))
         if s2.memory_model and not s2.memory_url:
-            raise ValueError(
+            raise KeyProblems((
+                "stage2.memory_model",
                 "stage2.memory_model without stage2.memory_url: the launched `transformers serve` serves "
-                "merged1 under its folder path; set memory_url to use a server you run"
-            )
+                "merged1 under its folder path; set memory_url to use a server you run",
+            ))
         if bad := [k for k in launched if getattr(s2, k)]:
-            raise ValueError(
-                f"stage2.{', stage2.'.join(bad)}: only for the server the pipeline launches (no memory_url)"
+            raise KeyProblems(
+                *[(f"stage2.{k}", "only for the server the pipeline launches (no memory_url)") for k in bad]
             )
         if not s2.memory_url and self.episode.backends.memory.sampling.temperature > 0:
             # transformers serve (5.x) sets do_sample only to switch it off at temperature 0: a
             # temperature above 0 would decode greedily unless the folder's generation_config says
             # do_sample, so the requested sampling would silently not happen.
-            raise ValueError(
+            raise KeyProblems((
+                "stage2.memory_serving",
                 "stage2.memory_serving = 'http' with a launched `transformers serve`: episode.backends.memory."
                 "sampling.temperature > 0 is not honoured by it (it samples only when the model folder's "
                 "generation_config sets do_sample); keep the frozen memory greedy (temperature 0) or run "
-                "your own server (stage2.memory_url)"
-            )
+                "your own server (stage2.memory_url)",
+            ))
         if self.schema_mode:
             # Over HTTP the memory ops are not decoded under memsearch's JSON-schema mask: `transformers serve`
             # ignores response_format (it logs "Ignoring unsupported fields") and the engine sends no
             # constraint to the openai backend. Refused rather than silently decoding differently.
-            raise ValueError(
+            raise KeyProblems((
+                "stage2.memory_serving",
                 "stage2.memory_serving = 'http' with schema_mode = true: schema mode (constrained JSON) runs "
                 "only in process, and stage 2's frozen memory would decode freely over HTTP; set "
-                "schema_mode = false or stage2.memory_serving = 'in_process'"
-            )
+                "schema_mode = false or stage2.memory_serving = 'in_process'",
+            ))
 
     def _episode(
         self,

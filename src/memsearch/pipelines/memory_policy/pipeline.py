@@ -42,7 +42,6 @@ from memsearch.pipelines.stages import Stage, eval_run, folder_sha256, grpo_stag
 def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str, Any]:
     """Prepared train and held-out dev folders; refuses a question shared by both."""
     from memsearch.data.dataset import save_dataset
-    from memsearch.data.hotpot import convert_hotpot
     from memsearch.data.validate import validate_data
 
     folder = out / "prepare"
@@ -60,18 +59,21 @@ def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str,
     if stage.done():
         echo(f"prepare: done ({folder})")
     else:
+        splits = _splits(cfg, paths)
+        # The leak check runs before anything is written: a refused config must leave no record or
+        # folder behind, which would refuse the corrected config as "made from different inputs".
+        leaks = _shared_questions(splits, {"train": cfg.data.train, "dev": cfg.data.dev, "val": cfg.data.dev})
+        if leaks:
+            raise InputError("\n".join(leaks[:20]) + f"\n{len(leaks)} problem(s) between train and dev: the "
+                             "held-out questions must never be trained on")
         stage.start()
         # save_dataset writes each folder atomically: after a crash the finished one is kept.
-        if not paths["train"].exists():
-            save_dataset(convert_hotpot(cfg.data.train, split="train", limit=cfg.data.train_questions), paths["train"])
-        if not paths["dev"].exists():
-            save_dataset(convert_hotpot(cfg.data.dev, split="dev", limit=cfg.data.dev_questions), paths["dev"])
-        if cfg.data.val_questions and not paths["val"].exists():
-            save_dataset(validation_split(cfg), paths["val"])
+        for name, dataset in splits.items():
+            if not paths[name].exists():
+                save_dataset(dataset, paths[name])
         problems = validate_data(paths["train"], paths["dev"])
         if cfg.data.val_questions:
             problems += validate_data(paths["train"], paths["val"])
-            problems += _shared_questions(paths["dev"], paths["val"])
         if problems:
             raise InputError(
                 "\n".join(str(p) for p in problems[:20]) + f"\n{len(problems)} problem(s) between train and "
@@ -93,11 +95,32 @@ def validation_split(cfg: MemoryPolicyPipeline):
     return Dataset(full.documents, full.tasks[n:], full.labels[n:], manifest)
 
 
-def _shared_questions(dev: Path, val: Path) -> list[str]:
+def _splits(cfg: MemoryPolicyPipeline, paths: dict[str, Path]) -> dict[str, Any]:
+    """Each split's dataset: read back when its folder was saved (a resumed prepare), else
+    converted in memory and not yet written."""
     from memsearch.data.dataset import load_dataset
+    from memsearch.data.hotpot import convert_hotpot
 
-    shared = {t.id for t in load_dataset(dev).tasks} & {t.id for t in load_dataset(val).tasks}
-    return [f"question {q} is both held out and in the validation split" for q in sorted(shared)]
+    build = {"train": lambda: convert_hotpot(cfg.data.train, split="train", limit=cfg.data.train_questions),
+             "dev": lambda: convert_hotpot(cfg.data.dev, split="dev", limit=cfg.data.dev_questions)}
+    if cfg.data.val_questions:
+        build["val"] = lambda: validation_split(cfg)
+    return {name: load_dataset(paths[name]) if paths[name].exists() else make() for name, make in build.items()}
+
+
+def _shared_questions(splits: dict[str, Any], sources: dict[str, str]) -> list[str]:
+    """A line per question (same id, or the same question text up to case and punctuation) that
+    two of the splits share, naming both splits and their source files."""
+    from memsearch.data.validate import normalize_question
+
+    names, lines = list(splits), []
+    for i, first in enumerate(names):
+        for other in names[i + 1:]:
+            ids = {t.id for t in splits[other].tasks}
+            questions = {normalize_question(t.question) for t in splits[other].tasks}
+            lines += [f"question {t.id} of {first} ({sources[first]}) is also in {other} ({sources[other]})"
+                      for t in splits[first].tasks if t.id in ids or normalize_question(t.question) in questions]
+    return lines
 
 
 def teacher_stage(cfg: MemoryPolicyPipeline, out: Path, paths: dict[str, Any], echo=print) -> tuple[Path, str]:

@@ -1,0 +1,41 @@
+"""An adapter saved from byte-identical weights has the same bytes in every process (issue 26):
+PEFT wrote ``target_modules`` in set order, which string hashing changes per process, so the
+stages' ``adapter_sha256`` (and the merge stage's fingerprint upstream) differed between runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+SAVE = """
+import sys
+from pathlib import Path
+from memsearch.pipelines.stages import folder_sha256
+from memsearch.train.config import LoraSettings
+from memsearch.train.merge import merge_adapter
+from memsearch.train.policy import load_policy, save_adapter
+
+model, out = sys.argv[1], Path(sys.argv[2])
+policy, _, _ = load_policy(model, None, LoraSettings(r=2), device="cpu", seed=3)  # the 7 default target modules
+save_adapter(policy, out / "adapter")
+merge_adapter(model, out / "adapter", out / "merged")
+print(folder_sha256(out / "adapter"), folder_sha256(out / "merged"))
+"""
+
+
+@pytest.mark.slow  # two fresh processes, each loading torch, PEFT and the tiny model
+def test_saved_and_merged_adapters_hash_the_same_under_different_hash_seeds(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"  # the same path each time: memsearch_merge.json records it
+    hashes = []
+    for seed in ("1", "2"):  # two seeds that order the 7 modules differently
+        env = {**os.environ, "PYTHONHASHSEED": seed, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run([sys.executable, "-c", SAVE, str(tiny_model_dir), str(out)], capture_output=True,
+                              text=True, env=env, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        hashes.append(proc.stdout.split())
+        shutil.rmtree(out)
+    assert hashes[0] == hashes[1]
