@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +27,36 @@ def pytest_configure(config):
     os.environ["MKL_NUM_THREADS"] = threads
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(threads))
+
+
+# The reliability ledger (tests/reliability/report.py) is loaded here, in the root conftest: under
+# pytest-xdist the controller runs no test and loads no conftest below the paths it was given
+# (`uv run pytest` gives `tests`), so hooks in tests/reliability/conftest.py never ran there and
+# the full suite printed no reliability table. Workers record rows; the controller prints them.
+_spec = importlib.util.spec_from_file_location(
+    "memsearch_reliability_report", Path(__file__).parent / "reliability" / "report.py")
+reliability = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))
+if not hasattr(reliability, "LEDGER"):
+    _spec.loader.exec_module(reliability)
+
+
+def pytest_sessionfinish(session):
+    # Under pytest-xdist each worker holds the rows of its own tests: hand them to the controller.
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["reliability_ledger"] = reliability.LEDGER.dump()
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent with -p no:xdist
+def pytest_testnodedown(node, error):
+    reliability.LEDGER.merge(getattr(node, "workeroutput", {}).get("reliability_ledger", {}))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not reliability.LEDGER.rows:
+        return
+    terminalreporter.section("reliability")
+    terminalreporter.write_line(reliability.LEDGER.table())
+    terminalreporter.write_line(reliability.LEDGER.result_line())
 
 
 @pytest.fixture(scope="session")
