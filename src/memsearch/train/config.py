@@ -53,9 +53,7 @@ class LoraSettings(TrainSettings):
 class OptimSettings(TrainSettings):
     """AdamW with warm-up and a decay schedule."""
 
-    # le=1: AdamW moves each weight by about lr per step, so above 1 a LoRA or full fine-tune
-    # rewrites its weights wholesale; a GRPO probe at a finite 1e30 ran on with nothing stopping it.
-    lr: float = Field(1e-5, gt=0, le=1.0, description="Peak learning rate (at most 1)")
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     betas: FloatPair = Field((0.9, 0.999), description="AdamW betas")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up from 0 to lr over this many optimizer steps")
