@@ -67,6 +67,8 @@ def test_files_named_by_the_shipped_configs_exist():
     ("optim.lr=inf", "optim.lr"),
     ("optim.lr=nan", "optim.lr"),
     ("optim.lr=-0.001", "optim.lr"),
+    ("optim.lr=1e30", "optim.lr"),  # finite, but a typo: AdamW moves weights ~lr per step
+    ("optim.lr=2", "optim.lr"),
     ("optim.betas=[1.0, 0.999]", "optim.betas"),
     ("optim.betas=[0.9, -0.1]", "optim.betas"),
     ("optim.betas=[0.9, inf]", "optim.betas"),

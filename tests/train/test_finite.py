@@ -40,32 +40,51 @@ def finite_checkpoints(out) -> list[str]:
     return names
 
 
-def test_a_huge_learning_rate_stops_sft_at_the_first_non_finite_loss(
-    tiny_model_dir, short_sft_rows, short_sft_config, tmp_path
+NON_FINITE = r"the (loss|gradient norm) is (nan|inf), expected a finite number"
+
+
+def diverged_adapter(tiny_adapter_dir, out):
+    """A copy of the tiny adapter with every lora_B weight at 1e20: finite (the start check passes,
+    as it would for an adapter a diverged run wrote), but the forward pass overflows to inf / NaN."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(tiny_adapter_dir, out)
+    weights = load_file(str(out / "adapter_model.safetensors"))
+    save_file({k: torch.full_like(v, 1e20) if "lora_B" in k else v for k, v in weights.items()},
+              str(out / "adapter_model.safetensors"))
+    return out
+
+
+def test_a_diverged_start_adapter_stops_sft_at_the_first_non_finite_step(
+    tiny_model_dir, tiny_adapter_dir, short_sft_rows, short_sft_config, tmp_path
 ):
-    """lr = 1e30 is finite (the config accepts it): step 1 throws the weights to ~1e30, step 2's
-    loss is not finite. Before, SFT trained on with NaN loss and wrote an all-NaN adapter."""
+    """The overflow shows as a NaN loss or a NaN gradient norm (the loss can stay finite). Before,
+    SFT trained on with NaN for every step and wrote an all-NaN adapter (exit 0). (lr = 1e30 drove
+    this test before lr got its upper bound at load.)"""
+    adapter = diverged_adapter(tiny_adapter_dir, tmp_path / "diverged")
     out = tmp_path / "run"
-    with pytest.raises(InputError, match=r"^step 2: the loss is (nan|inf), expected a finite number") as exc:
-        cfg = short_sft_config(tiny_model_dir, short_sft_rows, checkpoint_every=1, **{"optim.lr": 1e30})
-        train_sft(cfg, out, echo=lambda m: None)
-    assert "optim.lr" in str(exc.value) and "\n" not in str(exc.value)
-    assert finite_checkpoints(out) == ["step-000001"]  # step 2 was neither applied nor saved
+    with pytest.raises(InputError, match=rf"^step 1: {NON_FINITE}") as exc:
+        train_sft(short_sft_config(tiny_model_dir, short_sft_rows, checkpoint_every=1, adapter=str(adapter)), out,
+                  echo=lambda m: None)
+    assert "\n" not in str(exc.value)
+    assert finite_checkpoints(out) == []  # step 1 was neither applied nor saved
     assert not (out / "adapter").exists() and not (out / "summary.json").exists()
 
 
-def test_the_cli_exits_2_with_one_line_naming_the_step(tiny_model_dir, short_sft_rows, tmp_path):
+def test_the_cli_exits_2_with_one_line_naming_the_step(tiny_model_dir, tiny_adapter_dir, short_sft_rows, tmp_path):
     from memsearch.cli.app import app
 
+    adapter = diverged_adapter(tiny_adapter_dir, tmp_path / "diverged")
     (tmp_path / "sft.toml").write_text("")
     sets = [f"model={json.dumps(str(tiny_model_dir))}", f"data=[{json.dumps(str(short_sft_rows))}]", "epochs=1.0",
-            "micro_batch_rows=2", "grad_accumulation=1", "lora.r=4", "optim.lr=1e30", "optim.warmup_steps=0"]
+            "micro_batch_rows=2", "grad_accumulation=1", "lora.r=4", f"adapter={json.dumps(str(adapter))}"]
     result = CliRunner().invoke(app, ["train", "sft", "--config", str(tmp_path / "sft.toml"), "--out",
                                       str(tmp_path / "run"), *[a for s in sets for a in ("--set", s)]])
     assert result.exit_code == 2, result.output
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and re.search(r"step 2: the loss is (nan|inf), expected a finite number", errors[0]), \
-        result.output
+    assert len(errors) == 1 and re.search(rf"step 1: {NON_FINITE}", errors[0]), result.output
 
 
 def test_grpo_update_stops_at_a_non_finite_weight(tiny_model_dir, tiny_adapter_dir):

@@ -66,16 +66,12 @@ class CollapseGuard:
             else:
                 self.low_entropy = []
         ops = record.get("ops") or {}
-        total = sum(ops.values())
-        if total >= self.min_ops:
-            name, count = max(ops.items(), key=lambda kv: (kv[1], kv[0]))
-            if count / total <= self.max_op_share:
-                self.one_op = []
-            else:
-                if self.one_op and self.one_op[-1]["op"] != name:
-                    self.one_op = []  # another op took over: a new run starts
-                self.one_op.append({"step": record["step"], "op": name, "share": count / total})
-        self._observe_eval(record)
+        if sum(ops.values()) >= self.min_ops:
+            self.one_op = _extend_one_op_run(self.one_op, record["step"], ops, self.max_op_share)
+        eval_ops = record.get("eval_ops")
+        if self.max_eval_op_share is not None and eval_ops and sum(eval_ops.values()):
+            # an evaluation without memory ops, or a step without an evaluation, neither counts nor resets
+            self.eval_one_op = _extend_one_op_run(self.eval_one_op, record["step"], eval_ops, self.max_eval_op_share)
         if len(self.low_entropy) >= self.patience:
             values = ", ".join(f"{r['decision_entropy']:.4f}" for r in self.low_entropy[-self.patience:])
             return (f"decision entropy below {self.min_decision_entropy} for {self.patience} steps "
@@ -92,19 +88,6 @@ class CollapseGuard:
                     f"in {self.eval_patience} evaluations in a row (steps {steps}: {shares})")
         return None
 
-    def _observe_eval(self, record: dict[str, Any]) -> None:
-        ops = record.get("eval_ops")
-        if self.max_eval_op_share is None or not ops or sum(ops.values()) == 0:
-            return  # not an evaluation step, or an evaluation without memory ops: neither counts nor resets
-        total = sum(ops.values())
-        name, count = max(ops.items(), key=lambda kv: (kv[1], kv[0]))
-        if count / total <= self.max_eval_op_share:
-            self.eval_one_op = []
-            return
-        if self.eval_one_op and self.eval_one_op[-1]["op"] != name:
-            self.eval_one_op = []
-        self.eval_one_op.append({"step": record["step"], "op": name, "share": count / total})
-
     def _steps(self, run: list[dict[str, Any]]) -> str:
         tail = run[-self.patience:]
         return f"{tail[0]['step']}-{tail[-1]['step']}"
@@ -113,6 +96,18 @@ class CollapseGuard:
         """The records behind the current counts, for ``collapse.json``."""
         return {"low_decision_entropy": self.low_entropy[-self.patience:], "one_op": self.one_op[-self.patience:],
                 "eval_one_op": self.eval_one_op[-self.eval_patience:]}
+
+
+def _extend_one_op_run(run: list[dict[str, Any]], step: int, ops: dict[str, int], max_share: float
+                       ) -> list[dict[str, Any]]:
+    """The run of consecutive one-op records after ``ops`` (a non-empty histogram) at ``step``:
+    reset when no op holds more than ``max_share``, restarted when another op took over."""
+    total = sum(ops.values())
+    name, count = max(ops.items(), key=lambda kv: (kv[1], kv[0]))
+    if count / total <= max_share:
+        return []
+    kept = run if run and run[-1]["op"] == name else []
+    return [*kept, {"step": step, "op": name, "share": count / total}]
 
 
 def guard_for_run(settings: CollapseGuardSettings, out: Path, start: int) -> CollapseGuard | None:

@@ -53,7 +53,9 @@ class LoraSettings(TrainSettings):
 class OptimSettings(TrainSettings):
     """AdamW with warm-up and a decay schedule."""
 
-    lr: float = Field(1e-5, gt=0, description="Peak learning rate")
+    # le=1: AdamW moves every weight by about lr per step, so lr > 1 is a typo (1e5 for 1e-5) that
+    # would throw a LoRA adapter out of range on its first step (issue 26)
+    lr: float = Field(1e-5, gt=0, le=1.0, description="Peak learning rate (at most 1)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     betas: FloatPair = Field((0.9, 0.999), description="AdamW betas")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up from 0 to lr over this many optimizer steps")
