@@ -119,6 +119,9 @@ def test_decision_rates_and_call_shares_from_a_run(tmp_path):
     assert rates["gold_shown"] == 3 and rates["gold_kept_share"] == pytest.approx(1 / 3, abs=1e-4)
     assert rates["junk_ids_per_call"] == pytest.approx(2 / 4)  # d1:1 at step 0, d3:0 at step 1
     assert rates["overflow_rate"] == 0.25
+    # gold calls: steps 0-2 (stored at 0 and 1, the overflow at 2 stored nothing); other: step 3
+    assert rates["gold_calls"] == 3 and rates["store_rate_gold_calls"] == pytest.approx(2 / 3, abs=1e-4)
+    assert rates["store_rate_other_calls"] == 0.0
     calls = memory_calls(run)
     assert calls["calls"] == 4 and calls["calls_with"] == {"ADD": 2, "UPDATE": 0, "DELETE": 0, "NOOP": 1}
     assert calls["ops_executed"]["ADD"] == 3 and calls["invalid"]["over_budget"] == 1

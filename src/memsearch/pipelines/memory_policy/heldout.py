@@ -104,11 +104,18 @@ def decision_rates(run: Path, gold: dict[str, set[str]]) -> dict[str, Any]:
     - ``gold_kept_share``: of the gold sentences shown by a step's search and not yet cited by the
       memory, the share the memory cites after that step's call;
     - ``junk_ids_per_call``: ids newly cited by a call that are not gold, per memory call;
-    - ``overflow_rate``: calls rejected for overflowing the memory budget, per memory call.
+    - ``overflow_rate``: calls rejected for overflowing the memory budget, per memory call;
+    - ``store_rate_gold_calls`` / ``store_rate_other_calls``: the share of calls after which the
+      memory cites an id it did not before, among the calls whose search showed a gold sentence
+      the memory did not yet cite ("gold calls") and among the others. Their ratio is how well
+      the policy tells the two states apart; their level is how readily it stores at all (a
+      greedy policy can swing the level without changing the ratio).
 
     A step's memory after its call is the next call's ``sources_before`` (the last: the
     trajectory's ``memory_cited``)."""
     shown_gold = kept = junk = overflows = calls = 0
+    stored = {True: 0, False: 0}
+    calls_of = {True: 0, False: 0}
     for _, traj in iter_jsonl(run / "trajectories.jsonl"):
         facts = gold.get(traj["task_id"], set())
         shown: dict[Any, set[str]] = {}
@@ -127,9 +134,17 @@ def decision_rates(run: Path, gold: dict[str, set[str]]) -> dict[str, Any]:
             junk += len(after - before - facts)
             overflows += "memory after the batch would be" in (event.get("reason") or "")
             calls += 1
-    return {"gold_shown": shown_gold, "gold_kept_share": round(kept / shown_gold, 4) if shown_gold else None,
-            "junk_ids_per_call": round(junk / calls, 4) if calls else None,
-            "overflow_rate": round(overflows / calls, 4) if calls else None}
+            gold_call = bool(new_gold)
+            calls_of[gold_call] += 1
+            stored[gold_call] += bool(after - before)
+    return {"gold_shown": shown_gold, "gold_kept_share": _share(kept, shown_gold),
+            "junk_ids_per_call": _share(junk, calls), "overflow_rate": _share(overflows, calls),
+            "gold_calls": calls_of[True], "store_rate_gold_calls": _share(stored[True], calls_of[True]),
+            "store_rate_other_calls": _share(stored[False], calls_of[False])}
+
+
+def _share(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None
 
 
 def gold_facts(data: Path) -> dict[str, set[str]]:

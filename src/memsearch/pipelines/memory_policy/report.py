@@ -147,8 +147,8 @@ def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
                 )
                 + " |"
             )
-        lines += ["", "| policy | gold kept share | junk ids / call | overflow rate | calls with ADD "
-                  "| calls with NOOP |", "|---|---|---|---|---|---|"]
+        lines += ["", "| policy | gold kept share | junk ids / call | overflow rate | stores in gold calls "
+                  "| stores in other calls | calls with ADD | calls with NOOP |", "|---|---|---|---|---|---|---|---|"]
         for policy, r in {**shared, **rows}.items():
             dec, calls = r.get("decisions") or {}, r["memory_calls"]
             with_op = calls.get("calls_with") or {}  # absent in summaries written before it was counted
@@ -156,6 +156,7 @@ def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
                      for op in ("ADD", "NOOP")}
             lines.append(f"| {policy} | " + " | ".join(_cell(v) for v in (
                 dec.get("gold_kept_share"), dec.get("junk_ids_per_call"), dec.get("overflow_rate"),
+                dec.get("store_rate_gold_calls"), dec.get("store_rate_other_calls"),
                 share["ADD"], share["NOOP"])) + " |")
         lines += ["", "| pair | metric | a | b | a - b | CI | n | usable |", "|---|---|---|---|---|---|---|---|"]
         for pair, metrics in comparison["per_seed"][seed].items():
