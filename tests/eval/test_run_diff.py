@@ -6,11 +6,11 @@ it); the published search-cost comparison is reproduced from its files."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from tests.support.scripts import load_script
 
 from memsearch.errors import InputError
 from memsearch.eval.run_diff import matrix_minus_control
@@ -21,10 +21,7 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run_diff"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("compare_matrix_runs", ROOT / "scripts" / "compare_matrix_runs.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return load_script("compare_matrix_runs")
 
 
 def _read_metrics(group: Path) -> dict[str, dict]:

@@ -3,11 +3,10 @@ against hand-counted values; the rendered memory's open items are read back exac
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from tests.support.scripts import load_script
 
 from memsearch.errors import InputError
 from memsearch.eval.search_behaviour import open_items, search_behaviour
@@ -55,10 +54,7 @@ def test_counts_match_a_hand_counted_run(tmp_path):
 
 
 def test_script_prints_each_run_and_refuses_a_missing_one(tmp_path, capsys):
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("search_behaviour_script", root / "scripts" / "search_behaviour.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("search_behaviour")
     (tmp_path / "trajectories.jsonl").write_text(json.dumps({"question": "Q?", "events": [_search("q?")]}) + "\n")
     assert script.main([str(tmp_path)]) == 0
     assert json.loads(capsys.readouterr().out)[str(tmp_path)]["queries_in_question"] == 1

@@ -3,11 +3,11 @@ folder with its fingerprint and the run's provenance; refusals."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from tests.support.scripts import load_script
 
 from memsearch.assets.adapter import FINGERPRINT, verify_adapter
 from memsearch.errors import InputError
@@ -18,10 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("ship_adapter", ROOT / "scripts" / "ship_adapter.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("ship_adapter")
 
 
 def _summary(folder: Path, recall: float, scored: int = 4) -> None:

@@ -1,0 +1,49 @@
+"""The record of a validation pilot (docs/results/memory_policy_cpu_v2/): every greedy evaluation
+of a GRPO stage and a reference run on the same validation questions, in one JSON object.
+
+A pilot chooses a recipe before any held-out number exists, so what it read must be checkable:
+this collects, per evaluation, the figures the pilots' tables quote (memory support recall and
+precision, F1, executed ops) and the per-call decision rates (``heldout.decision_rates``: gold
+kept, junk, overflows, stores in gold calls vs the others), and refuses runs of different
+questions (the same data manifest and the same number of questions, since ``limit`` takes the
+first N), so no row of a table compares other questions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from memsearch.errors import InputError
+from memsearch.pipelines.memory_policy.heldout import decision_rates, gold_facts, memory_calls
+
+METRICS = ("memory_support_recall", "memory_support_precision", "f1", "em", "invalid_action_rate")
+
+
+def run_record(run: Path, gold: dict[str, set[str]]) -> dict[str, Any]:
+    """One evaluation run's figures (module doc); ``run`` holds summary.json and trajectories.jsonl."""
+    summary_path = Path(run) / "summary.json"
+    if not summary_path.is_file():
+        raise InputError(f"{run}: no summary.json (an evaluation that has not finished)")
+    summary = json.loads(summary_path.read_text())
+    if not summary.get("complete", False):
+        raise InputError(f"{summary_path}: the evaluation is incomplete ({summary['tasks']})")
+    return {"data_manifest_sha256": summary["data"]["manifest_sha256"], "tasks": summary["tasks"]["expected"],
+            "metrics": {m: summary["metrics"].get(m) for m in METRICS},
+            "memory_calls": memory_calls(Path(run)), "decisions": decision_rates(Path(run), gold)}
+
+
+def pilot_record(stage: Path, data: Path, references: dict[str, Path]) -> dict[str, Any]:
+    """Every evaluation under ``stage``/eval (``grpo1_step_N``) and each named reference run, read
+    against the labels of the validation ``data`` they all ran on."""
+    gold = gold_facts(Path(data))
+    runs = {f"{Path(stage).name}_step_{int(p.name.removeprefix('step-'))}": p
+            for p in sorted((Path(stage) / "eval").glob("step-*")) if (p / "summary.json").is_file()}
+    if not runs:
+        raise InputError(f"{stage}/eval: no finished evaluation (step-NNNNNN/summary.json)")
+    record = {name: run_record(path, gold) for name, path in {**runs, **references}.items()}
+    questions = {name: (r["data_manifest_sha256"][:12], r["tasks"]) for name, r in record.items()}
+    if len(set(questions.values())) != 1:
+        raise InputError(f"the runs evaluated different questions ((data manifest, questions): {questions})")
+    return record
