@@ -16,9 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from memsearch.errors import InputError
-from memsearch.pipelines.memory_policy.heldout import decision_rates, gold_facts, memory_calls
-
-METRICS = ("memory_support_recall", "memory_support_precision", "f1", "em", "invalid_action_rate")
+from memsearch.pipelines.memory_policy.heldout import METRICS, decision_rates, gold_facts, memory_calls
 
 
 def run_record(run: Path, gold: dict[str, set[str]]) -> dict[str, Any]:
