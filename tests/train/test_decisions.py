@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memsearch.train.decisions import decision_characters, decision_positions, invalid_cause, op_histogram
+from memsearch.train.decisions import (
+    decision_characters,
+    decision_positions,
+    invalid_cause,
+    mask_invalid_decisions,
+    op_histogram,
+)
 from memsearch.train.rows import Row
 
 OPS = ('{"ops": [{"op": "ADD", "text": "Paris is in France", "sources": ["d1:0"], "kind": "fact"}, '
@@ -96,3 +102,44 @@ def test_the_update_logs_the_entropy_at_the_decision_tokens_only(tiny_model_dir,
                   for k, r in enumerate(rows) for p in r.decision_positions]
     assert stats.decision_entropy == pytest.approx(sum(expected) / 3, rel=1e-6)
     assert stats.decision_entropy != pytest.approx(sum(neighbours) / 3, rel=1e-5)  # the check can tell them apart
+
+
+def test_invalid_rows_lose_their_deciding_tokens_only(tiny_model_dir, tiny_adapter_dir, tokenizer):
+    """``invalid_decision_credit = false``: the op-choosing tokens of invalid rows leave the loss
+    (every other token stays), and the logged decision entropy is the mean over the valid rows'
+    deciding tokens, not diluted by the masked ones."""
+    from memsearch.train.config import GRPOConfig, LoraSettings, OptimSettings
+    from memsearch.train.decisions import mark_decisions
+    from memsearch.train.distributed import Dist
+    from memsearch.train.grpo import update
+    from memsearch.train.logprobs import completion_logprobs
+    from memsearch.train.policy import load_policy
+    from memsearch.train.rows import Batch
+
+    prompt = tokenizer.encode("Decide the memory ops.", add_special_tokens=False)
+    texts = [OPS, OPS, '{"ops": [{"op": "NOOP"}]}']
+    rows = [Row(prompt, tokenizer.encode(t, add_special_tokens=False), [], [], k, 0, "memory", 0, advantage=a,
+                valid=v) for k, (t, a, v) in enumerate(zip(texts, (0.5, -0.5, 0.2), (True, False, False), strict=True))]
+    for r in rows:
+        r.rollout_logprobs, r.loss_mask = [0.0] * len(r.completion_ids), [1] * len(r.completion_ids)
+    mark_decisions(rows, tokenizer)
+    assert mask_invalid_decisions(rows) == 3  # two op names in the invalid ADD row, one in the invalid NOOP
+    for r in rows:
+        expected = [1] * len(r.completion_ids)
+        for p in ([] if r.valid else r.decision_positions):
+            expected[p] = 0
+        assert r.loss_mask == expected
+    assert rows[0].completion_tokens == len(rows[0].completion_ids)
+    assert rows[1].completion_tokens == len(rows[1].completion_ids) - 2
+    assert mask_invalid_decisions(rows) == 0  # already masked: nothing more
+
+    cfg = GRPOConfig(data="unused", lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+                     optim=OptimSettings(lr=1e-2, max_grad_norm=None), invalid_decision_credit=False)
+    policy, _, _ = load_policy(str(tiny_model_dir), str(tiny_adapter_dir), cfg.lora, device="cpu")
+    with torch.no_grad():
+        scored = completion_logprobs(policy, rows[:1], tokenizer.eos_token_id, with_entropy=True)
+    c_max = scored.entropy.shape[1]
+    valid_only = [float(scored.entropy[0, c_max - len(rows[0].completion_ids) + p]) for p in rows[0].decision_positions]
+    stats = update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), Batch(rows=rows), cfg, Dist(),
+                   tokenizer.eos_token_id)
+    assert stats.decision_entropy == pytest.approx(sum(valid_only) / 2, rel=1e-5)

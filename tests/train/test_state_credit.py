@@ -63,6 +63,7 @@ def test_every_branch_is_a_row_with_its_state_groups_advantage():
     assert [r.advantage for r in batch.rows] == pytest.approx([0.0, 0.5, -0.5, 0.0, 0.0, 0.0, 0.5, -0.5])
     assert [r.trajectory for r in batch.rows] == [0] * 5 + [1] * 3
     assert len({r.group for r in batch.rows}) == 3
+    assert [r.valid for r in batch.rows] == [True, True, False, True, True] * 1 + [True, True, False]
     assert batch.rows_per_trajectory == [5, 3] and batch.call_rewards[:3] == pytest.approx([0.0, 0.5, -0.5])
     # the global term: trajectory advantages +0.5 / -0.5, weighted, on the continued branch only
     batch = build_state_batch(trajs, [[1.0, 0.0]], labels, SETTINGS, std_scale=False, global_weight=0.2,
@@ -93,7 +94,7 @@ def test_a_grpo_step_with_state_groups_on_the_tiny_llama(tiny_model_dir, tiny_ad
     from memsearch.train.grpo import train_grpo
 
     cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, steps=1, group_size=2,
-                      credit="state", state_group_size=3, schema_mode=True,
+                      credit="state", state_group_size=3, schema_mode=True, invalid_decision_credit=False,
                       **{"episode.budgets.policy_tokens": 48, "episode.budgets.memory_tokens": 96})
     train_grpo(cfg, tmp_path / "run", echo=lambda m: None)
     (record,) = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
@@ -110,3 +111,13 @@ def test_a_grpo_step_with_state_groups_on_the_tiny_llama(tiny_model_dir, tiny_ad
         assert call["completion_ids"] == chosen["completion_ids"] and call["text"] == chosen["text"]
         assert event["valid"] == (chosen["status"] == "applied")
         assert len({tuple(b["completion_ids"]) for b in call["branches"]}) > 1  # three different samples
+    # invalid_decision_credit = false: the op-choosing tokens of every invalid branch left the loss
+    from transformers import AutoTokenizer
+
+    from memsearch.train.decisions import decision_positions
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    invalid = [b for c in calls for b in c["branches"] if b["status"] != "applied"]
+    assert invalid and record["masked_decision_tokens"] > 0  # the tiny model's 48-token items do not all fit
+    assert record["masked_decision_tokens"] == sum(len(decision_positions(b["completion_ids"], tokenizer, "memory"))
+                                                   for b in invalid)

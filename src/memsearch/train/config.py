@@ -230,6 +230,10 @@ class GRPOConfig(TrainerConfig):
     global_weight: float = Field(
         0.0, ge=0, description="credit = 'state': the continued branch also gets this x its trajectory's group "
         "advantage (0: local credit only)")
+    invalid_decision_credit: bool = Field(
+        True, description="false: the tokens that choose the op (train.decisions) of a call the engine rejected or "
+        "could not read get no gradient, so its penalty trains what follows the choice (the item's length, its "
+        "sources), not the choice of ADD itself (train.decisions.mask_invalid_decisions)")
     std_scale: bool = Field(False, description="Divide advantages by the group's standard deviation")
     clip_low: float = Field(0.2, ge=0, description="Ratio clip below: 1 - clip_low")
     clip_high: float = Field(0.2, ge=0, description="Ratio clip above: 1 + clip_high")

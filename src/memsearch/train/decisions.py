@@ -15,6 +15,14 @@ policy that always writes NOOP can still show a healthy mean entropy. Two views 
   under its cause: ``invalid_parse`` (not readable as ops), ``invalid_budget`` (the batch would
   overflow the memory budget), ``invalid_rule`` (any other rule: unknown id, source not shown,
   ...). A call whose request failed is a request error, not a decision, and is not counted.
+
+With ``invalid_decision_credit = false`` (``mask_invalid_decisions``) the deciding tokens of an
+invalid row leave the loss. Every cause of an invalid memory call is in what follows the op's
+name (an item too long for the memory or the policy budget, a source never shown), yet under
+the row's advantage the penalty also lowers the probability of the op it chose: in the CPU
+pilots (docs/results/memory_policy_cpu_v2, pilot 4) the rejected ADD branches outweighed the
+rewarded ones at the op token, and greedy decoding fell to NOOP in states with room. Masked,
+the penalty trains the item, and the op is credited by the valid branches only.
 """
 
 from __future__ import annotations
@@ -71,6 +79,19 @@ def mark_decisions(rows: Iterable[Row], tokenizer: Any) -> None:
     """Set every row's ``decision_positions`` from its own completion ids and call role."""
     for row in rows:
         row.decision_positions = decision_positions(row.completion_ids, tokenizer, row.role)
+
+
+def mask_invalid_decisions(rows: Iterable[Row]) -> int:
+    """Take the deciding tokens of every invalid row out of the loss (module doc); call after
+    ``mark_decisions``. Returns how many tokens were masked."""
+    masked = 0
+    for row in rows:
+        if row.valid:
+            continue
+        for pos in row.decision_positions:
+            masked += row.loss_mask[pos]
+            row.loss_mask[pos] = 0
+    return masked
 
 
 def invalid_cause(reason: str | None) -> str:

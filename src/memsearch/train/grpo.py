@@ -46,7 +46,7 @@ from memsearch.io import write_jsonl
 from memsearch.train.checkpoint import resume_checkpoint, save_checkpoint
 from memsearch.train.collapse import guard_for_run, stop_collapsed
 from memsearch.train.config import GRPOConfig
-from memsearch.train.decisions import mark_decisions
+from memsearch.train.decisions import mark_decisions, mask_invalid_decisions
 from memsearch.train.distributed import Dist
 from memsearch.train.dynamic_sampling import sample_step
 from memsearch.train.finite import require_finite, require_finite_weights
@@ -238,6 +238,8 @@ def _backward(model, sub, fixed: _FixedLogprobs, key: tuple[int, int], cfg: GRPO
     for k, row in enumerate(sub):
         first_column = c_max - len(row.completion_ids)
         for pos in row.decision_positions:
+            if not row.loss_mask[pos]:  # masked (mask_invalid_decisions): its entropy reads 0, not the policy's
+                continue
             tally.sums["decision_entropy"] += float(scored.entropy[k, first_column + pos])
             tally.sums["decisions"] += 1
     if not off_policy:  # the first (and only) pass is before any update
@@ -475,6 +477,8 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
                 batch = build_batch(groups, rewards, cfg.role, cfg.credit, cfg.std_scale, generated=sampled.generated)
             batch.counts.dropped = sampled.rows_dropped
             mark_decisions(batch.rows, tokenizer)
+            if not cfg.invalid_decision_credit:
+                batch.masked_decision_tokens = mask_invalid_decisions(batch.rows)
             lr = optimizer.param_groups[0]["lr"]
             stats = update(policy, optimizer, batch, cfg, dist, pad_id, mask_fn, scheduler, step=step)
             require_finite(step, "the loss", stats.loss, applied=True)  # summed over ranks: all stop together

@@ -60,6 +60,7 @@ class Row:
     advantage: float = 0.0
     weight: float = 1.0  # per-token loss weight set by the aggregation (see loss.token_weights)
     decision_positions: list[int] = field(default_factory=list)  # completion tokens that choose (train.decisions)
+    valid: bool = True  # the engine accepted the call (state credit: the branch was applied)
 
     @property
     def completion_tokens(self) -> int:
@@ -114,7 +115,7 @@ def rows_from_trajectory(trajectory: dict[str, Any], role: str, index: int, grou
             raise ValueError(f"task {trajectory.get('task_id')}: {len(ids)} completion ids but {len(lps)} log-probs")
         rows.append(Row(prompt_ids=list(prompt), completion_ids=list(ids), rollout_logprobs=[float(x) for x in lps],
                         loss_mask=[1] * len(ids), trajectory=index, group=group, role=call["role"], step=call["step"],
-                        constraint_id=call.get("constraint_id")))
+                        constraint_id=call.get("constraint_id"), valid=call.get("valid") is not False))
     return rows, failed
 
 
@@ -158,6 +159,7 @@ class Batch:
     groups: int = 0
     counts: RowCounts = field(default_factory=RowCounts)
     call_rewards: list[float] = field(default_factory=list)  # credit = "state": every branch's per-call reward
+    masked_decision_tokens: int = 0  # deciding tokens of invalid rows taken out of the loss (invalid_decision_credit)
 
 
 def build_batch(groups: Sequence[Sequence[dict[str, Any]]], rewards: Sequence[Sequence[float]], role: str,

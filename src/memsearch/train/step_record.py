@@ -42,7 +42,8 @@ def step_record(
     ``sampled``: what dynamic sampling rolled out and dropped)."""
     counts = step_counts(batch, groups, role)
     counts.update(call_reward_sum=sum(batch.call_rewards), call_rewards=float(len(batch.call_rewards)),
-                  rows_dropped=float(batch.counts.dropped), sampling_rounds=float(sampled.rounds),
+                  rows_dropped=float(batch.counts.dropped),
+                  masked_decision_tokens=float(batch.masked_decision_tokens), sampling_rounds=float(sampled.rounds),
                   groups_sampled=float(sampled.groups_sampled), groups_dropped=float(sampled.groups_dropped))
     total = dist.all_sum_named(counts)
     n = total["trajectories"]
@@ -72,6 +73,7 @@ def step_record(
         "kl": stats.kl,
         "entropy": stats.entropy,
         "decision_entropy": stats.decision_entropy,
+        "masked_decision_tokens": int(total["masked_decision_tokens"]),
         "ops": {name: int(total[f"ops/{name}"]) for name in HISTOGRAM_KEYS},
         "ratio_mean": stats.ratio_mean,
         "grad_norm": stats.grad_norm,
