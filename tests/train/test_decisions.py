@@ -11,6 +11,7 @@ from memsearch.train.decisions import (
     decision_characters,
     decision_positions,
     invalid_cause,
+    mark_decisions,
     mask_invalid_decisions,
     op_histogram,
 )
@@ -73,7 +74,6 @@ def test_the_update_logs_the_entropy_at_the_decision_tokens_only(tiny_model_dir,
     """``decision_entropy`` is the mean entropy at the deciding tokens, recomputed here from the
     same forward pass, and not the mean at the tokens next to them."""
     from memsearch.train.config import GRPOConfig, LoraSettings, OptimSettings
-    from memsearch.train.decisions import mark_decisions
     from memsearch.train.distributed import Dist
     from memsearch.train.grpo import update
     from memsearch.train.logprobs import completion_logprobs
@@ -109,7 +109,6 @@ def test_invalid_rows_lose_their_deciding_tokens_only(tiny_model_dir, tiny_adapt
     (every other token stays), and the logged decision entropy is the mean over the valid rows'
     deciding tokens, not diluted by the masked ones."""
     from memsearch.train.config import GRPOConfig, LoraSettings, OptimSettings
-    from memsearch.train.decisions import mark_decisions
     from memsearch.train.distributed import Dist
     from memsearch.train.grpo import update
     from memsearch.train.logprobs import completion_logprobs
@@ -143,3 +142,25 @@ def test_invalid_rows_lose_their_deciding_tokens_only(tiny_model_dir, tiny_adapt
     stats = update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), Batch(rows=rows), cfg, Dist(),
                    tokenizer.eos_token_id)
     assert stats.decision_entropy == pytest.approx(sum(valid_only) / 2, rel=1e-5)
+
+
+@pytest.mark.parametrize("setting, expected", [(True, "all"), (False, "none"), ("over_budget", "over_budget")])
+def test_invalid_decision_credit_reads_the_old_booleans(setting, expected):
+    from memsearch.train.config import GRPOConfig
+
+    assert GRPOConfig(data="unused", invalid_decision_credit=setting).invalid_decision_credit == expected
+
+
+def test_over_budget_rows_keep_their_deciding_tokens_when_asked(tokenizer):
+    """``invalid_decision_credit = "over_budget"``: an item error (cut off, unshown source) loses
+    its op tokens, an over-budget batch keeps them (the choice to add is its error)."""
+    prompt = tokenizer.encode("Decide the memory ops.", add_special_tokens=False)
+    ids = tokenizer.encode(OPS, add_special_tokens=False)
+    flags = [(False, True), (False, False), (True, False)]  # (valid, over_budget)
+    rows = [Row(prompt, list(ids), [0.0] * len(ids), [1] * len(ids), k, 0, "memory", 0, valid=v, over_budget=o)
+            for k, (v, o) in enumerate(flags)]
+    mark_decisions(rows, tokenizer)
+    assert mask_invalid_decisions(rows, keep_over_budget=True) == 2  # the item error's two op names only
+    assert [r.completion_tokens for r in rows] == [len(ids), len(ids) - 2, len(ids)]
+    assert mask_invalid_decisions(rows) == 2  # without the exception the over-budget row loses its two too
+    assert [r.completion_tokens for r in rows] == [len(ids) - 2, len(ids) - 2, len(ids)]

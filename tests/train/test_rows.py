@@ -119,3 +119,12 @@ def test_trained_roles_are_defined_once_and_cover_call_roles_only():
     assert TRAINED_ROLES == tuple(TRAINED_CALL_ROLES) == ("memory", "controller", "overwrite")
     assert all(set(calls) <= set(CALL_ROLES) for calls in TRAINED_CALL_ROLES.values())
     assert get_args(GRPOConfig.model_fields["role"].annotation) == TRAINED_ROLES
+
+
+def test_rows_from_a_trajectory_know_an_over_budget_rejection_from_other_invalid_calls():
+    over = {**call("memory", 0, valid=False),
+            "invalid_reason": "memory after the batch would be 120 tokens, over the budget of 96 tokens"}
+    unshown = {**call("memory", 1, valid=False), "invalid_reason": "ADD: source d9:0 was not shown"}
+    rows, failed = rows_from_trajectory(traj("q", over, unshown, call("memory", 2)), "memory", 0, 0)
+    assert failed == 0
+    assert [(r.valid, r.over_budget) for r in rows] == [(False, True), (False, False), (True, False)]

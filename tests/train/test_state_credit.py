@@ -64,6 +64,7 @@ def test_every_branch_is_a_row_with_its_state_groups_advantage():
     assert [r.trajectory for r in batch.rows] == [0] * 5 + [1] * 3
     assert len({r.group for r in batch.rows}) == 3
     assert [r.valid for r in batch.rows] == [True, True, False, True, True] * 1 + [True, True, False]
+    assert [r.over_budget for r in batch.rows] == [False, False, True, False, False, False, False, True]
     assert batch.rows_per_trajectory == [5, 3] and batch.call_rewards[:3] == pytest.approx([0.0, 0.5, -0.5])
     # the global term: trajectory advantages +0.5 / -0.5, weighted, on the continued branch only
     batch = build_state_batch(trajs, [[1.0, 0.0]], labels, SETTINGS, std_scale=False, global_weight=0.2,

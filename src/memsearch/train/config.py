@@ -230,10 +230,11 @@ class GRPOConfig(TrainerConfig):
     global_weight: float = Field(
         0.0, ge=0, description="credit = 'state': the continued branch also gets this x its trajectory's group "
         "advantage (0: local credit only)")
-    invalid_decision_credit: bool = Field(
-        True, description="false: the tokens that choose the op (train.decisions) of a call the engine rejected or "
-        "could not read get no gradient, so its penalty trains what follows the choice (the item's length, its "
-        "sources), not the choice of ADD itself (train.decisions.mask_invalid_decisions)")
+    invalid_decision_credit: Literal["all", "over_budget", "none"] = Field(
+        "all", description="Which invalid calls' op-choosing tokens (train.decisions) get gradient: all; none (their "
+        "penalty trains only what follows the choice: the item's length, its sources); over_budget (only the "
+        "batches rejected for overflowing the memory budget, where choosing to add is the error). true / false "
+        "read as all / none (train.decisions.mask_invalid_decisions)")
     std_scale: bool = Field(False, description="Divide advantages by the group's standard deviation")
     clip_low: float = Field(0.2, ge=0, description="Ratio clip below: 1 - clip_low")
     clip_high: float = Field(0.2, ge=0, description="Ratio clip above: 1 + clip_high")
@@ -293,6 +294,12 @@ class GRPOConfig(TrainerConfig):
     checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every N steps (and at the end)")
     max_batch_size: int = Field(16, ge=1, description="Rollout decoder: most rows decoded together")
     save_rollouts: bool = Field(True, description="Write every step's trajectories to rollouts/")
+
+    @field_validator("invalid_decision_credit", mode="before")
+    @classmethod
+    def _credit_from_bool(cls, value: Any) -> Any:
+        # It was a bool before over_budget existed: runs and commands of pilots 5-6 say true / false.
+        return {True: "all", False: "none"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="wrap")
     @classmethod

@@ -16,13 +16,16 @@ policy that always writes NOOP can still show a healthy mean entropy. Two views 
   overflow the memory budget), ``invalid_rule`` (any other rule: unknown id, source not shown,
   ...). A call whose request failed is a request error, not a decision, and is not counted.
 
-With ``invalid_decision_credit = false`` (``mask_invalid_decisions``) the deciding tokens of an
-invalid row leave the loss. Every cause of an invalid memory call is in what follows the op's
-name (an item too long for the memory or the policy budget, a source never shown), yet under
-the row's advantage the penalty also lowers the probability of the op it chose: in the CPU
-pilots (docs/results/memory_policy_cpu_v2, pilot 4) the rejected ADD branches outweighed the
-rewarded ones at the op token, and greedy decoding fell to NOOP in states with room. Masked,
-the penalty trains the item, and the op is credited by the valid branches only.
+``invalid_decision_credit`` (``mask_invalid_decisions``) decides whether the deciding tokens of
+an invalid row stay in the loss. ``"all"``: they do, and the penalty also lowers the probability
+of the op chosen; in the CPU pilots (docs/results/memory_policy_cpu_v2, pilot 4) the rejected ADD
+branches outweighed the rewarded ones at the op token and greedy decoding fell to NOOP in states
+with room, although the error of an item cut off by the policy budget or citing a source never
+shown is in the item, not in the choice of ADD. ``"none"``: every invalid row's deciding tokens
+leave the loss; then in a state with no room the over-budget branches only lower the group mean,
+every branch that fits gains, ADD as much as NOOP, and the policy drifted to ADD (pilot 6).
+``"over_budget"``: the item errors are masked, and a batch rejected for overflowing the memory
+budget keeps its op tokens in the loss, since there the choice to add at all is the error.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from memsearch.memory.ops import OP_NAMES
-from memsearch.train.rows import Row
+from memsearch.train.rows import Row, is_over_budget
 
 # Where the decision starts in a completion's text, by call role: the match's end (memory) or
 # start (controller) is the first character of the chosen name.
@@ -81,12 +84,13 @@ def mark_decisions(rows: Iterable[Row], tokenizer: Any) -> None:
         row.decision_positions = decision_positions(row.completion_ids, tokenizer, row.role)
 
 
-def mask_invalid_decisions(rows: Iterable[Row]) -> int:
-    """Take the deciding tokens of every invalid row out of the loss (module doc); call after
-    ``mark_decisions``. Returns how many tokens were masked."""
+def mask_invalid_decisions(rows: Iterable[Row], *, keep_over_budget: bool = False) -> int:
+    """Take the deciding tokens of invalid rows out of the loss (module doc), all of them or, with
+    ``keep_over_budget``, all but the over-budget ones; call after ``mark_decisions``. Returns how
+    many tokens were masked."""
     masked = 0
     for row in rows:
-        if row.valid:
+        if row.valid or (keep_over_budget and row.over_budget):
             continue
         for pos in row.decision_positions:
             masked += row.loss_mask[pos]
@@ -99,7 +103,7 @@ def invalid_cause(reason: str | None) -> str:
     text = reason or ""
     if text.startswith("parse error"):
         return "invalid_parse"
-    if "over the budget" in text:
+    if is_over_budget(text):
         return "invalid_budget"
     return "invalid_rule"
 

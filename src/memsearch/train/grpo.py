@@ -477,8 +477,9 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
                 batch = build_batch(groups, rewards, cfg.role, cfg.credit, cfg.std_scale, generated=sampled.generated)
             batch.counts.dropped = sampled.rows_dropped
             mark_decisions(batch.rows, tokenizer)
-            if not cfg.invalid_decision_credit:
-                batch.masked_decision_tokens = mask_invalid_decisions(batch.rows)
+            if cfg.invalid_decision_credit != "all":
+                batch.masked_decision_tokens = mask_invalid_decisions(
+                    batch.rows, keep_over_budget=cfg.invalid_decision_credit == "over_budget")
             lr = optimizer.param_groups[0]["lr"]
             stats = update(policy, optimizer, batch, cfg, dist, pad_id, mask_fn, scheduler, step=step)
             require_finite(step, "the loss", stats.loss, applied=True)  # summed over ranks: all stop together

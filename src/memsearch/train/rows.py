@@ -44,6 +44,12 @@ TRAINED_CALL_ROLES: dict[TrainedRole, tuple[Role, ...]] = {
 }
 
 
+def is_over_budget(reason: str | None) -> bool:
+    """Whether the memory rejected a call because its batch would overflow the memory budget
+    (the store's reason says "over the budget")."""
+    return "over the budget" in (reason or "")
+
+
 @dataclass
 class Row:
     """One trainable policy call."""
@@ -61,6 +67,7 @@ class Row:
     weight: float = 1.0  # per-token loss weight set by the aggregation (see loss.token_weights)
     decision_positions: list[int] = field(default_factory=list)  # completion tokens that choose (train.decisions)
     valid: bool = True  # the engine accepted the call (state credit: the branch was applied)
+    over_budget: bool = False  # invalid because the batch would overflow the memory budget
 
     @property
     def completion_tokens(self) -> int:
@@ -115,7 +122,8 @@ def rows_from_trajectory(trajectory: dict[str, Any], role: str, index: int, grou
             raise ValueError(f"task {trajectory.get('task_id')}: {len(ids)} completion ids but {len(lps)} log-probs")
         rows.append(Row(prompt_ids=list(prompt), completion_ids=list(ids), rollout_logprobs=[float(x) for x in lps],
                         loss_mask=[1] * len(ids), trajectory=index, group=group, role=call["role"], step=call["step"],
-                        constraint_id=call.get("constraint_id"), valid=call.get("valid") is not False))
+                        constraint_id=call.get("constraint_id"), valid=call.get("valid") is not False,
+                        over_budget=call.get("valid") is False and is_over_budget(call.get("invalid_reason"))))
     return rows, failed
 
 

@@ -67,7 +67,8 @@ def branch_rows(call: dict[str, Any], trajectory: int, group: int) -> tuple[list
         rows.append(Row(prompt_ids=list(call["prompt_ids"]), completion_ids=list(ids),
                         rollout_logprobs=[float(x) for x in lps], loss_mask=[1] * len(ids), trajectory=trajectory,
                         group=group, role=call["role"], step=call["step"], constraint_id=branch.get("constraint_id"),
-                        valid=branch["status"] == "applied"))
+                        valid=branch["status"] == "applied",
+                        over_budget=branch["status"] == "rejected" and branch.get("over_budget_tokens", 0) > 0))
         kept.append({**branch, "chosen": k == call["branch_chosen"]})
     return rows, kept, failed
 
