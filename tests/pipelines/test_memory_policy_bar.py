@@ -122,6 +122,37 @@ def test_decision_rates_and_call_shares_from_a_run(tmp_path):
     # gold calls: steps 0-2 (stored at 0 and 1, the overflow at 2 stored nothing); other: step 3
     assert rates["gold_calls"] == 3 and rates["store_rate_gold_calls"] == pytest.approx(2 / 3, abs=1e-4)
     assert rates["store_rate_other_calls"] == 0.0
+    assert rates["gold_call_outcomes"] == {"kept_gold": 1, "stored_other_only": 1, "stored_nothing": 0,
+                                           "over_budget": 1, "invalid_other": 0}
     calls = memory_calls(run)
     assert calls["calls"] == 4 and calls["calls_with"] == {"ADD": 2, "UPDATE": 0, "DELETE": 0, "NOOP": 1}
     assert calls["ops_executed"]["ADD"] == 3 and calls["invalid"]["over_budget"] == 1
+
+
+def test_gold_call_outcomes_tell_a_noop_from_a_rejected_call(tmp_path):
+    """Two gold calls that keep nothing: one valid NOOP, one batch rejected for citing an unshown id."""
+    unshown = "source d9:0 was not shown"
+    events = [
+        {"type": "search", "step": 0, "shown": ["d1:0"]}, _call(0, {"NOOP": 1}),
+        {"type": "memory", "step": 0, "valid": True, "reason": None, "sources_before": []},
+        {"type": "search", "step": 1, "shown": ["d2:0"]}, _call(1, {}, valid=False, reason=unshown),
+        {"type": "memory", "step": 1, "valid": False, "reason": unshown, "sources_before": []},
+    ]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "trajectories.jsonl").write_text(json.dumps(_trajectory("q1", events, [])) + "\n")
+    rates = decision_rates(run, {"q1": {"d1:0", "d2:0"}})
+    assert rates["gold_call_outcomes"] == {"kept_gold": 0, "stored_other_only": 0, "stored_nothing": 1,
+                                           "over_budget": 0, "invalid_other": 1}
+    assert rates["gold_kept_share"] == 0.0 and rates["overflow_rate"] == 0.0
+
+
+def test_report_tables_the_gold_call_outcomes_of_summaries_that_have_them():
+    from memsearch.pipelines.memory_policy.report import _gold_call_table
+
+    counted = {"kept_gold": 139, "stored_other_only": 18, "stored_nothing": 88, "over_budget": 0, "invalid_other": 0}
+    rows = {"rules": {"decisions": {"gold_call_outcomes": counted}}, "sft": {"decisions": {"gold_kept_share": 0.5}}}
+    lines = _gold_call_table(rows)
+    assert lines[3] == "| policy | kept gold | stored other only | stored nothing | over budget | invalid other |"
+    assert lines[-1] == "| rules | 139 | 18 | 88 | 0 | 0 |"  # sft's summary predates the count: no row
+    assert _gold_call_table({"sft": {"decisions": None}}) == []

@@ -45,6 +45,7 @@ DIFF_METRICS = ("memory_support_recall", "f1", "em")
 METRICS = ("memory_support_recall", "memory_support_precision", "retrieval_support_recall", "f1", "em",
            "invalid_action_rate")
 INVALID_CAUSES = ("over_budget", "truncated", "unshown_source", "other")
+GOLD_CALL_OUTCOMES = ("kept_gold", "stored_other_only", "stored_nothing", "over_budget", "invalid_other")
 
 
 def policy_backend(cfg, policy: str, sft: Path | None = None, stage1: Path | None = None) -> dict[str, Any]:
@@ -109,13 +110,18 @@ def decision_rates(run: Path, gold: dict[str, set[str]]) -> dict[str, Any]:
       memory cites an id it did not before, among the calls whose search showed a gold sentence
       the memory did not yet cite ("gold calls") and among the others. Their ratio is how well
       the policy tells the two states apart; their level is how readily it stores at all (a
-      greedy policy can swing the level without changing the ratio).
+      greedy policy can swing the level without changing the ratio);
+    - ``gold_call_outcomes``: what each gold call did, counted (``GOLD_CALL_OUTCOMES``): kept a
+      shown gold sentence, stored only other ids (the wrong sentence), stored nothing, rejected
+      for overflowing the memory budget, rejected for another reason. Where a policy's kept share
+      falls short of another's, this says which of its moves lost the gold.
 
     A step's memory after its call is the next call's ``sources_before`` (the last: the
     trajectory's ``memory_cited``)."""
     shown_gold = kept = junk = overflows = calls = 0
     stored = {True: 0, False: 0}
     calls_of = {True: 0, False: 0}
+    outcomes = Counter({outcome: 0 for outcome in GOLD_CALL_OUTCOMES})
     for _, traj in iter_jsonl(run / "trajectories.jsonl"):
         facts = gold.get(traj["task_id"], set())
         shown: dict[Any, set[str]] = {}
@@ -132,15 +138,29 @@ def decision_rates(run: Path, gold: dict[str, set[str]]) -> dict[str, Any]:
             shown_gold += len(new_gold)
             kept += len(new_gold & after)
             junk += len(after - before - facts)
-            overflows += "memory after the batch would be" in (event.get("reason") or "")
+            overflow = "memory after the batch would be" in (event.get("reason") or "")
+            overflows += overflow
             calls += 1
             gold_call = bool(new_gold)
             calls_of[gold_call] += 1
             stored[gold_call] += bool(after - before)
+            if gold_call:
+                outcomes[_gold_call_outcome(event, overflow, new_gold, after - before)] += 1
     return {"gold_shown": shown_gold, "gold_kept_share": _share(kept, shown_gold),
             "junk_ids_per_call": _share(junk, calls), "overflow_rate": _share(overflows, calls),
             "gold_calls": calls_of[True], "store_rate_gold_calls": _share(stored[True], calls_of[True]),
-            "store_rate_other_calls": _share(stored[False], calls_of[False])}
+            "store_rate_other_calls": _share(stored[False], calls_of[False]),
+            "gold_call_outcomes": dict(outcomes)}
+
+
+def _gold_call_outcome(event: dict[str, Any], overflow: bool, new_gold: set[str], added: set[str]) -> str:
+    if overflow:
+        return "over_budget"
+    if event.get("valid") is False:
+        return "invalid_other"
+    if new_gold & added:
+        return "kept_gold"
+    return "stored_other_only" if added else "stored_nothing"
 
 
 def _share(part: int, whole: int) -> float | None:

@@ -158,6 +158,7 @@ def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
                 dec.get("gold_kept_share"), dec.get("junk_ids_per_call"), dec.get("overflow_rate"),
                 dec.get("store_rate_gold_calls"), dec.get("store_rate_other_calls"),
                 share["ADD"], share["NOOP"])) + " |")
+        lines += _gold_call_table({**shared, **rows})
         lines += ["", "| pair | metric | a | b | a - b | CI | n | usable |", "|---|---|---|---|---|---|---|---|"]
         for pair, metrics in comparison["per_seed"][seed].items():
             lines += [_diff_line(pair, m, metrics[m], metrics[m]["usable"]) for m in DIFF_METRICS]
@@ -362,3 +363,20 @@ def write_mp_report(
     write_json(out / "report.json", report)
     (out / "report.md").write_text(table, encoding="utf-8")
     return {**report, "table": table}
+
+
+def _gold_call_table(rows: dict[str, Any]) -> list[str]:
+    """What each policy did in the calls that showed it a gold sentence (``decision_rates``);
+    none in summaries written before the outcomes were counted."""
+    from memsearch.pipelines.memory_policy.heldout import GOLD_CALL_OUTCOMES
+
+    counted = {p: r["decisions"]["gold_call_outcomes"] for p, r in rows.items()
+               if "gold_call_outcomes" in (r.get("decisions") or {})}
+    if not counted:
+        return []
+    lines = ["", "Calls that showed a gold sentence the memory did not hold, by what the call did:", "",
+             "| policy | " + " | ".join(o.replace("_", " ") for o in GOLD_CALL_OUTCOMES) + " |",
+             "|---|" + "---|" * len(GOLD_CALL_OUTCOMES)]
+    for policy, outcomes in counted.items():
+        lines.append(f"| {policy} | " + " | ".join(str(outcomes[o]) for o in GOLD_CALL_OUTCOMES) + " |")
+    return lines
