@@ -146,13 +146,3 @@ def test_gold_call_outcomes_tell_a_noop_from_a_rejected_call(tmp_path):
                                            "over_budget": 0, "invalid_other": 1}
     assert rates["gold_kept_share"] == 0.0 and rates["overflow_rate"] == 0.0
 
-
-def test_report_tables_the_gold_call_outcomes_of_summaries_that_have_them():
-    from memsearch.pipelines.memory_policy.report import _gold_call_table
-
-    counted = {"kept_gold": 139, "stored_other_only": 18, "stored_nothing": 88, "over_budget": 0, "invalid_other": 0}
-    rows = {"rules": {"decisions": {"gold_call_outcomes": counted}}, "sft": {"decisions": {"gold_kept_share": 0.5}}}
-    lines = _gold_call_table(rows)
-    assert lines[3] == "| policy | kept gold | stored other only | stored nothing | over budget | invalid other |"
-    assert lines[-1] == "| rules | 139 | 18 | 88 | 0 | 0 |"  # sft's summary predates the count: no row
-    assert _gold_call_table({"sft": {"decisions": None}}) == []

@@ -347,7 +347,8 @@ def write_mp_report(
             for key in ("decision_entropy", "op_share/ADD", "op_share/NOOP"):
                 panels[f"{n}:{key}"] = panels[n]
     plot_curves(panels, out / "curves.png")
-    table = render(cfg, sections, comparison)
+    times = stage_times(out)
+    table = render(cfg, sections, comparison) + render_stage_times(times)
     heldout_usable = comparison is None or all(
         r["usable_for_comparison"]
         for rows in (comparison["policies"]["shared"], *comparison["policies"]["seeds"].values())
@@ -357,6 +358,7 @@ def write_mp_report(
         "seeds": sections,
         "stage2": cfg.stage2.enabled,
         "heldout": comparison and {k: comparison[k] for k in ("per_seed", "over_seeds", "bar")},
+        "stage_times": times,
         "usable_for_comparison": heldout_usable
         and all(r["usable_for_comparison"] for s in sections for r in s["rows"]),
     }
@@ -380,3 +382,39 @@ def _gold_call_table(rows: dict[str, Any]) -> list[str]:
     for policy, outcomes in counted.items():
         lines.append(f"| {policy} | " + " | ".join(str(outcomes[o]) for o in GOLD_CALL_OUTCOMES) + " |")
     return lines
+
+
+def stage_times(out: Path) -> list[dict[str, Any]]:
+    """What each finished stage of the run folder ``out`` took, from its ``*.stage.json`` record:
+    the span from its first start to its finish (an interrupted stage resumes under its first
+    ``started``, so the span includes the interruption) and, for a trainer, the sum of its logged
+    ``step_s`` (the steps' own time: an interruption adds nothing to it). Ordered by start."""
+    from datetime import datetime
+
+    from memsearch.io import iter_jsonl
+
+    rows = []
+    for path in out.rglob("*.stage.json"):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if not record.get("complete") or not record.get("started") or not record.get("finished"):
+            continue
+        start, end = (datetime.strptime(record[k], "%Y-%m-%dT%H:%M:%S%z") for k in ("started", "finished"))
+        log = path.parent / path.name.removesuffix(".stage.json") / "train_log.jsonl"
+        steps = sum(r.get("step_s") or 0.0 for _, r in iter_jsonl(log)) if log.is_file() else None
+        rows.append({"stage": str(path.relative_to(out)).removesuffix(".stage.json"), "started": record["started"],
+                     "span_s": (end - start).total_seconds(), "step_s": steps})
+    return sorted(rows, key=lambda r: (r["started"], r["stage"]))
+
+
+def render_stage_times(times: list[dict[str, Any]]) -> str:
+    """The report's section on ``stage_times``."""
+    if not times:
+        return ""
+    lines = ["", "## What each stage took", "",
+             "From each stage's record: first start to finish (an interrupted stage's span includes the "
+             "interruption), and for trainers the sum of the logged step times.", "",
+             "| stage | started | first start to finish | trainer steps |", "|---|---|---|---|"]
+    for t in times:
+        steps = "" if t["step_s"] is None else f"{t['step_s'] / 60:.1f} min"
+        lines.append(f"| {t['stage']} | {t['started']} | {t['span_s'] / 60:.1f} min | {steps} |")
+    return "\n".join(lines) + "\n"
