@@ -37,6 +37,7 @@ from memsearch.io import iter_jsonl, write_json
 from memsearch.pipelines.memory_policy import bar as bars
 from memsearch.pipelines.stages import eval_run
 from memsearch.train.config import RewardSettings
+from memsearch.train.rows import is_over_budget
 
 POLICIES = ("base", "rules", "sft", "grpo")
 SHARED = ("base", "rules")
@@ -71,7 +72,7 @@ def _invalid_cause(call: dict[str, Any]) -> str:
     reason = call.get("invalid_reason") or ""
     if call.get("finish_reason") == "length":
         return "truncated"
-    if "memory after the batch would be" in reason:
+    if is_over_budget(reason):
         return "over_budget"
     if "was not shown" in reason:
         return "unshown_source"
@@ -138,7 +139,7 @@ def decision_rates(run: Path, gold: dict[str, set[str]]) -> dict[str, Any]:
             shown_gold += len(new_gold)
             kept += len(new_gold & after)
             junk += len(after - before - facts)
-            overflow = "memory after the batch would be" in (event.get("reason") or "")
+            overflow = is_over_budget(event.get("reason"))
             overflows += overflow
             calls += 1
             gold_call = bool(new_gold)
