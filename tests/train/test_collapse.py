@@ -92,3 +92,68 @@ def test_a_run_stuck_in_one_bucket_stops_with_collapse_json(tiny_model_dir, tiny
     assert record["step"] == 2 and record["last_checkpoint"].endswith("step-000002")
     assert [r["step"] for r in record["one_op"]] == [1, 2]
     assert not (tmp_path / "run" / "summary.json").exists()  # the run is not finished
+
+
+def test_a_resume_whose_kept_steps_already_trip_the_guard_stops_at_once(tmp_path):
+    """Seed 2 of CPU v2 was stopped at step 8 of 8 with a checkpoint at 8: resuming from it ran
+    no step and would have finished the run as if never stopped. Now the kept records trip the
+    guard again before any step."""
+    from memsearch.train.collapse import guard_for_run
+    from memsearch.train.config import CollapseGuardSettings
+    from memsearch.train.distributed import Dist
+
+    settings = CollapseGuardSettings(enabled=True, min_decision_entropy=0.05, max_op_share=0.95, patience=3,
+                                     max_eval_op_share=0.95, eval_patience=2)
+    greedy = {"ADD": 96, "UPDATE": 0, "DELETE": 0, "NOOP": 0}
+    steps = [{"step": s, "decision_entropy": 0.4, "ops": ops(ADD=20, NOOP=4),
+              **({"eval_ops": greedy} if s in (4, 8) else {})} for s in range(1, 9)]
+    (tmp_path / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    with pytest.raises(CollapseError, match="stopped GRPO at step 8: ADD took more than 95% of the greedy"):
+        guard_for_run(settings, tmp_path, 8, Dist())
+    assert json.loads((tmp_path / "collapse.json").read_text())["step"] == 8
+    # resumed from step 4 (the trip at 8 is not kept): the run goes on, and the count so far is kept
+    guard = guard_for_run(settings, tmp_path, 4, Dist())
+    assert [r["step"] for r in guard.evidence()["eval_one_op"]] == [4]
+    assert guard_for_run(settings.model_copy(update={"enabled": False}), tmp_path, 8, Dist()) is None
+
+
+@pytest.mark.slow
+def test_a_grpo_stage_the_collapse_guard_stopped_stops_or_is_scored_at_its_newest_checkpoint(
+        tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, tmp_path):
+    """The tiny random model writes no parsable op, so the guard (patience 2) stops GRPO at step 2
+    of 4. By default the stage stays unfinished, also when run again (the resume trips at once
+    instead of training past the stop); with on_collapse = "score_last_checkpoint" it finishes with
+    the step-2 checkpoint's adapter, and its record and the report say so."""
+    from tests.train.test_grpo import grpo_config
+
+    from memsearch.pipelines.memory_policy.report import render_stage_times, stage_times
+    from memsearch.pipelines.stages import folder_sha256, grpo_stage
+
+    cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir,
+                      **{"collapse_guard.enabled": True, "collapse_guard.patience": 2, "collapse_guard.min_ops": 1})
+    folder, record = tmp_path / "out" / "grpo1", tmp_path / "out" / "grpo1.stage.json"
+
+    def logged_steps():
+        return [json.loads(x)["step"] for x in (folder / "train_log.jsonl").read_text().splitlines()]
+
+    for _ in range(2):
+        with pytest.raises(CollapseError, match="stopped GRPO at step 2"):
+            grpo_stage(folder, record, cfg, {"start": "test"}, echo=lambda m: None)
+        assert logged_steps() == [1, 2] and not json.loads(record.read_text())["complete"]
+    messages = []
+    adapter = grpo_stage(folder, record, cfg, {"start": "test"}, echo=messages.append,
+                         on_collapse="score_last_checkpoint")
+    assert logged_steps() == [1, 2]  # nothing trained past the stop
+    assert folder_sha256(adapter) == folder_sha256(folder / "checkpoints" / "step-000002" / "adapter")
+    finished = json.loads(record.read_text())
+    assert finished["complete"] and finished["outputs"]["adapter_sha256"] == folder_sha256(adapter)
+    collapse = finished["outputs"]["collapse"]
+    assert (collapse["step"], collapse["checkpoint"]) == (2, "checkpoints/step-000002")
+    assert collapse["reason"].startswith("invalid_parse took more than")
+    assert json.loads((folder / "summary.json").read_text())["stopped_by_collapse_guard"] == collapse
+    assert "scoring checkpoints/step-000002" in messages[-1]
+    # a finished stage is reused as it is, whatever on_collapse says now
+    assert grpo_stage(folder, record, cfg, {"start": "test"}, echo=lambda m: None) == adapter
+    text = render_stage_times(stage_times(tmp_path / "out"))
+    assert "## Stages the collapse guard stopped" in text
+    assert "- grpo1: stopped at step 2 (invalid_parse took more than" in text

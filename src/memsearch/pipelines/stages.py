@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from memsearch.errors import InputError
 from memsearch.io import sha256_file, write_json
@@ -221,16 +221,54 @@ def upgrade_version1_record(stage: Stage, record: dict[str, Any]) -> dict[str, A
     return upgraded
 
 
-def grpo_stage(folder: Path, record: Path, grpo: Any, upstream: dict[str, Any], echo=print, around=None) -> Path:
+OnCollapse = Literal["stop", "score_last_checkpoint"]
+
+
+def grpo_stage(folder: Path, record: Path, grpo: Any, upstream: dict[str, Any], echo=print, around=None,
+               on_collapse: OnCollapse = "stop") -> Path:
     """A fingerprinted ``train_grpo`` run into ``folder`` (resumed after a crash); returns the
     final adapter. Shared by every pipeline: ``grpo`` is the trainer config, ``upstream`` the
     fingerprints and hashes of what it was made from. ``around`` (a context-manager factory) is
     entered only while training runs, e.g. a model server the rollouts call (skipped stages start
-    nothing)."""
+    nothing). ``on_collapse``: what a stop of the collapse guard does; ``"stop"`` raises
+    (``CollapseError``), ``"score_last_checkpoint"`` finishes the stage with the newest checkpoint's
+    adapter and records the stop in the stage's outputs (``finish_stopped_by_guard``)."""
+    from memsearch.train.collapse import CollapseError
     from memsearch.train.grpo import train_grpo
 
     label = f"GRPO role={grpo.role}, {grpo.steps} steps x {grpo.tasks_per_step} questions x group {grpo.group_size}"
-    return _trainer_stage(folder, record, "grpo", grpo, upstream, train_grpo, label, echo, around)
+    try:
+        return _trainer_stage(folder, record, "grpo", grpo, upstream, train_grpo, label, echo, around)
+    except CollapseError:
+        if on_collapse != "score_last_checkpoint":
+            raise
+        stage = Stage(folder, folder.name, {"grpo": grpo.model_dump(mode="json"), **upstream}, record)
+        return finish_stopped_by_guard(folder, stage, echo)
+
+
+def finish_stopped_by_guard(folder: Path, stage: Stage, echo=print) -> Path:
+    """Finish a GRPO stage that the collapse guard stopped, with the adapter of its newest
+    checkpoint (verified against its checksums) copied to ``folder/adapter``. The stage's
+    outputs keep ``collapse`` (the guard's step and reason, and the checkpoint used) so that every
+    report and re-run sees the stage did not end normally. The checkpoint of the stop's step is
+    the policy at the stop when the stop falls on a checkpoint step (an evaluation step always is);
+    otherwise it is the newest one before it, and ``collapse.checkpoint`` names which."""
+    from memsearch.train.checkpoint import checkpoints, verify_checkpoint
+
+    record = json.loads((folder / "collapse.json").read_text())
+    found = checkpoints(folder / "checkpoints")
+    if not found or not verify_checkpoint(found[-1]):
+        raise InputError(f"{folder}: the collapse guard stopped GRPO at step {record['step']} and no complete, "
+                         "intact checkpoint is left to score; change the recipe or delete the stage to train again")
+    newest = found[-1]
+    shutil.rmtree(folder / "adapter", ignore_errors=True)
+    shutil.copytree(newest / "adapter", folder / "adapter")
+    collapse = {"step": record["step"], "reason": record["reason"], "checkpoint": newest.relative_to(folder).as_posix()}
+    write_json(folder / "summary.json", {"adapter": str(folder / "adapter"), "stopped_by_collapse_guard": collapse})
+    stage.finish({"adapter": "adapter", "adapter_sha256": folder_sha256(folder / "adapter"), "collapse": collapse})
+    echo(f"{folder.name}: the collapse guard stopped it at step {record['step']} ({record['reason']}); "
+         f"scoring {collapse['checkpoint']} as the stage's adapter (on_collapse = 'score_last_checkpoint')")
+    return folder / "adapter"
 
 
 def sft_stage(folder: Path, record: Path, sft: Any, upstream: dict[str, Any], echo=print) -> Path:

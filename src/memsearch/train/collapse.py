@@ -21,7 +21,8 @@ evaluations.
 It writes ``collapse.json`` in the run folder (the rule, the steps and values that tripped it,
 the last checkpoint) and raises ``CollapseError``: the trainer exits non-zero, so a pipeline
 stage is not marked done. The state is a function of the log, so ``--resume`` rebuilds it from
-the records kept and trips at the same step.
+the records kept: a resume whose kept records already trip the guard (a run stopped at a
+checkpoint step, e.g. its last) stops again at once instead of finishing without a word.
 """
 
 from __future__ import annotations
@@ -110,8 +111,10 @@ def _extend_one_op_run(run: list[dict[str, Any]], step: int, ops: dict[str, int]
     return [*kept, {"step": step, "op": name, "share": count / total}]
 
 
-def guard_for_run(settings: CollapseGuardSettings, out: Path, start: int) -> CollapseGuard | None:
-    """The run's guard (None when off), fed the log records of the steps a resume keeps."""
+def guard_for_run(settings: CollapseGuardSettings, out: Path, start: int, dist: Dist) -> CollapseGuard | None:
+    """The run's guard (None when off), fed the log records of the steps a resume keeps; raises
+    ``CollapseError`` when those records already trip it (the run stopped there and would
+    otherwise resume past the stop, or finish at its last step as if never stopped)."""
     if not settings.enabled:
         return None
     guard = CollapseGuard(settings.min_decision_entropy, settings.max_op_share, settings.patience, settings.min_ops,
@@ -119,8 +122,8 @@ def guard_for_run(settings: CollapseGuardSettings, out: Path, start: int) -> Col
     log_path = out / "train_log.jsonl"
     if start and log_path.is_file():
         for record in read_log(log_path):
-            if 0 < record.get("step", 0) <= start:
-                guard.observe(record)
+            if 0 < record.get("step", 0) <= start and (reason := guard.observe(record)) is not None:
+                stop_collapsed(guard, reason, record["step"], out, dist)
     return guard
 
 

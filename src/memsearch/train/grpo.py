@@ -445,7 +445,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
         mask_fn = _mask_fn(tokenizer) if cfg.schema_mode else None
         rollouts = Rollouts(cfg, dataset, policy, tokenizer)
         log = TrainLog(out, enabled=dist.main, resume_step=start if resume else None)
-        guard = guard_for_run(cfg.collapse_guard, out, start)
+        guard = guard_for_run(cfg.collapse_guard, out, start, dist)
         if cfg.eval.data and cfg.eval.at_start and start == 0:
             if dist.main:
                 save_adapter(policy, out / "adapter-step0")

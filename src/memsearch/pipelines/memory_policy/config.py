@@ -190,6 +190,14 @@ class MemoryPolicyPipeline(StrictConfig):
     report: PipelineReport = Field(
         default_factory=PipelineReport, description="Paired bootstrap settings of the report"
     )
+    on_collapse: Literal["stop", "score_last_checkpoint"] = Field(
+        "stop",
+        description="What a stop of a GRPO stage's collapse guard does: 'stop' ends the pipeline (CollapseError); "
+        "'score_last_checkpoint' finishes the stage with its newest checkpoint's adapter (the policy at the stop when "
+        "that is a checkpoint step, e.g. the last) and records the stop in the stage record and the report, so the "
+        "collapsed seed keeps its held-out rows and the bar judges it. Not in any stage fingerprint: it decides "
+        "whether a stopped stage counts as finished, not what a stage computes",
+    )
     bar: Literal["recall_every_seed", "pooled"] = Field(
         "recall_every_seed",
         description="The held-out bar the report judges (pipelines/memory_policy/bar.py; its thresholds are "

@@ -235,6 +235,7 @@ def train_stage1(
         cfg.grpo_config(str(paths["train"]), seed, str(sft) if sft else None, val),
         {"prepare": paths["fingerprint"], **start},
         echo,
+        on_collapse=cfg.on_collapse,
     )
     return sft, stage1, start
 
@@ -359,7 +360,8 @@ def stage2_stage(
     start = str(adapter) if adapter is not None else None
     if s2.memory_serving == "in_process":
         return grpo_stage(
-            root / "grpo2", record, cfg.stage2_config(train, seed, str(merged1), val, adapter=start), upstream, echo
+            root / "grpo2", record, cfg.stage2_config(train, seed, str(merged1), val, adapter=start), upstream, echo,
+            on_collapse=cfg.on_collapse,
         )
     if s2.memory_url:
         around = partial(serving.user_server, s2.memory_url, s2.memory_model)
@@ -379,7 +381,8 @@ def stage2_stage(
         )
         server = {"serving": "transformers serve", "url": url, "model": str(merged1), "args": s2.serve_args}
         grpo = cfg.stage2_config(train, seed, str(merged1), val, launched_url=url, adapter=start)
-    return grpo_stage(root / "grpo2", record, grpo, {**upstream, "memory_server": server}, echo, around)
+    return grpo_stage(root / "grpo2", record, grpo, {**upstream, "memory_server": server}, echo, around,
+                      on_collapse=cfg.on_collapse)
 
 
 def run_validation_only(cfg: MemoryPolicyPipeline, out: str | Path, echo=print) -> dict[str, Any]:

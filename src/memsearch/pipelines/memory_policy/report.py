@@ -402,7 +402,8 @@ def stage_times(out: Path) -> list[dict[str, Any]]:
         log = path.parent / path.name.removesuffix(".stage.json") / "train_log.jsonl"
         steps = sum(r.get("step_s") or 0.0 for _, r in iter_jsonl(log)) if log.is_file() else None
         rows.append({"stage": str(path.relative_to(out)).removesuffix(".stage.json"), "started": record["started"],
-                     "span_s": (end - start).total_seconds(), "step_s": steps})
+                     "span_s": (end - start).total_seconds(), "step_s": steps,
+                     "collapse": (record.get("outputs") or {}).get("collapse")})
     return sorted(rows, key=lambda r: (r["started"], r["stage"]))
 
 
@@ -417,4 +418,13 @@ def render_stage_times(times: list[dict[str, Any]]) -> str:
     for t in times:
         steps = "" if t["step_s"] is None else f"{t['step_s'] / 60:.1f} min"
         lines.append(f"| {t['stage']} | {t['started']} | {t['span_s'] / 60:.1f} min | {steps} |")
+    # A stage the collapse guard stopped and the pipeline scored at a checkpoint (on_collapse =
+    # "score_last_checkpoint") did not end normally: every reader of the report must see that.
+    stopped = [t for t in times if t.get("collapse")]
+    if stopped:
+        lines += ["", "## Stages the collapse guard stopped", "",
+                  "Finished with the adapter of their newest checkpoint (on_collapse = 'score_last_checkpoint'); "
+                  "their held-out rows are that checkpoint's.", ""]
+        lines += [f"- {t['stage']}: stopped at step {t['collapse']['step']} ({t['collapse']['reason']}); scored "
+                  f"{t['collapse']['checkpoint']}" for t in stopped]
     return "\n".join(lines) + "\n"
