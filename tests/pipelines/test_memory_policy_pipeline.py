@@ -429,3 +429,21 @@ def test_a_refused_overlap_leaves_nothing_that_blocks_the_corrected_run(tmp_path
     assert f"question {dev[0]['_id']} of train ({leaky}) is also in dev" in str(exc.value)
     paths = prepare_stage(mp_config(f"data.train={json.dumps(str(clean))}"), out, echo=lambda _: None)
     assert record(out / "prepare.stage.json")["complete"] is True and paths["train"].is_dir()
+
+
+def test_publish_copies_the_record_of_a_stage_the_collapse_guard_stopped(tmp_path):
+    from memsearch.pipelines.publish import publish_results
+
+    run = tmp_path / "run"
+    (run / "heldout").mkdir(parents=True)
+    (run / "heldout" / "summary.json").write_text("{}")
+    for seed in ("seed-1", "seed-2"):
+        (run / seed / "grpo1").mkdir(parents=True)
+        (run / seed / "grpo1" / "train_log.jsonl").write_text('{"step": 1}\n')
+    stop = '{"step": 8, "reason": "ADD took more than 95% of the greedy evaluation\'s ops"}'
+    (run / "seed-2" / "grpo1" / "collapse.json").write_text(stop)
+    written = publish_results(run, tmp_path / "results")
+    names = sorted(str(p.relative_to(tmp_path / "results")) for p in written)
+    assert names == ["seed-1/grpo1/train_log.jsonl", "seed-2/grpo1/collapse.json", "seed-2/grpo1/train_log.jsonl",
+                     "summary.json"]
+    assert (tmp_path / "results" / "seed-2" / "grpo1" / "collapse.json").read_text() == stop

@@ -7,11 +7,13 @@ the files they come from. Nothing is computed or typed here: every file is the r
 What a reader needs to check each claim, nothing more (docs/design.md §11): ``report.md``,
 ``report.json``, ``curves.png``, ``heldout/summary.json`` as ``summary.json``,
 ``invocations.jsonl`` (every resolved config the run was started with), each trainer's
-``train_log.jsonl`` (the curves), and each held-out and matrix run's per-question metrics as
-``metrics.jsonl.gz`` (gzip, mtime 0: the same run gives the same bytes), from which every paired
-difference can be recomputed (``scripts/compare_matrix_runs.py`` and ``memsearch.eval.run_diff``
-read it). Stage records, per-run configs and summaries (the report and summary.json hold them),
-trajectories, checkpoints and weights stay in the run.
+``train_log.jsonl`` (the curves), a GRPO stage's ``collapse.json`` where the collapse guard
+stopped it (the evidence behind the report's "Stages the collapse guard stopped"), and each
+held-out and matrix run's per-question metrics as ``metrics.jsonl.gz`` (gzip, mtime 0: the same
+run gives the same bytes), from which every paired difference can be recomputed
+(``scripts/compare_matrix_runs.py`` and ``memsearch.eval.run_diff`` read it). Stage records,
+per-run configs and summaries (the report and summary.json hold them), trajectories,
+checkpoints and weights stay in the run.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def publish_results(run: str | Path, dest: str | Path) -> list[Path]:
     for trainer in ("sft", "grpo1", "sft2", "grpo2"):
         for seed in sorted(run.glob("seed-*")):
             pairs.append((seed / trainer / "train_log.jsonl", dest / seed.name / trainer / "train_log.jsonl"))
+            pairs.append((seed / trainer / "collapse.json", dest / seed.name / trainer / "collapse.json"))
     held = sorted(run.glob("heldout/*/")) + sorted(run.glob("seed-*/heldout/*/")) + sorted(run.glob("seed-*/matrix/*/"))
     pairs += [(h / "metrics.jsonl", dest / h.relative_to(run) / "metrics.jsonl.gz") for h in held]
     written = []
