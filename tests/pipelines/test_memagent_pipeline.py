@@ -248,7 +248,7 @@ def test_recipe_config_holds_the_memagent_settings():
     assert load_config(MEMAGENT, ['train.credit="share"'], model=MemAgentPipeline).grpo_config("x").credit == "share"
     p = cfg.episode.prompts
     assert p.initial_memory and "{chunk}" in p.overwrite_update and "\\boxed{{answer}}" in p.overwrite_final
-    # `memsearch eval --config configs/memagent.toml` runs the recipe's agent: the [episode] tables
+    # `memsearch eval run --config configs/memagent.toml` runs the recipe's agent: the [episode] tables
     run = load_run_config(MEMAGENT, ["budgets.max_chunks=3"])
     assert isinstance(run, RunConfig) and run.budgets.max_chunks == 3 and run.tokenizer == "embedded"
     assert run.backends.reader.kind == "hf" and run.prompts == cfg.episode.prompts

@@ -36,7 +36,7 @@ def load_run_config(path: str | Path, overrides: list[str] | None = None) -> Run
     """The run config in a file that ``memsearch eval`` / ``matrix`` accept: a run config, or a
     pipeline config (``pipeline = ...``), whose ``[episode]`` is its run config, filled from
     ``model`` as the pipeline fills it (``episode_table``). ``--set`` keys address the run config
-    itself (``budgets.max_chunks=3``), so ``memsearch eval --config configs/memagent.toml`` runs
+    itself (``budgets.max_chunks=3``), so ``memsearch eval run --config configs/memagent.toml`` runs
     the recipe's agent. It lives here, not in ``memsearch.config``, so that the bottom layer never
     has to know the pipelines above it (docs/design.md §11)."""
     return config_from_tables(run_config_tables(path), overrides, RunConfig, str(path))

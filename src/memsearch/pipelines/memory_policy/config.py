@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from memsearch.config import BackendConfig, KeyProblems, Matrix, RunConfig, StrictConfig
 from memsearch.pipelines.config import PipelineReport, validated
+from memsearch.pipelines.stages import OnCollapse
 from memsearch.train.config import GRPOConfig, SFTConfig
 
 # Trainer fields the pipeline sets itself: the model, data, role, seed and episode come from the
@@ -190,7 +191,7 @@ class MemoryPolicyPipeline(StrictConfig):
     report: PipelineReport = Field(
         default_factory=PipelineReport, description="Paired bootstrap settings of the report"
     )
-    on_collapse: Literal["stop", "score_last_checkpoint"] = Field(
+    on_collapse: OnCollapse = Field(
         "stop",
         description="What a stop of a GRPO stage's collapse guard does: 'stop' ends the pipeline (CollapseError); "
         "'score_last_checkpoint' finishes the stage with its newest checkpoint's adapter (the policy at the stop when "
