@@ -242,8 +242,7 @@ def grpo_stage(folder: Path, record: Path, grpo: Any, upstream: dict[str, Any], 
     except CollapseError:
         if on_collapse != "score_last_checkpoint":
             raise
-        stage = Stage(folder, folder.name, {"grpo": grpo.model_dump(mode="json"), **upstream}, record)
-        return finish_stopped_by_guard(folder, stage, echo)
+        return finish_stopped_by_guard(folder, _trainer_record(folder, record, "grpo", grpo, upstream), echo)
 
 
 def finish_stopped_by_guard(folder: Path, stage: Stage, echo=print) -> Path:
@@ -278,10 +277,16 @@ def sft_stage(folder: Path, record: Path, sft: Any, upstream: dict[str, Any], ec
     return _trainer_stage(folder, record, "sft", sft, upstream, train_sft, "LoRA SFT", echo)
 
 
+def _trainer_record(folder: Path, record: Path, key: str, cfg: Any, upstream: dict[str, Any]) -> Stage:
+    """A trainer stage's record, fingerprinted by its trainer config and what it was made from
+    (one definition: the stage that trains and the one that finishes a guard stop must agree)."""
+    return Stage(folder, folder.name, {key: cfg.model_dump(mode="json"), **upstream}, record)
+
+
 def _trainer_stage(
     folder: Path, record: Path, key: str, cfg: Any, upstream: dict[str, Any], train, label: str, echo, around=None
 ) -> Path:
-    stage = Stage(folder, folder.name, {key: cfg.model_dump(mode="json"), **upstream}, record)
+    stage = _trainer_record(folder, record, key, cfg, upstream)
     if stage.done():
         _check_adapter(folder, stage)
         echo(f"{folder.name}: done ({folder})")
