@@ -349,3 +349,74 @@ def test_closed_backend_returns_errors():
 
     (result,) = run(go())
     assert result.finish_reason == "error"
+
+
+def _branches(question: str, seeds, **sampling) -> list[GenerationRequest]:
+    """The requests of one state group: one prompt, a seed each."""
+    return [ask(question, temperature=1.0, seed=s, **sampling) for s in seeds]
+
+
+@pytest.mark.slow
+def test_shared_prompts_are_prefilled_once_and_sample_as_alone(backend):
+    """Four requests with one prompt (a GRPO state group) and one other: one prefill row for the
+    four, and every row's tokens and log-probs those of a backend that prefills each alone."""
+    from memsearch.backends.hf.backend import HFBackend
+
+    requests = _branches(QUESTIONS[3], (1, 2, 3, 4), max_tokens=12) + [ask(QUESTIONS[6], temperature=1.0, seed=5,
+                                                                           max_tokens=12)]
+    unshared = HFBackend("embedded", device="cpu", max_batch_size=16, share_prompts=False)
+    try:
+        reference = unshared.generate_sync(requests)
+    finally:
+        run(unshared.aclose())
+    before = backend.stats()
+    shared = backend.generate_sync(requests)
+    after = backend.stats()
+    lengths = [len(r.prompt_ids) for r in shared]
+    assert after["prompt_tokens"] - before["prompt_tokens"] == sum(lengths)
+    assert after["prefill_tokens"] - before["prefill_tokens"] == lengths[0] + lengths[4]  # the shared one once
+    for got, ref in zip(shared, reference, strict=True):
+        assert got.ok and got.completion_ids == ref.completion_ids
+        assert got.logprobs == pytest.approx(ref.logprobs, abs=LOGPROB_TOL)
+    assert len({r.completion_ids for r in shared[:4]}) > 1  # their own seeds: the branches differ
+
+
+@pytest.mark.slow
+def test_a_prompt_stored_in_the_run_serves_requests_that_join_later():
+    """Batch of 2: the other two branches join when rows finish, from the run's prompt store (no
+    second prefill); the store is empty once the run ends (the weights may change before the next)."""
+    from memsearch.backends.hf.backend import HFBackend
+
+    requests = _branches(QUESTIONS[0], (11, 12, 13, 14), max_tokens=6)
+    b = HFBackend("embedded", device="cpu", max_batch_size=2)
+    ref = HFBackend("embedded", device="cpu", max_batch_size=2, share_prompts=False)
+    try:
+        got = b.generate_sync(requests)
+        want = ref.generate_sync(requests)
+        stats = b.stats()
+        assert stats["prefill_tokens"] == len(got[0].prompt_ids)  # one prefill for four requests
+        assert stats["prefills"] == 1 and ref.stats()["prefills"] == 2
+        assert len(b.decoder._prompts) == 0
+        for g, w in zip(got, want, strict=True):
+            assert g.completion_ids == w.completion_ids
+            assert g.logprobs == pytest.approx(w.logprobs, abs=LOGPROB_TOL)
+    finally:
+        run(b.aclose())
+        run(ref.aclose())
+
+
+def test_prompt_store_keeps_the_newest_prompts_within_its_token_bound():
+    from memsearch.backends.hf.kv_cache import PromptStore
+
+    store = PromptStore(max_tokens=10)
+    kv = [(torch.zeros(1, 1, 4, 2), torch.zeros(1, 1, 4, 2))]
+    store.put((1, 2, 3, 4), kv, torch.zeros(3))
+    store.put((5, 6, 7, 8), kv, torch.zeros(3))
+    assert (1, 2, 3, 4) in store
+    store[(1, 2, 3, 4)]  # used: the other one is now the oldest
+    store.put((9, 9, 9, 9), kv, torch.zeros(3))
+    assert (5, 6, 7, 8) not in store and (1, 2, 3, 4) in store and store.tokens == 8
+    store.put(tuple(range(11)), kv, torch.zeros(3))  # longer than the bound: not kept
+    assert len(store) == 2
+    store.clear()
+    assert len(store) == 0 and store.tokens == 0

@@ -45,6 +45,7 @@ def main(out: str, mode: str, backend: str = "") -> None:
         seconds = float(mode.split(":")[1])
         td.init_process_group(backend="gloo")
         dist = Dist.from_env(timeout_s=2.0, wait_s=8.0)
+        dist.barrier()  # both clocks start together (up to the barrier's own skew)
         t0 = time.perf_counter()
         if dist.main:
             time.sleep(seconds)  # rank 0 alone, e.g. evaluating

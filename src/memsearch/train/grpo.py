@@ -7,9 +7,12 @@ One step, top to bottom (``train_grpo``):
 
 1. take this step's tasks (a seeded permutation per epoch; rank r takes every world-th one);
 2. roll out ``group_size`` episodes per task with the *same* engine as evaluation
-   (``run_episode``), the trained role(s) answered by an ``hf`` backend that holds the live LoRA
-   policy (sampling at ``temperature``, a distinct seed per step / rollout / task / call), the
-   other roles by whatever backend the episode config names (rules, a frozen stage-1 model...);
+   (``run_episode``), the trained role(s) answered by an ``hf`` backend that holds the policy
+   as it is at this step, merged into a plain copy of the base (``policy.MergedSampler``:
+   inference mode, no dropout, no LoRA layers), one batcher for every concurrent episode, the
+   branches of one state prefilled once (``hf_decoder``, "Shared prompts"); sampling at
+   ``temperature``, a distinct seed per step / rollout / task / call; the other roles by
+   whatever backend the episode config names (rules, a frozen stage-1 model...);
 3. reward each trajectory (``reward.trajectory_reward``); with ``dynamic_sampling``, groups whose
    rewards are all equal are replaced by other tasks (``dynamic_sampling``); advantage per
    trajectory inside its group, expanded to its rows without dropping any (``rows.build_batch``);
@@ -26,7 +29,8 @@ scheduler, RNG, data position are functions of the step; a damaged one is named 
 (``train.finite``). The old log-probs of the ratio are
 the trainer's own dropout-free forward pass before the first optimizer step (with one step per
 batch, the detached new log-probs: the ratio is exactly 1); the rollout log-probs are kept and
-their largest deviation from that recomputation is logged (``logprob_mismatch``).
+their largest deviation from that recomputation, over the tokens in the loss, is logged
+(``logprob_mismatch``: float round-off, < 1e-4 in float32, when sampler and trainer agree).
 """
 
 from __future__ import annotations
@@ -226,7 +230,8 @@ def _backward(model, sub, fixed: _FixedLogprobs, key: tuple[int, int], cfg: GRPO
     weights = torch.tensor([r.weight for r in sub], device=scored.logprobs.device)
     loss_sum, st = policy_loss(scored.logprobs, old_lp, adv, scored.mask, weights, cfg.clip_low, cfg.clip_high,
                                fixed.ref.get(key), cfg.kl_coef, cfg.dual_clip)
-    loss_sum.backward()
+    if loss_sum.requires_grad:  # else every token is forced by the schema or out of the loss: no gradient
+        loss_sum.backward()
     if tally is None:
         return
     tally.consumed += len(sub)
@@ -298,13 +303,20 @@ class _FirstEpoch:
 
 
 def _mismatch(logprobs: torch.Tensor, rows) -> float:
-    """Largest |recomputed - rollout| log-prob over the rows' completion tokens (right-aligned)."""
+    """Largest |recomputed - rollout| log-prob over the rows' completion tokens in the loss
+    (right-aligned). A token out of the loss (``loss_mask`` 0: ``mask_invalid_decisions``) has no
+    recomputed log-prob (``masked_logprobs`` writes 0 there) and is not compared: until 2026-12
+    it was, and the logged figure was the size of a masked token's rollout log-prob, not a gap
+    between sampler and trainer (docs/training.md, "logprob_mismatch")."""
     worst, c_max = 0.0, logprobs.shape[1]
     for k, row in enumerate(rows):
         c = len(row.completion_ids)
         if c:
             got = logprobs[k, c_max - c :].detach().cpu()
-            worst = max(worst, float((got - torch.tensor(row.rollout_logprobs)).abs().max()))
+            keep = torch.tensor(row.loss_mask, dtype=torch.bool)
+            if bool(keep.any()):
+                gap = (got - torch.tensor(row.rollout_logprobs, dtype=got.dtype)).abs()[keep]
+                worst = max(worst, float(gap.max()))
     return worst
 
 
@@ -314,9 +326,10 @@ class Rollouts:
     Owns its shared parts (``engine.environment``) and the policy backend; ``close`` closes the
     backends (the policy's included, not the model it wraps)."""
 
-    def __init__(self, cfg: GRPOConfig, dataset, policy, tokenizer) -> None:
+    def __init__(self, cfg: GRPOConfig, dataset, policy, tokenizer, fast: bool = True) -> None:
         from memsearch.backends.hf.backend import HFBackend
         from memsearch.engine.environment import build_shared
+        from memsearch.train.policy import MergedSampler
 
         self.cfg = cfg
         self.trained = set(TRAINED_CALL_ROLES[cfg.role])
@@ -324,12 +337,16 @@ class Rollouts:
         # shared service (rollout workers on many nodes searching one index).
         self.shared = build_shared(cfg.episode, dataset, leave_out=self.trained)
         self.generated = 0  # completions of the trained roles in the last ``run`` (counted by the backend)
+        # fast: sample from the merged copy, branches of one state prefilled once (module doc);
+        # off, from the PEFT model with every prompt prefilled: the reference the tests compare with.
+        self.sampler = MergedSampler(policy, cfg.model, next(policy.parameters()).device, cfg.dtype) if fast else None
         self.policy_backend = HFBackend(
             model=cfg.model,
-            loaded=(policy, tokenizer),
+            loaded=(self.sampler.model if fast else policy, tokenizer),
             max_batch_size=cfg.max_batch_size,
             seed=cfg.seed,
             name="hf-policy",
+            share_prompts=fast,
         )
         self.backends = self.shared.backends_with({role: self.policy_backend for role in self.trained})
 
@@ -352,6 +369,8 @@ class Rollouts:
         """``group_size`` trajectories per task, grouped by task (task order, then rollout index)."""
         from memsearch.engine.episode import run_episode
 
+        if self.sampler is not None:
+            self.sampler.refresh()  # the adapter as it is at this step
         envs = [
             self.shared.environment(self.config_for(step, k, round_), "grpo", answered_by=self.backends,
                                     branches=self.cfg.state_group_size if self.cfg.credit == "state" else 1)
@@ -406,8 +425,11 @@ def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path) -> dict[str, Any]:
     return record
 
 
-def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=print) -> dict[str, Any]:
-    """Train (or resume) a GRPO run into ``out``; returns the final summary."""
+def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=print,
+               fast_rollouts: bool = True) -> dict[str, Any]:
+    """Train (or resume) a GRPO run into ``out``; returns the final summary. ``fast_rollouts``
+    off samples from the PEFT policy itself with every prompt prefilled (``Rollouts``): slower,
+    the same run up to float round-off, kept to check that claim."""
     from memsearch.data.dataset import load_dataset
     from memsearch.train.policy import load_policy, make_optimizer, save_adapter
     from memsearch.train.reward import trajectory_reward
@@ -443,7 +465,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             drop_lost_steps(out, start, dist)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         mask_fn = _mask_fn(tokenizer) if cfg.schema_mode else None
-        rollouts = Rollouts(cfg, dataset, policy, tokenizer)
+        rollouts = Rollouts(cfg, dataset, policy, tokenizer, fast=fast_rollouts)
         log = TrainLog(out, enabled=dist.main, resume_step=start if resume else None)
         guard = guard_for_run(cfg.collapse_guard, out, start, dist)
         if cfg.eval.data and cfg.eval.at_start and start == 0:

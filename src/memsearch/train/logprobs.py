@@ -9,8 +9,10 @@ row lines up with the logits window.
 Log-probs are taken under the distribution the rollout sampled from: logits divided by the
 sampling temperature and, for schema-mode rows, restricted to the tokens the constraint allowed
 at that position (the mask is replayed from the constraint and the completion ids), then
-renormalized. With the same weights in fp32 they equal the rollout log-probs up to float
-round-off (batching and padding change summation order; ``tests/train`` states the tolerance).
+renormalized. The LM head runs only at the positions whose log-prob is needed
+(``scored_positions``): not over the prompt, not at a token the schema forces. With the same
+weights in fp32 they equal the rollout log-probs up to float round-off (batching and padding
+change summation order; ``tests/train`` states the tolerance).
 """
 
 from __future__ import annotations
@@ -79,55 +81,107 @@ def completion_logprobs(
         ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
         attn[i, width - len(seq):] = 1
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
-    ids, attn, positions = ids.to(device), attn.to(device), positions.to(device)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False, logits_to_keep=c_max + 1)
-    # Window position k predicts the token at padded position width - c_max + k: the first
-    # c_max positions of the window predict the right-aligned completion columns.
-    return masked_logprobs(out.logits[:, :c_max, :].float(), rows, c_max, temperature, mask_fn, with_entropy)
+    # Right-aligned column j of every row is predicted by padded position width - c_max - 1 + j.
+    index_b = torch.arange(len(rows))[:, None].expand(len(rows), c_max)
+    index_t = (width - c_max - 1 + torch.arange(c_max))[None, :].expand(len(rows), c_max)
+    inputs = {"input_ids": ids.to(device), "attention_mask": attn.to(device), "position_ids": positions.to(device)}
+    return scored_positions(model, inputs, index_b, index_t, rows, c_max, temperature, mask_fn, with_entropy)
 
 
-def masked_logprobs(logits: torch.Tensor, rows: Sequence[Row], c_max: int, temperature: float,
-                    mask_fn: MaskFn | None, with_entropy: bool) -> Scored:
-    """Log-probs (and entropies) of the rows' completion tokens from (rows, C, V) logits that
-    predict them, right-aligned: temperature, the replayed schema mask, then log-softmax."""
-    device = logits.device
+def scored_positions(model, inputs: dict[str, torch.Tensor], index_b: torch.Tensor, index_t: torch.Tensor,
+                     rows: Sequence[Row], c_max: int, temperature: float, mask_fn: MaskFn | None,
+                     with_entropy: bool) -> Scored:
+    """Log-probs (and entropies) of the rows' completion tokens, right-aligned (rows, C), from one
+    forward pass of ``model`` over ``inputs``; (``index_b``, ``index_t``)[i, j] is the position
+    whose logits predict row i's column j.
+
+    The distribution is the one the rollout sampled from: logits / temperature, the replayed
+    schema mask, log-softmax. The LM head runs only where a log-prob is needed: at tokens in the
+    loss (``loss_mask``) whose position allows more than one token. A token the schema forces
+    (one allowed token, the one taken) has log-prob exactly 0 under the renormalized
+    distribution, entropy 0 and no gradient, so it is written as 0 without computing the
+    vocabulary-wide logits; a token out of the loss reads 0 as before. Models whose logits are
+    not a plain head over the decoder's last hidden state (``_head``) compute every logit and
+    take the same positions from them.
+    """
+    device = next(model.parameters()).device
     targets = torch.zeros((len(rows), c_max), dtype=torch.long)
     loss_mask = torch.zeros((len(rows), c_max), dtype=torch.bool)
+    need = torch.zeros((len(rows), c_max), dtype=torch.bool)
+    allowed_rows = []  # (V,) bool masks of the needed positions of constrained rows, in order
     for i, row in enumerate(rows):
         c = len(row.completion_ids)
-        if c:
-            targets[i, c_max - c:] = torch.tensor(row.completion_ids, dtype=torch.long)
-            loss_mask[i, c_max - c:] = torch.tensor(row.loss_mask, dtype=torch.bool)
-    targets, loss_mask = targets.to(device), loss_mask.to(device)
+        if not c:
+            continue
+        targets[i, c_max - c:] = torch.tensor(row.completion_ids, dtype=torch.long)
+        in_loss = torch.tensor(row.loss_mask, dtype=torch.bool)
+        loss_mask[i, c_max - c:] = in_loss
+        allowed = mask_fn(row) if mask_fn is not None and row.constraint_id else None
+        if allowed is None:
+            need[i, c_max - c:] = in_loss
+            continue
+        if allowed.shape[0] != c:
+            raise ValueError(f"constraint mask has {allowed.shape[0]} positions for {c} completion tokens")
+        ids = torch.tensor(row.completion_ids, dtype=torch.long)
+        in_vocab = ids < allowed.shape[1]
+        target_allowed = allowed.gather(1, ids.clamp(max=allowed.shape[1] - 1)[:, None])[:, 0] & in_vocab
+        forced = (allowed.sum(-1) == 1) & target_allowed
+        keep = in_loss & ~forced
+        need[i, c_max - c:] = keep
+        allowed_rows.append((i, allowed[keep]))
+    sel_i, sel_j = need.nonzero(as_tuple=True)
+    logits = _logits_at(model, inputs, index_b[sel_i, sel_j].to(device), index_t[sel_i, sel_j].to(device)).float()
     if temperature != 1.0:
         logits = logits / temperature
-    if mask_fn is not None:
-        allowed = _allowed(rows, mask_fn, c_max, logits.shape[-1], device)
-        if allowed is not None:
-            logits = logits.masked_fill(~allowed, float("-inf"))
+    if allowed_rows:
+        vocab = logits.shape[-1]
+        allowed = torch.ones((len(sel_i), vocab), dtype=torch.bool)
+        constrained = dict(allowed_rows)
+        start = 0
+        for i in sel_i.unique_consecutive().tolist():  # nonzero walks rows in order
+            n = int(need[i].sum())
+            if i in constrained:
+                m = constrained[i]
+                block = torch.zeros((n, vocab), dtype=torch.bool)
+                block[:, : min(vocab, m.shape[1])] = m[:, :vocab]
+                allowed[start : start + n] = block
+            start += n
+        logits = logits.masked_fill(~allowed.to(device), float("-inf"))
     logp = torch.log_softmax(logits, dim=-1)
-    token_lp = logp.gather(-1, targets[..., None])[..., 0]
-    token_lp = torch.where(loss_mask, token_lp, torch.zeros_like(token_lp))
+    picked = logp.gather(-1, targets[sel_i, sel_j].to(device)[:, None])[:, 0]
+    flat = (sel_i * c_max + sel_j).to(device)
+    token_lp = torch.zeros(len(rows) * c_max, device=device, dtype=picked.dtype).index_put((flat,), picked)
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = torch.special.entr(logp.exp()).sum(-1) * loss_mask
-    return Scored(token_lp, loss_mask, entropy)
+            ent = torch.special.entr(logp.exp()).sum(-1)
+            entropy = torch.zeros(len(rows) * c_max, device=device, dtype=ent.dtype).index_put((flat,), ent)
+            entropy = entropy.view(len(rows), c_max)
+    return Scored(token_lp.view(len(rows), c_max), loss_mask.to(device), entropy)
 
 
-def _allowed(rows: Sequence[Row], mask_fn: MaskFn, c_max: int, vocab: int, device) -> torch.Tensor | None:
-    """(rows, C, V) allowed-token masks, right-aligned; None when no row has a constraint."""
-    per_row = [mask_fn(r) if r.constraint_id else None for r in rows]
-    if all(m is None for m in per_row):
-        return None
-    allowed = torch.ones((len(rows), c_max, vocab), dtype=torch.bool, device=device)
-    for i, m in enumerate(per_row):
-        if m is None:
-            continue
-        c = len(rows[i].completion_ids)
-        if m.shape[0] != c:
-            raise ValueError(f"constraint mask has {m.shape[0]} positions for {c} completion tokens")
-        block = torch.zeros((c, vocab), dtype=torch.bool, device=device)
-        block[:, : min(vocab, m.shape[1])] = m[:, :vocab].to(device)
-        allowed[i, c_max - c:] = block
-    return allowed
+def _logits_at(model, inputs: dict[str, torch.Tensor], index_b: torch.Tensor, index_t: torch.Tensor) -> torch.Tensor:
+    """(N, V) logits of the positions (``index_b``, ``index_t``) of one forward pass over ``inputs``."""
+    parts = _head(model)
+    if parts is None:
+        out = model(**inputs, use_cache=False)
+        return out.logits[index_b, index_t]
+    body, head = parts
+    hidden = body(**inputs, use_cache=False).last_hidden_state
+    return head(hidden[index_b, index_t])
+
+
+def _head(model):
+    """``(decoder, lm_head)`` of a causal LM whose logits are exactly ``lm_head(decoder(x))``
+    (the plain-head models of ``backends.hf.decoder``), under a PEFT wrapper or not; None
+    otherwise. The LoRA layers live inside the decoder's modules, so calling the decoder keeps
+    the active adapter (the trained one, the frozen reference, or none)."""
+    from memsearch.backends.hf.decoder import PLAIN_HEAD_MODELS
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    body = getattr(base, "model", None)
+    if (getattr(base.config, "model_type", None) in PLAIN_HEAD_MODELS and type(base).__name__.endswith("ForCausalLM")
+            and isinstance(head, torch.nn.Linear) and head.bias is None and body is not None):
+        return body, head
+    return None

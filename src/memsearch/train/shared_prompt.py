@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from memsearch.train.logprobs import MaskFn, Scored, masked_logprobs
+from memsearch.train.logprobs import MaskFn, Scored, scored_positions
 from memsearch.train.rows import Row
 
 
@@ -96,8 +96,7 @@ def shared_completion_logprobs(model, rows: Sequence[Row], pad_id: int, temperat
     allowed |= torch.eye(width, dtype=torch.bool)
     dtype = next(model.parameters()).dtype
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
-    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                use_cache=False)
+    inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device), "position_ids": positions.to(device)}
     # Completion token j of a row is predicted by the position before it: the prompt's last
     # position for j = 0, else the row's own token j - 1. Gathered into the (rows, C) layout.
     index_b = torch.zeros((len(rows), c_max), dtype=torch.long)
@@ -109,5 +108,4 @@ def shared_completion_logprobs(model, rows: Sequence[Row], pad_id: int, temperat
             index_b[i, c_max - c:] = b
             index_t[i, c_max - c] = p - 1
             index_t[i, c_max - c + 1:] = torch.arange(at, at + c - 1)
-    logits = out.logits[index_b.to(device), index_t.to(device)].float()
-    return masked_logprobs(logits, rows, c_max, temperature, mask_fn, with_entropy)
+    return scored_positions(model, inputs, index_b, index_t, rows, c_max, temperature, mask_fn, with_entropy)

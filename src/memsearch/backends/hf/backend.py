@@ -60,6 +60,10 @@ class HFBackend:
         ignore_eos: keep generating past EOS until ``max_tokens`` (benchmarks only).
         seed: seeds the stream that unseeded sampled requests draw from.
         name: the backend's name in records.
+        share_prompts: requests with the same prompt ids share one prefill (their KV cache is
+            copied), also across admissions while ``prompt_store_tokens`` prompt tokens fit in
+            the decode run's prompt store (``hf_decoder``, "Shared prompts"). Exact up to float
+            round-off; off only to measure it.
         loaded: ``(model, tokenizer)`` already in memory (e.g. the trainer's LoRA policy, whose
             weights change between rollouts): used as is; ``model`` is then only a label.
 
@@ -82,6 +86,8 @@ class HFBackend:
         merge_adapter: bool = True,
         seed: int = 0,
         name: str = "hf",
+        share_prompts: bool = True,
+        prompt_store_tokens: int = 8192,
         loaded: tuple[Any, Any] | None = None,
     ) -> None:
         from memsearch.backends.hf.model import load_model
@@ -108,6 +114,8 @@ class HFBackend:
             prefill_pad_waste=prefill_pad_waste,
             ignore_eos=ignore_eos,
             seed=seed,
+            share_prompts=share_prompts,
+            prompt_store_tokens=prompt_store_tokens,
         )
         self._inbox: queue.Queue[Job] = queue.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -280,7 +288,10 @@ class HFBackend:
         idle decoder; requests joining a running batch don't add one); ``prefills`` and
         ``decode_steps`` (batched forward passes); ``rows_decoded`` (rows summed over decode
         steps) and ``mean_rows``; ``max_rows`` (most rows in one pass); ``prompt_tokens``,
-        ``completion_tokens``, ``errors``; ``prefill_s``/``decode_s`` (wall time)."""
+        ``completion_tokens``, ``errors``; ``prefill_s``/``decode_s`` (wall time) and ``pick_s``,
+        their part spent choosing tokens (schema masks, sampling, constraint state);
+        ``prefill_tokens``, the prompt tokens run through the model (``prompt_tokens`` less
+        those of shared prompts)."""
         s = dict(self.decoder.stats)
         s["mean_rows"] = s["rows_decoded"] / s["decode_steps"] if s["decode_steps"] else 0.0
         return s

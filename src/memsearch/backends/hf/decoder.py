@@ -23,6 +23,16 @@ Batching
       (Models whose cache is not a plain full-attention cache, e.g. sliding-window layers,
       decode in closed batches: new rows wait for the running batch to end.)
 
+    Shared prompts (``share_prompts``, on by default): requests with the same prompt ids (the
+    branches of one GRPO state group, the first calls of one task's rollouts) are prefilled as
+    one row whose KV cache and last logits every one of them copies; each then samples on its
+    own (its own seed). A prompt prefilled earlier in the same run is not prefilled again while
+    ``PromptStore`` still holds it (``prompt_store_tokens``, least recently used out), so branches
+    that join a full batch later reuse it too. The store is emptied when a run ends, since the
+    weights may change between runs. The rows' logits are those of a fresh prefill up to float
+    round-off (another batch, other padding), so sampled tokens and log-probs do not change.
+    ``stats()["prefill_tokens"]`` counts the prompt tokens actually computed.
+
     Sampling parameters are applied per row, so requests with different temperature, top-p,
     seed, max_tokens or stop strings share a batch.
 
@@ -83,13 +93,13 @@ from typing import Any
 import torch
 
 from memsearch.backends.base import GenerationRequest, GenerationResult, SamplingParams, Usage
-from memsearch.backends.hf.kv_cache import slab_layer_class
+from memsearch.backends.hf.kv_cache import PromptStore, StoredPrompt, slab_layer_class
 
 log = logging.getLogger(__name__)
 
 
 # Causal LMs whose forward computes logits as a plain ``lm_head(hidden)``.
-_PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3"})
+PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3"})
 
 
 @dataclass(eq=False)
@@ -164,6 +174,8 @@ class BatchDecoder:
         prefill_pad_waste: float = 0.1,
         ignore_eos: bool = False,
         seed: int = 0,
+        share_prompts: bool = True,
+        prompt_store_tokens: int = 8192,
     ) -> None:
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
@@ -174,6 +186,7 @@ class BatchDecoder:
         self.max_prefill_tokens = max_prefill_tokens
         self.prefill_pad_waste = prefill_pad_waste
         self.ignore_eos = ignore_eos
+        self.share_prompts = share_prompts
         self.device = next(model.parameters()).device
         config = model.config
         self.context = int(getattr(config, "max_position_embeddings", 0) or 0) or 1 << 30
@@ -198,7 +211,7 @@ class BatchDecoder:
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         body = getattr(model, "model", None)
         if (
-            getattr(config, "model_type", None) in _PLAIN_HEAD_MODELS
+            getattr(config, "model_type", None) in PLAIN_HEAD_MODELS
             and type(model).__name__.endswith("ForCausalLM")
             and isinstance(head, torch.nn.Linear)
             and head.bias is None
@@ -211,6 +224,9 @@ class BatchDecoder:
         # others (sliding-window, linear-attention layers) decode in closed batches.
         layers = DynamicCache(config=config).layers
         self._mergeable = bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+        # Prompt KV caches of this run, for requests that come later with the same prompt (only
+        # where caches can be stacked; emptied when the run ends: ``run``).
+        self._prompts = PromptStore(prompt_store_tokens if share_prompts and self._mergeable else 0)
         self._lock = threading.Lock()
         # The event loop encodes prompts while the worker thread decodes completions; the Rust
         # tokenizer can refuse concurrent use ("Already borrowed"), so both take this lock.
@@ -223,11 +239,15 @@ class BatchDecoder:
             "decode_steps": 0,  # batched one-token forward passes
             "rows_decoded": 0,  # sum of rows over decode steps
             "max_rows": 0,  # most rows in one forward pass
-            "prompt_tokens": 0,
+            "prompt_tokens": 0,  # prompt tokens of the requests admitted
+            "prefill_tokens": 0,  # prompt tokens run through the model (shared prompts count once)
             "completion_tokens": 0,
             "errors": 0,
             "prefill_s": 0.0,  # wall time in prefill passes (incl. sampling the first token)
             "decode_s": 0.0,  # wall time in decode steps (incl. sampling)
+            # of prefill_s + decode_s: choosing tokens (schema masks, sampling) and advancing
+            # each row's constraint state, i.e. everything but the model's forward pass
+            "pick_s": 0.0,
         }
 
     # ----------------------------------------------------------------- public
@@ -252,7 +272,10 @@ class BatchDecoder:
 
     def run(self, take: Callable[[int], list[Job]], done: Callable[[Job, GenerationResult], None]) -> None:
         with self._lock, torch.inference_mode():
-            self._run(take, done)
+            try:
+                self._run(take, done)
+            finally:  # the weights may change before the next run: no stored prompt outlives this one
+                self._prompts.clear()
 
     # ------------------------------------------------------------ the loop
     def _run(self, take, done) -> None:
@@ -320,8 +343,10 @@ class BatchDecoder:
         self.stats["rows_decoded"] += len(rows)
         self.stats["max_rows"] = max(self.stats["max_rows"], len(rows))
         state.positions = state.positions + 1
+        t_pick = time.perf_counter()
         tokens, lps = self._choose(logits, rows)
         keep = self._advance(rows, tokens, lps, done)
+        self.stats["pick_s"] += time.perf_counter() - t_pick
         state.last = torch.tensor(tokens, device=self.device)
         state = self._select(state, keep)
         self.stats["decode_s"] += time.perf_counter() - t_step
@@ -360,13 +385,51 @@ class BatchDecoder:
 
     def _prefill_all(self, jobs: list[Job], done) -> list[_Batch]:
         """Prefill new jobs: sorted by length, in chunks that keep padding waste small and the
-        padded size under ``max_prefill_tokens`` (one chunk when caches cannot be merged)."""
+        padded size under ``max_prefill_tokens`` (one chunk when caches cannot be merged). With
+        ``share_prompts``, jobs with the same prompt ids are one prefill row, and a prompt whose
+        KV cache this run already holds is not prefilled again (module doc, "Shared prompts")."""
         live = sorted((j for j in jobs if not j.cancelled()), key=lambda j: len(j.prompt_ids))
-        chunks: list[list[Job]] = []
-        chunk: list[Job] = []
-        real = 0
+        groups: dict[tuple[int, ...], list[Job]] = {}
         for job in live:
-            n = len(job.prompt_ids)  # the longest so far: jobs come sorted
+            groups.setdefault(tuple(job.prompt_ids) if self.share_prompts else (id(job),), []).append(job)
+        stored = [(self._prompts[key], members) for key, members in groups.items() if key in self._prompts]
+        fresh = [members for key, members in groups.items() if key not in self._prompts]
+        parts = []
+        for chunk in self._chunks(fresh):
+            t_part = time.perf_counter()
+            try:
+                state = self._prefill(chunk, done)
+            except Exception as exc:  # noqa: BLE001
+                for job in (j for members in chunk for j in members):
+                    if job.finish is None:
+                        self._finish_error(job, f"prefill failed: {type(exc).__name__}: {exc}", done)
+                continue
+            finally:
+                self.stats["prefill_s"] += time.perf_counter() - t_part
+            if state is not None and state.rows:
+                parts.append(state)
+        if stored:  # no forward pass, but the first tokens are chosen here: counted as prefill
+            t_part = time.perf_counter()
+            try:
+                state = self._from_stored(stored, done)
+            except Exception as exc:  # noqa: BLE001
+                state = None
+                for job in (j for _, members in stored for j in members):
+                    if job.finish is None:
+                        self._finish_error(job, f"prefill failed: {type(exc).__name__}: {exc}", done)
+            finally:
+                self.stats["prefill_s"] += time.perf_counter() - t_part
+            if state is not None and state.rows:
+                parts.append(state)
+        return parts
+
+    def _chunks(self, groups: list[list[Job]]) -> list[list[list[Job]]]:
+        """Prompt groups (sorted by prompt length) cut into prefill passes (``_prefill_all``)."""
+        chunks: list[list[list[Job]]] = []
+        chunk: list[list[Job]] = []
+        real = 0
+        for members in groups:
+            n = len(members[0].prompt_ids)  # the longest so far: groups come sorted
             padded = n * (len(chunk) + 1)
             if (
                 chunk
@@ -375,52 +438,70 @@ class BatchDecoder:
             ):
                 chunks.append(chunk)
                 chunk, real = [], 0
-            chunk.append(job)
+            chunk.append(members)
             real += n
         if chunk:
             chunks.append(chunk)
-        parts = []
-        for part in chunks:
-            t_part = time.perf_counter()
-            try:
-                state = self._prefill(part, done)
-            except Exception as exc:  # noqa: BLE001
-                for job in part:
-                    if job.finish is None:
-                        self._finish_error(job, f"prefill failed: {type(exc).__name__}: {exc}", done)
-                continue
-            finally:
-                self.stats["prefill_s"] += time.perf_counter() - t_part
-            if state is not None and state.rows:
-                parts.append(state)
-        return parts
+        return chunks
 
-    def _prefill(self, jobs: list[Job], done) -> _Batch | None:
-        length = max(len(j.prompt_ids) for j in jobs)
-        ids = torch.full((len(jobs), length), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(jobs), length), dtype=torch.bool)
-        for i, job in enumerate(jobs):
+    def _prefill(self, groups: list[list[Job]], done) -> _Batch | None:
+        """One prefill pass over the first job of each group (the jobs of a group share their
+        prompt ids); every job of a group gets a copy of its KV rows and first-token logits."""
+        reps = [members[0] for members in groups]
+        length = max(len(j.prompt_ids) for j in reps)
+        ids = torch.full((len(reps), length), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(reps), length), dtype=torch.bool)
+        for i, job in enumerate(reps):
             n = len(job.prompt_ids)
             ids[i, length - n :] = torch.tensor(job.prompt_ids, dtype=torch.long)
             mask[i, length - n :] = True
         ids, mask = ids.to(self.device), mask.to(self.device)
         position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
         cache = self._new_cache()
-        for job in jobs:
-            self._init_generator(job)
         logits = self._forward(ids, mask, position_ids, cache)
         self.stats["prefills"] += 1
-        self.stats["max_rows"] = max(self.stats["max_rows"], len(jobs))
+        self.stats["max_rows"] = max(self.stats["max_rows"], len(reps))
+        self.stats["prefill_tokens"] += sum(len(j.prompt_ids) for j in reps)
+        if self.share_prompts and self._mergeable:
+            for i, job in enumerate(reps):
+                n = len(job.prompt_ids)
+                self._prompts.put(tuple(job.prompt_ids), [(layer.keys[i : i + 1, :, length - n :].clone(),
+                                                           layer.values[i : i + 1, :, length - n :].clone())
+                                                          for layer in cache.layers], logits[i].clone())
+        jobs = [job for members in groups for job in members]
+        if len(jobs) > len(reps):  # the other jobs of a group: copies of its row
+            idx = torch.tensor([i for i, members in enumerate(groups) for _ in members], device=self.device)
+            cache.batch_select_indices(idx)
+            logits, mask, position_ids = logits[idx], mask[idx], position_ids[idx]
+        return self._start_rows(jobs, cache, mask, position_ids[:, -1] + 1, logits, done)
+
+    def _from_stored(self, stored: list[tuple[StoredPrompt, list[Job]]], done) -> _Batch | None:
+        """Rows for jobs whose prompt KV cache this run already holds (no forward pass)."""
+        jobs = [job for _, members in stored for job in members]
+        lengths = [entry.length for entry, members in stored for _ in members]
+        width = max(lengths)
+        cache = self._new_cache()
+        for i, layer in enumerate(cache.layers):
+            layer.assemble([(*entry.layers[i], width - entry.length) for entry, members in stored for _ in members], 0)
+        mask = torch.zeros((len(jobs), width), dtype=torch.bool, device=self.device)
+        for r, n in enumerate(lengths):
+            mask[r, width - n :] = True
+        logits = torch.stack([entry.logits for entry, members in stored for _ in members])
+        positions = torch.tensor(lengths, device=self.device)
+        return self._start_rows(jobs, cache, mask, positions, logits, done)
+
+    def _start_rows(self, jobs: list[Job], cache, mask: torch.Tensor, positions: torch.Tensor, logits: torch.Tensor,
+                    done) -> _Batch | None:
+        """Sample each job's first token from its prompt's last logits; the batch of the rows that go on."""
+        for job in jobs:
+            self._init_generator(job)
         self.stats["prompt_tokens"] += sum(len(j.prompt_ids) for j in jobs)
+        t_pick = time.perf_counter()
         tokens, lps = self._choose(logits, jobs)
         keep = self._advance(jobs, tokens, lps, done)
-        state = _Batch(
-            rows=list(jobs),
-            cache=cache,
-            mask=mask,
-            positions=position_ids[:, -1] + 1,
-            last=torch.tensor(tokens, device=self.device),
-        )
+        self.stats["pick_s"] += time.perf_counter() - t_pick
+        state = _Batch(rows=list(jobs), cache=cache, mask=mask, positions=positions,
+                       last=torch.tensor(tokens, device=self.device))
         return self._select(state, keep)
 
     # ------------------------------------------------------- cache surgery
@@ -456,7 +537,8 @@ class BatchDecoder:
         cache = self._new_cache()
         room = self._headroom(rows)
         for i, layer in enumerate(cache.layers):
-            layer.assemble([(p.cache.layers[i], width - p.mask.shape[1]) for p in parts], room)
+            layer.assemble([(p.cache.layers[i].keys, p.cache.layers[i].values, width - p.mask.shape[1]) for p in parts],
+                           room)
         mask = torch.zeros((len(rows), width), dtype=torch.bool, device=self.device)
         b = 0
         for p in parts:

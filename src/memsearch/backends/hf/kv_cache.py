@@ -1,10 +1,12 @@
-"""The in-place KV cache layer used by ``hf_decoder``: preallocated buffers written in place,
-so a decode step does not re-concatenate the cache."""
+"""The in-place KV cache layer used by ``hf_decoder`` (preallocated buffers written in place,
+so a decode step does not re-concatenate the cache), and the store of prompt KV caches that
+requests with the same prompt share (``PromptStore``)."""
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 
@@ -16,7 +18,7 @@ def slab_layer_class():
     ``DynamicLayer`` re-concatenates the whole cache at every step (on a 2-core CPU that copy
     was ~25% of a 16-row decode step); this one writes the new column in place. ``keys`` and
     ``values`` are views ``[start:end]`` of the buffers (SDPA reads strided views at the same
-    speed). Rows are stacked and left-padded by ``assemble`` (joining a running batch), columns
+    speed). Rows are stacked and left-padded by ``assemble`` (joining a running batch, shared prompts), columns
     nobody attends to any more are dropped with ``drop_left``.
     """
     from transformers.cache_utils import DynamicLayer
@@ -67,21 +69,22 @@ def slab_layer_class():
                 self._start = min(self._start + n, self._end)
                 self._view()
 
-        def assemble(self, parts: list[tuple[Any, int]], room: int) -> None:
-            """Become the batch-wise stack of ``parts`` = [(layer, left_pad)], each left-padded
-            with zeros to a common length, with ``room`` free columns after it."""
-            first = parts[0][0]
-            width = first.get_seq_length() + parts[0][1]
-            rows = sum(layer.keys.shape[0] for layer, _ in parts)
-            ks, vs = first.keys, first.values
+        def assemble(self, parts: list[tuple[torch.Tensor, torch.Tensor, int]], room: int) -> None:
+            """Become the batch-wise stack of ``parts`` = [(keys, values, left_pad)] (each
+            (rows, heads, length, dim)), each left-padded with zeros to a common length, with
+            ``room`` free columns after it. Used to join a running batch and to stack prompt KV
+            rows shared between requests (``hf_decoder``, "Shared prompts")."""
+            ks, vs, pad0 = parts[0]
+            width = ks.shape[-2] + pad0
+            rows = sum(k.shape[0] for k, _, _ in parts)
             self.lazy_initialization(ks, vs)
             self._k = ks.new_zeros((rows, ks.shape[1], width + room, ks.shape[-1]))
             self._v = vs.new_zeros((rows, vs.shape[1], width + room, vs.shape[-1]))
             b = 0
-            for layer, pad in parts:
-                n = layer.keys.shape[0]
-                self._k[b : b + n, :, pad:width].copy_(layer.keys)
-                self._v[b : b + n, :, pad:width].copy_(layer.values)
+            for k, v, pad in parts:
+                n = k.shape[0]
+                self._k[b : b + n, :, pad:width].copy_(k)
+                self._v[b : b + n, :, pad:width].copy_(v)
                 b += n
             self._start, self._end = 0, width
             self._view()
@@ -119,3 +122,51 @@ def slab_layer_class():
 
     return SlabLayer
 
+
+
+@dataclass
+class StoredPrompt:
+    """One prompt's KV rows (per layer: keys and values, (1, heads, length, dim)) and the
+    logits of its last position."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    logits: torch.Tensor
+    length: int
+
+
+class PromptStore:
+    """Prompt KV caches kept for reuse inside one decode run, least recently used first out.
+
+    Bounded by ``max_tokens`` prompt tokens in all (0: keeps nothing). The decoder empties it
+    when a run ends (``BatchDecoder.run``): the weights may change between runs (the GRPO
+    trainer updates its live policy between rollouts), and a KV cache of the old weights must
+    never answer a request of the new ones."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max(0, int(max_tokens))
+        self._entries: OrderedDict[tuple[int, ...], StoredPrompt] = OrderedDict()
+        self.tokens = 0
+
+    def __contains__(self, key: tuple[int, ...]) -> bool:
+        return key in self._entries
+
+    def __getitem__(self, key: tuple[int, ...]) -> StoredPrompt:
+        self._entries.move_to_end(key)
+        return self._entries[key]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, key: tuple[int, ...], layers: list[tuple[torch.Tensor, torch.Tensor]], logits: torch.Tensor) -> None:
+        """Keep ``key``'s KV rows (a prompt longer than ``max_tokens`` is not kept)."""
+        if len(key) > self.max_tokens or key in self._entries:
+            return
+        while self._entries and self.tokens + len(key) > self.max_tokens:
+            _, old = self._entries.popitem(last=False)
+            self.tokens -= old.length
+        self._entries[key] = StoredPrompt(layers, logits, len(key))
+        self.tokens += len(key)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.tokens = 0
