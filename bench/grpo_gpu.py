@@ -49,7 +49,7 @@ checked (datasets 5.2 asks for pyarrow >= 24). memsearch itself needs ``pydantic
 ``pydantic-core``, ``annotated-types``, ``typing-inspection``, a recent ``typing-extensions``),
 ``platformdirs``, ``bm25s`` and ``PyStemmer`` there. ``--trl-wheel`` installs whatever wheels it is
 given (``pip install --no-index --no-deps --target``), before torch, memsearch or trl load; the
-download command is in docs/training.md (about 6 MB). A TRL import or run failure is printed and
+download command is ``scripts/prepare_gpu_bench.sh`` (about 6 MB). A TRL import or run failure is printed and
 its fields become ``n/a``: ours and the RESULT line still come out.
 
 Numbers are per step; the RESULT line takes the LAST step (step 1 pays CUDA warm-up). The last

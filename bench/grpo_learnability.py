@@ -90,6 +90,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=20.0, help="training time budget (the bar assumes 20)")
     parser.add_argument("--out", help="keep the run folder here (must not exist)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override the recipe (pipeline config keys, e.g. grpo.optim.lr=5e-5): a diagnostic "
+                        "run, not the check as registered")
     args = parser.parse_args()
 
     from memsearch.config import load_config
@@ -105,7 +108,8 @@ def main() -> None:
         raise SystemExit(f"{out}: exists; choose a new --out (nothing is overwritten)")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        pipe = load_config(ROOT / "configs" / "memory_policy_cpu_v2.toml", PROTOCOL, model=MemoryPolicyPipeline)
+        pipe = load_config(ROOT / "configs" / "memory_policy_cpu_v2.toml", PROTOCOL + args.set,
+                           model=MemoryPolicyPipeline)
         save_dataset(convert_hotpot(ROOT / pipe.data.train, split="train", limit=QUESTIONS), work / "train")
         start = str(ROOT / "models" / "memory-policy-cpu")
         cfg = GRPOConfig.model_validate({**pipe.grpo_config(str(work / "train"), 1, start, None).model_dump(),
@@ -135,13 +139,16 @@ def main() -> None:
         after = measure(cfg, str(last / "adapter"), dataset)
         ci = paired_bootstrap(after, before, n_resamples=10_000, seed=0)
         passed = ci["diff"] >= MARGIN and ci["ci_low"] > 0
-        result = {"questions": QUESTIONS, "steps": steps, "train_s": round(train_s, 1), "margin": MARGIN,
+        result = {"questions": QUESTIONS, "overrides": args.set, "minutes": args.minutes,
+                  "steps": steps, "train_s": round(train_s, 1), "margin": MARGIN,
                   "start": before, "end": after, "bootstrap": ci, "passed": passed, "checkpoint": last.name}
         if out is not None:
             shutil.copytree(run, out, ignore=shutil.ignore_patterns("checkpoints"))
             (out / "result.json").write_text(json.dumps(result, indent=2))
     print(f"per-call reward: start {ci['mean_b']:.4f}, after {steps} steps {ci['mean_a']:.4f}; "
           f"difference {ci['diff']:+.4f} [{ci['ci_low']:+.4f}, {ci['ci_high']:+.4f}]; bar: >= {MARGIN} and CI > 0")
+    if args.set or args.minutes != 20.0:
+        print(f"diagnostic run (overrides {args.set}, {args.minutes} minutes): not the registered check")
     print(f"RESULT start_call_reward={ci['mean_b']:.4f} end_call_reward={ci['mean_a']:.4f} diff={ci['diff']:.4f} "
           f"ci_low={ci['ci_low']:.4f} ci_high={ci['ci_high']:.4f} steps={steps} train_s={train_s:.0f} "
           f"passed={int(passed)}")

@@ -2,7 +2,7 @@
 and the eval's seconds per memory call, side by side in one command (docs/training.md, "Where a
 GRPO step's time goes").
 
-    OMP_NUM_THREADS=2 uv run python bench/rl_step.py                    # about 6 minutes on 2 idle cores
+    OMP_NUM_THREADS=2 uv run python bench/rl_step.py                    # about 8 minutes on 2 idle cores
     OMP_NUM_THREADS=2 uv run python bench/rl_step.py --baseline none    # this checkout only
 
 Workload: ``configs/memory_policy_cpu_v2.toml`` with the overrides of its PROTOCOL.md

@@ -420,3 +420,34 @@ def test_prompt_store_keeps_the_newest_prompts_within_its_token_bound():
     assert len(store) == 2
     store.clear()
     assert len(store) == 0 and store.tokens == 0
+
+
+def test_a_paused_decoder_serves_nothing_until_the_weights_are_changed(tiny_model_dir):
+    """``decoder.paused()`` (held while GRPO copies new weights into its sampler) keeps a request
+    waiting; once released it is served by the new weights, not from a prompt stored before."""
+    import threading
+
+    from memsearch.backends.hf.backend import HFBackend
+
+    b = HFBackend(str(tiny_model_dir), device="cpu", max_batch_size=4)
+    try:
+        request = ask(QUESTIONS[0], temperature=1.0, seed=3, max_tokens=6)
+        first = b.generate_sync([request])[0]
+        got = {}
+        with b.decoder.paused():
+            waiting = threading.Thread(target=lambda: got.update(result=b.generate_sync([request])[0]))
+            waiting.start()
+            waiting.join(timeout=1.0)
+            assert waiting.is_alive() and not got  # held while the weights change
+            with torch.no_grad():
+                for p in b.model.parameters():
+                    p.mul_(1.5)
+        waiting.join(timeout=60)
+        result = got["result"]
+        assert result.ok and result.prompt_ids == first.prompt_ids
+        want = reference_logprobs(b, result.prompt_ids, result.completion_ids)
+        assert result.logprobs == pytest.approx(want, abs=LOGPROB_TOL)
+        old = first.logprobs[0]
+        assert abs(want[0] - old) > 1e-3 or result.completion_ids[0] != first.completion_ids[0]
+    finally:
+        run(b.aclose())

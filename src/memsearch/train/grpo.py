@@ -370,7 +370,8 @@ class Rollouts:
         from memsearch.engine.episode import run_episode
 
         if self.sampler is not None:
-            self.sampler.refresh()  # the adapter as it is at this step
+            with self.policy_backend.decoder.paused():  # no decode run sees half-copied weights
+                self.sampler.refresh()  # the adapter as it is at this step
         envs = [
             self.shared.environment(self.config_for(step, k, round_), "grpo", answered_by=self.backends,
                                     branches=self.cfg.state_group_size if self.cfg.credit == "state" else 1)

@@ -37,12 +37,7 @@ Batching
     seed, max_tokens or stop strings share a batch.
 
 Decoding
-    ``temperature == 0``: greedy (argmax). Otherwise the logits are divided by the temperature,
-    restricted to the top-p nucleus (the smallest set of most likely tokens whose probability
-    reaches ``top_p``; at least one token), renormalized, and one token is drawn by inverse-CDF
-    sampling with one uniform number per step from the row's own ``torch.Generator``: seeded
-    with ``seed`` when given (reproducible, whatever else is in the batch, up to float
-    round-off in the logits), otherwise from a backend-wide seeded stream.
+    How a token is chosen (greedy, temperature, top-p, seeds, schema masks): ``hf.sampling``.
 
     A row stops at an end-of-sequence token (``<|im_end|>`` for the embedded model: the
     tokenizer's EOS and the generation config's ``eos_token_id``) or when its text contains one
@@ -59,7 +54,7 @@ What a result holds
       tokens: for sampled requests ``log_softmax(logits / T)`` restricted to the top-p nucleus
       and renormalized; for greedy requests the unmodified model distribution
       ``log_softmax(logits)`` (T = 1). Always returned (computing them is free), whatever
-      ``SamplingParams.logprobs`` says. Constrained rows: see below.
+      ``SamplingParams.logprobs`` says. Constrained rows: ``hf.sampling``.
     - ``constraint_id``: the request's constraint id when it had one, else ``None``.
     - ``prompt_ids``: the ids the model saw (chat template applied with
       ``add_generation_prompt=True``, or the given ``prompt_ids``).
@@ -69,14 +64,6 @@ What a result holds
     A request that cannot be served (no prompt, a prompt that does not fit the model context, a
     failing forward pass) comes back with ``error`` set and ``finish_reason="error"``;
     ``generate`` itself does not raise for it.
-
-Constraints (schema mode, ``memsearch.backends.hf.constraint``)
-    A constrained row keeps its automaton state on its ``Job``; before each token the logits it
-    forbids are set to -inf *before* temperature and top-p, so it draws from (and reports
-    log-probs under) the distribution renormalized on the allowed tokens; greedy rows take the
-    best allowed token, log-prob over the allowed tokens at T = 1. EOS comes only when the JSON
-    is complete, and then alone; the row stops there (even with ``ignore_eos``). Training
-    replays the masks with ``TokenConstraint.masks_for(completion_ids)``.
 """
 
 from __future__ import annotations
@@ -87,6 +74,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +82,7 @@ import torch
 
 from memsearch.backends.base import GenerationRequest, GenerationResult, SamplingParams, Usage
 from memsearch.backends.hf.kv_cache import PromptStore, StoredPrompt, slab_layer_class
+from memsearch.backends.hf.sampling import choose_tokens, row_generator
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +259,15 @@ class BatchDecoder:
             for i, job in enumerate(jobs)
         ]
 
+    @contextmanager
+    def paused(self):
+        """No decode run is in progress, nor starts, inside this block: where the caller changes
+        the model's weights (``train.policy.MergedSampler.refresh``). Runs hold the same lock and
+        empty their prompt store when they end, so no stored KV cache outlives the weights it was
+        computed with, however the threads are scheduled."""
+        with self._lock:
+            yield
+
     def run(self, take: Callable[[int], list[Job]], done: Callable[[Job, GenerationResult], None]) -> None:
         with self._lock, torch.inference_mode():
             try:
@@ -344,7 +342,7 @@ class BatchDecoder:
         self.stats["max_rows"] = max(self.stats["max_rows"], len(rows))
         state.positions = state.positions + 1
         t_pick = time.perf_counter()
-        tokens, lps = self._choose(logits, rows)
+        tokens, lps = choose_tokens(logits, rows)
         keep = self._advance(rows, tokens, lps, done)
         self.stats["pick_s"] += time.perf_counter() - t_pick
         state.last = torch.tensor(tokens, device=self.device)
@@ -497,7 +495,7 @@ class BatchDecoder:
             self._init_generator(job)
         self.stats["prompt_tokens"] += sum(len(j.prompt_ids) for j in jobs)
         t_pick = time.perf_counter()
-        tokens, lps = self._choose(logits, jobs)
+        tokens, lps = choose_tokens(logits, jobs)
         keep = self._advance(jobs, tokens, lps, done)
         self.stats["pick_s"] += time.perf_counter() - t_pick
         state = _Batch(rows=list(jobs), cache=cache, mask=mask, positions=positions,
@@ -554,62 +552,7 @@ class BatchDecoder:
 
     # ------------------------------------------------------------ sampling
     def _init_generator(self, job: Job) -> None:
-        seed = job.sampling.seed
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_stream))
-        job.generator = torch.Generator(device="cpu").manual_seed(int(seed))
-
-    def _choose(self, logits: torch.Tensor, jobs: Sequence[Job]) -> tuple[list[int], list[float]]:
-        """Pick one token per row; return the tokens and their log-probs (see module doc)."""
-        if any(j.constraint is not None for j in jobs):  # schema mode: -inf on forbidden tokens
-            logits = logits.clone()
-            for i, job in enumerate(jobs):
-                if job.constraint is not None and not job.constraint.mask_logits(logits[i], job.cstate):
-                    job.error = f"constraint {job.constraint.id!r} allows no token here"  # fails in _advance
-        n = logits.shape[0]
-        temps = [float(j.sampling.temperature) for j in jobs]
-        greedy = [i for i in range(n) if temps[i] <= 0]
-        sampled = [i for i in range(n) if temps[i] > 0]
-        tokens = [0] * n
-        lps = [0.0] * n
-        if greedy:
-            g = torch.tensor(greedy, device=logits.device) if len(greedy) < n else None
-            lg = logits if g is None else logits[g]
-            logp = torch.log_softmax(lg, dim=-1)
-            best = lg.argmax(dim=-1)
-            best_lp = logp.gather(1, best[:, None])[:, 0]
-            for k, (tok, lp) in enumerate(zip(best.tolist(), best_lp.tolist(), strict=True)):
-                tokens[greedy[k]] = tok
-                lps[greedy[k]] = lp
-        if sampled:
-            s = torch.tensor(sampled, device=logits.device)
-            t = torch.tensor([temps[i] for i in sampled], device=logits.device, dtype=logits.dtype)
-            scaled = logits[s] / t[:, None]
-            top_p = torch.tensor([float(jobs[i].sampling.top_p) for i in sampled], device=logits.device)
-            if bool((top_p < 1).any()):
-                top_p = torch.where(top_p >= 1, torch.full_like(top_p, float("inf")), top_p)
-                sorted_logits, order = scaled.sort(dim=-1, descending=True)
-                probs = torch.softmax(sorted_logits, dim=-1)
-                before = probs.cumsum(dim=-1) - probs  # mass of the strictly more likely tokens
-                drop = before >= top_p[:, None]
-                drop[:, 0] = False
-                sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-                scaled = torch.full_like(scaled, float("-inf")).scatter(1, order, sorted_logits)
-            logp = torch.log_softmax(scaled, dim=-1)
-            cdf = logp.exp().cumsum(dim=-1)
-            u = torch.cat([torch.rand(1, generator=jobs[i].generator) for i in sampled]).to(logits.device)
-            u = u * cdf[:, -1]
-            pick = torch.searchsorted(cdf, u[:, None], right=True)[:, 0]
-            pick = torch.minimum(pick, torch.tensor(cdf.shape[1] - 1, device=logits.device))
-            # never land on a token outside the nucleus (possible only through round-off)
-            bad = torch.isinf(logp.gather(1, pick[:, None])[:, 0])
-            if bool(bad.any()):
-                pick = torch.where(bad, logp.argmax(dim=-1), pick)
-            pick_lp = logp.gather(1, pick[:, None])[:, 0]
-            for k, (tok, lp) in enumerate(zip(pick.tolist(), pick_lp.tolist(), strict=True)):
-                tokens[sampled[k]] = tok
-                lps[sampled[k]] = lp
-        return tokens, lps
+        job.generator = row_generator(job.sampling.seed, self._seed_stream)
 
     def _advance(self, jobs: Sequence[Job], tokens: list[int], lps: list[float], done) -> list[int]:
         """Append each row's token, finish rows that are done; return indices of rows that go on."""
