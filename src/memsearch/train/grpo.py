@@ -426,6 +426,22 @@ def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path) -> dict[str, Any]:
     return record
 
 
+def make_batch(cfg: GRPOConfig, groups, rewards, labels, tokenizer, generated: int) -> Batch:
+    """A step's training rows from its trajectories (by task) and their rewards: advantages by
+    ``cfg.credit``, decision tokens marked, invalid decisions masked by
+    ``cfg.invalid_decision_credit``. ``generated``: completions the policy backend returned."""
+    if cfg.credit == "state":
+        batch = build_state_batch(groups, rewards, labels, cfg.state_reward, std_scale=cfg.std_scale,
+                                  global_weight=cfg.global_weight, generated=generated)
+    else:
+        batch = build_batch(groups, rewards, cfg.role, cfg.credit, cfg.std_scale, generated=generated)
+    mark_decisions(batch.rows, tokenizer)
+    if cfg.invalid_decision_credit != "all":
+        batch.masked_decision_tokens = mask_invalid_decisions(
+            batch.rows, keep_over_budget=cfg.invalid_decision_credit == "over_budget")
+    return batch
+
+
 def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=print,
                fast_rollouts: bool = True) -> dict[str, Any]:
     """Train (or resume) a GRPO run into ``out``; returns the final summary. ``fast_rollouts``
@@ -493,16 +509,8 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
                                   rank=dist.rank, role=cfg.role)
             groups, rewards = sampled.groups, sampled.rewards
             t_roll = time.perf_counter() - t0
-            if cfg.credit == "state":
-                batch = build_state_batch(groups, rewards, labels, cfg.state_reward, std_scale=cfg.std_scale,
-                                          global_weight=cfg.global_weight, generated=sampled.generated)
-            else:
-                batch = build_batch(groups, rewards, cfg.role, cfg.credit, cfg.std_scale, generated=sampled.generated)
+            batch = make_batch(cfg, groups, rewards, labels, tokenizer, sampled.generated)
             batch.counts.dropped = sampled.rows_dropped
-            mark_decisions(batch.rows, tokenizer)
-            if cfg.invalid_decision_credit != "all":
-                batch.masked_decision_tokens = mask_invalid_decisions(
-                    batch.rows, keep_over_budget=cfg.invalid_decision_credit == "over_budget")
             lr = optimizer.param_groups[0]["lr"]
             stats = update(policy, optimizer, batch, cfg, dist, pad_id, mask_fn, scheduler, step=step)
             require_finite(step, "the loss", stats.loss, applied=True)  # summed over ranks: all stop together
