@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from memsearch.backends.base import GenerationRequest, GenerationResult, Usage
-from memsearch.backends.hf.decoder import BatchDecoder, Job, error_result
+from memsearch.backends.hf.decoder import BatchDecoder
+from memsearch.backends.hf.jobs import Job, error_result
 
 log = logging.getLogger(__name__)
 

@@ -68,19 +68,19 @@ What a result holds
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from memsearch.backends.base import GenerationRequest, GenerationResult, SamplingParams, Usage
+from memsearch.backends.base import GenerationResult, Usage
+from memsearch.backends.hf.jobs import Job, error_result
 from memsearch.backends.hf.kv_cache import PromptStore, StoredPrompt, slab_layer_class
 from memsearch.backends.hf.sampling import choose_tokens, row_generator
 
@@ -89,33 +89,6 @@ log = logging.getLogger(__name__)
 
 # Causal LMs whose forward computes logits as a plain ``lm_head(hidden)``.
 PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3"})
-
-
-@dataclass(eq=False)
-class Job:
-    """One request on its way through the decoder."""
-
-    request: GenerationRequest
-    prompt_ids: list[int]
-    max_new: int
-    t0: float
-    future: asyncio.Future | None = None
-    loop: asyncio.AbstractEventLoop | None = None
-    out_ids: list[int] = field(default_factory=list)
-    out_lp: list[float] = field(default_factory=list)
-    generator: torch.Generator | None = None
-    finish: str | None = None
-    stop_at: int | None = None  # character offset where a stop string starts
-    constraint: Any = None  # a ``TokenConstraint`` (schema mode), and the row's state in it
-    cstate: Any = None
-    error: str | None = None  # why the row cannot go on (its constraint allows no token)
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return self.request.sampling
-
-    def cancelled(self) -> bool:
-        return self.future is not None and self.future.done()
 
 
 @dataclass(eq=False)
@@ -128,21 +101,6 @@ class _Batch:
     mask: torch.Tensor
     positions: torch.Tensor
     last: torch.Tensor
-
-
-def error_result(message: str, prompt_ids: Sequence[int] | None = None, t0: float | None = None) -> GenerationResult:
-    return GenerationResult(
-        text="",
-        finish_reason="error",
-        prompt_ids=tuple(prompt_ids) if prompt_ids is not None else None,
-        usage=Usage(
-            prompt_tokens=len(prompt_ids) if prompt_ids is not None else None,
-            completion_tokens=0 if prompt_ids is not None else None,
-            source="reported" if prompt_ids is not None else "none",
-        ),
-        latency_s=time.perf_counter() - t0 if t0 is not None else 0.0,
-        error=message,
-    )
 
 
 class BatchDecoder:
