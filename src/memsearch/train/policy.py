@@ -187,11 +187,11 @@ class MergedSampler:
 
     Rollouts sample from it instead of the PEFT model: the same function (the merged product
     equals the unmerged sum up to float round-off, checked by ``logprob_mismatch`` every step),
-    without the per-layer LoRA modules, and on the decoder's plain-head path
-    (``backends.hf.decoder``): on 2 CPU cores a 14-row decode step of the embedded model took
-    106 ms on the PEFT model and 80 ms merged (docs/training.md, "Where a GRPO step's time
-    goes"). Costs one more copy of the base model's weights; the policy's own weights are
-    never touched (merging in place and back would drift the frozen base by round-off).
+    without the per-layer LoRA modules, in inference mode. Decoding alone on 2 CPU cores a
+    12.6-row step took 113 ms on the PEFT model and 94 ms merged (``bench/rollout_decode.py``),
+    but inside one GRPO step the merged copy was no faster (docs/results/grpo_speed.md).
+    Costs one more copy of the base model's weights; the policy's own weights are never touched
+    (merging in place and back would drift the frozen base by round-off).
     """
 
     def __init__(self, policy, model: str, device, dtype) -> None:
