@@ -172,16 +172,8 @@ def _logits_at(model, inputs: dict[str, torch.Tensor], index_b: torch.Tensor, in
 
 
 def _head(model):
-    """``(decoder, lm_head)`` of a causal LM whose logits are exactly ``lm_head(decoder(x))``
-    (the plain-head models of ``backends.hf.decoder``), under a PEFT wrapper or not; None
-    otherwise. The LoRA layers live inside the decoder's modules, so calling the decoder keeps
-    the active adapter (the trained one, the frozen reference, or none)."""
-    from memsearch.backends.hf.decoder import PLAIN_HEAD_MODELS
+    """``(decoder, lm_head)`` of ``model`` (under a PEFT wrapper or not) when its logits are a plain
+    head over the decoder (``backends.hf.model.plain_head``); None otherwise."""
+    from memsearch.backends.hf.model import plain_head
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
-    body = getattr(base, "model", None)
-    if (getattr(base.config, "model_type", None) in PLAIN_HEAD_MODELS and type(base).__name__.endswith("ForCausalLM")
-            and isinstance(head, torch.nn.Linear) and head.bias is None and body is not None):
-        return body, head
-    return None
+    return plain_head(model.get_base_model() if hasattr(model, "get_base_model") else model)

@@ -82,13 +82,11 @@ import torch
 from memsearch.backends.base import GenerationResult, Usage
 from memsearch.backends.hf.jobs import Job, error_result
 from memsearch.backends.hf.kv_cache import PromptStore, StoredPrompt, slab_layer_class
+from memsearch.backends.hf.model import plain_head
 from memsearch.backends.hf.sampling import choose_tokens, row_generator
 
 log = logging.getLogger(__name__)
 
-
-# Causal LMs whose forward computes logits as a plain ``lm_head(hidden)``.
-PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3"})
 
 
 @dataclass(eq=False)
@@ -155,18 +153,9 @@ class BatchDecoder:
         # soft-capping): run the decoder and the head ourselves (see ``_forward``).
         self._body = None
         self._head_weight = None
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        body = getattr(model, "model", None)
-        if (
-            getattr(config, "model_type", None) in PLAIN_HEAD_MODELS
-            and type(model).__name__.endswith("ForCausalLM")
-            and isinstance(head, torch.nn.Linear)
-            and head.bias is None
-            and body is not None
-            and not hasattr(model, "peft_config")
-            and self._cache_kw in inspect.signature(type(body).forward).parameters
-        ):
-            self._body, self._head_weight = body, head.weight
+        parts = None if hasattr(model, "peft_config") else plain_head(model)
+        if parts is not None and self._cache_kw in inspect.signature(type(parts[0]).forward).parameters:
+            self._body, self._head_weight = parts[0], parts[1].weight
         # Plain full-attention caches can be stacked and padded (rows join a running batch);
         # others (sliding-window, linear-attention layers) decode in closed batches.
         layers = DynamicCache(config=config).layers

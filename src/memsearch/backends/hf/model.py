@@ -93,3 +93,20 @@ def load_model(
     lm = lm.to(dev).eval()
     lm.requires_grad_(False)
     return lm, tokenizer, folder
+
+
+# Causal LMs whose forward computes logits as a plain ``lm_head(hidden)``.
+PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3"})
+
+
+def plain_head(model) -> tuple[Any, torch.nn.Linear] | None:
+    """``(decoder, lm_head)`` of a causal LM whose logits are exactly ``lm_head(decoder(x))`` (no
+    bias, scaling or soft-capping), so a caller may run the head only where it needs logits; None
+    otherwise. ``model`` is the transformers model itself (unwrap a PEFT model first: its LoRA
+    layers live inside the decoder's modules, so calling the decoder keeps the active adapter)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    body = getattr(model, "model", None)
+    if (getattr(model.config, "model_type", None) in PLAIN_HEAD_MODELS and type(model).__name__.endswith("ForCausalLM")
+            and isinstance(head, torch.nn.Linear) and head.bias is None and body is not None):
+        return body, head
+    return None
