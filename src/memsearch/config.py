@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from memsearch.errors import InputError, InputValueError, Problem
+from memsearch.trajectory import CALL_ROLES
 
 
 class KeyProblems(InputValueError):
@@ -358,6 +359,14 @@ class RunConfig(StrictConfig):
         return self
 
     @model_validator(mode="after")
+    def _schema_mode_runs_locally(self) -> RunConfig:
+        memory = self.backends.memory
+        if memory.schema_mode and memory.kind != "hf":
+            raise KeyProblems(("backends.memory.schema_mode", "schema_mode = true needs backends.memory.kind = 'hf' "
+                               f"(constrained decoding runs in the local model); got kind {memory.kind!r}"))
+        return self
+
+    @model_validator(mode="after")
     def _group_overrides_validate(self, info: ValidationInfo) -> RunConfig:
         # Each group's config is validated at load, where the problem can still name its file and
         # key, not when the matrix reaches that group. A group's own config skips this (its
@@ -387,7 +396,7 @@ def defaulted_sections(tables: dict[str, Any], uses_controller: bool) -> list[st
     """
     missing = [name for name in ("agent", "budgets") if name not in tables]
     backends = tables.get("backends") if isinstance(tables.get("backends"), dict) else {}
-    roles = ("memory", "controller", "reader") if uses_controller else ("memory", "reader")
+    roles = CALL_ROLES if uses_controller else ("memory", "reader")
     return missing + [f"backends.{role}" for role in roles if role not in backends]
 
 

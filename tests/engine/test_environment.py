@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
-from memsearch.backends.base import CALL_ROLES
 from memsearch.backends.rules import RulesBackend
 from memsearch.config import RunConfig
 from memsearch.data.dataset import load_dataset
 from memsearch.engine.environment import build_shared, close_backends, close_environment
 from memsearch.engine.episode import Environment, run_episode
 from memsearch.retrieval import BM25Retriever
+from memsearch.trajectory import CALL_ROLES
 
 
 def search_config(**backends) -> RunConfig:

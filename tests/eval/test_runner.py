@@ -146,6 +146,7 @@ def test_server_faults_are_reported_not_fatal(hotpot_dev_dir, tmp_path):
     # A failed request is a request error, never the policy's invalid action (issue 11 item 4).
     failed = [e for e in calls if e["error"] is not None]
     assert len(failed) == summary["request_errors"] and all(e["valid"] is None for e in failed)
+    assert all(e["invalid_cause"] == "request_failed" for e in failed)
     judged_invalid = sum(1 for e in calls if e["valid"] is False)
     assert sum(r["invalid_actions"] for r in rows) == judged_invalid
     for r in rows:
@@ -155,6 +156,8 @@ def test_server_faults_are_reported_not_fatal(hotpot_dev_dir, tmp_path):
     # reader the same text is a (wrong) answer.
     garbage = [e for e in calls if e["text"] == "I am not sure what to do." and e["role"] != "reader"]
     assert garbage and all(e["valid"] is False and e["invalid_reason"] for e in garbage)
+    assert all(e["invalid_cause"] == "parse" for e in garbage)  # what code reads (memsearch.trajectory)
+    assert all(e["invalid_cause"] is None for e in calls if e["valid"] is True)
 
 
 def _summary_without_timing(path: Path) -> dict:

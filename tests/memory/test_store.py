@@ -8,6 +8,7 @@ import pytest
 
 from memsearch.memory import EMPTY_RENDER, Add, ApplyResult, Delete, Memory, MemoryItem, Noop, Update
 from memsearch.tokenizer import LexicalTokenizer, load_tokenizer
+from memsearch.trajectory import InvalidCause, legacy_cause
 
 SHOWN = {"d3:0", "d5:2", "d7:1", "d7:2"}
 ZERO = {"ADD": 0, "UPDATE": 0, "DELETE": 0, "NOOP": 0}
@@ -155,6 +156,9 @@ def test_rule_rejections_leave_memory_unchanged(ops, reasons):
     result = memory.apply(ops, SHOWN)
     assert result.status == "rejected" and not result.valid
     assert list(result.reasons) == reasons
+    # Each reason has its code, the one the wording of engines before engine-6 maps to (trajectory.upgrade).
+    assert list(result.causes) == [legacy_cause(r) for r in reasons]
+    assert InvalidCause.OTHER not in result.causes
     assert result.executed == ZERO and result.added_ids == ()
     assert result.tokens_before == result.tokens_after == memory.tokens() == 49
     assert memory.snapshot() == before and memory.next_id == 4
@@ -212,6 +216,9 @@ def test_budget_reason_is_listed_with_rule_reasons():
         "op 0 (ADD): source 'd9:0' was not shown to the agent",
         "memory after the batch would be 18 tokens, over the budget of 10 tokens",
     )
+    # Several rules broken: the batch's cause is the overflow (first in InvalidCause's order).
+    assert result.causes == (InvalidCause.UNSHOWN_SOURCE, InvalidCause.OVER_BUDGET)
+    assert result.cause == InvalidCause.OVER_BUDGET
 
 
 # --- apply_text ---------------------------------------------------------------------------
@@ -229,12 +236,15 @@ def test_apply_text_parse_error_vs_rule_rejection():
     before = memory.snapshot()
     parse_fail = memory.apply_text("I think we should keep everything.", SHOWN)
     assert parse_fail == ApplyResult(
-        status="parse_error", reasons=("parse error: no JSON object or list found",), ops=None,
+        status="parse_error", reasons=("parse error: no JSON object or list found",), causes=(InvalidCause.PARSE,),
+        ops=None,
         tokens_before=49, tokens_after=49, proposed_tokens=None, budget_tokens=200,
     )
     assert not parse_fail.valid
     rejected = memory.apply_text('{"ops": [{"op": "DELETE", "id": "m7"}]}', SHOWN)
     assert rejected.status == "rejected" and rejected.reasons == ("op 0 (DELETE): id 'm7' does not exist",)
+    assert (parse_fail.cause, rejected.causes, rejected.to_dict()["causes"]) == (
+        InvalidCause.PARSE, (InvalidCause.UNKNOWN_ID,), ["unknown_id"])
     assert rejected.ops == (Delete("m7"),)
     assert memory.snapshot() == before
     assert parse_fail.to_dict()["status"] == "parse_error" and rejected.to_dict()["valid"] is False

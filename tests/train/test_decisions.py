@@ -10,7 +10,7 @@ import torch
 from memsearch.train.decisions import (
     decision_characters,
     decision_positions,
-    invalid_cause,
+    histogram_bucket,
     mark_decisions,
     mask_invalid_decisions,
     op_histogram,
@@ -52,22 +52,29 @@ def test_decision_positions_are_the_tokens_that_start_each_op_name(tokenizer):
 
 
 def test_invalid_causes_and_the_op_histogram():
-    def call(valid, executed=None, reason=None, role="memory"):
-        return {"role": role, "valid": valid, "invalid_reason": reason,
+    def call(valid, executed=None, reason=None, role="memory", cause=None):
+        return {"role": role, "valid": valid, "invalid_reason": reason, "invalid_cause": cause,
                 "action": {"memory": {"executed": executed or {}}}}
 
     calls = [
         call(True, {"ADD": 2, "UPDATE": 0, "DELETE": 1, "NOOP": 0}),
         call(True, {"ADD": 0, "UPDATE": 0, "DELETE": 0, "NOOP": 1}),
-        call(False, reason="parse error: no JSON object found"),
-        call(False, reason="memory after the batch would be 90 tokens, over the budget of 64 tokens"),
-        call(False, reason="op 0 (ADD): source 'd9:9' was not shown to the agent"),
-        call(None, reason="request failed: timeout"),  # a request error, not a decision
+        call(False, reason="parse error: no JSON object found", cause="parse"),
+        call(False, reason="memory after the batch would be 90 tokens, over the budget of 64 tokens",
+             cause="over_budget"),
+        call(False, reason="op 0 (ADD): source 'd9:9' was not shown to the agent", cause="unshown_source"),
+        call(None, reason="request failed: timeout", cause="request_failed"),  # a request error, not a decision
         call(True, {"NOOP": 1}, role="controller"),  # not a memory call
     ]
     assert op_histogram(calls) == {"ADD": 2, "UPDATE": 0, "DELETE": 1, "NOOP": 1, "invalid_parse": 1,
                                    "invalid_budget": 1, "invalid_rule": 1}
-    assert invalid_cause(None) == "invalid_rule"
+    assert histogram_bucket(None) == "invalid_rule"
+    # The codes are read, never the reasons: an old record is upgraded first (memsearch.trajectory).
+    from memsearch.trajectory import upgrade
+
+    legacy = {"events": [{"type": "policy_call", **{k: v for k, v in c.items() if k != "invalid_cause"}}
+                         for c in calls]}
+    assert op_histogram(upgrade(legacy)["events"]) == op_histogram(calls)
 
 
 def test_the_update_logs_the_entropy_at_the_decision_tokens_only(tiny_model_dir, tiny_adapter_dir, tokenizer):

@@ -111,9 +111,9 @@ def test_trained_roles_are_defined_once_and_cover_call_roles_only():
     config accepts exactly the trained roles."""
     from typing import get_args
 
-    from memsearch.backends.base import CALL_ROLES
     from memsearch.train.config import GRPOConfig
     from memsearch.train.rows import TRAINED_CALL_ROLES, TRAINED_ROLES
+    from memsearch.trajectory import CALL_ROLES
 
     assert CALL_ROLES == ("memory", "controller", "reader")
     assert TRAINED_ROLES == tuple(TRAINED_CALL_ROLES) == ("memory", "controller", "overwrite")

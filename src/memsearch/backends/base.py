@@ -13,12 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, get_args, runtime_checkable
-
-# The role of one policy call. What a trainer trains is another notion (a trained role may
-# cover several call roles): ``train.rows.TRAINED_CALL_ROLES``.
-Role = Literal["memory", "controller", "reader"]
-CALL_ROLES: tuple[Role, ...] = get_args(Role)
+from typing import Any, Literal, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)

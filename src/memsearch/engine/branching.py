@@ -7,7 +7,7 @@ call's), applies each to a copy of the memory, and records every branch's outcom
 event:
 
     "branches": [{"text", "completion_ids", "logprobs", "error", "constraint_id", "status",
-                  "reasons", "executed", "over_budget_tokens", "budget_tokens", "kept", "cited"}, ...],
+                  "reasons", "cause", "executed", "over_budget_tokens", "budget_tokens", "kept", "cited"}, ...],
     "branch_chosen": j, "kept_before": [...], "cited_before": [...]
 
 ``kept`` are the ids cited by faithful items after the branch (what memory support recall
@@ -53,7 +53,8 @@ def _outcome(result: GenerationResult, store: Memory, shown: set[str], texts: di
     if applied.status == "rejected" and applied.proposed_tokens is not None:
         over = max(0, applied.proposed_tokens - store.budget_tokens)
     return {
-        **out, "status": applied.status, "reasons": list(applied.reasons), "executed": dict(applied.executed),
+        **out, "status": applied.status, "reasons": list(applied.reasons), "cause": applied.cause,
+        "executed": dict(applied.executed),
         "over_budget_tokens": over, "budget_tokens": store.budget_tokens,
         "kept": faithful_sources(((i.text, i.sources) for i in copy.items), texts),
         "cited": list(dict.fromkeys(s for i in copy.items for s in i.sources)),

@@ -28,13 +28,14 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memsearch.backends.base import CALL_ROLES, PolicyBackend
+from memsearch.backends.base import PolicyBackend
 from memsearch.config import RunConfig
 from memsearch.data.dataset import Dataset
 from memsearch.data.records import Document
 from memsearch.engine.episode import Environment
 from memsearch.retrieval import Retriever
 from memsearch.tokenizer import Tokenizer
+from memsearch.trajectory import CALL_ROLES
 
 
 @dataclass

@@ -34,13 +34,10 @@ from memsearch.engine.parsing import parse_controller, parse_reader
 from memsearch.retrieval import Passage, Retriever
 from memsearch.retrieval.client import RetrievalRequestError
 from memsearch.tokenizer import Tokenizer
+from memsearch.trajectory import ENGINE_VERSION, EventKind, InvalidCause
 
-# engine-2: trajectories record answer_format (what the reader was asked for; eval.score reads it).
-# engine-3: a call whose request failed is not judged (valid None) and not an invalid action.
-# engine-4: a search the retrieval service failed to answer is a request error (search event "error").
-# engine-5: memory_sources holds the ids of faithful items only (memory.faithfulness), memory_cited all
-# cited ids; an item cites at most agent.memory_max_sources ids (schema mode: memory-ops-v2-sources<n>).
-ENGINE_VERSION = "engine-5"
+__all__ = ["ENGINE_VERSION", "Environment", "derived_seed", "run_episode"]  # ENGINE_VERSION: memsearch.trajectory
+
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
@@ -121,7 +118,7 @@ class _Episode:
             usage.update(estimated_prompt_tokens=sum(tok.count(m["content"]) for m in messages),
                          estimated_completion_tokens=tok.count(result.text))
         self.events.append({
-            "type": "policy_call", "role": role, "step": step, "messages": list(messages), "text": result.text,
+            "type": EventKind.POLICY_CALL, "role": role, "step": step, "messages": list(messages), "text": result.text,
             "completion_ids": list(result.completion_ids) if result.completion_ids is not None else None,
             "logprobs": list(result.logprobs) if result.logprobs is not None else None,
             "prompt_ids": list(result.prompt_ids) if result.prompt_ids is not None else None,
@@ -131,20 +128,22 @@ class _Episode:
             "constraint_id": constraint.id if constraint is not None else None,
         })
 
-    def judge(self, valid: bool, action: dict[str, Any], reason: str | None) -> None:
-        """Attach the parsed action to the last policy call; count invalid actions.
+    def judge(self, valid: bool, action: dict[str, Any], reason: str | None, cause: InvalidCause | None) -> None:
+        """Attach the parsed action and the engine's judgement to the last policy call; count
+        invalid actions. ``reason`` is for a person, ``cause`` for code (``memsearch.trajectory``).
 
         A call whose request failed produced no action to judge: it is recorded with
         ``valid = None`` and counted as a request error only, never as the policy's invalid
         action (a server that never answers must not read as a policy that always errs).
         """
         if self.events[-1].get("error") is not None:
-            self.events[-1].update(action=action, valid=None, invalid_reason=reason)
+            self.events[-1].update(action=action, valid=None, invalid_reason=reason,
+                                   invalid_cause=InvalidCause.REQUEST_FAILED)
             return
-        self.events[-1].update(action=action, valid=valid, invalid_reason=None if valid else reason)
+        self.events[-1].update(action=action, valid=valid, invalid_reason=None if valid else reason,
+                               invalid_cause=None if valid else cause)
         if not valid:
             self.invalid += 1
-
 
 async def _search(retriever: Retriever, query: str, k: int, candidates) -> list[Passage]:
     """A search through the service's client (awaited: other episodes run meanwhile) or in process."""
@@ -154,167 +153,170 @@ async def _search(retriever: Retriever, query: str, k: int, candidates) -> list[
     return retriever.search(query, k=k, candidates=candidates)
 
 
-async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
-    """Run one task to the end and return its trajectory."""
-    cfg, budgets, tok = env.config, env.config.budgets, env.tokenizer
-    if cfg.backends.memory.schema_mode and cfg.backends.memory.kind != "hf":
-        raise ValueError(f"backends.memory.schema_mode = true needs backends.memory.kind = 'hf' (constrained "
-                         f"decoding runs in the local model); got kind {cfg.backends.memory.kind!r}")
-    ep = _Episode(env, task)
-    memory = make_memory(cfg.agent.memory, tok, budgets.memory_tokens, cfg.prompts,
-                         show_sources=cfg.agent.memory_sources == "shown", max_sources=cfg.agent.memory_max_sources)
-    # Schema mode (docs/design.md §7): memory ops are sampled under the JSON constraint, masks replayable.
-    ops_constraint = (
-        memory_ops_constraint(cfg.agent.memory_max_sources)
-        if cfg.backends.memory.schema_mode and memory.mode == "decision"
-        else None
-    )
-    started = time.perf_counter()
-    counts = {"searches": 0, "chunks": 0, "chunks_cut": 0, "evidence_cut_sentences": 0, "memory_truncations": 0}
-    ops: dict[str, int] = {}
+class _Run:
+    """One episode as it runs: the agent's memory, the engine's counts, and the three phases."""
 
-    async def remember(step: int, evidence_text: str, evidence_items) -> None:
+    def __init__(self, task: Task, env: Environment) -> None:
+        cfg = env.config
+        self.cfg, self.budgets, self.tok, self.task = cfg, cfg.budgets, env.tokenizer, task
+        self.ep = _Episode(env, task)
+        self.memory = make_memory(cfg.agent.memory, env.tokenizer, cfg.budgets.memory_tokens, cfg.prompts,
+                                  show_sources=cfg.agent.memory_sources == "shown",
+                                  max_sources=cfg.agent.memory_max_sources)
+        # Schema mode (docs/design.md §7): memory ops are sampled under the JSON constraint, masks
+        # replayable (RunConfig checks that the memory backend is then a local hf model).
+        self.ops_constraint = (
+            memory_ops_constraint(cfg.agent.memory_max_sources)
+            if cfg.backends.memory.schema_mode and self.memory.mode == "decision"
+            else None
+        )
+        self.counts = {"searches": 0, "chunks": 0, "chunks_cut": 0, "evidence_cut_sentences": 0,
+                       "memory_truncations": 0}
+        self.ops: dict[str, int] = {}
+
+    async def remember(self, step: int, evidence_text: str, evidence_items) -> None:
+        """One memory call on new evidence, applied to the memory and judged."""
+        ep, memory, task = self.ep, self.memory, self.task
         obs = {"question": task.question, "evidence": evidence_items, "mode": memory.mode, **memory.observation()}
         messages = memory.messages(task.question, evidence_text)
-        if env.branches > 1 and memory.mode == "decision":
-            result = await branched_memory_call(ep, memory, step, messages, obs, budgets.policy_tokens,
-                                                ops_constraint, env.branches)
+        if ep.env.branches > 1 and memory.mode == "decision":
+            result = await branched_memory_call(ep, memory, step, messages, obs, self.budgets.policy_tokens,
+                                                self.ops_constraint, ep.env.branches)
         else:
-            result = await ep.call("memory", step, messages, obs, budgets.policy_tokens, ops_constraint)
+            result = await ep.call("memory", step, messages, obs, self.budgets.policy_tokens, self.ops_constraint)
         record = (
             memory.update(result.text, set(ep.shown))
             if result.ok
-            else {"valid": False, "reason": f"request failed: {result.error}", "executed": {}, "truncated": False}
+            else {"valid": False, "reason": f"request failed: {result.error}", "cause": InvalidCause.REQUEST_FAILED,
+                  "executed": {}, "truncated": False}
         )
-        ep.judge(record["valid"], {"memory": {k: record.get(k) for k in ("executed", "truncated")}}, record["reason"])
-        ep.events.append({"type": "memory", "step": step, **record})
-        counts["memory_truncations"] += int(record["truncated"])
+        ep.judge(record["valid"], {"memory": {k: record.get(k) for k in ("executed", "truncated")}}, record["reason"],
+                 record["cause"])
+        ep.events.append({"type": EventKind.MEMORY, "step": step, **record})
+        self.counts["memory_truncations"] += int(record["truncated"])
         for name, n in record["executed"].items():
-            ops[name] = ops.get(name, 0) + n
+            self.ops[name] = self.ops.get(name, 0) + n
 
-    if cfg.agent.evidence == "search":
+    async def next_query(self, step: int, queries: list[str]) -> str | None:
+        """The query of search ``step``: the question (fixed plan) or the controller's; ``None``
+        when the controller finishes or its decision is unreadable (recorded as invalid)."""
+        if self.cfg.agent.controller != "policy":
+            return self.task.question
+        ep, left = self.ep, self.budgets.max_searches - step
+        obs = {"question": self.task.question, "searches_left": left, "past_queries": list(queries),
+               **self.memory.observation()}
+        messages = prompts.controller(self.task.question, self.memory.render(), left, queries)
+        result = await ep.call("controller", step, messages, obs, self.budgets.policy_tokens)
+        action = parse_controller(result.text) if result.ok else None
+        valid = action is not None and action.kind != "invalid"
+        reason = action.error if action else f"request failed: {result.error}"
+        ep.judge(valid, action.to_dict() if action else {}, reason, None if valid else InvalidCause.PARSE)
+        return action.query if valid and action.kind == "search" else None
+
+    async def search_phase(self) -> None:
+        """Search evidence (module doc): up to ``max_searches`` searches, each followed by a memory call."""
+        ep, budgets = self.ep, self.budgets
         queries: list[str] = []
         shown_docs: list[str] = []
         for step in range(budgets.max_searches):
-            if cfg.agent.controller == "policy":
-                obs = {
-                    "question": task.question,
-                    "searches_left": budgets.max_searches - step,
-                    "past_queries": list(queries),
-                    **memory.observation(),
-                }
-                result = await ep.call(
-                    "controller",
-                    step,
-                    prompts.controller(task.question, memory.render(), budgets.max_searches - step, queries),
-                    obs,
-                    budgets.policy_tokens,
-                )
-                action = parse_controller(result.text) if result.ok else None
-                valid = action is not None and action.kind != "invalid"
-                reason = action.error if action else f"request failed: {result.error}"
-                ep.judge(valid, action.to_dict() if action else {}, reason)
-                if not valid or action.kind == "finish":
-                    break  # an unreadable controller decision ends the search (recorded above)
-                query = action.query
-            else:
-                query = task.question
+            query = await self.next_query(step, queries)
+            if query is None:
+                break
             queries.append(query)
-            scope = task.doc_ids if cfg.agent.retrieval_scope == "candidates" else None
+            scope = self.task.doc_ids if self.cfg.agent.retrieval_scope == "candidates" else None
+            event = {"type": EventKind.SEARCH, "step": step, "query": query}
+            self.counts["searches"] += 1
             try:
-                found = await _search(env.retriever, query, budgets.passages_per_search + len(shown_docs), scope)
+                found = await _search(ep.env.retriever, query, budgets.passages_per_search + len(shown_docs), scope)
             except RetrievalRequestError as exc:
                 # The service failed after its retries: a request error, never a crash; nothing is shown.
                 ep.request_errors += 1
-                counts["searches"] += 1
-                ep.events.append(
-                    {
-                        "type": "search",
-                        "step": step,
-                        "query": query,
-                        "doc_ids": [],
-                        "shown": [],
-                        "evidence_tokens": 0,
-                        "cut_sentences": 0,
-                        "error": str(exc),
-                    }
-                )
+                ep.events.append({**event, "doc_ids": [], "shown": [], "evidence_tokens": 0, "cut_sentences": 0,
+                                  "error": str(exc)})
                 break
             fresh = [p for p in found if p.doc_id not in shown_docs][: budgets.passages_per_search]
-            evidence = render_evidence(fresh, tok, budgets.evidence_tokens)
-            counts["searches"] += 1
-            counts["evidence_cut_sentences"] += evidence.cut_sentences
+            evidence = render_evidence(fresh, self.tok, budgets.evidence_tokens)
+            self.counts["evidence_cut_sentences"] += evidence.cut_sentences
             shown_docs.extend(evidence.doc_ids)
             ep.shown.update(dict.fromkeys(evidence.ids))
             ids = set(evidence.ids)
             ep.texts.update((eid, f"{p.title}\n{sentence.strip()}") for p in fresh for eid, sentence in p.sentences
                             if eid in ids)
-            ep.events.append(
-                {
-                    "type": "search",
-                    "step": step,
-                    "query": query,
-                    "doc_ids": list(evidence.doc_ids),
-                    "shown": list(evidence.ids),
-                    "evidence_tokens": evidence.tokens,
-                    "cut_sentences": evidence.cut_sentences,
-                }
-            )
+            ep.events.append({**event, "doc_ids": list(evidence.doc_ids), "shown": list(evidence.ids),
+                              "evidence_tokens": evidence.tokens, "cut_sentences": evidence.cut_sentences})
             if not evidence.ids:
-                if cfg.agent.controller == "fixed":
+                if self.cfg.agent.controller == "fixed":
                     break  # the plan has nothing new to show
                 continue
-            await remember(step, evidence.text, evidence.items())
-    else:
-        _, chunked = chunk_context(task.doc_ids, env.documents, tok, budgets.chunk_tokens, budgets.max_chunks)
-        counts["chunks_cut"] = chunked.cut_off
+            await self.remember(step, evidence.text, evidence.items())
+
+    async def stream_phase(self) -> None:
+        """Stream evidence: every chunk of the long context (up to ``max_chunks``), each remembered."""
+        ep, documents = self.ep, self.ep.env.documents
+        _, chunked = chunk_context(self.task.doc_ids, documents, self.tok, self.budgets.chunk_tokens,
+                                   self.budgets.max_chunks)
+        self.counts["chunks_cut"] = chunked.cut_off
         for step, chunk in enumerate(chunked.chunks):
             ep.shown.update(dict.fromkeys(chunked.shown_after[step]))
             for eid in chunked.shown_after[step]:
                 if eid not in ep.texts and (split := split_evidence_id(eid)) is not None:
-                    doc = env.documents[split[0]]
+                    doc = documents[split[0]]
                     ep.texts[eid] = f"{doc.title}\n{doc.sentences[split[1]].strip()}"
-            counts["chunks"] += 1
-            ep.events.append({"type": "chunk", "step": step, "tokens": tok.count(chunk)})
+            self.counts["chunks"] += 1
+            ep.events.append({"type": EventKind.CHUNK, "step": step, "tokens": self.tok.count(chunk)})
             # Chunks carry no evidence ids; rule-based policies still get the sentences.
-            await remember(step, chunk, [(None, s) for s in _SENTENCE_END.split(chunk) if s.strip()])
+            await self.remember(step, chunk, [(None, s) for s in _SENTENCE_END.split(chunk) if s.strip()])
 
-    boxed = cfg.agent.memory == "overwrite"
-    obs = {"question": task.question, "mode": memory.mode, **memory.observation()}
-    messages = prompts.reader(task.question, memory.render(), boxed=boxed, template=cfg.prompts.overwrite_final)
-    result = await ep.call("reader", 0, messages, obs, budgets.answer_tokens)
-    answer = parse_reader(result.text) if result.ok else None
-    shown = set(ep.shown)
-    citations = list(answer.citations) if answer else []
-    ep.judge(
-        answer is not None and answer.answer is not None,
-        answer.to_dict() if answer else {},
-        answer.error if answer else f"request failed: {result.error}",
-    )
-    return {
-        "task_id": task.id,
-        "group": env.group,
-        "question": task.question,
-        "prediction": answer.answer if answer else None,
-        "reader_text": result.text,
-        # The reader was asked for a \boxed{} answer: scoring then reads the box only (eval.score).
-        "answer_format": "boxed" if boxed else "free",
-        "citations": citations,
-        "invalid_citations": [c for c in citations if c not in shown],
-        "shown_evidence": list(ep.shown),
-        "memory_final": memory.render(),
-        # What memory support recall scores: ids cited by items their cited sentences support
-        # (memory.faithfulness); memory_cited is every id the final memory cites.
-        "memory_sources": memory.faithful_cited(ep.texts),
-        "memory_cited": memory.cited(),
-        "counts": {
-            **counts,
-            "policy_calls": ep.calls,
-            "invalid_actions": ep.invalid,
-            "request_errors": ep.request_errors,
-            "memory_ops": ops,
-        },
-        "latency_s": round(time.perf_counter() - started, 4),
-        "status": "error" if ep.request_errors else "ok",
-        "events": ep.events,
-    }
+    async def answer(self, started: float) -> dict[str, Any]:
+        """The reader's answer from the final memory, and the trajectory (``memsearch.trajectory``)."""
+        ep, memory, task = self.ep, self.memory, self.task
+        boxed = self.cfg.agent.memory == "overwrite"
+        obs = {"question": task.question, "mode": memory.mode, **memory.observation()}
+        wording = self.cfg.prompts.overwrite_final
+        messages = prompts.reader(task.question, memory.render(), boxed=boxed, template=wording)
+        result = await ep.call("reader", 0, messages, obs, self.budgets.answer_tokens)
+        answer = parse_reader(result.text) if result.ok else None
+        readable = answer is not None and answer.answer is not None
+        ep.judge(readable, answer.to_dict() if answer else {},
+                 answer.error if answer else f"request failed: {result.error}",
+                 None if readable else InvalidCause.PARSE)
+        citations = list(answer.citations) if answer else []
+        return {
+            "task_id": task.id,
+            "engine_version": ENGINE_VERSION,
+            "group": ep.env.group,
+            "question": task.question,
+            "prediction": answer.answer if answer else None,
+            "reader_text": result.text,
+            # The reader was asked for a \boxed{} answer: scoring then reads the box only (eval.score).
+            "answer_format": "boxed" if boxed else "free",
+            "citations": citations,
+            "invalid_citations": [c for c in citations if c not in ep.shown],
+            "shown_evidence": list(ep.shown),
+            "memory_final": memory.render(),
+            # What memory support recall scores: ids cited by items their cited sentences support
+            # (memory.faithfulness); memory_cited is every id the final memory cites.
+            "memory_sources": memory.faithful_cited(ep.texts),
+            "memory_cited": memory.cited(),
+            "counts": {
+                **self.counts,
+                "policy_calls": ep.calls,
+                "invalid_actions": ep.invalid,
+                "request_errors": ep.request_errors,
+                "memory_ops": self.ops,
+            },
+            "latency_s": round(time.perf_counter() - started, 4),
+            "status": "error" if ep.request_errors else "ok",
+            "events": ep.events,
+        }
+
+
+async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
+    """Run one task to the end and return its trajectory (``memsearch.trajectory``)."""
+    started = time.perf_counter()
+    run = _Run(task, env)
+    if env.config.agent.evidence == "search":
+        await run.search_phase()
+    else:
+        await run.stream_phase()
+    return await run.answer(started)

@@ -6,7 +6,8 @@
 - ``overwrite`` (MemAgent): the model's output replaces the memory and is re-tokenized and hard
   truncated to ``memory_tokens``.
 
-``update`` returns a JSON-able record of what happened (valid or not, why, what changed).
+``update`` returns a JSON-able record of what happened (valid or not, why in words and as an
+``InvalidCause`` code, what changed).
 ``cited`` lists every evidence id the memory cites; ``faithful_cited`` only those cited by an item
 whose text its cited sentences support (``memory.faithfulness``): what memory support recall
 counts. A summary or overwrite note is judged line by line, each line's ids being its sources.
@@ -22,6 +23,7 @@ from memsearch.engine.parsing import evidence_ids_in
 from memsearch.memory import EMPTY_RENDER, Memory
 from memsearch.memory.faithfulness import faithful_sources
 from memsearch.tokenizer import Tokenizer
+from memsearch.trajectory import InvalidCause
 
 
 class DecisionMemory:
@@ -60,6 +62,7 @@ class DecisionMemory:
         return {
             "valid": result.valid,
             "reason": result.reason,
+            "cause": result.cause,
             "executed": result.executed,
             "before": before,
             "after": self.render(),
@@ -103,6 +106,7 @@ class RewriteMemory:
             return {
                 "valid": False,
                 "reason": "empty output; memory unchanged",
+                "cause": InvalidCause.EMPTY_TEXT,
                 "executed": {},
                 "before": before,
                 "after": before,
@@ -113,6 +117,7 @@ class RewriteMemory:
         return {
             "valid": True,
             "reason": None,
+            "cause": None,
             "executed": {},
             "before": before,
             "after": self.render(),

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from memsearch.errors import InputError, StorageError
 from memsearch.io import sha256_file
+from memsearch.trajectory import CALL_ROLES
 
 RECORDS = ("config.json", "run.json")
 # Written into a folder as it is created, naming the command that made it: the only proof that a
@@ -286,7 +287,7 @@ def _model_files(model: str) -> dict[str, str]:
 def model_identity(config) -> dict[str, Any]:
     """Per role (and the budget tokenizer): what produced the completions, by content."""
     out: dict[str, Any] = {}
-    for role in ("memory", "controller", "reader"):
+    for role in CALL_ROLES:
         backend = getattr(config.backends, role)
         entry: dict[str, Any] = {"kind": backend.kind}
         if backend.kind == "hf":

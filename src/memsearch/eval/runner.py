@@ -22,12 +22,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from memsearch.backends.base import CALL_ROLES
 from memsearch.config import RunConfig
 from memsearch.data.dataset import Dataset, load_dataset
 from memsearch.errors import InputError, Problem
 from memsearch.eval.run_folder import check_run_folder, claim_run_folder, model_identity, storage_error, write_record
 from memsearch.io import dumps_line, iter_jsonl, sha256_file, write_jsonl
+from memsearch.trajectory import CALL_ROLES
 
 # Version of what turns trajectories into numbers (``eval.score`` + ``eval.metrics``: answer
 # normalization, sub_em / boxed_em rules, which rows enter a mean). Bump it whenever a metric's

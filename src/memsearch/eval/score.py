@@ -36,13 +36,14 @@ from memsearch.eval.metrics import (
     support_recall,
 )
 from memsearch.text.answers import boxed_prediction
+from memsearch.trajectory import EventKind
 
 
 def token_costs(events: list[dict[str, Any]]) -> dict[str, int]:
     """Tokens by role, service-reported and tokenizer-estimated kept apart (never summed)."""
     out: dict[str, int] = {}
     for event in events:
-        if event.get("type") != "policy_call":
+        if event.get("type") != EventKind.POLICY_CALL:
             continue
         role = event["role"]
         for key, value in event["usage"].items():

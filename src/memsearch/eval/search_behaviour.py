@@ -33,7 +33,7 @@ from typing import Any
 
 from memsearch.backends.oracle import FIND
 from memsearch.errors import InputError
-from memsearch.io import iter_jsonl
+from memsearch.trajectory import EventKind, read_trajectories
 
 _ITEM = re.compile(r"^\[m\d+\] \((fact|open)(?:; [^)]*)?\) (.*)$")
 
@@ -74,15 +74,15 @@ def search_behaviour(run: str | Path) -> dict[str, Any]:
         "searches_with_open_item_held": 0,
         "queries_following_open_item": 0,
     }
-    for _, traj in iter_jsonl(path):
+    for _, traj in read_trajectories(path):
         counts["questions"] += 1
         question, held, queries, opened = _norm(traj.get("question", "")), [], [], set()
         for event in traj.get("events", []):
-            if event.get("type") == "memory":
+            if event.get("type") == EventKind.MEMORY:
                 items = open_items(event.get("after") or "")
                 held = [_subject(item) for item in items]
                 opened.update(items)
-            elif event.get("type") == "search":
+            elif event.get("type") == EventKind.SEARCH:
                 query = _norm(event.get("query", ""))
                 queries.append(query)
                 counts["queries_in_question"] += bool(query) and query in question

@@ -41,6 +41,7 @@ from typing import Any, Literal
 from memsearch.data.records import split_evidence_id
 from memsearch.memory.ops import KINDS, OP_NAMES, Add, Delete, Kind, Noop, Op, Update, parse_ops
 from memsearch.tokenizer import Tokenizer
+from memsearch.trajectory import InvalidCause, first_cause
 
 EMPTY_RENDER = "(empty)"
 _ID_RE = re.compile(r"m([1-9][0-9]*)")
@@ -92,6 +93,7 @@ class ApplyResult:
 
     ``status`` is ``"applied"``, ``"rejected"`` (parsed, but a rule failed) or
     ``"parse_error"`` (no well-formed batch in the text). Only ``"applied"`` is a valid action.
+    ``causes`` holds the ``InvalidCause`` of each reason (same order); ``cause`` is the batch's.
     ``executed`` counts ops by type that were actually applied (all zero unless applied);
     ``added_ids`` are the ids given to ADDs, in op order. ``proposed_tokens`` is the size the
     memory would have had after the batch (``None`` on a parse error).
@@ -99,6 +101,7 @@ class ApplyResult:
 
     status: Literal["applied", "rejected", "parse_error"]
     reasons: tuple[str, ...] = ()
+    causes: tuple[InvalidCause, ...] = ()
     ops: tuple[Op, ...] | None = None
     executed: dict[str, int] = field(default_factory=_zero_counts)
     added_ids: tuple[str, ...] = ()
@@ -122,12 +125,18 @@ class ApplyResult:
         """All reasons in one line (``None`` when applied), for logs and feedback."""
         return "; ".join(self.reasons) if self.reasons else None
 
+    @property
+    def cause(self) -> InvalidCause | None:
+        """Why the action is invalid (``trajectory.first_cause`` of ``causes``); ``None`` when applied."""
+        return first_cause(self.causes)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able form, for trajectories."""
         return {
             "status": self.status,
             "valid": self.valid,
             "reasons": list(self.reasons),
+            "causes": [str(c) for c in self.causes],
             "ops": None if self.ops is None else [op.to_json() for op in self.ops],
             "executed": dict(self.executed),
             "added_ids": list(self.added_ids),
@@ -268,44 +277,45 @@ class Memory:
             if not isinstance(op, (Add, Update, Delete, Noop)):
                 raise TypeError(f"not a memory op: {op!r}")
         before = self._tokens
-        reasons: list[str] = []
+        problems: list[tuple[InvalidCause, str]] = []
         items = list(self._items)
         next_id = self._next_id
         deleted_by: dict[str, int] = {}  # id -> index of the op in this batch that deleted it
         added: list[str] = []
 
         if not ops:
-            reasons.append('empty batch (use a single NOOP to change nothing)')
+            problems.append((InvalidCause.EMPTY_BATCH, "empty batch (use a single NOOP to change nothing)"))
 
         def index_of(item_id: str) -> int | None:
             return next((k for k, item in enumerate(items) if item.id == item_id), None)
 
-        def missing(item_id: str) -> str:
-            if item_id in deleted_by:
-                return f"id {item_id!r} does not exist (deleted by op {deleted_by[item_id]})"
-            return f"id {item_id!r} does not exist"
+        def missing(where: str, item_id: str) -> None:
+            deleted = f" (deleted by op {deleted_by[item_id]})" if item_id in deleted_by else ""
+            problems.append((InvalidCause.UNKNOWN_ID, f"{where}: id {item_id!r} does not exist{deleted}"))
 
         def check_content(where: str, text: str, sources: tuple[str, ...] | None, kind: str,
                           final_sources: tuple[str, ...]) -> None:
             if not text:
-                reasons.append(f"{where}: text is empty")
+                problems.append((InvalidCause.EMPTY_TEXT, f"{where}: text is empty"))
             if sources is not None and self.max_sources is not None and len(sources) > self.max_sources:
-                reasons.append(f"{where}: cites {len(sources)} distinct sources, over the cap of "
-                               f"{self.max_sources} per item (agent.memory_max_sources)")
+                problems.append((InvalidCause.TOO_MANY_SOURCES, f"{where}: cites {len(sources)} distinct sources, "
+                                 f"over the cap of {self.max_sources} per item (agent.memory_max_sources)"))
             for source in sources or ():
                 if split_evidence_id(source) is None:
-                    reasons.append(f"{where}: source {source!r} is not an evidence id "
-                                   "(expected 'doc_id:sentence_index')")
+                    problems.append((InvalidCause.NOT_EVIDENCE_ID, f"{where}: source {source!r} is not an evidence "
+                                     "id (expected 'doc_id:sentence_index')"))
                 elif source not in shown_evidence:
-                    reasons.append(f"{where}: source {source!r} was not shown to the agent")
+                    problems.append((InvalidCause.UNSHOWN_SOURCE,
+                                     f"{where}: source {source!r} was not shown to the agent"))
             if kind == "fact" and not final_sources:
-                reasons.append(f"{where}: a fact must cite at least one source")
+                problems.append((InvalidCause.NO_SOURCE, f"{where}: a fact must cite at least one source"))
 
         for i, op in enumerate(ops):
             where = f"op {i} ({op.name})"
             if isinstance(op, Noop):
                 if len(ops) > 1:
-                    reasons.append(f"{where}: NOOP must stand alone, but the batch has {len(ops)} ops")
+                    problems.append((InvalidCause.NOOP_NOT_ALONE,
+                                     f"{where}: NOOP must stand alone, but the batch has {len(ops)} ops"))
             elif isinstance(op, Add):
                 text, sources = normalize_text(op.text), _dedupe(op.sources)
                 check_content(where, text, sources, op.kind, sources)
@@ -318,7 +328,7 @@ class Memory:
             elif isinstance(op, Update):
                 k = index_of(op.id)
                 if k is None:
-                    reasons.append(f"{where}: {missing(op.id)}")
+                    missing(where, op.id)
                     continue
                 old = items[k]
                 text = normalize_text(op.text)
@@ -329,19 +339,20 @@ class Memory:
             else:  # Delete
                 k = index_of(op.id)
                 if k is None:
-                    reasons.append(f"{where}: {missing(op.id)}")
+                    missing(where, op.id)
                     continue
                 del items[k]
                 deleted_by[op.id] = i
 
         proposed = self.tokenizer.count(_render(items, self.show_sources))
         if proposed > self.budget_tokens:
-            reasons.append(f"memory after the batch would be {proposed} tokens, "
-                           f"over the budget of {self.budget_tokens} tokens")
+            problems.append((InvalidCause.OVER_BUDGET, f"memory after the batch would be {proposed} tokens, "
+                             f"over the budget of {self.budget_tokens} tokens"))
         common = dict(ops=ops, tokens_before=before, proposed_tokens=proposed,
                       budget_tokens=self.budget_tokens)
-        if reasons:
-            return ApplyResult("rejected", tuple(reasons), tokens_after=before, **common)
+        if problems:
+            causes, reasons = zip(*problems, strict=True)
+            return ApplyResult("rejected", reasons, causes, tokens_after=before, **common)
 
         # Commit: the only place the memory changes.
         self._items, self._next_id, self._tokens = tuple(items), next_id, proposed
@@ -360,7 +371,7 @@ class Memory:
         """
         parsed = parse_ops(text)
         if parsed.ops is None:
-            return ApplyResult("parse_error", (f"parse error: {parsed.error}",),
+            return ApplyResult("parse_error", (f"parse error: {parsed.error}",), (InvalidCause.PARSE,),
                                tokens_before=self._tokens, tokens_after=self._tokens,
                                budget_tokens=self.budget_tokens)
         return self.apply(parsed.ops, shown_evidence)

@@ -23,6 +23,7 @@ from typing import Any
 
 from memsearch.errors import InputError
 from memsearch.io import iter_jsonl
+from memsearch.trajectory import EventKind, policy_calls, read_trajectories
 
 SCHEMA = "memsearch-report/1"
 # Columns of the task table, in order; each is a key of a metrics.jsonl row (or derived below).
@@ -99,7 +100,7 @@ def _header(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, Any]]) 
 
 
 def _task_row(row: dict[str, Any], traj: dict[str, Any], label: dict[str, Any] | None) -> dict[str, Any]:
-    calls = [e for e in traj.get("events", []) if e.get("type") == "policy_call"]
+    calls = policy_calls(traj)
     out = {k: row.get(k) for k in ("task_id", "status", "prediction", "em", "f1", "sub_em", "searches", "chunks",
                                    "chunks_cut", "invalid_actions", "request_errors", "memory_truncations", "latency_s",
                                    "retrieval_support_recall", "memory_support_recall", "memory_support_precision",
@@ -120,7 +121,7 @@ TOKEN_ARRAYS = ("prompt_ids", "completion_ids", "logprobs")
 def _readable(traj: dict[str, Any]) -> dict[str, Any]:
     events = []
     for event in traj.get("events", []):
-        if event.get("type") == "policy_call":
+        if event.get("type") == EventKind.POLICY_CALL:
             counts = {k: None if event.get(k) is None else len(event[k]) for k in TOKEN_ARRAYS}
             event = {**{k: v for k, v in event.items() if k not in TOKEN_ARRAYS}, "token_counts": counts}
         events.append(event)
@@ -131,7 +132,7 @@ def load_run(run_dir: Path, labels: dict[str, dict[str, Any]]) -> dict[str, Any]
     """One run's header, task rows (metrics.jsonl order) and full trajectories by task id."""
     summary = _read_json(run_dir / "summary.json")
     rows = [row for _, row in iter_jsonl(run_dir / "metrics.jsonl")]
-    trajs = {t["task_id"]: t for _, t in iter_jsonl(run_dir / "trajectories.jsonl")}
+    trajs = {t["task_id"]: t for _, t in read_trajectories(run_dir / "trajectories.jsonl")}
     missing = [r["task_id"] for r in rows if r["task_id"] not in labels]
     if missing:
         raise InputError(f"{run_dir}: {len(missing)} task(s) have no label in the data folder, e.g. {missing[0]!r}")

@@ -15,6 +15,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_
 
 from memsearch.config import KeyProblems, RunConfig, StrictConfig, merge_tables, read_config_file
 from memsearch.train.rows import TrainedRole
+from memsearch.trajectory import Role
 
 
 def _list_as_tuple(value: Any) -> Any:
@@ -347,8 +348,9 @@ def schema_mode_rule(data: Any, validate) -> GRPOConfig:
 
     Before validation (``data``: raw fields; ``validate``: the model's validation of them), a
     top-level ``schema_mode`` that is given is copied into ``episode.backends.memory`` when the
-    episode does not set it and the trained role writes the memory (memory, overwrite); an
-    episode given as a validated ``RunConfig`` says what it says. After validation it refuses
+    episode does not set it and the trained role writes the memory (memory, overwrite), with
+    ``kind = "hf"`` when it is true (the trained role runs on the policy); an episode given as a
+    validated ``RunConfig`` says what it says. After validation it refuses
     ``schema_mode`` for a role other than memory, and, for the roles that write the memory, a
     top-level value and an episode value that disagree: rollouts would sample the trained memory
     calls one way and periodic evaluation (and ``memsearch eval`` of this episode) the other, so
@@ -365,6 +367,10 @@ def schema_mode_rule(data: Any, validate) -> GRPOConfig:
         backends = dict(episode.get("backends") or {})
         memory = dict(backends.get("memory") or {})
         memory.setdefault("schema_mode", data["schema_mode"])
+        if memory["schema_mode"] is True:
+            # The trainer runs the trained memory role on its hf policy (grpo.trained_role_backends);
+            # saying so keeps the episode a valid run config (schema mode samples in a local model).
+            memory["kind"] = "hf"
         data = {**data, "episode": {**episode, "backends": {**backends, "memory": memory}}}
     cfg = validate(data)
     if cfg.schema_mode and cfg.role != "memory":
@@ -386,7 +392,7 @@ class SFTConfig(TrainerConfig):
     model: str = Field("embedded", description="'embedded' or a local Hugging Face model folder")
     adapter: str | None = Field(None, description="Continue from this LoRA adapter (weights only)")
     data: list[str] = Field(..., description="Chat-format JSONL files from `memsearch export-sft`")
-    role: Literal["memory", "controller", "reader"] = Field(
+    role: Role = Field(
         "memory", description="Role the adapter serves in periodic evaluation"
     )
     eval_config: str | None = Field(None, description="Run config (TOML) for periodic evaluation through the engine")

@@ -12,20 +12,18 @@ policy that always writes NOOP can still show a healthy mean entropy. Two views 
   The overwrite role (MemAgent's free-text memory) has no such token and logs none.
 - **op histogram** (``op_histogram``): over the trained memory calls of a step, each applied op
   counts once under its name (a call with two ADDs counts two), and each invalid call once
-  under its cause: ``invalid_parse`` (not readable as ops), ``invalid_budget`` (the batch would
-  overflow the memory budget), ``invalid_rule`` (any other rule: unknown id, source not shown,
-  ...). A call whose request failed is a request error, not a decision, and is not counted.
+  under its cause's bucket (``memsearch.trajectory.CAUSES``): ``invalid_parse`` (not readable as
+  ops), ``invalid_budget`` (the batch would overflow the memory budget), ``invalid_rule`` (any
+  other rule: unknown id, source not shown, ...). A call whose request failed is a request
+  error, not a decision, and is not counted.
 
 ``invalid_decision_credit`` (``mask_invalid_decisions``) decides whether the deciding tokens of
-an invalid row stay in the loss. ``"all"``: they do, and the penalty also lowers the probability
-of the op chosen; in the CPU pilots (docs/results/memory_policy_cpu_v2, pilot 4) the rejected ADD
-branches outweighed the rewarded ones at the op token and greedy decoding fell to NOOP in states
-with room, although the error of an item cut off by the policy budget or citing a source never
-shown is in the item, not in the choice of ADD. ``"none"``: every invalid row's deciding tokens
-leave the loss; then in a state with no room the over-budget branches only lower the group mean,
-every branch that fits gains, ADD as much as NOOP, and the policy drifted to ADD (pilot 6).
-``"over_budget"``: the item errors are masked, and a batch rejected for overflowing the memory
-budget keeps its op tokens in the loss, since there the choice to add at all is the error.
+an invalid row stay in the loss: ``"all"`` (the penalty also lowers the probability of the op
+chosen), ``"none"`` (every invalid row's deciding tokens leave the loss: its penalty trains only
+what follows the choice) or ``"over_budget"`` (only a batch rejected for overflowing the memory
+budget keeps its op tokens, since there the choice to add at all is the error; an item's own
+errors, a source never shown or a text cut off, are masked). What each did in the CPU pilots is
+in docs/results/memory_policy_cpu_v2 (pilots 4-6).
 """
 
 from __future__ import annotations
@@ -35,14 +33,15 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from memsearch.memory.ops import OP_NAMES
-from memsearch.train.rows import Row, is_over_budget
+from memsearch.train.rows import Row
+from memsearch.trajectory import CAUSES, InvalidCause
 
 # Where the decision starts in a completion's text, by call role: the match's end (memory) or
 # start (controller) is the first character of the chosen name.
 _OP_NAME_START = re.compile(r'"op"\s*:\s*"')
 _CONTROLLER_CHOICE = re.compile(r"\b(?:SEARCH|FINISH)\b")
-INVALID_CAUSES = ("invalid_parse", "invalid_budget", "invalid_rule")
-HISTOGRAM_KEYS = (*OP_NAMES, *INVALID_CAUSES)
+INVALID_BUCKETS = ("invalid_parse", "invalid_budget", "invalid_rule")
+HISTOGRAM_KEYS = (*OP_NAMES, *INVALID_BUCKETS)
 
 
 def decision_characters(text: str, role: str) -> list[int]:
@@ -98,14 +97,10 @@ def mask_invalid_decisions(rows: Iterable[Row], *, keep_over_budget: bool = Fals
     return masked
 
 
-def invalid_cause(reason: str | None) -> str:
-    """The histogram bucket of an invalid memory call, from the reason the memory gave."""
-    text = reason or ""
-    if text.startswith("parse error"):
-        return "invalid_parse"
-    if is_over_budget(text):
-        return "invalid_budget"
-    return "invalid_rule"
+def histogram_bucket(cause: InvalidCause | str | None) -> str:
+    """The histogram bucket of an invalid memory call with this cause (``None``, a call with no
+    code: ``invalid_rule``, like an unrecognised reason of an old record)."""
+    return CAUSES[InvalidCause(cause) if cause is not None else InvalidCause.OTHER].histogram
 
 
 def op_histogram(calls: Iterable[dict[str, Any]]) -> dict[str, int]:
@@ -116,7 +111,7 @@ def op_histogram(calls: Iterable[dict[str, Any]]) -> dict[str, int]:
         if call.get("role") != "memory" or call.get("valid") is None:
             continue
         if call["valid"] is False:
-            counts[invalid_cause(call.get("invalid_reason"))] += 1
+            counts[histogram_bucket(call.get("invalid_cause"))] += 1
             continue
         executed = ((call.get("action") or {}).get("memory") or {}).get("executed") or {}
         for name in OP_NAMES:

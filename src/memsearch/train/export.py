@@ -56,10 +56,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from memsearch.backends.base import CALL_ROLES
 from memsearch.data.dataset import validation_problems
 from memsearch.errors import InputError, Problem
 from memsearch.io import dumps_line, iter_jsonl
+from memsearch.trajectory import CALL_ROLES, EventKind, read_trajectories
 
 SKIP_REASONS = ("task_status", "below_min_f1", "request_error", "invalid", "truncated")
 
@@ -244,16 +244,16 @@ def export_sft(
     seen: dict[str, int] = {}
 
     def rows():
-        for lineno, obj in iter_jsonl(trajectories):
+        for lineno, obj in read_trajectories(trajectories):
             where = (str(trajectories), lineno)
             traj = _validate(_Trajectory, obj, *where, "", problems)
             if traj is None:
                 continue
             calls, held = [], {}
             for i, event in enumerate(traj.events):
-                if isinstance(event, dict) and event.get("type") == "memory" and "sources_before" in event:
+                if isinstance(event, dict) and event.get("type") == EventKind.MEMORY and "sources_before" in event:
                     held[event.get("step")] = event["sources_before"]
-                if isinstance(event, dict) and event.get("type") == "policy_call" and event.get("role") == role:
+                if isinstance(event, dict) and event.get("type") == EventKind.POLICY_CALL and event.get("role") == role:
                     call = _validate(_PolicyCall, event, *where, f"events.{i}", problems)
                     if call is not None:
                         calls.append(call)

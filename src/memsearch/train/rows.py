@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from memsearch.backends.base import Role
+from memsearch.trajectory import InvalidCause, Role, call_cause, policy_calls
 
 # What a trainer can train (a config's ``role``), not the role of one call
 # (``backends.base.CALL_ROLES``): a trained role covers one or more call roles.
@@ -42,12 +42,6 @@ TRAINED_CALL_ROLES: dict[TrainedRole, tuple[Role, ...]] = {
     "controller": ("controller",),
     "overwrite": ("memory", "reader"),
 }
-
-
-def is_over_budget(reason: str | None) -> bool:
-    """Whether the memory rejected a call because its batch would overflow the memory budget
-    (the store's reason says "over the budget")."""
-    return "over the budget" in (reason or "")
 
 
 @dataclass
@@ -98,8 +92,7 @@ class RowCountError(RuntimeError):
 
 def trained_calls(trajectory: dict[str, Any], role: str) -> list[dict[str, Any]]:
     """The policy-call events of ``trajectory`` that ``role`` trains, in episode order."""
-    roles = TRAINED_CALL_ROLES[role]
-    return [e for e in trajectory.get("events", []) if e.get("type") == "policy_call" and e["role"] in roles]
+    return policy_calls(trajectory, TRAINED_CALL_ROLES[role])
 
 
 def rows_from_trajectory(trajectory: dict[str, Any], role: str, index: int, group: int) -> tuple[list[Row], int]:
@@ -123,7 +116,7 @@ def rows_from_trajectory(trajectory: dict[str, Any], role: str, index: int, grou
         rows.append(Row(prompt_ids=list(prompt), completion_ids=list(ids), rollout_logprobs=[float(x) for x in lps],
                         loss_mask=[1] * len(ids), trajectory=index, group=group, role=call["role"], step=call["step"],
                         constraint_id=call.get("constraint_id"), valid=call.get("valid") is not False,
-                        over_budget=call.get("valid") is False and is_over_budget(call.get("invalid_reason"))))
+                        over_budget=call.get("valid") is False and call_cause(call) == InvalidCause.OVER_BUDGET))
     return rows, failed
 
 

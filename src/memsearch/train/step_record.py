@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from memsearch.train.decisions import HISTOGRAM_KEYS, op_histogram
 from memsearch.train.distributed import Dist
-from memsearch.train.rows import TRAINED_CALL_ROLES, Batch
+from memsearch.train.rows import Batch, trained_calls
 
 if TYPE_CHECKING:
     from memsearch.train.dynamic_sampling import SampledStep
@@ -90,12 +90,7 @@ def step_record(
 def step_counts(batch: Batch, groups, role: str) -> dict[str, float]:
     """This rank's counts of one step, by name (``_step_record`` sums them over ranks)."""
     trajs = [tr for grp in groups for tr in grp]
-    calls = [
-        c
-        for tr in trajs
-        for c in tr.get("events", [])
-        if c.get("type") == "policy_call" and c["role"] in TRAINED_CALL_ROLES[role]
-    ]
+    calls = [c for tr in trajs for c in trained_calls(tr, role)]
     ops = op_histogram(calls)
     return {
         **{f"ops/{name}": float(ops[name]) for name in HISTOGRAM_KEYS},

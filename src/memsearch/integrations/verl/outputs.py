@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from memsearch.train.rows import rows_from_trajectory, trained_calls
+from memsearch.trajectory import EventKind
 
 
 def session_outputs(trajectory: dict[str, Any], role: str) -> list[dict[str, Any]]:
@@ -56,7 +57,8 @@ def reward_summary(trajectory: dict[str, Any], role: str) -> dict[str, Any]:
         "memory_sources": list(trajectory.get("memory_sources") or []),
         "counts": {"searches": counts.get("searches", 0), "policy_calls": counts.get("policy_calls", 0),
                    "request_errors": counts.get("request_errors", 0)},
-        "events": [{"type": "policy_call", "role": c["role"], "valid": c.get("valid")}
+        "events": [{"type": EventKind.POLICY_CALL, "role": c["role"], "valid": c.get("valid"),
+                    "invalid_cause": c.get("invalid_cause")}
                    for c in trained_calls(trajectory, role)],
         "status": trajectory.get("status"),
     }

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from memsearch.errors import InputError
-from memsearch.io import iter_jsonl
 from memsearch.pipelines.memory_policy.heldout import gold_facts
 from memsearch.train.config import StateReward
 from memsearch.train.rows import group_advantages
 from memsearch.train.state_credit import call_reward
+from memsearch.trajectory import EventKind, read_trajectories
 
 _BUDGET_LEFT = re.compile(r"Memory budget left: (-?\d+) tokens")
 _STEP = re.compile(r"step-(\d+)\.")
@@ -72,15 +72,15 @@ def branch_credit(stage: Path, data: Path, *, steps: tuple[int, int] | None = No
         raise InputError(f"{stage}/rollouts: no step-*.jsonl in steps {steps} (save_rollouts must be on)")
     cells: dict[tuple[str, str, str], list[tuple[float, float]]] = defaultdict(list)
     for path in files:
-        for line_no, trajectory in iter_jsonl(path):
+        for line_no, trajectory in read_trajectories(path):
             where = f"{path}:{line_no}"
             if trajectory["task_id"] not in gold:
                 raise InputError(f"{where}: task {trajectory['task_id']} has no label in {data}")
             facts, shown = gold[trajectory["task_id"]], []
             for event in trajectory["events"]:
-                if event["type"] == "search":
+                if event["type"] == EventKind.SEARCH:
                     shown = event.get("shown") or []
-                if event["type"] != "policy_call" or event["role"] != "memory" or "branches" not in event:
+                if event["type"] != EventKind.POLICY_CALL or event["role"] != "memory" or "branches" not in event:
                     continue
                 before = {"kept": event["kept_before"], "cited": event["cited_before"]}
                 branches = [b for b in event["branches"] if not b.get("error") and b.get("completion_ids") is not None]

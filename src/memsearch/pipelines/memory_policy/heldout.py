@@ -37,7 +37,7 @@ from memsearch.io import iter_jsonl, write_json
 from memsearch.pipelines.memory_policy import bar as bars
 from memsearch.pipelines.stages import eval_run
 from memsearch.train.config import RewardSettings
-from memsearch.train.rows import is_over_budget
+from memsearch.trajectory import CAUSES, EventKind, InvalidCause, call_cause, policy_calls, read_trajectories
 
 POLICIES = ("base", "rules", "sft", "grpo")
 SHARED = ("base", "rules")
@@ -45,7 +45,7 @@ PAIRS = (("grpo", "rules"), ("grpo", "sft"), ("sft", "rules"), ("sft", "base"), 
 DIFF_METRICS = ("memory_support_recall", "f1", "em")
 METRICS = ("memory_support_recall", "memory_support_precision", "retrieval_support_recall", "f1", "em",
            "invalid_action_rate")
-INVALID_CAUSES = ("over_budget", "truncated", "unshown_source", "other")
+INVALID_CAUSES = ("over_budget", "truncated", "unshown_source", "other")  # columns: CAUSES' heldout groups
 GOLD_CALL_OUTCOMES = ("kept_gold", "stored_other_only", "stored_nothing", "over_budget", "invalid_other")
 
 
@@ -69,24 +69,18 @@ def policy_config(cfg, policy: str, sft: Path | None = None, stage1: Path | None
 
 
 def _invalid_cause(call: dict[str, Any]) -> str:
-    reason = call.get("invalid_reason") or ""
+    """The column of an invalid call: cut at its token limit, whatever broke, else its cause's group."""
     if call.get("finish_reason") == "length":
         return "truncated"
-    if is_over_budget(reason):
-        return "over_budget"
-    if "was not shown" in reason:
-        return "unshown_source"
-    return "other"
+    return CAUSES[call_cause(call) or InvalidCause.OTHER].heldout
 
 
 def memory_calls(run: Path) -> dict[str, Any]:
     """The memory role's calls of a run: count, ops executed by kind, the calls that executed
     each kind (``calls_with``: a call with two ADDs counts once), invalid calls by cause."""
     calls, ops, calls_with, invalid = 0, Counter(), Counter(), Counter()
-    for _, traj in iter_jsonl(run / "trajectories.jsonl"):
-        for event in traj.get("events", []):
-            if event.get("type") != "policy_call" or event.get("role") != "memory":
-                continue
+    for _, traj in read_trajectories(run / "trajectories.jsonl"):
+        for event in policy_calls(traj, ("memory",)):
             calls += 1
             executed = ((event.get("action") or {}).get("memory") or {}).get("executed") or {}
             ops.update(executed)
@@ -123,14 +117,14 @@ def decision_rates(run: Path, gold: dict[str, set[str]]) -> dict[str, Any]:
     stored = {True: 0, False: 0}
     calls_of = {True: 0, False: 0}
     outcomes = Counter({outcome: 0 for outcome in GOLD_CALL_OUTCOMES})
-    for _, traj in iter_jsonl(run / "trajectories.jsonl"):
+    for _, traj in read_trajectories(run / "trajectories.jsonl"):
         facts = gold.get(traj["task_id"], set())
         shown: dict[Any, set[str]] = {}
         updates = []
         for event in traj.get("events", []):
-            if event.get("type") == "search":
+            if event.get("type") == EventKind.SEARCH:
                 shown.setdefault(event.get("step"), set()).update(event.get("shown") or [])
-            elif event.get("type") == "memory" and "sources_before" in event:
+            elif event.get("type") == EventKind.MEMORY and "sources_before" in event:
                 updates.append(event)
         afters = [set(e["sources_before"]) for e in updates[1:]] + [set(traj.get("memory_cited") or [])]
         for event, after in zip(updates, afters):
@@ -139,7 +133,7 @@ def decision_rates(run: Path, gold: dict[str, set[str]]) -> dict[str, Any]:
             shown_gold += len(new_gold)
             kept += len(new_gold & after)
             junk += len(after - before - facts)
-            overflow = is_over_budget(event.get("reason"))
+            overflow = event.get("cause") == InvalidCause.OVER_BUDGET
             overflows += overflow
             calls += 1
             gold_call = bool(new_gold)
