@@ -17,7 +17,7 @@ beside its folder; ``pipeline.stages`` explains skip / resume / refuse):
 6. ``seed-N/grpo2/`` + ``seed-N/merged2/`` (``stage2.enabled``): GRPO of the controller with the
    merged stage-1 model frozen as memory backend, in process or over HTTP (``stage2.memory_serving``:
    ``transformers serve`` launched on ``merged1`` for the stage, or a server the user runs;
-   ``pipeline.serving``). With ``stage2.start = "sft"`` it starts from ``seed-N/sft2/``, LoRA SFT
+   ``memory_policy.serving``). With ``stage2.start = "sft"`` it starts from ``seed-N/sft2/``, LoRA SFT
    of the controller on ``teacher2/sft.jsonl`` (a train run with ``stage2.teacher`` as the policy
    controller, ``export-sft --role controller``);
 7. ``seed-N/matrix/{A,B,C,D}``: the A-D matrix on the held-out dev questions; A/C summarize with
@@ -322,7 +322,7 @@ def _launched_port(cfg: MemoryPolicyPipeline, record: Path) -> int:
     """The launched memory server's port: ``stage2.serve_port``, else the one an earlier start of
     this stage recorded (the URL is part of the trainer config, so a resume must reuse it), else
     a free one."""
-    from memsearch.pipelines.serving import free_port
+    from memsearch.pipelines.memory_policy.serving import free_port
 
     if cfg.stage2.serve_port is not None:
         return cfg.stage2.serve_port
@@ -352,7 +352,7 @@ def stage2_stage(
     (launched) or checked (user-run) only while the stage trains."""
     from functools import partial
 
-    from memsearch.pipelines import serving
+    from memsearch.pipelines.memory_policy import serving
 
     record = root / "grpo2.stage.json"
     s2 = cfg.stage2
