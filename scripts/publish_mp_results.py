@@ -3,7 +3,7 @@ per-question metrics) into a results folder of the repository.
 
     uv run python scripts/publish_mp_results.py RUN DEST
 
-(memsearch.pipelines.publish says what is copied; nothing is computed or typed by hand.)
+(memsearch.pipelines.memory_policy.publish says what is copied; nothing is computed or typed by hand.)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 def main(argv: list[str]) -> int:
     from memsearch.errors import InputError
-    from memsearch.pipelines.publish import publish_results
+    from memsearch.pipelines.memory_policy.publish import publish_results
 
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)

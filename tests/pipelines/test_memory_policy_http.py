@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from memsearch.errors import InputError
-from memsearch.pipelines import serving
+from memsearch.pipelines.memory_policy import serving
 from memsearch.pipelines.memory_policy.pipeline import run_memory_policy_pipeline
 
 # Stage 2 over HTTP with a launched server; free decoding (schema mode is in-process only); no

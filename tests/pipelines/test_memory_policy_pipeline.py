@@ -336,7 +336,7 @@ def test_publish_copies_what_a_reader_checks_claims_with(with_stage2, tmp_path):
     import gzip
 
     from memsearch.eval.run_diff import matrix_minus_control
-    from memsearch.pipelines.publish import publish_results
+    from memsearch.pipelines.memory_policy.publish import publish_results
 
     out, _, _ = with_stage2
     written = publish_results(out, tmp_path / "results")
@@ -432,7 +432,7 @@ def test_a_refused_overlap_leaves_nothing_that_blocks_the_corrected_run(tmp_path
 
 
 def test_publish_copies_the_record_of_a_stage_the_collapse_guard_stopped(tmp_path):
-    from memsearch.pipelines.publish import publish_results
+    from memsearch.pipelines.memory_policy.publish import publish_results
 
     run = tmp_path / "run"
     (run / "heldout").mkdir(parents=True)

@@ -10,7 +10,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from memsearch.cli.common import EXIT_INPUT, Limit, add_renamed, command_group, friendly, out_folder, renamed_options
+from memsearch.cli.common import (
+    EXIT_INPUT,
+    DataDir,
+    Limit,
+    add_renamed,
+    command_group,
+    friendly,
+    out_folder,
+    renamed_options,
+)
 
 data_app = command_group("Prepare data folders (HotpotQA, MuSiQue, RULER-HQA long contexts) and validate them.")
 
@@ -92,7 +101,7 @@ def prepare_ruler(
 @data_app.command("validate")
 @friendly
 def validate(
-    data: Annotated[Path, typer.Option(help="A prepared data folder.")],
+    data: DataDir,
     against: Annotated[Optional[Path], typer.Option(
         help="Another prepared folder that must share no task id or question.")] = None,
 ) -> None:

@@ -1,5 +1,6 @@
 """What every pipeline config shares: its ``[episode]`` table is a run config (``memsearch eval``
-and ``matrix`` accept a pipeline config as one: ``load_run_config``), its trainer tables are
+and ``matrix`` accept a pipeline config as one: ``load_run_config``) whose budgets are counted
+with the model's tokenizer (``check_episode_tokenizer``), its trainer tables are
 validated with their place in the pipeline config (``validated``), and its report has paired
 bootstrap settings (``PipelineReport``). The configs of the pipelines themselves are
 ``memsearch.pipelines.memagent.config`` and ``memsearch.pipelines.memory_policy.config``.
@@ -30,6 +31,17 @@ def episode_table(data: dict[str, Any]) -> dict[str, Any]:
     backends = {role: {"kind": "hf", "model": model} for role in ("memory", "reader")}
     from_model = {"tokenizer": model, "backends": backends}
     return merge_tables(from_model, data.get("episode") or {})
+
+
+def check_episode_tokenizer(episode: RunConfig, model: str) -> None:
+    """A pipeline counts budgets with the tokenizer of the model it trains: its ``[episode]``'s
+    tokenizer (``model`` unless the table sets one) must be ``model``'s."""
+    if episode.tokenizer != model:
+        raise KeyProblems((
+            "episode.tokenizer",
+            f"{episode.tokenizer!r} differs from model {model!r}: budgets must "
+            "be counted with the model's own tokenizer (leave episode.tokenizer unset)",
+        ))
 
 
 def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:

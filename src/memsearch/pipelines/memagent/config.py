@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from memsearch.config import KeyProblems, RunConfig, StrictConfig
-from memsearch.pipelines.config import PipelineReport, episode_table, validated
+from memsearch.pipelines.config import PipelineReport, check_episode_tokenizer, episode_table, validated
 from memsearch.train.config import GRPOConfig
 
 # [train] fields the pipeline sets itself (from model, data and episode).
@@ -85,12 +85,7 @@ class MemAgentPipeline(StrictConfig):
                 "episode.agent",
                 "the MemAgent pipeline needs evidence 'stream', memory 'overwrite', controller 'exhaust'",
             ))
-        if self.episode.tokenizer != self.model:
-            raise KeyProblems((
-                "episode.tokenizer",
-                f"{self.episode.tokenizer!r} differs from model {self.model!r}: budgets must "
-                "be counted with the model's own tokenizer (leave episode.tokenizer unset)",
-            ))
+        check_episode_tokenizer(self.episode, self.model)
         for role in ("memory", "reader"):
             b = getattr(backends, role)
             if b.kind != "hf" or b.model != self.model or b.adapter is not None:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from memsearch.config import BackendConfig, KeyProblems, Matrix, RunConfig, StrictConfig
-from memsearch.pipelines.config import PipelineReport, validated
+from memsearch.pipelines.config import PipelineReport, check_episode_tokenizer, validated
 from memsearch.pipelines.stages import OnCollapse
 from memsearch.train.config import GRPOConfig, SFTConfig
 
@@ -223,12 +223,7 @@ class MemoryPolicyPipeline(StrictConfig):
                 "the memory-policy pipeline trains decision memory on a fixed plan "
                 "(evidence 'search', memory 'decision', controller 'fixed'); stage 2 switches to 'policy' itself",
             ))
-        if self.episode.tokenizer != self.model:
-            raise KeyProblems((
-                "episode.tokenizer",
-                f"{self.episode.tokenizer!r} differs from model {self.model!r}: budgets "
-                "must be counted with the trained model's tokenizer (leave it unset)",
-            ))
+        check_episode_tokenizer(self.episode, self.model)
         if self.episode.matrix != Matrix():
             # matrix_config sets the matrix table whole: a setting here would be silently dropped.
             raise KeyProblems(("episode.matrix", "the pipeline runs the A-D matrix itself (groups A-D, their "

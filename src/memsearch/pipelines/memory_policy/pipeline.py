@@ -17,7 +17,7 @@ beside its folder; ``pipeline.stages`` explains skip / resume / refuse):
 6. ``seed-N/grpo2/`` + ``seed-N/merged2/`` (``stage2.enabled``): GRPO of the controller with the
    merged stage-1 model frozen as memory backend, in process or over HTTP (``stage2.memory_serving``:
    ``transformers serve`` launched on ``merged1`` for the stage, or a server the user runs;
-   ``pipeline.serving``). With ``stage2.start = "sft"`` it starts from ``seed-N/sft2/``, LoRA SFT
+   ``memory_policy.serving``). With ``stage2.start = "sft"`` it starts from ``seed-N/sft2/``, LoRA SFT
    of the controller on ``teacher2/sft.jsonl`` (a train run with ``stage2.teacher`` as the policy
    controller, ``export-sft --role controller``);
 7. ``seed-N/matrix/{A,B,C,D}``: the A-D matrix on the held-out dev questions; A/C summarize with
@@ -245,20 +245,19 @@ def seed_stages(
     out: Path,
     seed: int,
     paths: dict[str, Any],
-    rows: Path | None,
-    rows_fp: str | None,
+    trained: tuple[Path | None, Path, dict[str, Any]],
     echo=print,
     controller_rows: tuple[Path, str] | None = None,
 ) -> dict[str, Any]:
-    """SFT (unless ``grpo_start = 'base'``), stage 1, merge, optional stage 2 (from the controller's
-    SFT on ``controller_rows`` when ``stage2.start = 'sft'``) and the matrix of one seed under
-    ``OUT/seed-N``."""
+    """What follows one seed's stage 1 (``trained``: what ``train_stage1`` returned for it): merge,
+    held-out rows, optional stage 2 (from the controller's SFT on ``controller_rows`` when
+    ``stage2.start = 'sft'``) and the matrix, under ``OUT/seed-N``."""
     from memsearch.eval.matrix import run_matrix
 
     root = out / f"seed-{seed}"
     train = str(paths["train"])
     val = str(paths["val"]) if cfg.data.val_questions else None
-    sft, stage1, start = train_stage1(cfg, out, seed, paths, rows, rows_fp, echo)
+    sft, stage1, start = trained
     merged1, fp1 = merge_stage(root / "merged1", root / "merged1.stage.json", cfg.model, stage1, cfg.merge_dtype, echo)
     from memsearch.pipelines.memory_policy import heldout
 
@@ -323,7 +322,7 @@ def _launched_port(cfg: MemoryPolicyPipeline, record: Path) -> int:
     """The launched memory server's port: ``stage2.serve_port``, else the one an earlier start of
     this stage recorded (the URL is part of the trainer config, so a resume must reuse it), else
     a free one."""
-    from memsearch.pipelines.serving import free_port
+    from memsearch.pipelines.memory_policy.serving import free_port
 
     if cfg.stage2.serve_port is not None:
         return cfg.stage2.serve_port
@@ -353,7 +352,7 @@ def stage2_stage(
     (launched) or checked (user-run) only while the stage trains."""
     from functools import partial
 
-    from memsearch.pipelines import serving
+    from memsearch.pipelines.memory_policy import serving
 
     record = root / "grpo2.stage.json"
     s2 = cfg.stage2
@@ -433,7 +432,10 @@ def run_memory_policy_pipeline(cfg: MemoryPolicyPipeline, out: str | Path, echo=
         rows, rows_fp = teacher_stage(cfg, out, paths, echo) if cfg.grpo_start == "sft" else (None, None)
         shared = heldout.run_shared(cfg, out, paths, echo)
         controller_rows = controller_teacher_stage(cfg, out, paths, echo) if cfg.stage2.start == "sft" else None
-        seeds = [seed_stages(cfg, out, seed, paths, rows, rows_fp, echo, controller_rows) for seed in cfg.seeds]
+        seeds = []
+        for seed in cfg.seeds:
+            trained = train_stage1(cfg, out, seed, paths, rows, rows_fp, echo)
+            seeds.append(seed_stages(cfg, out, seed, paths, trained, echo, controller_rows))
     comparison = heldout.compare(cfg, shared, {s["seed"]: s["heldout"] for s in seeds})
     heldout.write_summary(out, comparison)
     report = write_mp_report(cfg, out, seeds, comparison)
