@@ -37,6 +37,11 @@ vocabulary, build the tries); ~0.6 ms per new state (at most ~2 ms); a 124-token
 output with all four op kinds visits 60 distinct states, and ``MEMORY_OPS`` (at most 3 sources
 per item) has 330 reachable states in all (270 for the uncapped v1; so at most ~16 MB of
 memoized masks); ``masks_for`` on memoized states ~2 ms for 124 tokens.
+
+Constraints: ``memory-ops-v1`` and ``memory-ops-v2-sources<n>`` (the whole decision, any number
+of ops), and the per-call ``memory-extract-v1:<json>`` of the extractive format (one op, built
+from the episode's state: ``extractive_constraint``); ``constraint_by_id`` rebuilds each from its
+id, and ``compile_constraint`` keeps per-call ones in a bounded LRU (``PER_CALL_CACHE_SIZE``).
 """
 
 from __future__ import annotations
@@ -46,9 +51,11 @@ import json
 import re
 import threading
 import weakref
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from memsearch.backends.base import Constraint
+from memsearch.backends.hf.extractive_constraint import EXTRACT_PREFIX, extractive_constraint_by_id
 from memsearch.config import MEMORY_MAX_SOURCES
 
 if TYPE_CHECKING:
@@ -115,15 +122,18 @@ CONSTRAINTS: dict[str, Constraint] = {c.id: c for c in (MEMORY_OPS_V1, MEMORY_OP
 
 def constraint_by_id(constraint_id: str) -> Constraint:
     """The registered constraint called ``constraint_id`` (training rows store only the id);
-    ``memory-ops-v2-sources{n}`` for any cap ``n``."""
+    ``memory-ops-v2-sources{n}`` for any cap ``n``; an ``EXTRACT_PREFIX`` id rebuilt from its
+    payload (``extractive_constraint``; ``ValueError`` if malformed)."""
     if constraint_id in CONSTRAINTS:
         return CONSTRAINTS[constraint_id]
     capped = _CAPPED_ID.fullmatch(constraint_id)
     if capped:
         return memory_ops_constraint(int(capped.group(1)))
+    if constraint_id.startswith(EXTRACT_PREFIX):
+        return extractive_constraint_by_id(constraint_id)
     raise ValueError(
         f"unknown constraint id {constraint_id!r}; valid ids: {', '.join(sorted(CONSTRAINTS))} "
-        "(memory-ops-v2-sources<n> for any cap n)"
+        f"(memory-ops-v2-sources<n> for any cap n, {EXTRACT_PREFIX}<json> for an extractive call)"
     )
 
 
@@ -175,7 +185,9 @@ class Automaton:
             )
         if "const" in s or "enum" in s:
             values = [s["const"]] if "const" in s else s["enum"]
-            return self._node(("lit", tuple(json.dumps(v, ensure_ascii=False) for v in values)))
+            # compact (no space after "," or ":"): a list or object value is one exact text
+            compact = tuple(json.dumps(v, ensure_ascii=False, separators=(",", ":")) for v in values)
+            return self._node(("lit", compact))
         for key in ("anyOf", "oneOf"):
             if key in s:
                 return self._node(("alt", tuple(self._compile(v, f"{where}.{key}[{i}]") for i, v in enumerate(s[key]))))
@@ -516,30 +528,51 @@ class TokenConstraint:
         return 255 if max_len is None else max_len - thread[-1][2]
 
 
+# Constraints built per call (their ids start with one of these) are many and each is used for a
+# while only: they are kept in a least-recently-used cache of PER_CALL_CACHE_SIZE per tokenizer.
+# Each holds the masks of the states it visited, one byte per vocabulary id (49 KB a state with the
+# embedded tokenizer; a 26-token extractive op visits 27 states, ~1.3 MB, so ~340 MB when full,
+# and as much again on the decoding device for ``mask_logits``). A miss costs a recompute (~15 ms
+# for such an op on a 2-core CPU), never a different mask. Other ids (a few fixed ones) stay.
+PER_CALL_PREFIXES = (EXTRACT_PREFIX,)
+PER_CALL_CACHE_SIZE = 256
+
 _LOCK = threading.Lock()
-_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> (vocab, {id: (schema, compiled)})
+# tokenizer -> (vocab, {id: (schema, compiled)} for fixed ids, the same in LRU order for per-call ids)
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def compile_constraint(constraint: Constraint, hf_tokenizer: Any) -> TokenConstraint:
-    """``constraint`` over ``hf_tokenizer``'s ids, cached per (constraint id, tokenizer object).
-    Two different constraints under one id raise ``ValueError``: rows store only the id."""
+    """``constraint`` over ``hf_tokenizer``'s ids, cached per (constraint id, tokenizer object);
+    per-call ids (``PER_CALL_PREFIXES``) in an LRU of ``PER_CALL_CACHE_SIZE``: an evicted one is
+    compiled again (same masks, computed again). Two different constraints under one id raise
+    ``ValueError``: rows store only the id."""
     with _LOCK:
         if hf_tokenizer not in _CACHE:
-            _CACHE[hf_tokenizer] = (_Vocab(hf_tokenizer), {})
-        (vocab, compiled), fingerprint = _CACHE[hf_tokenizer], json.dumps([constraint.json_schema, constraint.choices])
+            _CACHE[hf_tokenizer] = (_Vocab(hf_tokenizer), {}, OrderedDict())
+        vocab, fixed, per_call = _CACHE[hf_tokenizer]
+        fingerprint = json.dumps([constraint.json_schema, constraint.choices])
+        compiled = per_call if constraint.id.startswith(PER_CALL_PREFIXES) else fixed
         if constraint.id not in compiled:
             compiled[constraint.id] = (fingerprint, TokenConstraint(constraint, vocab))
+            while compiled is per_call and len(per_call) > PER_CALL_CACHE_SIZE:
+                per_call.popitem(last=False)
         elif compiled[constraint.id][0] != fingerprint:
             raise ValueError(f"constraint id {constraint.id!r} already names a different constraint")
+        elif compiled is per_call:
+            per_call.move_to_end(constraint.id)
         return compiled[constraint.id][1]
 
 
 __all__ = [
     "CONSTRAINTS",
+    "EXTRACT_PREFIX",
     "MAX_WHITESPACE",
     "MEMORY_OPS",
     "MEMORY_OPS_SCHEMA",
     "MEMORY_OPS_V1",
+    "PER_CALL_CACHE_SIZE",
+    "PER_CALL_PREFIXES",
     "Automaton",
     "TokenConstraint",
     "compile_constraint",
