@@ -151,6 +151,13 @@ class Agent(StrictConfig):
         "more is rejected (an invalid action), and schema mode's constraint allows no more (maxItems). Citing every "
         "shown sentence from one item must not buy memory support recall (docs/design.md §6)",
     )
+    memory_format: Literal["text", "extractive"] = Field(
+        "text",
+        description="Decision memory: 'text', an op writes the item's text and cites its sources; 'extractive', an "
+        "op names evidence ids only and the environment writes the item from those sentences (an open sub-question "
+        "keeps a short free text), one op per call in schema mode, where only ops that fit the budget can be "
+        "sampled (memory/extractive.py, docs/design.md §5)",
+    )
 
 
 class Retrieval(StrictConfig):
@@ -352,6 +359,9 @@ class RunConfig(StrictConfig):
                 "agent",
                 "evidence 'stream' reads every chunk: use controller 'exhaust' and memory 'summary' or 'overwrite'",
             ))
+        if agent.memory_format == "extractive" and agent.memory != "decision":
+            raise KeyProblems(
+                ("agent.memory_format", "'extractive' is a format of decision memory (memory = 'decision')"))
         if agent.evidence == "search" and agent.controller == "exhaust":
             raise KeyProblems(
                 ("agent", "controller 'exhaust' belongs to evidence 'stream'; use 'fixed' or 'policy' with 'search'")
@@ -443,6 +453,7 @@ def group_config(base: RunConfig, group: str) -> RunConfig:
     if memory == "summary":
         # A/C are the untrained-summary baselines: a trained memory policy must not write their memory.
         data["backends"]["memory"] = baseline_memory_backend(base.backends)
+        data["agent"]["memory_format"] = "text"  # a format of decision memory (B/D's); summary notes have none
     # Values are set as they were read, not round-tripped through `--set` text (a table would
     # come back a string).
     data = merge_tables(data, _nested(base.matrix.overrides.get(group, {})))

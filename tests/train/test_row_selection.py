@@ -149,3 +149,23 @@ def test_hidden_sources_rows_are_classified_from_what_the_memory_held(hidden_row
     with pytest.raises(InputError, match=rf"bare.jsonl:{noop + 1}: memory_sources: missing"):
         select_memory_rows(bare, labels, tmp_path / "o.jsonl", 0.5, 0)
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_extractive_teacher_rows_are_classified_like_text_ones(hotpot_train_dir, tmp_path):
+    """The oracle writing the extractive format (``agent.memory_format``): its rows get the same
+    kinds, read from ``{"op": "ADD", "sources": [...]}`` completions, and a NOOP is a NOOP."""
+    from memsearch.eval.runner import run_eval
+    from memsearch.train.export import export_sft
+
+    run_eval(load_config(None, CPU_EPISODE + ['agent.memory_format="extractive"']), hotpot_train_dir,
+             tmp_path / "run", show_progress=False)
+    export_sft(tmp_path / "run" / "trajectories.jsonl", tmp_path / "run" / "metrics.jsonl", "memory",
+               tmp_path / "rows.jsonl")
+    labels = load_dataset(hotpot_train_dir).labels_by_id()
+    kinds = {"op": 0, "gold_unfit": 0, "other_noop": 0}
+    for row in _rows(tmp_path / "rows.jsonl"):
+        kind = row_kind(row, labels[row["task_id"]])
+        kinds[kind] += 1
+        assert (kind == "op") == ('"NOOP"' not in row["completion"]), row["completion"]
+        assert '"text"' not in row["completion"]  # the teacher names sentences, the memory writes them
+    assert sum(kinds.values()) == 36 and kinds["op"] > 0 and kinds["other_noop"] > 0, kinds

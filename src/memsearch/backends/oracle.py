@@ -47,11 +47,11 @@ from memsearch.data.dataset import Dataset
 from memsearch.data.records import Document, Label, Task, split_evidence_id
 from memsearch.errors import InputValueError
 from memsearch.memory import Memory
+from memsearch.memory.extractive import fact_text, format_extractive, mentions_title
 from memsearch.memory.ops import Add, Delete, Noop, Op, format_ops
 from memsearch.text.actions import evidence_ids_in, parse_controller
 from memsearch.tokenizer import Tokenizer
 
-_TRAILING_PAREN = re.compile(r"\s*\([^)]*\)\s*$")
 _SCRATCH_BUDGET = 10**9  # for measuring the current memory before its real budget is known
 _REF = re.compile(r"#(\d+)")  # a MuSiQue sub-question's reference to an earlier answer
 FIND = "Find: "  # the HotpotQA open item's text: FIND + the title of the paragraph still to find
@@ -59,12 +59,6 @@ FIND = "Find: "  # the HotpotQA open item's text: FIND + the title of the paragr
 
 class OracleError(Exception):
     """Internal: a call the oracle cannot answer; becomes an error result."""
-
-
-def mentions_title(sentence: str, title: str) -> bool:
-    """Whether ``sentence`` names ``title`` (its disambiguation in parentheses aside)."""
-    base = _TRAILING_PAREN.sub("", title).strip() or title
-    return base.lower() in sentence.lower()
 
 
 class OracleBackend:
@@ -173,7 +167,21 @@ class OracleBackend:
         for text, source in targets.items():
             if text not in opens:
                 offer(Add(text=text, sources=(source,), kind="open"), source)
+        if obs.get("memory_format") == "extractive":
+            return format_extractive(self._one_op(ops, snapshot, size + obs.get("budget_left", 0), shown))
         return format_ops(ops or [Noop()])
+
+    def _one_op(self, ops: list[Op], snapshot: dict[str, Any], budget: int, show_sources: bool) -> list[Op]:
+        """The extractive teacher's single op (what a constrained policy can write): this step's
+        first two gold facts as one item when that fits, else the first fact, else the first
+        other op (a DELETE of a resolved open item, a new open item), else NOOP."""
+        facts = [op for op in ops if isinstance(op, Add) and op.kind == "fact"]
+        if len(facts) >= 2:
+            pair = Add(" ".join(f.text for f in facts[:2]), tuple(s for f in facts[:2] for s in f.sources))
+            scratch = Memory.from_snapshot(snapshot, self.tokenizer, budget, show_sources)
+            if scratch.apply([pair], set(pair.sources)).applied:
+                return [pair]
+        return (facts or ops)[:1] or [Noop()]
 
     # -- open sub-questions (open_items) -----------------------------------------------------
 
@@ -237,12 +245,10 @@ class OracleBackend:
         return {}
 
     def _fact_text(self, eid: str, sentence: str) -> str:
+        # The same text the memory writes for a fact of the extractive format (memory.extractive).
         split = split_evidence_id(eid)
         doc = self.documents.get(split[0]) if split else None
-        sentence = sentence.strip()
-        if doc is None or mentions_title(sentence, doc.title):
-            return sentence
-        return f"{doc.title}: {sentence}"
+        return fact_text(doc.title if doc is not None else None, sentence)
 
     def _controller(self, obs: dict[str, Any], max_tokens: int) -> str:
         label = self._label(obs)

@@ -4,7 +4,9 @@ request (never labels) and answer in the same text format a model must use, so t
 goes through the same parsers.
 
 - memory (decision): ADD the new evidence sentences that share the most content words with the
-  question, best first, while the memory stays within budget; NOOP when none overlaps.
+  question, best first, while the memory stays within budget; NOOP when none overlaps. In the
+  extractive format (``memory_format`` in the observation) the ADDs cite the ids only and the
+  budget is counted on the items the memory will write (``item_texts``).
 - memory (summary / overwrite): the best sentences with their evidence ids, as notes.
 - controller: first the question; then the text of the first open item (``kind = "open"``) not
   asked yet; else a query built from memory words not in the question (the bridge entity of a
@@ -84,12 +86,15 @@ class RulesBackend:
             notes = [obs.get("memory_text", "")] + [f"{s} [{eid}]" if eid else s for _, eid, s in ranked]
             return "\n".join(n for n in notes if n)
         left = obs.get("budget_left", 0)
+        extractive = obs.get("memory_format") == "extractive"  # cite ids; the memory writes the item
         ops = []
         for _, eid, sentence in ranked:
+            text = obs.get("item_texts", {}).get(eid, sentence) if extractive else sentence
             # An item's rendered line is "[mN] (fact; eid) text" plus a newline.
-            cost = self.tokenizer.count(f"\n[m99] (fact; {eid}) {sentence}")
+            cost = self.tokenizer.count(f"\n[m99] (fact; {eid}) {text}")
             if cost <= left:
-                ops.append({"op": "ADD", "text": sentence, "sources": [eid], "kind": "fact"})
+                ops.append({"op": "ADD", "sources": [eid]} if extractive else
+                           {"op": "ADD", "text": sentence, "sources": [eid], "kind": "fact"})
                 left -= cost
         return json.dumps({"ops": ops or [{"op": "NOOP"}]})
 

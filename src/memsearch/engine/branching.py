@@ -36,7 +36,7 @@ def _copy(store: Memory) -> Memory:
                                 store.max_sources)
 
 
-def _outcome(result: GenerationResult, store: Memory, shown: set[str], texts: dict[str, str],
+def _outcome(result: GenerationResult, memory: DecisionMemory, shown: set[str], texts: dict[str, str],
              constraint: Constraint | None) -> dict[str, Any]:
     """One branch's completion and what applying it to a copy of ``store`` did."""
     out: dict[str, Any] = {
@@ -47,8 +47,9 @@ def _outcome(result: GenerationResult, store: Memory, shown: set[str], texts: di
     }
     if not result.ok:
         return {**out, "status": "request_error"}
+    store = memory.store
     copy = _copy(store)
-    applied = copy.apply_text(result.text, shown)
+    applied = memory.apply_text(copy, result.text, shown, texts)
     over = 0
     if applied.status == "rejected" and applied.proposed_tokens is not None:
         over = max(0, applied.proposed_tokens - store.budget_tokens)
@@ -70,7 +71,7 @@ async def branched_memory_call(ep: Any, memory: DecisionMemory, step: int, messa
     and judges it, as for any call."""
     results = await ep.sample("memory", step, messages, observation, max_tokens, constraint, branches)
     shown = set(ep.shown)
-    outcomes = [_outcome(r, memory.store, shown, ep.texts, constraint) for r in results]
+    outcomes = [_outcome(r, memory, shown, ep.texts, constraint) for r in results]
     answered = [k for k, r in enumerate(results) if r.ok] or [0]
     chosen = random.Random(ep.branch_seed(step)).choice(answered)
     ep.record("memory", step, messages, results[chosen], constraint)

@@ -24,6 +24,7 @@ from typing import Any
 
 from memsearch.backends.base import Constraint, GenerationRequest, GenerationResult, PolicyBackend, SamplingParams
 from memsearch.backends.hf.constraint import memory_ops_constraint
+from memsearch.backends.hf.extractive_constraint import extractive_ops_constraint
 from memsearch.config import RunConfig
 from memsearch.data.records import Document, Task, split_evidence_id
 from memsearch.engine import prompts
@@ -31,6 +32,8 @@ from memsearch.engine.branching import branched_memory_call
 from memsearch.engine.evidence import chunk_context, render_evidence
 from memsearch.engine.memory_modes import make_memory
 from memsearch.engine.parsing import parse_controller, parse_reader
+from memsearch.memory.choices import fitting_choices
+from memsearch.memory.extractive import written_text
 from memsearch.retrieval import Passage, Retriever
 from memsearch.retrieval.client import RetrievalRequestError
 from memsearch.tokenizer import Tokenizer
@@ -162,30 +165,41 @@ class _Run:
         self.ep = _Episode(env, task)
         self.memory = make_memory(cfg.agent.memory, env.tokenizer, cfg.budgets.memory_tokens, cfg.prompts,
                                   show_sources=cfg.agent.memory_sources == "shown",
-                                  max_sources=cfg.agent.memory_max_sources)
+                                  max_sources=cfg.agent.memory_max_sources,
+                                  extractive=cfg.agent.memory_format == "extractive")
         # Schema mode (docs/design.md §7): memory ops are sampled under the JSON constraint, masks
         # replayable (RunConfig checks that the memory backend is then a local hf model).
-        self.ops_constraint = (
-            memory_ops_constraint(cfg.agent.memory_max_sources)
-            if cfg.backends.memory.schema_mode and self.memory.mode == "decision"
-            else None
-        )
+        self.schema_mode = cfg.backends.memory.schema_mode and self.memory.mode == "decision"
         self.counts = {"searches": 0, "chunks": 0, "chunks_cut": 0, "evidence_cut_sentences": 0,
                        "memory_truncations": 0}
         self.ops: dict[str, int] = {}
+
+    def ops_constraint(self, evidence_items) -> Constraint | None:
+        """The schema constraint of a memory call (None without schema mode): the memory-ops JSON
+        of the text format, or, extractive, the ops that fit this state (``memory.choices``)."""
+        if not self.schema_mode:
+            return None
+        if not getattr(self.memory, "extractive", False):
+            return memory_ops_constraint(self.cfg.agent.memory_max_sources)
+        choices = fitting_choices(self.memory.store, [eid for eid, _ in evidence_items if eid], self.ep.texts,
+                                  set(self.ep.shown))
+        return extractive_ops_constraint(choices["add"], choices["update"], choices["delete"], choices["open"])
 
     async def remember(self, step: int, evidence_text: str, evidence_items) -> None:
         """One memory call on new evidence, applied to the memory and judged."""
         ep, memory, task = self.ep, self.memory, self.task
         obs = {"question": task.question, "evidence": evidence_items, "mode": memory.mode, **memory.observation()}
+        if getattr(memory, "extractive", False):  # the item each id would become (rule-based backends count it)
+            obs["item_texts"] = {eid: written_text([eid], ep.texts) for eid, _ in evidence_items if eid}
         messages = memory.messages(task.question, evidence_text)
+        constraint = self.ops_constraint(evidence_items)
         if ep.env.branches > 1 and memory.mode == "decision":
             result = await branched_memory_call(ep, memory, step, messages, obs, self.budgets.policy_tokens,
-                                                self.ops_constraint, ep.env.branches)
+                                                constraint, ep.env.branches)
         else:
-            result = await ep.call("memory", step, messages, obs, self.budgets.policy_tokens, self.ops_constraint)
+            result = await ep.call("memory", step, messages, obs, self.budgets.policy_tokens, constraint)
         record = (
-            memory.update(result.text, set(ep.shown))
+            memory.update(result.text, set(ep.shown), ep.texts)
             if result.ok
             else {"valid": False, "reason": f"request failed: {result.error}", "cause": InvalidCause.REQUEST_FAILED,
                   "executed": {}, "truncated": False}

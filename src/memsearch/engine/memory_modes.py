@@ -35,8 +35,9 @@ class DecisionMemory:
     mode = "decision"
 
     def __init__(self, tokenizer: Tokenizer, budget: int, show_sources: bool = True,
-                 max_sources: int | None = None) -> None:
+                 max_sources: int | None = None, extractive: bool = False) -> None:
         self.store = Memory(tokenizer, budget, show_sources, max_sources)
+        self.extractive = extractive  # agent.memory_format = "extractive" (memory.extractive)
 
     def render(self) -> str:
         return self.store.render()
@@ -46,19 +47,25 @@ class DecisionMemory:
             "memory_items": [item.to_dict() for item in self.store.items],
             "budget_left": self.store.remaining_tokens(),
         }
+        if self.extractive:
+            obs["memory_format"] = "extractive"
         return obs if self.store.show_sources else {**obs, "sources_shown": False}
 
     def messages(self, question: str, evidence: str) -> tuple[dict[str, str], ...]:
-        return prompts.memory_decision(
-            question, self.render(), evidence, self.store.remaining_tokens(), sources=self.store.show_sources
-        )
+        prompt = prompts.memory_extractive if self.extractive else prompts.memory_decision
+        return prompt(question, self.render(), evidence, self.store.remaining_tokens(), sources=self.store.show_sources)
 
-    def update(self, text: str, shown: set[str]) -> dict[str, Any]:
+    def apply_text(self, store: Memory, text: str, shown: set[str], texts: Mapping[str, str]):
+        """Apply model ``text`` to ``store`` (this memory's or a branch's scratch copy) in this
+        memory's format; ``texts``: what each shown id stands for (``title\nsentence``)."""
+        return store.apply_text(text, shown, texts if self.extractive else None)
+
+    def update(self, text: str, shown: set[str], texts: Mapping[str, str] | None = None) -> dict[str, Any]:
         before = self.render()
         # The evidence ids the store held when the call was made, whatever the rendering showed:
         # with hidden sources the prompt does not carry them, and row selection needs them.
         sources_before = self.cited()
-        result = self.store.apply_text(text, shown)
+        result = self.apply_text(self.store, text, shown, texts or {})
         return {
             "valid": result.valid,
             "reason": result.reason,
@@ -99,7 +106,7 @@ class RewriteMemory:
             return prompts.memory_overwrite(question, self.render(), evidence, self.template)
         return prompts.memory_summary(question, self.render(), evidence, self.budget)
 
-    def update(self, text: str, shown: set[str]) -> dict[str, Any]:
+    def update(self, text: str, shown: set[str], texts: Mapping[str, str] | None = None) -> dict[str, Any]:
         before = self.render()
         new = text.strip()
         if not new:
@@ -139,14 +146,15 @@ class RewriteMemory:
 
 
 def make_memory(mode: str, tokenizer: Tokenizer, budget: int, wording=None, show_sources: bool = True,
-                max_sources: int | None = None):
+                max_sources: int | None = None, extractive: bool = False):
     """The memory strategy for ``mode`` (``decision``, ``summary`` or ``overwrite``);
     ``wording`` (``config.Prompts``) sets the overwrite mode's initial memory and update prompt;
     ``show_sources`` and ``max_sources`` (decision mode only; ``agent.memory_sources``,
     ``agent.memory_max_sources``) whether items render with their evidence ids and how many one
-    item may cite. Summary and overwrite notes are free text the model writes: unaffected."""
+    item may cite; ``extractive`` its action format (``agent.memory_format``). Summary and
+    overwrite notes are free text the model writes: unaffected."""
     if mode == "decision":
-        return DecisionMemory(tokenizer, budget, show_sources, max_sources)
+        return DecisionMemory(tokenizer, budget, show_sources, max_sources, extractive)
     if mode == "summary":
         return RewriteMemory(mode, tokenizer, budget)
     if mode == "overwrite":

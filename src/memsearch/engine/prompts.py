@@ -7,7 +7,9 @@ ids), the memory, and the remaining budget. Labels never reach this module.
 
 from __future__ import annotations
 
-PROMPT_VERSION = "p2"  # p2: the memory example names no evidence id a model could copy
+# p2: the memory example names no evidence id a model could copy. The extractive memory prompt
+# (p2 too) is its own function; a run's agent.memory_format says which one it used.
+PROMPT_VERSION = "p2"
 
 _SYSTEM = "You are a careful research assistant that answers multi-hop questions from evidence."
 
@@ -16,18 +18,25 @@ def _chat(user: str) -> tuple[dict[str, str], ...]:
     return ({"role": "system", "content": _SYSTEM}, {"role": "user", "content": user})
 
 
+def _memory_state(question: str, memory: str, evidence: str, budget_left: int, sources: bool) -> str:
+    """The state a decision-memory call sees: question, memory, new evidence, budget left."""
+    header = "id, kind, sources, text" if sources else "id, kind, text"
+    return (
+        f"Question: {question}\n\n"
+        f"Memory ({header}):\n{memory}\n\n"
+        f"New evidence (each sentence has an evidence id in brackets):\n{evidence}\n\n"
+        f"Memory budget left: {budget_left} tokens.\n"
+    )
+
+
 def memory_decision(question: str, memory: str, evidence: str, budget_left: int,
                     sources: bool = True) -> tuple[dict[str, str], ...]:
     """Decision mode: emit ADD / UPDATE / DELETE / NOOP operations as one JSON object.
     ``sources=False``: the memory is rendered without its items' evidence ids (the no-sources
     control, ``agent.memory_sources = "hidden"``) and its header says so."""
-    header = "id, kind, sources, text" if sources else "id, kind, text"
     return _chat(
-        f"Question: {question}\n\n"
-        f"Memory ({header}):\n{memory}\n\n"
-        f"New evidence (each sentence has an evidence id in brackets):\n{evidence}\n\n"
-        f"Memory budget left: {budget_left} tokens.\n"
-        "Update the memory so it keeps the facts needed to answer the question, each with the "
+        _memory_state(question, memory, evidence, budget_left, sources)
+        + "Update the memory so it keeps the facts needed to answer the question, each with the "
         "evidence ids it comes from, and the sub-questions that are still open (kind \"open\").\n"
         # No concrete evidence id in the example: a small model copies it (p1 had "d3:0", and the
         # untrained embedded model cited it in 156 of 176 calls, all rejected as not shown).
@@ -35,6 +44,22 @@ def memory_decision(question: str, memory: str, evidence: str, budget_left: int,
         '(id, text, sources), DELETE (id), or {"op": "NOOP"} alone when nothing is worth keeping. '
         "sources are evidence ids copied from the brackets of the new evidence; add a fact only "
         "if it fits in the budget left."
+    )
+
+
+def memory_extractive(question: str, memory: str, evidence: str, budget_left: int,
+                      sources: bool = True) -> tuple[dict[str, str], ...]:
+    """Decision mode, extractive format (``memory.extractive``): choose evidence by id; the
+    memory writes the sentences. ``sources`` as in ``memory_decision``."""
+    return _chat(
+        _memory_state(question, memory, evidence, budget_left, sources)
+        + "Keep the evidence needed to answer the question. You do not write facts: you choose "
+        "sentences by their evidence ids and the memory stores them.\n"
+        'Reply with one JSON object only: {"ops": [...]}. Ops: ADD (sources: the ids of one or two '
+        'new sentences, kept as one item), ADD with kind "open" and a short text (a sub-question '
+        "still open), UPDATE (id, sources: the item becomes those sentences), DELETE (id), or "
+        '{"op": "NOOP"} alone when nothing is worth keeping. Keep an item only if it fits in the '
+        "budget left."
     )
 
 

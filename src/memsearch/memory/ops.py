@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -145,8 +146,9 @@ class ParseResult:
         return self.ops is not None
 
 
-class _Malformed(Exception):
-    """Internal: a structural problem, carrying the reason shown to the user."""
+class MalformedOp(Exception):
+    """A structural problem of one op, carrying the reason shown to the policy."""
+
 
 
 _JSON_TYPE_NAMES = {str: "string", int: "number", float: "number", bool: "boolean",
@@ -168,41 +170,54 @@ _ALLOWED = {
 _REQUIRED = {"ADD": ("text",), "UPDATE": ("id", "text"), "DELETE": ("id",), "NOOP": ()}
 
 
-def _parse_op(i: int, raw: Any) -> Op:
+def op_name(i: int, raw: Any) -> str:
+    """The op name of the decoded op ``raw`` (upper case), or ``MalformedOp``."""
     if not isinstance(raw, dict):
-        raise _Malformed(f"op {i} is not an object (got {_json_type(raw)})")
+        raise MalformedOp(f"op {i} is not an object (got {_json_type(raw)})")
     if "op" not in raw:
-        raise _Malformed(f"op {i}: missing field 'op'")
+        raise MalformedOp(f"op {i}: missing field 'op'")
     name = raw["op"]
     if not isinstance(name, str):
-        raise _Malformed(f"op {i}: 'op' must be a string, got {_json_type(name)}")
+        raise MalformedOp(f"op {i}: 'op' must be a string, got {_json_type(name)}")
     name = name.strip().upper()
-    if name not in _ALLOWED:
-        raise _Malformed(f"op {i}: unknown op {raw['op']!r} (expected ADD, UPDATE, DELETE or NOOP)")
-    where = f"op {i} ({name})"
+    if name not in OP_NAMES:
+        raise MalformedOp(f"op {i}: unknown op {raw['op']!r} (expected ADD, UPDATE, DELETE or NOOP)")
+    return name
+
+
+def check_keys(where: str, raw: dict[str, Any], allowed: tuple[str, ...], required: tuple[str, ...]) -> None:
+    """``MalformedOp`` for a key outside ``allowed`` or a missing ``required`` one."""
     for key in raw:
-        if key not in _ALLOWED[name]:
-            raise _Malformed(f"{where}: unexpected field {key!r} (allowed: {', '.join(_ALLOWED[name])})")
-    for key in _REQUIRED[name]:
+        if key not in allowed:
+            raise MalformedOp(f"{where}: unexpected field {key!r} (allowed: {', '.join(allowed)})")
+    for key in required:
         if key not in raw:
-            raise _Malformed(f"{where}: missing field {key!r}")
+            raise MalformedOp(f"{where}: missing field {key!r}")
+
+
+def parse_op(i: int, raw: Any) -> Op:
+    """Op ``i`` of a batch in the text format, from its decoded JSON value, or ``MalformedOp``."""
+    name = op_name(i, raw)
+    where = f"op {i} ({name})"
+    check_keys(where, raw, _ALLOWED[name], _REQUIRED[name])
     for key in ("id", "text"):
         if key in raw and not isinstance(raw[key], str):
-            raise _Malformed(f"{where}: {key!r} must be a string, got {_json_type(raw[key])}")
+            raise MalformedOp(f"{where}: {key!r} must be a string, got {_json_type(raw[key])}")
     sources = raw.get("sources")
     if "sources" in raw and not (isinstance(sources, list) and all(isinstance(s, str) for s in sources)):
-        raise _Malformed(f"{where}: 'sources' must be a list of strings")
+        raise MalformedOp(f"{where}: 'sources' must be a list of strings")
     # A JSON escape such as "\ud800" decodes to a lone surrogate: not Unicode text, and stored in
     # memory it would make the trajectory unwritable.
     for key in ("id", "text"):
         if key in raw and has_lone_surrogate(raw[key]):
-            raise _Malformed(f"{where}: {key!r} holds a lone surrogate escape (\\ud800-\\udfff), expected Unicode text")
+            raise MalformedOp(
+                f"{where}: {key!r} holds a lone surrogate escape (\\ud800-\\udfff), expected Unicode text")
     if sources and any(has_lone_surrogate(s) for s in sources):
-        raise _Malformed(f"{where}: 'sources' holds a lone surrogate escape (\\ud800-\\udfff), expected evidence ids")
+        raise MalformedOp(f"{where}: 'sources' holds a lone surrogate escape (\\ud800-\\udfff), expected evidence ids")
     kind = raw.get("kind")
     if "kind" in raw:
         if not isinstance(kind, str) or kind.strip().lower() not in KINDS:
-            raise _Malformed(f"{where}: 'kind' must be 'fact' or 'open', got {json.dumps(kind)}")
+            raise MalformedOp(f"{where}: 'kind' must be 'fact' or 'open', got {json.dumps(kind)}")
         kind = kind.strip().lower()
     if name == "ADD":
         return Add(text=raw["text"], sources=tuple(sources or ()), kind=kind or "fact")
@@ -214,20 +229,20 @@ def _parse_op(i: int, raw: Any) -> Op:
     return Noop()
 
 
-def _parse_batch(value: Any) -> tuple[Op, ...]:
+def _parse_batch(value: Any, read_op: Callable[[int, Any], Op]) -> tuple[Op, ...]:
     """Ops of one decoded JSON value (an ``{"ops": [...]}`` object or a bare list)."""
     if isinstance(value, dict):
         extra = [k for k in value if k != "ops"]
         if extra:
-            raise _Malformed(f"unexpected key {extra[0]!r} next to 'ops' (only 'ops' is allowed)")
+            raise MalformedOp(f"unexpected key {extra[0]!r} next to 'ops' (only 'ops' is allowed)")
         items = value["ops"]
         if not isinstance(items, list):
-            raise _Malformed(f"'ops' must be a list, got {_json_type(items)}")
+            raise MalformedOp(f"'ops' must be a list, got {_json_type(items)}")
     else:
         items = value
     if not items:
-        raise _Malformed('the ops list is empty (use [{"op": "NOOP"}] to change nothing)')
-    return tuple(_parse_op(i, raw) for i, raw in enumerate(items))
+        raise MalformedOp('the ops list is empty (use [{"op": "NOOP"}] to change nothing)')
+    return tuple(read_op(i, raw) for i, raw in enumerate(items))
 
 
 def _rank(value: Any) -> int | None:
@@ -256,22 +271,24 @@ def _decode_error(exc: Exception) -> str:
     return f"invalid JSON in the ops object ({type(exc).__name__})"
 
 
-def parse_ops(text: str) -> ParseResult:
+def parse_ops(text: str, read_op: Callable[[int, Any], Op] | None = None) -> ParseResult:
     """Parse a batch of memory ops from model text. Never raises.
 
     Every ``{`` or ``[`` is tried, left to right, as the start of a JSON value
     (``json.JSONDecoder.raw_decode``); a value that decodes is skipped as a whole, so lists
     nested inside an object are never taken on their own. The first value that is a
     well-formed batch wins. When none is, the error of the value that most looks like an
-    attempt at a batch is returned (``ops=None``).
+    attempt at a batch is returned (``ops=None``). ``read_op`` (op index, decoded JSON value)
+    reads one op of another format with the same wrapping rules (``memory.extractive``); it
+    raises ``MalformedOp`` with the reason for the policy.
     """
     try:
-        return _parse_ops(text)
+        return _parse_ops(text, read_op or parse_op)
     except Exception as exc:  # noqa: BLE001 - the contract is "never raises on model text"
         return ParseResult(None, f"could not parse ops: {type(exc).__name__}")
 
 
-def _parse_ops(text: str) -> ParseResult:
+def _parse_ops(text: str, read_op: Callable[[int, Any], Op]) -> ParseResult:
     if not isinstance(text, str):
         return ParseResult(None, f"expected text, got {type(text).__name__}")
     if not text.strip():
@@ -310,8 +327,8 @@ def _parse_ops(text: str) -> ParseResult:
                 single_op = (start, end)
             continue
         try:
-            return ParseResult(_parse_batch(value), None, (start, end))
-        except _Malformed as exc:
+            return ParseResult(_parse_batch(value, read_op), None, (start, end))
+        except MalformedOp as exc:
             if best is None or rank < best[0]:
                 best = (rank, str(exc), (start, end))
     if best is not None and best[0] == 0:

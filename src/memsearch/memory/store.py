@@ -34,11 +34,12 @@ Run the tests with ``uv run pytest tests/memory -q``.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from memsearch.data.records import split_evidence_id
+from memsearch.memory.extractive import parse_extractive
 from memsearch.memory.ops import KINDS, OP_NAMES, Add, Delete, Kind, Noop, Op, Update, parse_ops
 from memsearch.tokenizer import Tokenizer
 from memsearch.trajectory import InvalidCause, first_cause
@@ -362,14 +363,17 @@ class Memory:
         return ApplyResult("applied", (), executed=executed, added_ids=tuple(added),
                            tokens_after=proposed, **common)
 
-    def apply_text(self, text: str, shown_evidence: Set[str]) -> ApplyResult:
+    def apply_text(self, text: str, shown_evidence: Set[str], extract_from: Mapping[str, str] | None = None
+                   ) -> ApplyResult:
         """Parse model text (``parse_ops``) and apply the batch. Never raises on model text.
+        ``extract_from`` (evidence id -> ``"title\nsentence"`` shown): the text is in the
+        extractive format (``memory.extractive``), whose items the memory writes from those.
 
         A parse failure gives ``status="parse_error"`` with the parser's reason; a parsed
         batch that breaks a rule gives ``status="rejected"``. Both are invalid actions and
         leave the memory unchanged.
         """
-        parsed = parse_ops(text)
+        parsed = parse_ops(text) if extract_from is None else parse_extractive(text, extract_from)
         if parsed.ops is None:
             return ApplyResult("parse_error", (f"parse error: {parsed.error}",), (InvalidCause.PARSE,),
                                tokens_before=self._tokens, tokens_after=self._tokens,

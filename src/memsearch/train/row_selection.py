@@ -33,6 +33,7 @@ from typing import Any
 from memsearch.data.records import Label
 from memsearch.errors import InputError
 from memsearch.io import iter_jsonl, write_jsonl
+from memsearch.memory.extractive import parse_extractive
 from memsearch.memory.ops import Noop, parse_ops
 from memsearch.text.actions import evidence_ids_in
 
@@ -56,7 +57,10 @@ def _sections(prompt: str, where: str) -> tuple[str | None, str]:
 
 def row_kind(row: Mapping[str, Any], label: Label, where: str = "row") -> str:
     """``op``, ``gold_unfit`` or ``other_noop`` (module docstring)."""
-    ops = parse_ops(row["completion"]).ops
+    # Either format (agent.memory_format): a NOOP reads the same in both.
+    ops = parse_ops(row["completion"]).ops or parse_extractive(row["completion"], {}).ops
+    if ops is None:
+        raise InputError(f"{where}: completion: not a batch of memory ops in either format")
     if not (len(ops) == 1 and isinstance(ops[0], Noop)):
         return "op"
     memory, evidence = _sections(row["messages"][-1]["content"], where)
