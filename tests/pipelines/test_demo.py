@@ -58,6 +58,18 @@ def test_the_trained_group_is_group_b_with_only_the_memory_adapter_and_schema_mo
     assert trained == b  # same budgets, reader, controller, retrieval, limit
 
 
+def test_the_rules_row_is_group_b_with_only_the_memory_backend_changed():
+    from memsearch.config import group_config, load_config
+    from memsearch.pipelines.demo import rules_group_config
+
+    config = load_config(ROOT / "configs" / "demo.toml", ["limit=4"])
+    rules = rules_group_config(config).model_dump(mode="json")
+    b = group_config(config, "B").model_dump(mode="json")
+    assert rules["backends"]["memory"] == {**b["backends"]["memory"], "kind": "rules"}
+    rules["backends"]["memory"] = b["backends"]["memory"]
+    assert rules == b  # same budgets, reader, controller, retrieval, limit
+
+
 @pytest.mark.slow  # the embedded model twice on one question, and the whole dev sample prepared (~1-2 min on 2 cores)
 def test_the_hf_demo_runs_b_trained_beside_the_other_groups(tmp_path, embedded_lora_adapter):
     from memsearch.pipelines.demo import run_demo
@@ -73,13 +85,16 @@ def test_the_hf_demo_runs_b_trained_beside_the_other_groups(tmp_path, embedded_l
         overrides=['matrix.groups=["B"]'],
     )
     matrix = tmp_path / "demo" / "matrix"
-    assert list(result["groups"]) == ["B", "B-trained"]
+    assert list(result["groups"]) == ["B", "B-rules", "B-trained"]
     # The row is in the printed table and in matrix.md, with the adapter named as the memory backend.
     row = next(line for line in lines[2].splitlines() if line.startswith("| B-trained |"))
     assert f"| decision | fixed | hf:embedded+{embedded_lora_adapter.name} |" in row
     assert (matrix / "matrix.md").read_text(encoding="utf-8") == lines[2]
     written = json.loads((matrix / "matrix.json").read_text(encoding="utf-8"))
-    assert set(written["groups"]) == {"B", "B-trained"}
+    assert set(written["groups"]) == {"B", "B-rules", "B-trained"}
+    # B-rules: the same group B with the hand-written memory policy, the one a trained policy must beat.
+    rules = json.loads((matrix / "B-rules" / "config.json").read_text(encoding="utf-8"))
+    assert rules["backends"]["memory"]["kind"] == "rules" and written["groups"]["B-rules"]["complete"]
     fingerprint = json.loads((embedded_lora_adapter / FINGERPRINT).read_text(encoding="utf-8"))
     assert written["trained_adapter"]["files"] == fingerprint["files"]
     # The B-trained run used that adapter, in schema mode, under B's budgets on the same question.
@@ -104,7 +119,7 @@ def test_the_hf_demo_runs_b_trained_beside_the_other_groups(tmp_path, embedded_l
     from memsearch.report.html import payload_of_html
 
     payload = payload_of_html((tmp_path / "demo" / "report.html").read_text(encoding="utf-8"))
-    assert payload["run_order"] == ["B", "B-trained"]
+    assert payload["run_order"] == ["B", "B-rules", "B-trained"]
 
 
 @pytest.mark.slow  # prepares the whole 1000-question dev sample, as the demo does

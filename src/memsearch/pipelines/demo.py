@@ -5,11 +5,13 @@ It prepares the shipped dev sample, runs groups A-D under identical budgets
 (``configs/demo.toml``, or ``configs/rules.toml`` for ``--backend rules``) on the first
 ``limit`` questions, prints the table and says where everything was written.
 
-With the hf backend it also runs ``B-trained``: group B with its memory written by the shipped
-trained memory-policy adapter (``models/memory-policy-cpu``, or ``--adapter`` /
-``MEMSEARCH_MEMORY_POLICY_ADAPTER``; schema mode, as it was trained), the same budgets, reader
-and questions, in ``OUT/matrix/B-trained``. A missing or changed adapter is refused before
-anything runs. The rules demo has no trained row (the adapter is a LoRA on the embedded model).
+With the hf backend it also runs two rows beside B, with the same budgets, reader and questions:
+``B-rules``, group B with its memory written by the rules heuristic (the hand-written policy a
+trained one must beat), and ``B-trained``, group B with its memory written by the shipped trained
+memory-policy adapter (``models/memory-policy-cpu``, or ``--adapter`` /
+``MEMSEARCH_MEMORY_POLICY_ADAPTER``; schema mode, as it was trained), in ``OUT/matrix/B-rules`` and
+``OUT/matrix/B-trained``. A missing or changed adapter is refused before anything runs. The rules
+demo has neither (its B is the rules memory; the adapter is a LoRA on the embedded model).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 DEMO_CONFIGS = {"hf": "demo.toml", "rules": "rules.toml"}
 TRAINED_GROUP = "B-trained"
+RULES_GROUP = "B-rules"
 
 
 def fresh_run_dir(prefix: str) -> Path:
@@ -54,20 +57,32 @@ def trained_group_config(config, adapter: Path):
     return RunConfig.model_validate(data)
 
 
-def _add_trained_row(config, result: dict, data_dir: Path, matrix_dir: Path, adapter: Path, fingerprint: dict,
-                     show_progress: bool) -> dict:
-    """Run ``B-trained`` into ``matrix_dir`` and rewrite ``matrix.json`` / ``matrix.md`` with its row
-    and its pairs (so the report and the table show it beside A-D)."""
+def rules_group_config(config):
+    """Group B of ``config`` with its memory written by the rules heuristic; nothing else changes."""
+    from memsearch.config import RunConfig, group_config
+
+    data = group_config(config, "B").model_dump(mode="json")
+    data["backends"]["memory"] = {**data["backends"]["memory"], "kind": "rules", "adapter": None,
+                                  "schema_mode": False}
+    return RunConfig.model_validate(data)
+
+
+def _add_b_rows(config, result: dict, data_dir: Path, matrix_dir: Path, adapter: Path, fingerprint: dict,
+                show_progress: bool) -> dict:
+    """Run ``B-rules`` and ``B-trained`` into ``matrix_dir`` and rewrite ``matrix.json`` /
+    ``matrix.md`` with their rows and pairs (so the report and the table show them beside A-D)."""
     from memsearch.eval.matrix import check_comparable, compare, render_table
     from memsearch.eval.runner import run_eval
     from memsearch.io import write_json
 
-    trained = trained_group_config(config, adapter)
-    check_comparable({"B": config, TRAINED_GROUP: trained})
-    s = run_eval(trained, data_dir, matrix_dir / TRAINED_GROUP, group=TRAINED_GROUP, show_progress=show_progress)
-    groups = {**result["groups"], TRAINED_GROUP: {
-        "agent": s["agent"], "memory_backend": s["memory_backend"], "metrics": s["metrics"], "complete": s["complete"],
-        "usable_for_comparison": s["usable_for_comparison"], "request_errors": s["request_errors"]}}
+    rows = {RULES_GROUP: rules_group_config(config), TRAINED_GROUP: trained_group_config(config, adapter)}
+    check_comparable({"B": config, **rows})
+    groups = dict(result["groups"])
+    for name, row_config in rows.items():
+        s = run_eval(row_config, data_dir, matrix_dir / name, group=name, show_progress=show_progress)
+        groups[name] = {"agent": s["agent"], "memory_backend": s["memory_backend"], "metrics": s["metrics"],
+                        "complete": s["complete"], "usable_for_comparison": s["usable_for_comparison"],
+                        "request_errors": s["request_errors"]}
     pairs = compare(matrix_dir, list(groups), config.matrix.bootstrap_resamples)
     result = {**{k: v for k, v in result.items() if k != "table"}, "groups": groups, "pairs": pairs,
               "usable_for_comparison": all(g["usable_for_comparison"] for g in groups.values()),
@@ -116,7 +131,7 @@ def run_demo(backend: str = "hf", limit: int = 4, out: Path | None = None, echo:
         echo(
             f"{TRAINED_GROUP}: group B with its memory written by the trained memory-policy adapter {adapter} "
             "(schema mode; trained under configs/memory_policy_cpu.toml's budgets and rules reader, run here under "
-            "the demo's)"
+            f"the demo's); {RULES_GROUP}: group B with the rules heuristic's memory, the policy it must beat"
         )
     else:
         echo(
@@ -125,7 +140,7 @@ def run_demo(backend: str = "hf", limit: int = 4, out: Path | None = None, echo:
         )
     result = run_matrix(config, data_dir, out / "matrix", show_progress=show_progress)
     if fingerprint is not None:
-        result = _add_trained_row(config, result, data_dir, out / "matrix", adapter, fingerprint, show_progress)
+        result = _add_b_rows(config, result, data_dir, out / "matrix", adapter, fingerprint, show_progress)
     echo(result["table"])
     seconds = time.perf_counter() - started
     echo(
