@@ -271,3 +271,12 @@ def test_cost_of_one_call(tokenizer):
     print(f"\nextractive constraint, {len(singles)} single + {len(pairs)} pair sources, 3 updates: build "
           f"{1e3 * (t1 - t0):.2f} ms, compile {1e3 * (t2 - t1):.2f} ms, masks of {len(ids)} tokens (first time) "
           f"{1e3 * (t3 - t2):.1f} ms ({tc.states_seen} states), by id again (cached) {1e3 * (t4 - t3):.2f} ms")
+
+
+def test_an_escape_cannot_start_in_a_string_that_is_full():
+    """Found by sampling: at maxLength characters a backslash was allowed, and the escape it began
+    could never be finished (no token allowed: a dead state)."""
+    a = Automaton(extractive_ops_constraint([], {}, [], open_chars=5))
+    head = '{"ops":[{"op":"ADD","kind":"open","text":"'
+    assert a.step(a.walk(head + "abcd"), "\\") and not a.step(a.walk(head + "abcde"), "\\")
+    assert a.accepts(head + 'abcd\\u00e9"}]}') and not a.prefix_ok(head + "abcde\\")

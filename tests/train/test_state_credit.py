@@ -122,3 +122,34 @@ def test_a_grpo_step_with_state_groups_on_the_tiny_llama(tiny_model_dir, tiny_ad
     assert invalid and record["masked_decision_tokens"] > 0  # the tiny model's 48-token items do not all fit
     assert record["masked_decision_tokens"] == sum(len(decision_positions(b["completion_ids"], tokenizer, "memory"))
                                                    for b in invalid)
+
+
+@pytest.mark.slow
+def test_extractive_state_groups_sample_only_valid_ops_and_replay_their_per_call_masks(
+        tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, tmp_path):
+    """The extractive format (``agent.memory_format``) in schema mode: every branch is sampled under
+    its call's own constraint, so every one is an op the memory accepts, and the update rebuilds
+    each constraint from the row's id: the recomputed log-probs equal the sampled ones."""
+    import json
+
+    from tests.train.test_grpo import grpo_config
+
+    from memsearch.train.grpo import train_grpo
+
+    cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, steps=1, group_size=2,
+                      credit="state", state_group_size=3, schema_mode=True,
+                      **{"episode.budgets.policy_tokens": 48, "episode.budgets.memory_tokens": 96,
+                         "episode.agent.memory_format": "extractive"})
+    train_grpo(cfg, tmp_path / "run", echo=lambda m: None)
+    (record,) = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    trajectories = [json.loads(x) for x in next((tmp_path / "run" / "rollouts").glob("*.jsonl")).read_text()
+                    .splitlines()]
+    calls = [e for t in trajectories for e in t["events"] if e["type"] == "policy_call" and e["role"] == "memory"]
+    branches = [b for c in calls for b in c["branches"]]
+    assert calls and all(b["constraint_id"].startswith("memory-extract-v1:") for b in branches)
+    # Only a completion cut at the 48-token limit can fail (an open item's text not yet closed).
+    assert all(b["status"] == "applied" or len(b["completion_ids"]) == 48 for b in branches), \
+        [(b["text"], b["reasons"]) for b in branches if b["status"] != "applied"]
+    assert sum(b["status"] == "applied" for b in branches) > len(branches) / 2
+    assert record["rows_generated"] == record["rows_consumed"] == 3 * len(calls)
+    assert record["logprob_mismatch"] < 1e-4  # the masks replayed from the ids are the sampled ones

@@ -286,8 +286,9 @@ class Automaton:
             if esc == 0:
                 if ch == '"':
                     return [rest] if n >= self.nodes[nid][1] else []
-                if ch == "\\":
-                    return [rest + ((_S, nid, n, 1),)]
+                if ch == "\\":  # an escape is one more character: only where one fits
+                    max_len = self.nodes[nid][2]
+                    return [rest + ((_S, nid, n, 1),)] if max_len is None or n < max_len else []
                 return [] if ord(ch) < 0x20 else self._str_char(rest, nid, n)
             if esc == 1 and ch == "u":  # \\uXXXX: esc counts 2..5 through the hex digits
                 return [rest + ((_S, nid, n, 2),)]
