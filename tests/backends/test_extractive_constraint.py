@@ -280,3 +280,18 @@ def test_an_escape_cannot_start_in_a_string_that_is_full():
     head = '{"ops":[{"op":"ADD","kind":"open","text":"'
     assert a.step(a.walk(head + "abcd"), "\\") and not a.step(a.walk(head + "abcde"), "\\")
     assert a.accepts(head + 'abcd\\u00e9"}]}') and not a.prefix_ok(head + "abcde\\")
+
+
+def test_what_the_teacher_writes_is_what_the_constraint_can_produce():
+    """SFT rows of the extractive oracle (``memory.extractive.format_extractive``) are spelled so
+    the per-call constraint accepts them: a pair of sources compact, the gaps as format_ops has them."""
+    from memsearch.memory import Add, Delete, Noop, Update
+    from memsearch.memory.extractive import format_extractive
+
+    c = extractive_ops_constraint([["d1:0"], ["d1:0", "d2:1"]], {"m1": [["d2:1"]]}, ["m1"], open_chars=20)
+    a = Automaton(c)
+    for op in (Add("x y", ("d1:0", "d2:1")), Add("x", ("d1:0",)), Add("Find: Paris", (), "open"),
+               Update("m1", "y", ("d2:1",), "fact"), Delete("m1"), Noop()):
+        text = format_extractive([op])
+        assert a.accepts(text), text
+    assert format_extractive([Add("x y", ("d1:0", "d2:1"))]) == '{"ops": [{"op": "ADD", "sources": ["d1:0","d2:1"]}]}'

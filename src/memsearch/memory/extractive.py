@@ -104,19 +104,28 @@ def parse_extractive(text: str, texts: Mapping[str, str]) -> ParseResult:
 
 
 def format_extractive(ops: Sequence[Op]) -> str:
-    """A batch of store ops as an extractive policy writes it (a fact by its sources only);
+    """A batch of store ops as an extractive policy writes it (a fact by its sources only), in the
+    one spelling the schema constraint can produce: a source list compact (it is an enum value,
+    matched as compact JSON), every other gap ``", "`` / ``": "`` as ``format_ops`` writes them.
     ``parse_extractive`` of it gives the same ops back when their texts are the written ones."""
     out = []
     for op in ops:
         if isinstance(op, Add) and op.kind == "fact":
-            out.append({"op": "ADD", "sources": list(op.sources)})
+            fields = {"op": "ADD", "sources": list(op.sources)}
         elif isinstance(op, Add):
-            out.append({"op": "ADD", "kind": "open", "text": op.text})
+            fields = {"op": "ADD", "kind": "open", "text": op.text}
         elif isinstance(op, Update):
-            out.append({"op": "UPDATE", "id": op.id, "sources": list(op.sources or ())})
+            fields = {"op": "UPDATE", "id": op.id, "sources": list(op.sources or ())}
         else:
-            out.append(op.to_json())
-    return json.dumps({"ops": out}, ensure_ascii=False)
+            fields = op.to_json()
+        out.append("{" + ", ".join(f"{json.dumps(k)}: {_value(v)}" for k, v in fields.items()) + "}")
+    return '{"ops": [' + ", ".join(out) + "]}"
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, list):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(value, ensure_ascii=False)
 
 
 __all__ = ["fact_text", "format_extractive", "mentions_title",
