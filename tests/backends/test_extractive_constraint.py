@@ -295,3 +295,16 @@ def test_what_the_teacher_writes_is_what_the_constraint_can_produce():
         text = format_extractive([op])
         assert a.accepts(text), text
     assert format_extractive([Add("x y", ("d1:0", "d2:1"))]) == '{"ops": [{"op": "ADD", "sources": ["d1:0","d2:1"]}]}'
+
+
+def test_a_bounded_string_admits_no_surrogate_escape_and_unbounded_ones_are_unchanged():
+    """The parser refuses a lone surrogate (``\\ud800``-``\\udfff``), so the extractive open text
+    (the one bounded string) cannot sample one; the text format's strings keep their masks."""
+    from memsearch.backends.hf.constraint import MEMORY_OPS
+
+    a = Automaton(extractive_ops_constraint([], {}, [], open_chars=20))
+    head = '{"ops":[{"op":"ADD","kind":"open","text":"'
+    assert a.accepts(head + '\\u00e9\\ud7ff\\uE000"}]}')
+    assert not a.prefix_ok(head + "\\ud800") and not a.prefix_ok(head + "\\uDfff")
+    text_format = Automaton(MEMORY_OPS)
+    assert text_format.prefix_ok('{"ops": [{"op": "ADD", "text": "\\ud800')

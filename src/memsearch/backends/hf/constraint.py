@@ -292,6 +292,13 @@ class Automaton:
                 return [] if ord(ch) < 0x20 else self._str_char(rest, nid, n)
             if esc == 1 and ch == "u":  # \\uXXXX: esc counts 2..5 through the hex digits
                 return [rest + ((_S, nid, n, 2),)]
+            if esc == 2 and ch in "dD" and self.nodes[nid][2] is not None:
+                # A bounded string (only the extractive open text has one) admits no surrogate
+                # escape (\\ud800-\\udfff): the parser refuses one. Unbounded strings keep their
+                # masks unchanged, so rows sampled under older ids replay as they were sampled.
+                return [rest + ((_S, nid, n, 6),)]
+            if esc == 6:
+                return [rest + ((_S, nid, n, 4),)] if ch in "01234567" else []
             if ch not in (_ESCAPES if esc == 1 else _HEX):
                 return []
             return self._str_char(rest, nid, n) if esc in (1, 5) else [rest + ((_S, nid, n, esc + 1),)]
