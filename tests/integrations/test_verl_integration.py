@@ -117,6 +117,30 @@ def test_group_b_memory_session_untrained_reader_keeps_its_backend(verl_case, hf
     assert got["answered"] == int(traj["prediction"] is not None)
 
 
+def test_group_b_session_in_the_extractive_format(verl_case, hf_tokenizer, hotpot_dev_dir):
+    """The extractive format (``agent.memory_format``) through verl's loop: the ops name evidence
+    ids, the memory writes the items, and the outputs and reward are those of any session."""
+    from memsearch.data.dataset import load_dataset
+
+    path = verl_case("group_b")
+    extractive = path.with_name("group_b_extractive.toml")
+    extractive.write_text(path.read_text() + '[episode.agent]\nmemory_format = "extractive"\n', encoding="utf-8")
+    setup = worker_setup(str(extractive))
+    assert setup.cfg.episode.agent.memory_format == "extractive"
+    dataset = load_dataset(hotpot_dev_dir)
+    task = dataset.tasks[1]
+    server, policy, traj, outputs, summary = _session(setup, task.id, hf_tokenizer)
+    _check_aligned(outputs, server.calls)
+    texts = [hf_tokenizer.decode(o["response_ids"], skip_special_tokens=True) for o in outputs]
+    assert len(outputs) == 2 and all('"text"' not in t for t in texts)
+    calls = [e for e in traj["events"] if e["type"] == "policy_call" and e["role"] == "memory"]
+    assert all(c["valid"] for c in calls) and traj["memory_cited"]
+    label = dataset.labels_by_id()[task.id]
+    reward = setup.cfg.reward
+    got = compute_score("memsearch/hotpotqa", "", label.answers, {"memsearch": summary}, **reward.model_dump())
+    assert got["score"] == pytest.approx(trajectory_reward(traj, label, reward, "memory"))
+
+
 def test_overlong_prompt_is_refused_and_counted_not_truncated(verl_case, hf_tokenizer, hotpot_dev_dir):
     from memsearch.data.dataset import load_dataset
 

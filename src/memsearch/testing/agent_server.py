@@ -63,6 +63,8 @@ def answer_for(prompt: str) -> str:
         match = re.search(r"^\[([^\]]+:\d+)\] (.+)$", evidence, re.MULTILINE)
         left = re.search(r"Memory budget left: (-?\d+) tokens", prompt)
         if match and left and int(left.group(1)) > 60:
+            if "You do not write facts" in prompt:  # the extractive format: name the sentence only
+                return json.dumps({"ops": [{"op": "ADD", "sources": [match.group(1)]}]})
             text = " ".join(match.group(2).split()[:12])
             return json.dumps({"ops": [{"op": "ADD", "text": text, "sources": [match.group(1)], "kind": "fact"}]})
         return '{"ops": [{"op": "NOOP"}]}'
