@@ -16,6 +16,7 @@ def test_lexical_counts_words_and_punctuation():
     assert tok.count(SENTENCE) == 14
     assert tok.truncate(SENTENCE, 3) == "Scott Derrickson ("
     assert tok.truncate(SENTENCE, 0) == ""
+    assert tok.truncate("  \n", 0) == "  \n"  # no token: it fits in a budget of 0
     assert tok.truncate(SENTENCE, 100) == SENTENCE
     assert tok.decode(tok.encode(SENTENCE)) == SENTENCE
     assert isinstance(tok, Tokenizer)
@@ -59,6 +60,14 @@ def test_embedded_truncate_is_a_prefix_within_budget(embedded, text, n):
     assert embedded.count(cut) <= n
     if embedded.count(text) <= n:
         assert cut == text
+
+
+@pytest.mark.slow
+def test_embedded_truncate_keeps_a_text_of_no_token_whole(embedded):
+    """Found by the property test above in CI: a control character the tokenizer drops counts 0
+    tokens, so it fits in a budget of 0 and must come back whole, not cut to nothing."""
+    assert embedded.count("\x06") == 0
+    assert embedded.truncate("\x06", 0) == "\x06" and embedded.truncate("a", 0) == ""
 
 
 @pytest.mark.slow

@@ -85,8 +85,8 @@ class LexicalTokenizer:
         return sum(1 for _ in self._pattern.finditer(text))
 
     def truncate(self, text: str, max_tokens: int) -> str:
-        if max_tokens <= 0:
-            return ""
+        if max_tokens <= 0:  # white space alone is no token: it fits in 0
+            return "" if self._pattern.search(text) else text
         end = None
         for i, match in enumerate(self._pattern.finditer(text)):
             if i == max_tokens:
@@ -145,12 +145,13 @@ class HFTokenizer:
         return [len(ids) for ids in self._tok(texts, add_special_tokens=False)["input_ids"]]
 
     def truncate(self, text: str, max_tokens: int) -> str:
-        if max_tokens <= 0:
-            return ""
         enc = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)
         offsets = enc["offset_mapping"]
-        if len(offsets) <= max_tokens:
+        # A text of no token (e.g. a control character the tokenizer drops) fits in any budget.
+        if len(offsets) <= max(max_tokens, 0):
             return text
+        if max_tokens <= 0:
+            return ""
         # Cut where token max_tokens begins (not where token max_tokens-1 ends) so white
         # space and bytes that belong to the kept tokens are kept. Byte-level BPE may split
         # one character over two tokens; both then share a start offset, and the cut falls
