@@ -179,7 +179,7 @@ class _Run:
         of the text format, or, extractive, the ops that fit this state (``memory.choices``)."""
         if not self.schema_mode:
             return None
-        if not getattr(self.memory, "extractive", False):
+        if not self.memory.extractive:
             return memory_ops_constraint(self.cfg.agent.memory_max_sources)
         choices = fitting_choices(self.memory.store, [eid for eid, _ in evidence_items if eid], self.ep.texts,
                                   set(self.ep.shown))
@@ -189,7 +189,7 @@ class _Run:
         """One memory call on new evidence, applied to the memory and judged."""
         ep, memory, task = self.ep, self.memory, self.task
         obs = {"question": task.question, "evidence": evidence_items, "mode": memory.mode, **memory.observation()}
-        if getattr(memory, "extractive", False):  # the item each id would become (rule-based backends count it)
+        if memory.extractive:  # the item each id would become (rule-based backends count it)
             obs["item_texts"] = {eid: written_text([eid], ep.texts) for eid, _ in evidence_items if eid}
         messages = memory.messages(task.question, evidence_text)
         constraint = self.ops_constraint(evidence_items)

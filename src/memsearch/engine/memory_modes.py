@@ -87,6 +87,8 @@ class DecisionMemory:
 class RewriteMemory:
     """Summary and overwrite modes: the output replaces the memory, cut to the budget."""
 
+    extractive = False  # free-text notes have no action format (agent.memory_format is decision memory's)
+
     def __init__(
         self, mode: str, tokenizer: Tokenizer, budget: int, initial: str | None = None, template: str | None = None
     ) -> None:
