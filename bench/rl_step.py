@@ -75,7 +75,7 @@ def side(args) -> dict:
     from memsearch.train.state_credit import build_state_batch
 
     work = Path(args.work)
-    pipe = load_config(ROOT / "configs" / "memory_policy_cpu_v2.toml", PROTOCOL, model=MemoryPolicyPipeline)
+    pipe = load_config(ROOT / "configs" / "memory_policy_cpu_v2.toml", PROTOCOL + args.set, model=MemoryPolicyPipeline)
     train_dir = work / "train"
     if not train_dir.exists():
         save_dataset(convert_hotpot(ROOT / pipe.data.train, split="train"), train_dir)
@@ -159,6 +159,7 @@ def run_side(name: str, src: Path, args, work: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=str(src) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, __file__, "--side", name, "--work", str(work / name), "--json", str(out),
            "--step", str(args.step), "--eval-questions", str(args.eval_questions)]
+    cmd += [part for item in args.set for part in ("--set", item)]
     (work / name).mkdir(parents=True, exist_ok=True)
     print(f"[{name}] running one step with the code in {src} ...", flush=True)
     subprocess.run(cmd, check=True, env=env, cwd=ROOT)
@@ -179,6 +180,8 @@ def main() -> None:
     parser.add_argument("--baseline", default=BASELINE, help="commit whose src/ is the 'before' side, or 'none'")
     parser.add_argument("--step", type=int, default=1, help="which step's questions of the recipe's seeded order")
     parser.add_argument("--eval-questions", type=int, default=16)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override of the recipe, on both sides (e.g. grpo.dtype=\"bfloat16\")")
     parser.add_argument("--side", choices=["before", "after"], help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)

@@ -416,3 +416,38 @@ def test_fast_rollouts_train_the_same_run_as_the_reference_path(tiny_model_dir, 
                      for run in ("fast", "reference"))
     for name in fast_w:
         assert torch.allclose(fast_w[name], ref_w[name], atol=1e-5), name
+
+
+@pytest.mark.slow
+def test_a_bfloat16_base_samples_from_the_unmerged_policy_and_trains(tiny_model_dir, tiny_adapter_dir,
+                                                                     hotpot_train_dir, tmp_path):
+    """``dtype = "bfloat16"``: the base in bf16, the LoRA in float32. Rollouts sample from the
+    policy itself (a merged bf16 copy would round W + scale * B @ A, a function the trainer does
+    not differentiate); the run trains, its adapter stays float32, and the sampler's log-probs
+    differ from the trainer's by bf16 round-off only (another batch and a KV cache), far from
+    the float32 1e-4 but well under a nat."""
+    from memsearch.data.dataset import load_dataset
+    from memsearch.train.grpo import Rollouts
+    from memsearch.train.policy import load_policy
+
+    cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, steps=2, schema_mode=True,
+                      credit="state", state_group_size=4, share_prompts=True, dtype="bfloat16",
+                      **{"episode.budgets.policy_tokens": 40})
+    policy, tokenizer, _ = load_policy(cfg.model, cfg.adapter, cfg.lora, "cpu", cfg.dtype, cfg.seed)
+    rollouts = Rollouts(cfg, load_dataset(cfg.data), policy, tokenizer)
+    assert rollouts.sampler is None and rollouts.policy_backend.decoder.model is policy
+    assert rollouts.policy_backend.decoder.share_prompts  # the fast path's shared prefills stay
+    rollouts.close()
+    fp32 = Rollouts(grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir),
+                    load_dataset(cfg.data), policy, tokenizer)
+    assert fp32.sampler is not None  # float32: the merged copy, as before
+    fp32.close()
+
+    train_grpo(cfg, tmp_path / "bf16", echo=lambda m: None)
+    log = [json.loads(line) for line in (tmp_path / "bf16" / "train_log.jsonl").read_text().splitlines()]
+    assert len(log) == 2 and any(r["grad_norm"] > 0 for r in log)
+    assert all(0 <= r["logprob_mismatch"] < 0.5 for r in log)
+    from safetensors.torch import load_file
+
+    weights = load_file(str(tmp_path / "bf16" / "adapter" / "adapter_model.safetensors"))
+    assert weights and all(w.dtype == torch.float32 and torch.isfinite(w).all() for w in weights.values())

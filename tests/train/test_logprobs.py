@@ -189,3 +189,41 @@ def test_head_only_where_needed_equals_every_logit_with_gradients(tiny_model_dir
             # gradients reach ~40 here: a sum of products in another order differs in the 6th digit
             assert torch.allclose(g, w, rtol=1e-4, atol=1e-5)
     assert any(float(w.abs().max()) > 0 for w in want_grads)
+
+
+def test_entropy_is_that_of_the_masked_distribution(tiny_model_dir, tiny_adapter_dir):
+    """The logged token entropy (free tokens in the loss) is -sum p log p of the distribution
+    sampled from: schema-masked tokens (p = 0, log p = -inf) add 0, not NaN."""
+    import torch
+
+    from memsearch.backends.hf.backend import HFBackend
+    from memsearch.backends.hf.constraint import MEMORY_OPS
+    from memsearch.train.grpo import _mask_fn
+
+    policy, tokenizer, _ = load_policy(str(tiny_model_dir), str(tiny_adapter_dir), LoraSettings(), device="cpu")
+    backend = HFBackend(model="tiny", loaded=(policy, tokenizer), max_batch_size=4)
+    requests = [GenerationRequest(role="memory", messages=({"role": "user", "content": PROMPTS[i]},),
+                                  constraint=MEMORY_OPS,
+                                  sampling=SamplingParams(temperature=1.0, max_tokens=24, seed=i))
+                for i in range(2)]
+    rows = rows_from(backend.generate_sync(requests))
+    mask_fn = _mask_fn(tokenizer)
+    for row in rows:
+        row.constraint_id = MEMORY_OPS.id
+    with torch.no_grad():
+        scored = completion_logprobs(policy, rows, tokenizer.eos_token_id, 1.0, mask_fn, with_entropy=True)
+        c_max = scored.entropy.shape[1]
+        checked = 0
+        for k, row in enumerate(rows):
+            ids = torch.tensor([row.prompt_ids + row.completion_ids])
+            logits = policy(input_ids=ids).logits[0, len(row.prompt_ids) - 1: -1].float()
+            allowed = mask_fn(row)[:, : logits.shape[-1]]
+            p = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+            want = torch.special.entr(p).sum(-1)
+            free = allowed.sum(-1) > 1  # forced tokens read 0 (no head is run there)
+            got = scored.entropy[k, c_max - len(row.completion_ids):]
+            assert torch.isfinite(got).all()
+            assert torch.allclose(got[free], want[free], atol=1e-5)
+            assert (got[~free] == 0).all()
+            checked += int(free.sum())
+    assert checked > 0 and float(want[free].max()) > 0.1

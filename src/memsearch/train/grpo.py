@@ -9,9 +9,9 @@ One step, top to bottom (``train_grpo``):
 2. roll out ``group_size`` episodes per task with the *same* engine as evaluation
    (``run_episode``), the trained role(s) answered by an ``hf`` backend that holds the policy
    as it is at this step, merged into a plain copy of the base (``policy.MergedSampler``:
-   inference mode, no dropout, no LoRA layers), one batcher for every concurrent episode, the
-   branches of one state prefilled once (``hf_decoder``, "Shared prompts"); sampling at
-   ``temperature``, a distinct seed per step / rollout / task / call; the other roles by
+   inference mode, no dropout, no LoRA layers; a bf16 base samples unmerged), one batcher
+   for every concurrent episode, the branches of one state prefilled once (``hf_decoder``,
+   "Shared prompts"); sampling at ``temperature``, a distinct seed per step / rollout / task / call; the other roles by
    whatever backend the episode config names (rules, a frozen stage-1 model...);
 3. reward each trajectory (``reward.trajectory_reward``); with ``dynamic_sampling``, groups whose
    rewards are all equal are replaced by other tasks (``dynamic_sampling``); advantage per
@@ -328,6 +328,7 @@ class Rollouts:
 
     def __init__(self, cfg: GRPOConfig, dataset, policy, tokenizer, fast: bool = True) -> None:
         from memsearch.backends.hf.backend import HFBackend
+        from memsearch.backends.hf.model import pick_dtype
         from memsearch.engine.environment import build_shared
         from memsearch.train.policy import MergedSampler
 
@@ -337,12 +338,16 @@ class Rollouts:
         # shared service (rollout workers on many nodes searching one index).
         self.shared = build_shared(cfg.episode, dataset, leave_out=self.trained)
         self.generated = 0  # completions of the trained roles in the last ``run`` (counted by the backend)
-        # fast: sample from the merged copy, branches of one state prefilled once (module doc);
+        # fast: branches of one state prefilled once, sampled from the merged copy (module doc);
         # off, from the PEFT model with every prompt prefilled: the reference the tests compare with.
-        self.sampler = MergedSampler(policy, cfg.model, next(policy.parameters()).device, cfg.dtype) if fast else None
+        # A base in a low-precision dtype is never merged: W + scale * B @ A rounded to bfloat16 is
+        # not the function the trainer differentiates (bf16 base, float32 LoRA added to its output).
+        device = next(policy.parameters()).device
+        merge = fast and pick_dtype(cfg.dtype, device) == torch.float32
+        self.sampler = MergedSampler(policy, cfg.model, device, cfg.dtype) if merge else None
         self.policy_backend = HFBackend(
             model=cfg.model,
-            loaded=(self.sampler.model if fast else policy, tokenizer),
+            loaded=(self.sampler.model if merge else policy, tokenizer),
             max_batch_size=cfg.max_batch_size,
             seed=cfg.seed,
             name="hf-policy",

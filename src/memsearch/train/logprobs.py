@@ -154,7 +154,9 @@ def scored_positions(model, inputs: dict[str, torch.Tensor], index_b: torch.Tens
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            ent = torch.special.entr(logp.exp()).sum(-1)
+            # -sum p log p with the log-probs at hand (entr would take the log again, ~4 % of
+            # an update); a schema-masked token has p = 0 and log p = -inf: it adds 0.
+            ent = -(logp.exp() * logp.clamp(min=torch.finfo(logp.dtype).min)).sum(-1)
             entropy = torch.zeros(len(rows) * c_max, device=device, dtype=ent.dtype).index_put((flat,), ent)
             entropy = entropy.view(len(rows), c_max)
     return Scored(token_lp.view(len(rows), c_max), loss_mask.to(device), entropy)
