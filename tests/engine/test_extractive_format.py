@@ -88,6 +88,25 @@ def test_the_oracle_teaches_one_extractive_op_per_call(hotpot_train, tmp_path):
     assert summary["metrics"]["invalid_actions"] == 0 and kept >= 20
 
 
+def test_the_oracle_counts_the_op_it_writes_against_the_output_budget(hotpot_train, tmp_path):
+    """An extractive op is its ids, however long the sentence: a 40-token output budget (a pair of
+    ids takes 35) keeps what a generous one keeps (the teacher once counted the text format's op, sentence
+    included, and taught NOOP for every gold sentence that would not fit as prose)."""
+    from memsearch.memory.ops import Add, format_ops
+    from memsearch.tokenizer import load_tokenizer
+
+    oracle = (EXTRACTIVE, 'backends.memory.kind="oracle"')
+    _, small = _run(hotpot_train, tmp_path / "small", *oracle, "budgets.policy_tokens=40")
+    _, large = _run(hotpot_train, tmp_path / "large", *oracle, "budgets.policy_tokens=400")
+    assert {t["task_id"]: t["memory_cited"] for t in small} == {t["task_id"]: t["memory_cited"] for t in large}
+    documents = load_dataset(hotpot_train).documents_by_id()
+    texts = {eid: text for t in small for eid, text in _texts(t, documents).items()}
+    tok = load_tokenizer("lexical")  # configs/rules.toml's budget tokenizer
+    long_kept = [eid for t in small for eid in t["memory_cited"]
+                 if tok.count(format_ops([Add(texts[eid], (eid,))])) > 40]
+    assert long_kept  # the case that was lost: kept although its text op would not fit in 40 tokens
+
+
 @pytest.mark.slow
 def test_constrained_extractive_sampling_cannot_write_an_invalid_or_over_budget_op(hotpot_dev_dir, tmp_path):
     """The embedded model, sampling at T = 1 in a memory too small for most evidence: under the

@@ -77,6 +77,22 @@ def test_pooled_bar_needs_usable_runs():
     assert result["usable"] is False and result["holds"] is False
 
 
+def test_pooled_extractive_reads_the_overflow_check_as_a_rate_of_zero():
+    """v3's bar: the same checks as v2's; extractive decoding cannot overflow, so both over-budget
+    rates are 0 and the check asks for grpo's to be 0 (v2's "below sft's" would always fail)."""
+    per_seed, over, shared, seeds = _passing()
+    for s in seeds.values():
+        for row in s.values():
+            row["memory_calls"]["invalid"]["over_budget"] = 0
+    assert bar.evaluate("pooled", per_seed, over, shared, seeds)["checks"]["overflow_each_seed"]["holds"] is False
+    result = bar.evaluate("pooled_extractive", per_seed, over, shared, seeds)
+    assert result["holds"] is True and result["name"] == "pooled_extractive"
+    assert "over-budget rate 0" in result["criterion"]
+    seeds[2]["grpo"]["memory_calls"]["invalid"]["over_budget"] = 1  # the constraint let one through
+    result = bar.evaluate("pooled_extractive", per_seed, over, shared, seeds)
+    assert [name for name, c in result["checks"].items() if not c["holds"]] == ["overflow_each_seed"]
+
+
 def test_recall_every_seed_is_recipe_v1s_bar():
     per_seed, over, shared, seeds = _passing()
     result = bar.evaluate("recall_every_seed", per_seed, over, shared, seeds)

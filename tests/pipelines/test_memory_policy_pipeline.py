@@ -447,3 +447,32 @@ def test_publish_copies_the_record_of_a_stage_the_collapse_guard_stopped(tmp_pat
     assert names == ["seed-1/grpo1/train_log.jsonl", "seed-2/grpo1/collapse.json", "seed-2/grpo1/train_log.jsonl",
                      "summary.json"]
     assert (tmp_path / "results" / "seed-2" / "grpo1" / "collapse.json").read_text() == stop
+
+
+def test_the_extractive_format_runs_through_every_stage_of_the_track(tmp_path, mp_config):
+    """``episode.agent.memory_format = "extractive"``: the teacher's SFT rows name evidence ids,
+    SFT and GRPO train on those prompts, GRPO samples one op per call under the per-call
+    constraint, and every held-out row (base, rules, sft, grpo) runs the same extractive episode."""
+    out = tmp_path / "x"
+    # 40 policy tokens: an extractive op is ~20 (the tiny config's 12 would leave the teacher only NOOP)
+    run_memory_policy_pipeline(mp_config('episode.agent.memory_format="extractive"', "matrix_seeds=[]",
+                                         "data.train_questions=4", "episode.budgets.policy_tokens=40"),
+                               out, echo=lambda _: None)
+    rows = [json.loads(x) for x in (out / "teacher" / "selected.jsonl").read_text().splitlines()]
+    assert rows and all(r["role"] == "memory" for r in rows)
+    ops = [op for r in rows for op in json.loads(r["completion"])["ops"]]
+    adds = [op for op in ops if op["op"] == "ADD" and op.get("kind", "fact") == "fact"]
+    assert adds and all(op["sources"] and "text" not in op for op in adds)  # ids, not prose
+    assert all("you choose sentences by their evidence ids" in r["messages"][-1]["content"] for r in rows)
+    seed = out / "seed-7"
+    rolled = [json.loads(x) for p in sorted((seed / "grpo1" / "rollouts").glob("*.jsonl"))
+              for x in p.read_text().splitlines()]
+    calls = [e for tr in rolled for e in tr["events"] if e.get("type") == "policy_call" and e["role"] == "memory"]
+    assert calls and all(e["constraint_id"].startswith("memory-extract-v1:") for e in calls)
+    for e in calls:  # one op per call, the schema's spelling
+        assert len(json.loads(e["text"])["ops"]) == 1
+    for run in (out / "heldout" / "base", out / "heldout" / "rules", seed / "heldout" / "sft",
+                seed / "heldout" / "grpo"):
+        assert record(run / "config.json")["agent"]["memory_format"] == "extractive", run
+    summary = record(out / "heldout" / "summary.json")
+    assert summary["policies"]["seeds"]["7"]["grpo"]["memory_calls"]["calls"] > 0

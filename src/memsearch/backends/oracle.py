@@ -146,9 +146,13 @@ class OracleBackend:
         size = Memory.from_snapshot(snapshot, self.tokenizer, _SCRATCH_BUDGET, shown).tokens()
         scratch = Memory.from_snapshot(snapshot, self.tokenizer, size + obs.get("budget_left", 0), shown)
         ops: list[Op] = []
+        extractive = obs.get("memory_format") == "extractive"
 
         def offer(op: Op, source: str | None = None) -> bool:
-            fits_output = self.tokenizer.count(format_ops([*ops, op])) <= max_tokens
+            # What would be written must fit the policy's output budget: the text batch so far, or
+            # (extractive: one op per call) this op alone by its ids, however long its sentence.
+            written = format_extractive([op]) if extractive else format_ops([*ops, op])
+            fits_output = self.tokenizer.count(written) <= max_tokens
             if fits_output and scratch.apply([op], {source} if source else set()).applied:  # unchanged if not
                 ops.append(op)
                 return True
@@ -167,19 +171,22 @@ class OracleBackend:
         for text, source in targets.items():
             if text not in opens:
                 offer(Add(text=text, sources=(source,), kind="open"), source)
-        if obs.get("memory_format") == "extractive":
-            return format_extractive(self._one_op(ops, snapshot, size + obs.get("budget_left", 0), shown))
+        if extractive:
+            return format_extractive(self._one_op(ops, snapshot, size + obs.get("budget_left", 0), shown, max_tokens))
         return format_ops(ops or [Noop()])
 
-    def _one_op(self, ops: list[Op], snapshot: dict[str, Any], budget: int, show_sources: bool) -> list[Op]:
+    def _one_op(self, ops: list[Op], snapshot: dict[str, Any], budget: int, show_sources: bool,
+                max_tokens: int) -> list[Op]:
         """The extractive teacher's single op (what a constrained policy can write): this step's
-        first two gold facts as one item when that fits, else the first fact, else the first
-        other op (a DELETE of a resolved open item, a new open item), else NOOP."""
+        first two gold facts as one item when that fits (memory and output budgets), else the
+        first fact, else the first other op (a DELETE of a resolved open item, a new open item),
+        else NOOP."""
         facts = [op for op in ops if isinstance(op, Add) and op.kind == "fact"]
         if len(facts) >= 2:
             pair = Add(" ".join(f.text for f in facts[:2]), tuple(s for f in facts[:2] for s in f.sources))
             scratch = Memory.from_snapshot(snapshot, self.tokenizer, budget, show_sources)
-            if scratch.apply([pair], set(pair.sources)).applied:
+            if (self.tokenizer.count(format_extractive([pair])) <= max_tokens
+                    and scratch.apply([pair], set(pair.sources)).applied):
                 return [pair]
         return (facts or ops)[:1] or [Noop()]
 

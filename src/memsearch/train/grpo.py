@@ -123,7 +123,7 @@ def update(
     fixed = _fixed_logprobs(model, rows, plan, cfg, pad_id, mask_fn, off_policy)
     signal = _signal(rows, plan, dist)
     model.train(not cfg.disable_dropout)
-    first = _FirstEpoch.start(len(plan), fixed.mismatch)
+    first = _FirstEpoch.start(len(plan), fixed.gap)
     skipped = 0
     for epoch in range(cfg.epochs):
         tally = first if epoch == 0 else None
@@ -192,7 +192,7 @@ class _FixedLogprobs:
 
     old: dict[tuple[int, int], torch.Tensor]  # of the policy that sampled (off-policy updates only)
     ref: dict[tuple[int, int], torch.Tensor]  # of the KL reference (kl_coef > 0 only)
-    mismatch: float  # largest |old - rollout| log-prob seen (0 when not off-policy)
+    gap: LogprobGap  # |old - rollout| log-probs in the loss (empty when not off-policy)
 
 
 def _fixed_logprobs(model, rows, plan: list[_MiniBatch], cfg: GRPOConfig, pad_id: int, mask_fn,
@@ -200,7 +200,7 @@ def _fixed_logprobs(model, rows, plan: list[_MiniBatch], cfg: GRPOConfig, pad_id
     """Old and reference log-probs of the function the rollouts sampled from: eval mode, no dropout."""
     from memsearch.train.policy import reference_policy
 
-    fixed = _FixedLogprobs({}, {}, 0.0)
+    fixed = _FixedLogprobs({}, {}, LogprobGap())
     model.eval()
     with torch.no_grad():
         for k, part in enumerate(plan):
@@ -208,7 +208,7 @@ def _fixed_logprobs(model, rows, plan: list[_MiniBatch], cfg: GRPOConfig, pad_id
                 sub = [rows[i] for i in idx]
                 if off_policy:
                     fixed.old[k, g] = _scorer(cfg)(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
-                    fixed.mismatch = max(fixed.mismatch, _mismatch(fixed.old[k, g], sub))
+                    fixed.gap.add(fixed.old[k, g], sub)
                 if cfg.kl_coef > 0:
                     with reference_policy(model):
                         fixed.ref[k, g] = _scorer(cfg)(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
@@ -248,7 +248,7 @@ def _backward(model, sub, fixed: _FixedLogprobs, key: tuple[int, int], cfg: GRPO
             tally.sums["decision_entropy"] += float(scored.entropy[k, first_column + pos])
             tally.sums["decisions"] += 1
     if not off_policy:  # the first (and only) pass is before any update
-        tally.mismatch = max(tally.mismatch, _mismatch(scored.logprobs.detach(), sub))
+        tally.gap.add(scored.logprobs.detach(), sub)
 
 
 def _part_loss(k: int) -> str:
@@ -263,14 +263,14 @@ class _FirstEpoch:
     denominators: list[float]  # each mini-batch's global denominator
     norms: list[float] = field(default_factory=list)  # gradient norms of the steps that updated
     consumed: int = 0
-    mismatch: float = 0.0
+    gap: LogprobGap = field(default_factory=lambda: LogprobGap())
 
     @classmethod
-    def start(cls, parts: int, mismatch: float) -> _FirstEpoch:
+    def start(cls, parts: int, gap: LogprobGap) -> _FirstEpoch:
         sums = {_part_loss(k): 0.0 for k in range(parts)}
         sums.update(dict.fromkeys(("tokens", "clipped", "kl", "entropy", "ratio", "decision_entropy", "decisions"),
                                   0.0))
-        return cls(sums, [0.0] * parts, mismatch=mismatch)
+        return cls(sums, [0.0] * parts, gap=gap)
 
     def stepped(self, k: int, denominator: float, norm: float, updated: bool) -> None:
         self.denominators[k] = denominator
@@ -280,7 +280,7 @@ class _FirstEpoch:
     def reduce(self, dist: Dist) -> UpdateStats:
         """Sums over ranks; the loss is the mean over the first epoch's optimizer steps of each
         step's normalised loss, the token statistics are means per completion token."""
-        total = dist.all_sum_named(self.sums)
+        total = dist.all_sum_named({**self.sums, "gap_total": self.gap.total, "gap_tokens": self.gap.tokens})
         losses = [total[_part_loss(k)] for k in range(len(self.denominators))]
         stepped = [loss / d for loss, d in zip(losses, self.denominators, strict=True) if d > 0]
         tokens = total["tokens"]
@@ -298,26 +298,41 @@ class _FirstEpoch:
             stats.ratio_mean = total["ratio"] / tokens
         if total["decisions"]:
             stats.decision_entropy = total["decision_entropy"] / total["decisions"]
-        stats.logprob_mismatch = dist.all_max([self.mismatch])[0]
+        stats.logprob_mismatch = dist.all_max([self.gap.worst])[0]
+        if total["gap_tokens"]:
+            stats.logprob_mismatch_mean = total["gap_total"] / total["gap_tokens"]
         return stats
 
 
-def _mismatch(logprobs: torch.Tensor, rows) -> float:
-    """Largest |recomputed - rollout| log-prob over the rows' completion tokens in the loss
-    (right-aligned). A token out of the loss (``loss_mask`` 0: ``mask_invalid_decisions``) has no
-    recomputed log-prob (``masked_logprobs`` writes 0 there) and is not compared: until 2026-12
-    it was, and the logged figure was the size of a masked token's rollout log-prob, not a gap
-    between sampler and trainer (docs/training.md, "logprob_mismatch")."""
-    worst, c_max = 0.0, logprobs.shape[1]
-    for k, row in enumerate(rows):
-        c = len(row.completion_ids)
-        if c:
-            got = logprobs[k, c_max - c :].detach().cpu()
-            keep = torch.tensor(row.loss_mask, dtype=torch.bool)
-            if bool(keep.any()):
-                gap = (got - torch.tensor(row.rollout_logprobs, dtype=got.dtype)).abs()[keep]
-                worst = max(worst, float(gap.max()))
-    return worst
+@dataclass
+class LogprobGap:
+    """|recomputed - rollout| log-probs of the sampled tokens in the loss: the largest
+    (``logprob_mismatch``), their sum and count (``logprob_mismatch_mean``). Float32 sampler and
+    trainer agree to round-off (< 1e-4); a bf16 base leaves a bf16 round-off gap (largest ~0.3,
+    mean ~0.005 on a v2 step: docs/results/grpo_speed.md), which the mean tells from a bug.
+
+    A token out of the loss (``loss_mask`` 0: ``mask_invalid_decisions``) has no recomputed
+    log-prob (``masked_logprobs`` writes 0 there) and is not compared: until 2026-12 it was, and
+    the logged figure was the size of a masked token's rollout log-prob, not a gap between sampler
+    and trainer (docs/training.md, "logprob_mismatch")."""
+
+    worst: float = 0.0
+    total: float = 0.0
+    tokens: int = 0
+
+    def add(self, logprobs: torch.Tensor, rows) -> None:
+        """The rows' completion tokens (right-aligned in ``logprobs``)."""
+        c_max = logprobs.shape[1]
+        for k, row in enumerate(rows):
+            c = len(row.completion_ids)
+            if c:
+                got = logprobs[k, c_max - c :].detach().cpu()
+                keep = torch.tensor(row.loss_mask, dtype=torch.bool)
+                if bool(keep.any()):
+                    gap = (got - torch.tensor(row.rollout_logprobs, dtype=got.dtype)).abs()[keep]
+                    self.worst = max(self.worst, float(gap.max()))
+                    self.total += float(gap.sum())
+                    self.tokens += int(gap.numel())
 
 
 class Rollouts:

@@ -28,7 +28,8 @@ class UpdateStats:
     ratio_mean: float = 0.0
     grad_norm: float = 0.0
     consumed: int = 0
-    logprob_mismatch: float = 0.0
+    logprob_mismatch: float = 0.0  # largest |rollout - recomputed| log-prob in the loss
+    logprob_mismatch_mean: float = 0.0  # their mean
     denominator: float = 0.0
     skipped_steps: int = 0  # optimizer steps skipped: no row with a non-zero advantage (or no token)
     decision_entropy: float | None = None  # mean entropy at the tokens that choose (train.decisions)
@@ -81,6 +82,7 @@ def step_record(
         "completion_tokens": int(stats.tokens),
         "prompt_tokens": int(total["prompt_tokens"]),
         "logprob_mismatch": stats.logprob_mismatch,
+        "logprob_mismatch_mean": stats.logprob_mismatch_mean,
         "lr": lr,
         "rollout_s": round(t_roll, 3),
         "step_s": round(time.perf_counter() - t0, 3),

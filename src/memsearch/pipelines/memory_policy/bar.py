@@ -21,6 +21,11 @@ on memory support recall has a paired bootstrap CI above 0.
 - ``overflow_each_seed``: in every seed grpo's over-budget rate (calls rejected for
   overflowing the memory budget / calls) is below sft's.
 
+``pooled_extractive`` (recipe v3, docs/results/memory_policy_cpu_v3/PROTOCOL.md): ``pooled`` for
+the extractive format, whose constrained decoding cannot sample an op that overflows, so both
+rates are 0 by construction and "below sft's" could never hold: ``overflow_each_seed`` reads
+"grpo's over-budget rate is 0 in every seed" (it fails only if the constraint does).
+
 Each check records the numbers it read, so ``summary.json`` shows why it holds or not.
 """
 
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-BARS = ("recall_every_seed", "pooled")
+BARS = ("recall_every_seed", "pooled", "pooled_extractive")
 RECALL = "memory_support_recall"
 PRECISION_MARGIN = 0.05
 F1_FLOOR = -0.03
@@ -62,7 +67,8 @@ def _call_share(row: dict[str, Any], key: str) -> float | None:
     return count / calls["calls"] if calls["calls"] else None
 
 
-def _seed_figures(diff: dict[str, Any], rows: dict[str, Any], rules_precision: float | None) -> dict[str, Any]:
+def _seed_figures(diff: dict[str, Any], rows: dict[str, Any], rules_precision: float | None,
+                  extractive: bool) -> dict[str, Any]:
     """One seed's figures for the per-seed checks of ``pooled`` and whether each holds."""
     point = (diff["grpo-rules"][RECALL] or {}).get("diff")
     precision = rows["grpo"]["memory_support_precision"]
@@ -74,15 +80,16 @@ def _seed_figures(diff: dict[str, Any], rows: dict[str, Any], rules_precision: f
         # the margin's float round-off must not fail a precision exactly at rules - margin
         "precision": rules_precision is not None and _above(precision, rules_precision - PRECISION_MARGIN - 1e-12),
         "ops_each_seed": all(v is not None and v >= MIN_OP_SHARE for v in shares.values()),
-        "overflow_each_seed": None not in overflow.values() and overflow["grpo"] < overflow["sft"],
+        "overflow_each_seed": (overflow["grpo"] == 0 if extractive
+                               else None not in overflow.values() and overflow["grpo"] < overflow["sft"]),
     }
 
 
 def pooled(per_seed: dict[int, dict[str, Any]], over: dict[str, Any], shared: dict[str, Any],
-           seeds: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """Recipe v2's bar (module doc): every check, with the figures it read."""
+           seeds: dict[int, dict[str, Any]], extractive: bool = False) -> dict[str, Any]:
+    """Recipe v2's bar (module doc): every check, with the figures it read; ``extractive``: v3's."""
     rules_precision = shared["rules"]["memory_support_precision"]
-    figures = {s: _seed_figures(per_seed[s], rows, rules_precision) for s, rows in seeds.items()}
+    figures = {s: _seed_figures(per_seed[s], rows, rules_precision, extractive) for s, rows in seeds.items()}
     grpo_sft = over.get("grpo-sft")
     pooled_lows = {"recall_pooled": _ci_low(over["grpo-rules"][RECALL]),
                    "recall_over_sft": _ci_low(grpo_sft[RECALL]) if grpo_sft else None,
@@ -94,11 +101,12 @@ def pooled(per_seed: dict[int, dict[str, Any]], over: dict[str, Any], shared: di
         checks[name] = {"holds": bool(figures) and all(f[name] for f in figures.values())}
     checks["precision"]["rules"] = rules_precision
     usable = bool(per_seed) and all(d["grpo-rules"][RECALL]["usable"] for d in per_seed.values())
-    return {"name": "pooled",
+    overflow = "over-budget rate 0 (extractive decoding)" if extractive else "over-budget rate below sft's"
+    return {"name": "pooled_extractive" if extractive else "pooled",
             "criterion": "pooled grpo - rules recall CI above 0 and above 0 in each seed; pooled grpo - sft recall "
                          f"CI above 0; grpo precision >= rules - {PRECISION_MARGIN}; pooled grpo - rules F1 CI low "
                          f"above {F1_FLOOR}; ADD and NOOP each >= {MIN_OP_SHARE:.0%} of grpo's memory calls and "
-                         "over-budget rate below sft's, in every seed",
+                         f"{overflow}, in every seed",
             "checks": checks,
             "seed_figures": {s: f["figures"] for s, f in figures.items()},
             "usable": usable,
@@ -110,6 +118,6 @@ def pooled(per_seed: dict[int, dict[str, Any]], over: dict[str, Any], shared: di
 def evaluate(name: str, per_seed: dict[int, dict[str, Any]], over: dict[str, Any], shared: dict[str, Any],
              seeds: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """The bar ``name`` (one of ``BARS``) on the held-out comparison's differences and rows."""
-    if name == "pooled":
-        return pooled(per_seed, over, shared, seeds)
+    if name in ("pooled", "pooled_extractive"):
+        return pooled(per_seed, over, shared, seeds, extractive=name == "pooled_extractive")
     return recall_every_seed(per_seed, over)

@@ -199,10 +199,11 @@ class MemoryPolicyPipeline(StrictConfig):
         "collapsed seed keeps its held-out rows and the bar judges it. Not in any stage fingerprint: it decides "
         "whether a stopped stage counts as finished, not what a stage computes",
     )
-    bar: Literal["recall_every_seed", "pooled"] = Field(
+    bar: Literal["recall_every_seed", "pooled", "pooled_extractive"] = Field(
         "recall_every_seed",
         description="The held-out bar the report judges (pipelines/memory_policy/bar.py; its thresholds are "
-        "constants there, fixed before any held-out number): 'recall_every_seed' (recipe v1) or 'pooled' (v2)",
+        "constants there, fixed before any held-out number): 'recall_every_seed' (recipe v1), 'pooled' (v2) or "
+        "'pooled_extractive' (v3: pooled, with an over-budget rate of 0 for a format that cannot overflow)",
     )
 
     @model_validator(mode="before")
