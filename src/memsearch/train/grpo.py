@@ -187,6 +187,37 @@ def _plan_mini_batches(rows: list[Row], cfg: GRPOConfig) -> list[_MiniBatch]:
 
 
 @dataclass
+class LogprobGap:
+    """|recomputed - rollout| log-probs of the sampled tokens in the loss: the largest
+    (``logprob_mismatch``), their sum and count (``logprob_mismatch_mean``). Float32 sampler and
+    trainer agree to round-off (< 1e-4); a bf16 base leaves a bf16 round-off gap (largest ~0.3,
+    mean ~0.005 on a v2 step: docs/results/grpo_speed.md), which the mean tells from a bug.
+
+    A token out of the loss (``loss_mask`` 0: ``mask_invalid_decisions``) has no recomputed
+    log-prob (``masked_logprobs`` writes 0 there) and is not compared: until 2026-12 it was, and
+    the logged figure was the size of a masked token's rollout log-prob, not a gap between sampler
+    and trainer (docs/training.md, "logprob_mismatch")."""
+
+    worst: float = 0.0
+    total: float = 0.0
+    tokens: int = 0
+
+    def add(self, logprobs: torch.Tensor, rows) -> None:
+        """The rows' completion tokens (right-aligned in ``logprobs``)."""
+        c_max = logprobs.shape[1]
+        for k, row in enumerate(rows):
+            c = len(row.completion_ids)
+            if c:
+                got = logprobs[k, c_max - c :].detach().cpu()
+                keep = torch.tensor(row.loss_mask, dtype=torch.bool)
+                if bool(keep.any()):
+                    gap = (got - torch.tensor(row.rollout_logprobs, dtype=got.dtype)).abs()[keep]
+                    self.worst = max(self.worst, float(gap.max()))
+                    self.total += float(gap.sum())
+                    self.tokens += int(gap.numel())
+
+
+@dataclass
 class _FixedLogprobs:
     """Log-probs taken before the first optimizer step, by (mini-batch, micro-batch)."""
 
@@ -263,7 +294,7 @@ class _FirstEpoch:
     denominators: list[float]  # each mini-batch's global denominator
     norms: list[float] = field(default_factory=list)  # gradient norms of the steps that updated
     consumed: int = 0
-    gap: LogprobGap = field(default_factory=lambda: LogprobGap())
+    gap: LogprobGap = field(default_factory=LogprobGap)
 
     @classmethod
     def start(cls, parts: int, gap: LogprobGap) -> _FirstEpoch:
@@ -302,37 +333,6 @@ class _FirstEpoch:
         if total["gap_tokens"]:
             stats.logprob_mismatch_mean = total["gap_total"] / total["gap_tokens"]
         return stats
-
-
-@dataclass
-class LogprobGap:
-    """|recomputed - rollout| log-probs of the sampled tokens in the loss: the largest
-    (``logprob_mismatch``), their sum and count (``logprob_mismatch_mean``). Float32 sampler and
-    trainer agree to round-off (< 1e-4); a bf16 base leaves a bf16 round-off gap (largest ~0.3,
-    mean ~0.005 on a v2 step: docs/results/grpo_speed.md), which the mean tells from a bug.
-
-    A token out of the loss (``loss_mask`` 0: ``mask_invalid_decisions``) has no recomputed
-    log-prob (``masked_logprobs`` writes 0 there) and is not compared: until 2026-12 it was, and
-    the logged figure was the size of a masked token's rollout log-prob, not a gap between sampler
-    and trainer (docs/training.md, "logprob_mismatch")."""
-
-    worst: float = 0.0
-    total: float = 0.0
-    tokens: int = 0
-
-    def add(self, logprobs: torch.Tensor, rows) -> None:
-        """The rows' completion tokens (right-aligned in ``logprobs``)."""
-        c_max = logprobs.shape[1]
-        for k, row in enumerate(rows):
-            c = len(row.completion_ids)
-            if c:
-                got = logprobs[k, c_max - c :].detach().cpu()
-                keep = torch.tensor(row.loss_mask, dtype=torch.bool)
-                if bool(keep.any()):
-                    gap = (got - torch.tensor(row.rollout_logprobs, dtype=got.dtype)).abs()[keep]
-                    self.worst = max(self.worst, float(gap.max()))
-                    self.total += float(gap.sum())
-                    self.tokens += int(gap.numel())
 
 
 class Rollouts:
