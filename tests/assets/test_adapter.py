@@ -105,3 +105,18 @@ def test_the_trained_group_b_config_refuses_a_changed_adapter_before_any_run_fol
     assert f"sha256 {sha256_file(folder / 'adapter_config.json')} does not match" in str(err.value)
     assert shipped in str(err.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_trained_format_is_read_from_the_provenance_and_text_when_it_names_none():
+    import json
+
+    from memsearch.assets.adapter import trained_memory_format
+
+    # The adapter shipped from v2 predates the field: its run trained the text format.
+    shipped = json.loads((Path(__file__).resolve().parents[2] / "models" / "memory-policy-cpu" / "fingerprint.json")
+                         .read_text(encoding="utf-8"))
+    assert "memory_format" not in shipped["provenance"]["config"]["episode"]["agent"]
+    assert trained_memory_format(shipped) == "text"
+    extractive = {"provenance": {"config": {"episode": {"agent": {"memory_format": "extractive"}}}}}
+    assert trained_memory_format(extractive) == "extractive"
+    assert trained_memory_format(None) == trained_memory_format({"provenance": {"test": 1}}) == "text"

@@ -58,6 +58,20 @@ def test_the_trained_group_is_group_b_with_only_the_memory_adapter_and_schema_mo
     assert trained == b  # same budgets, reader, controller, retrieval, limit
 
 
+def test_both_rows_beside_b_take_the_format_the_adapter_was_trained_in(tmp_path):
+    from memsearch.config import group_config, load_config
+    from memsearch.pipelines.demo import rules_group_config, trained_group_config
+
+    config = load_config(ROOT / "configs" / "demo.toml", ["limit=4"])
+    b = group_config(config, "B").model_dump(mode="json")
+    assert b["agent"]["memory_format"] == "text"
+    for row in (trained_group_config(config, tmp_path / "adapter", "extractive"),
+                rules_group_config(config, "extractive")):
+        data = row.model_dump(mode="json")
+        assert data["agent"] == {**b["agent"], "memory_format": "extractive"}
+        assert data["budgets"] == b["budgets"] and data["backends"]["reader"] == b["backends"]["reader"]
+
+
 def test_the_rules_row_is_group_b_with_only_the_memory_backend_changed():
     from memsearch.config import group_config, load_config
     from memsearch.pipelines.demo import rules_group_config
@@ -72,8 +86,15 @@ def test_the_rules_row_is_group_b_with_only_the_memory_backend_changed():
 
 @pytest.mark.slow  # the embedded model twice on one question, and the whole dev sample prepared (~1-2 min on 2 cores)
 def test_the_hf_demo_runs_b_trained_beside_the_other_groups(tmp_path, embedded_lora_adapter):
+    import shutil
+
     from memsearch.pipelines.demo import run_demo
 
+    # The stand-in adapter's provenance says it was trained in the extractive format, as a v3 run's is.
+    adapter = tmp_path / embedded_lora_adapter.name
+    shutil.copytree(embedded_lora_adapter, adapter)
+    write_fingerprint(adapter, "embedded", {"config": {"episode": {"agent": {"memory_format": "extractive"}}}})
+    embedded_lora_adapter = adapter
     lines: list[str] = []
     result = run_demo(
         backend="hf",
@@ -104,6 +125,10 @@ def test_the_hf_demo_runs_b_trained_beside_the_other_groups(tmp_path, embedded_l
     resolved = {g: json.loads((matrix / g / "config.json").read_text(encoding="utf-8")) for g in ("B", "B-trained")}
     assert resolved["B-trained"]["backends"]["memory"]["schema_mode"] is True
     assert resolved["B"]["backends"]["memory"]["schema_mode"] is False
+    # Both rows beside B run in the adapter's format; B keeps the demo's.
+    assert resolved["B"]["agent"]["memory_format"] == "text"
+    assert resolved["B-trained"]["agent"]["memory_format"] == rules["agent"]["memory_format"] == "extractive"
+    assert "extractive memory format" in lines[1]
     assert resolved["B-trained"]["backends"]["reader"] == resolved["B"]["backends"]["reader"]
     assert summary["budgets"] == b_summary["budgets"] == result["budgets"]
     assert summary["tasks"]["scored"] == b_summary["tasks"]["scored"] == 1

@@ -109,3 +109,13 @@ def verify_adapter(folder: str | Path, base_model: str | None = None, required: 
     if base_model is not None and recorded is not None and (recorded == "embedded") != (str(base_model) == "embedded"):
         raise InputError(f"{where}: the adapter was trained on base model {recorded!r}, not {str(base_model)!r}")
     return record
+
+
+def trained_memory_format(fingerprint: dict[str, Any] | None) -> str:
+    """The memory action format (``agent.memory_format``) the adapter was trained in, read from its
+    fingerprint's provenance (the pipeline config it came from): an adapter trained to name evidence
+    ids writes nonsense when prompted for prose, and the reverse. ``"text"`` when the provenance
+    names none (adapters shipped before the extractive format existed were trained in text)."""
+    provenance = (fingerprint or {}).get("provenance") or {}
+    agent = ((provenance.get("config") or {}).get("episode") or {}).get("agent") or {}
+    return agent.get("memory_format", "text")

@@ -10,7 +10,9 @@ With the hf backend it also runs two rows beside B, with the same budgets, reade
 trained one must beat), and ``B-trained``, group B with its memory written by the shipped trained
 memory-policy adapter (``models/memory-policy-cpu``, or ``--adapter`` /
 ``MEMSEARCH_MEMORY_POLICY_ADAPTER``; schema mode, as it was trained), in ``OUT/matrix/B-rules`` and
-``OUT/matrix/B-trained``. A missing or changed adapter is refused before anything runs. The rules
+``OUT/matrix/B-trained``. Both rows use the memory action format the adapter was trained in (its
+fingerprint's provenance; ``assets.adapter.trained_memory_format``), so trained and hand-written
+policies are compared in one format. A missing or changed adapter is refused before anything runs. The rules
 demo has neither (its B is the rules memory; the adapter is a LoRA on the embedded model).
 """
 
@@ -46,24 +48,28 @@ def report_command(run: Path, data: Path) -> str:
     )
 
 
-def trained_group_config(config, adapter: Path):
+def trained_group_config(config, adapter: Path, memory_format: str = "text"):
     """Group B of ``config`` with its memory written by ``adapter`` (a LoRA on the memory model,
-    decoding in schema mode as the memory-policy pipeline trains it); nothing else changes."""
+    decoding in schema mode as the memory-policy pipeline trains it) in the action format it was
+    trained in; nothing else changes."""
     from memsearch.config import RunConfig, apply_overrides, group_config
 
     data = group_config(config, "B").model_dump(mode="json")
     data = apply_overrides(data, [f"backends.memory.adapter={json.dumps(str(Path(adapter).resolve()))}",
                                   "backends.memory.schema_mode=true"])
+    data["agent"]["memory_format"] = memory_format
     return RunConfig.model_validate(data)
 
 
-def rules_group_config(config):
-    """Group B of ``config`` with its memory written by the rules heuristic; nothing else changes."""
+def rules_group_config(config, memory_format: str = "text"):
+    """Group B of ``config`` with its memory written by the rules heuristic in ``memory_format``
+    (the trained row's, so the two policies differ only in who decides); nothing else changes."""
     from memsearch.config import RunConfig, group_config
 
     data = group_config(config, "B").model_dump(mode="json")
     data["backends"]["memory"] = {**data["backends"]["memory"], "kind": "rules", "adapter": None,
                                   "schema_mode": False}
+    data["agent"]["memory_format"] = memory_format
     return RunConfig.model_validate(data)
 
 
@@ -71,11 +77,14 @@ def _add_b_rows(config, result: dict, data_dir: Path, matrix_dir: Path, adapter:
                 show_progress: bool) -> dict:
     """Run ``B-rules`` and ``B-trained`` into ``matrix_dir`` and rewrite ``matrix.json`` /
     ``matrix.md`` with their rows and pairs (so the report and the table show them beside A-D)."""
+    from memsearch.assets.adapter import trained_memory_format
     from memsearch.eval.matrix import check_comparable, compare, render_table
     from memsearch.eval.runner import run_eval
     from memsearch.io import write_json
 
-    rows = {RULES_GROUP: rules_group_config(config), TRAINED_GROUP: trained_group_config(config, adapter)}
+    memory_format = trained_memory_format(fingerprint)
+    rows = {RULES_GROUP: rules_group_config(config, memory_format),
+            TRAINED_GROUP: trained_group_config(config, adapter, memory_format)}
     check_comparable({"B": config, **rows})
     groups = dict(result["groups"])
     for name, row_config in rows.items():
@@ -99,7 +108,7 @@ def run_demo(backend: str = "hf", limit: int = 4, out: Path | None = None, echo:
     """The demo (module docstring). ``adapter``: the trained row's adapter folder (default: the
     shipped one, ``memsearch.assets.adapter.shipped_adapter_dir``); ``overrides``: ``--set``-style
     overrides of the demo config (e.g. ``matrix.groups=["B"]`` for a quick check)."""
-    from memsearch.assets.adapter import shipped_adapter_dir, verify_adapter
+    from memsearch.assets.adapter import shipped_adapter_dir, trained_memory_format, verify_adapter
     from memsearch.assets.samples import HOTPOT_DEV, config_path, samples_dir
     from memsearch.config import load_config
     from memsearch.data.dataset import save_dataset
@@ -130,8 +139,9 @@ def run_demo(backend: str = "hf", limit: int = 4, out: Path | None = None, echo:
     if fingerprint is not None:
         echo(
             f"{TRAINED_GROUP}: group B with its memory written by the trained memory-policy adapter {adapter} "
-            "(schema mode; trained under configs/memory_policy_cpu.toml's budgets and rules reader, run here under "
-            f"the demo's); {RULES_GROUP}: group B with the rules heuristic's memory, the policy it must beat"
+            f"(schema mode, {trained_memory_format(fingerprint)} memory format as it was trained; run here under the "
+            f"demo's budgets); {RULES_GROUP}: group B with the rules heuristic's memory in the same format, the policy "
+            "it must beat"
         )
     else:
         echo(
