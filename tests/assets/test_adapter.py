@@ -119,4 +119,27 @@ def test_the_trained_format_is_read_from_the_provenance_and_text_when_it_names_n
     assert trained_memory_format(shipped) == "text"
     extractive = {"provenance": {"config": {"episode": {"agent": {"memory_format": "extractive"}}}}}
     assert trained_memory_format(extractive) == "extractive"
-    assert trained_memory_format(None) == trained_memory_format({"provenance": {"test": 1}}) == "text"
+    assert trained_memory_format(None) is trained_memory_format({"provenance": {"test": 1}}) is None  # unknown
+    from memsearch.assets.adapter import check_memory_format
+
+    for fingerprint, fmt in ((shipped, "text"), (extractive, "extractive"), (None, "text"), (None, "extractive")):
+        check_memory_format("adapter", fingerprint, fmt)  # the trained format, or an unknown one: allowed
+    with pytest.raises(InputError, match="trained in the 'text' memory format"):
+        check_memory_format("adapter", shipped, "extractive")
+
+
+def test_eval_refuses_an_adapter_in_another_format_than_it_was_trained_in(tmp_path, hotpot_dev_dir):
+    """group_b_trained.toml (text format) with an adapter whose provenance says extractive: refused
+    before any run folder exists, naming the folder, both formats and the setting that fixes it."""
+    from memsearch.config import load_config
+    from memsearch.eval.runner import run_eval
+
+    folder = fake_adapter(tmp_path / "memory-policy-cpu")
+    write_fingerprint(folder, "embedded", {"config": {"episode": {"agent": {"memory_format": "extractive"}}}})
+    cfg = load_config(ROOT / "configs" / "group_b_trained.toml", [f"backends.memory.adapter={folder}", "limit=1"])
+    with pytest.raises(InputError) as err:
+        run_eval(cfg, hotpot_dev_dir, tmp_path / "run", show_progress=False)
+    message = str(err.value)
+    assert str(folder) in message and "trained in the 'extractive' memory format" in message
+    assert "agent.memory_format is 'text'" in message and "--set agent.memory_format=extractive" in message
+    assert not (tmp_path / "run").exists()

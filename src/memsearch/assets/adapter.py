@@ -111,11 +111,25 @@ def verify_adapter(folder: str | Path, base_model: str | None = None, required: 
     return record
 
 
-def trained_memory_format(fingerprint: dict[str, Any] | None) -> str:
+def trained_memory_format(fingerprint: dict[str, Any] | None) -> str | None:
     """The memory action format (``agent.memory_format``) the adapter was trained in, read from its
     fingerprint's provenance (the pipeline config it came from): an adapter trained to name evidence
-    ids writes nonsense when prompted for prose, and the reverse. ``"text"`` when the provenance
-    names none (adapters shipped before the extractive format existed were trained in text)."""
+    ids writes nonsense when prompted for prose, and the reverse. ``"text"`` when that config names
+    none (adapters shipped before the extractive format existed were trained in text); ``None`` when
+    the provenance holds no pipeline config (the format is unknown)."""
     provenance = (fingerprint or {}).get("provenance") or {}
-    agent = ((provenance.get("config") or {}).get("episode") or {}).get("agent") or {}
+    agent = ((provenance.get("config") or {}).get("episode") or {}).get("agent")
+    if not isinstance(agent, dict):
+        return None
     return agent.get("memory_format", "text")
+
+
+def check_memory_format(folder: str | Path, fingerprint: dict[str, Any] | None, memory_format: str) -> None:
+    """Refuse to run a decision-memory adapter in a format other than the one it was trained in."""
+    trained = trained_memory_format(fingerprint)
+    if trained is not None and trained != memory_format:
+        raise InputError(
+            f"{folder}: this memory-policy adapter was trained in the {trained!r} memory format (its {FINGERPRINT}), "
+            f"but agent.memory_format is {memory_format!r}; set agent.memory_format = {trained!r} (`--set "
+            f"agent.memory_format={trained}`) or use an adapter trained in {memory_format!r}"
+        )

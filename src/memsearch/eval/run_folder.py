@@ -297,9 +297,12 @@ def model_identity(config) -> dict[str, Any]:
                 adapter = Path(backend.adapter)
                 if not adapter.is_dir():
                     raise InputError(f"{adapter}: no such adapter folder")
-                from memsearch.assets.adapter import verify_adapter
+                from memsearch.assets.adapter import check_memory_format, verify_adapter
 
-                verify_adapter(adapter, base_model=backend.model)  # refused before any run folder exists
+                # Both refused before any run folder exists.
+                fingerprint = verify_adapter(adapter, base_model=backend.model)
+                if role == "memory" and config.agent.memory == "decision":
+                    check_memory_format(adapter, fingerprint, config.agent.memory_format)
                 entry["adapter_files"] = _folder_identity(adapter)
         elif backend.kind == "openai":
             # A served model's weights are not ours to read: its name and URL are all we know.

@@ -82,7 +82,7 @@ def _add_b_rows(config, result: dict, data_dir: Path, matrix_dir: Path, adapter:
     from memsearch.eval.runner import run_eval
     from memsearch.io import write_json
 
-    memory_format = trained_memory_format(fingerprint)
+    memory_format = trained_memory_format(fingerprint) or "text"
     rows = {RULES_GROUP: rules_group_config(config, memory_format),
             TRAINED_GROUP: trained_group_config(config, adapter, memory_format)}
     check_comparable({"B": config, **rows})
@@ -128,6 +128,7 @@ def run_demo(backend: str = "hf", limit: int = 4, out: Path | None = None, echo:
         # Checked before anything is written or run: a missing or changed adapter fails here, by path.
         adapter = Path(adapter) if adapter is not None else shipped_adapter_dir()
         fingerprint = verify_adapter(adapter, base_model=config.backends.memory.model, required=True)
+        trained_format = trained_memory_format(fingerprint) or "text"
     started = time.perf_counter()
     data_dir = out / "data" / "hotpot-dev"
     save_dataset(convert_hotpot(samples_dir() / HOTPOT_DEV, split="dev"), data_dir)
@@ -139,7 +140,7 @@ def run_demo(backend: str = "hf", limit: int = 4, out: Path | None = None, echo:
     if fingerprint is not None:
         echo(
             f"{TRAINED_GROUP}: group B with its memory written by the trained memory-policy adapter {adapter} "
-            f"(schema mode, {trained_memory_format(fingerprint)} memory format as it was trained; run here under the "
+            f"(schema mode, {trained_format} memory format as it was trained; run here under the "
             f"demo's budgets); {RULES_GROUP}: group B with the rules heuristic's memory in the same format, the policy "
             "it must beat"
         )
