@@ -64,3 +64,19 @@ def test_the_memory_backends_are_the_pipelines_heldout_rows():
     ).backends.memory.model_dump(mode="json")
     trained = _load("trained").backends.memory.model_dump(mode="json")
     assert trained == {**pipeline.base_backend(), "adapter": "models/memory-policy-cpu"}
+
+
+def test_the_configs_run_the_shipped_adapter_in_the_episode_it_was_trained_in():
+    """The budgets and agent (memory format included) of every group B config equal those of the
+    pipeline run the shipped adapter came from (its fingerprint's provenance): shipping an adapter
+    from another recipe must update these configs with it."""
+    import json
+
+    from memsearch.config import Agent, Budgets
+
+    fingerprint = json.loads((ROOT / "models" / "memory-policy-cpu" / "fingerprint.json").read_text(encoding="utf-8"))
+    episode = fingerprint["provenance"]["config"]["episode"]
+    for name in NAMES:
+        cfg = _load(name)
+        assert cfg.agent == Agent.model_validate(episode["agent"]), name
+        assert cfg.budgets == Budgets.model_validate(episode["budgets"]), name
