@@ -74,15 +74,13 @@ def rules_group_config(config, memory_format: str = "text"):
 
 
 def _add_b_rows(config, result: dict, data_dir: Path, matrix_dir: Path, adapter: Path, fingerprint: dict,
-                show_progress: bool) -> dict:
-    """Run ``B-rules`` and ``B-trained`` into ``matrix_dir`` and rewrite ``matrix.json`` /
+                memory_format: str, show_progress: bool) -> dict:
+    """Run ``B-rules`` and ``B-trained`` (both in ``memory_format``) into ``matrix_dir`` and rewrite ``matrix.json`` /
     ``matrix.md`` with their rows and pairs (so the report and the table show them beside A-D)."""
-    from memsearch.assets.adapter import trained_memory_format
     from memsearch.eval.matrix import check_comparable, compare, render_table
     from memsearch.eval.runner import run_eval
     from memsearch.io import write_json
 
-    memory_format = trained_memory_format(fingerprint) or "text"
     rows = {RULES_GROUP: rules_group_config(config, memory_format),
             TRAINED_GROUP: trained_group_config(config, adapter, memory_format)}
     check_comparable({"B": config, **rows})
@@ -151,7 +149,8 @@ def run_demo(backend: str = "hf", limit: int = 4, out: Path | None = None, echo:
         )
     result = run_matrix(config, data_dir, out / "matrix", show_progress=show_progress)
     if fingerprint is not None:
-        result = _add_b_rows(config, result, data_dir, out / "matrix", adapter, fingerprint, show_progress)
+        result = _add_b_rows(config, result, data_dir, out / "matrix", adapter, fingerprint, trained_format,
+                             show_progress)
     echo(result["table"])
     seconds = time.perf_counter() - started
     echo(
