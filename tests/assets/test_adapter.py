@@ -112,9 +112,10 @@ def test_the_trained_format_is_read_from_the_provenance_and_text_when_it_names_n
 
     from memsearch.assets.adapter import trained_memory_format
 
-    # The adapter shipped from v2 predates the field: its run trained the text format.
-    shipped = json.loads((Path(__file__).resolve().parents[2] / "models" / "memory-policy-cpu" / "fingerprint.json")
-                         .read_text(encoding="utf-8"))
+    # v2's run (docs/results/memory_policy_cpu_v2) predates the field: it trained the text format, and
+    # the adapter it shipped recorded that config as its provenance.
+    v2 = Path(__file__).resolve().parents[2] / "docs" / "results" / "memory_policy_cpu_v2" / "invocations.jsonl"
+    shipped = {"provenance": {"config": json.loads(v2.read_text(encoding="utf-8").splitlines()[-1])["config"]}}
     assert "memory_format" not in shipped["provenance"]["config"]["episode"]["agent"]
     assert trained_memory_format(shipped) == "text"
     extractive = {"provenance": {"config": {"episode": {"agent": {"memory_format": "extractive"}}}}}
@@ -129,17 +130,17 @@ def test_the_trained_format_is_read_from_the_provenance_and_text_when_it_names_n
 
 
 def test_eval_refuses_an_adapter_in_another_format_than_it_was_trained_in(tmp_path, hotpot_dev_dir):
-    """group_b_trained.toml (text format) with an adapter whose provenance says extractive: refused
+    """group_b_trained.toml (extractive format) with an adapter whose provenance says text: refused
     before any run folder exists, naming the folder, both formats and the setting that fixes it."""
     from memsearch.config import load_config
     from memsearch.eval.runner import run_eval
 
     folder = fake_adapter(tmp_path / "memory-policy-cpu")
-    write_fingerprint(folder, "embedded", {"config": {"episode": {"agent": {"memory_format": "extractive"}}}})
+    write_fingerprint(folder, "embedded", {"config": {"episode": {"agent": {"memory_format": "text"}}}})
     cfg = load_config(ROOT / "configs" / "group_b_trained.toml", [f"backends.memory.adapter={folder}", "limit=1"])
     with pytest.raises(InputError) as err:
         run_eval(cfg, hotpot_dev_dir, tmp_path / "run", show_progress=False)
     message = str(err.value)
-    assert str(folder) in message and "trained in the 'extractive' memory format" in message
-    assert "agent.memory_format is 'text'" in message and "--set agent.memory_format=extractive" in message
+    assert str(folder) in message and "trained in the 'text' memory format" in message
+    assert "agent.memory_format is 'extractive'" in message and "--set agent.memory_format=text" in message
     assert not (tmp_path / "run").exists()
