@@ -96,7 +96,7 @@ def test_refusals(tmp_path):
         log_curves(one, "memory_support_recall")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"step": 0}\n{"step": 1, oops\n')
-    with pytest.raises(InputError, match=r"bad.jsonl:2: not JSON"):
+    with pytest.raises(InputError, match=r"bad.jsonl:2.*invalid JSON"):
         log_curves(bad, "memory_support_recall")
     # three points in two series leave no degree of freedom for an interval
     with pytest.raises(InputError, match="too few"):

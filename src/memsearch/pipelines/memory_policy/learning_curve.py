@@ -26,7 +26,6 @@ curve supports and nothing more, and a reader sees the points it came from (``po
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -35,17 +34,11 @@ from memsearch.errors import InputError
 
 
 def _rows(log: Path) -> list[dict[str, Any]]:
+    from memsearch.io import iter_jsonl
+
     if not Path(log).is_file():
         raise InputError(f"{log}: no such train log (a GRPO stage's train_log.jsonl)")
-    rows = []
-    for number, line in enumerate(Path(log).read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{log}:{number}: not JSON ({exc.msg})") from exc
-    return rows
+    return [row for _, row in iter_jsonl(log)]
 
 
 def log_curves(log: Path, metric: str) -> dict[str, Any]:
