@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from memsearch.config import KeyProblems, RunConfig, StrictConfig, merge_tables, read_config_file
+from memsearch.devices import DeviceLayout
 from memsearch.train.rows import TrainedRole
 from memsearch.trajectory import Role
 
@@ -185,6 +186,17 @@ class TrainerConfig(TrainSettings):
         gt=0,
         description="torchrun: process-group timeout, the longest one rank waits in a collective for the "
         "others (GRPO: e.g. for the slowest rank's rollouts) before the run fails; NCCL's own default is 600 s",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Non-reentrant activation checkpointing of the decoder layers in the update: each layer's "
+        "activations are recomputed in the backward pass instead of kept, about a 30x smaller activation peak for "
+        "about a third more compute (on in the GPU recipes; `--dry-run` shows both)",
+    )
+    devices: DeviceLayout = Field(
+        default_factory=DeviceLayout,
+        description="GPUs of the trainer and of the servers beside it (memsearch.devices); empty = whatever "
+        "CUDA_VISIBLE_DEVICES and torchrun give",
     )
 
 
