@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from memsearch.config import KeyProblems, StrictConfig
 from memsearch.errors import InputError
@@ -108,6 +108,14 @@ class DeviceLayout(StrictConfig):
             for g in gpus:
                 users.setdefault(g, []).append(name)
         return [f"GPU {g}: {', '.join(names)}" for g, names in sorted(users.items())]
+
+
+class LayoutOf(StrictConfig):
+    """The ``[devices]`` table of any memsearch config, its other tables ignored (``memsearch devices``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    devices: DeviceLayout = Field(default_factory=DeviceLayout, description="The config's GPU layout")
 
 
 def apply_training_layout(layout: DeviceLayout, local_world: int | None = None,

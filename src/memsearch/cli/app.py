@@ -17,6 +17,7 @@ import typer
 
 from memsearch.cli.common import EXIT_INCOMPLETE, EXIT_INPUT, EXIT_STORAGE, command_group, friendly, out_folder
 from memsearch.cli.data import add_renamed_data_commands, data_app
+from memsearch.cli.devices import devices as devices_command
 from memsearch.cli.eval import add_renamed_eval_commands, eval_app
 from memsearch.cli.pipeline import pipeline_app
 from memsearch.cli.report import report_app
@@ -58,6 +59,8 @@ def walkthrough(
 
     run_walkthrough(out, echo=typer.echo)
 
+
+app.command("devices")(devices_command)
 
 # `memsearch --help` lists the groups in this order.
 for name, group in (("data", data_app), ("retrieval", retrieval_app), ("eval", eval_app), ("train", train_app),

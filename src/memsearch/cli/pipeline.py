@@ -33,7 +33,12 @@ def _run_pipeline(kind: str, config: Path, out: Path, overrides: list[str] | Non
 
     model = getattr(importlib.import_module(f"memsearch.pipelines.{kind}.config"), _CONFIG_CLASSES[kind])
     run = getattr(importlib.import_module(f"memsearch.pipelines.{kind}.pipeline"), entry or f"run_{kind}_pipeline")
-    run(load_config(config, overrides, model=model), out, echo=typer.echo)
+    cfg = load_config(config, overrides, model=model)
+    from memsearch.devices import apply_training_layout
+
+    # First, before any stage touches CUDA: every stage of this process then runs on the trainer's GPUs.
+    apply_training_layout(cfg.devices)
+    run(cfg, out, echo=typer.echo)
 
 
 @pipeline_app.command("memagent")

@@ -280,7 +280,10 @@ def sft_stage(folder: Path, record: Path, sft: Any, upstream: dict[str, Any], ec
 def _trainer_record(folder: Path, record: Path, key: str, cfg: Any, upstream: dict[str, Any]) -> Stage:
     """A trainer stage's record, fingerprinted by its trainer config and what it was made from
     (one definition: the stage that trains and the one that finishes a guard stop must agree)."""
-    return Stage(folder, folder.name, {key: cfg.model_dump(mode="json"), **upstream}, record)
+    from memsearch.train.config import without_placement
+
+    # Placement (GPUs, checkpointing) changes no number: a stage re-run on another node still matches.
+    return Stage(folder, folder.name, {key: without_placement(cfg.model_dump(mode="json")), **upstream}, record)
 
 
 def _trainer_stage(

@@ -21,8 +21,12 @@ from memsearch.train.policy import save_adapter
 
 
 def check_run_folder(cfg, out: Path, resume: bool, dist: Dist) -> None:
-    """Refuse (main rank) what ``prepare_run_folder`` would refuse, creating nothing."""
-    resolved = cfg.model_dump(mode="json")
+    """Refuse (main rank) what ``prepare_run_folder`` would refuse, creating nothing. A resume
+    must have the same config up to ``train.config.PLACEMENT_FIELDS`` (the GPUs it runs on,
+    activation checkpointing), which change no number of the run."""
+    from memsearch.train.config import without_placement
+
+    resolved = without_placement(cfg.model_dump(mode="json"))
     if dist.main:
         if out.exists() and not resume:
             raise InputError(
@@ -32,7 +36,7 @@ def check_run_folder(cfg, out: Path, resume: bool, dist: Dist) -> None:
             saved = out / "config.json"
             if not saved.is_file():
                 raise InputError(f"{out}: nothing to resume (no config.json)")
-            if json.loads(saved.read_text()) != resolved:
+            if without_placement(json.loads(saved.read_text())) != resolved:
                 raise InputError(
                     f"{out}: config differs from the run being resumed ({saved}); resume with the same config"
                 )

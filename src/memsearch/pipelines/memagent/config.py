@@ -14,11 +14,12 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from memsearch.config import KeyProblems, RunConfig, StrictConfig
+from memsearch.devices import DeviceLayout
 from memsearch.pipelines.config import PipelineReport, check_episode_tokenizer, episode_table, validated
 from memsearch.train.config import GRPOConfig
 
 # [train] fields the pipeline sets itself (from model, data and episode).
-_PIPELINE_OWNED = ("role", "model", "data", "episode", "episode_config", "eval")
+_PIPELINE_OWNED = ("role", "model", "data", "episode", "episode_config", "eval", "devices")
 
 
 class PipelineData(StrictConfig):
@@ -69,6 +70,10 @@ class MemAgentPipeline(StrictConfig):
         default_factory=dict,
         description="GRPO settings (memsearch train grpo fields but role/model/data/episode, which the pipeline sets)",
     )
+    devices: DeviceLayout = Field(
+        default_factory=DeviceLayout,
+        description="GPUs of the trainer (memsearch.devices); the pipeline's evaluations run on the trainer's GPUs",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -108,6 +113,7 @@ class MemAgentPipeline(StrictConfig):
             "model": self.model,
             "data": train_data,
             "episode": self.episode.model_dump(mode="json"),
+            "devices": self.devices.model_dump(mode="json"),
         }
         return validated(GRPOConfig, fields, "train")
 

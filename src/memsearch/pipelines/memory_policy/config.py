@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from memsearch.config import BackendConfig, KeyProblems, Matrix, RunConfig, StrictConfig
+from memsearch.devices import DeviceLayout
 from memsearch.pipelines.config import PipelineReport, check_episode_tokenizer, validated
 from memsearch.pipelines.stages import OnCollapse
 from memsearch.train.config import GRPOConfig, SFTConfig
@@ -22,7 +23,7 @@ from memsearch.train.config import GRPOConfig, SFTConfig
 # pipeline; periodic evaluation reads only the validation split (data.val_questions), never the
 # final comparison's questions, which must not steer training, early stopping or tuning. SFT
 # has no periodic evaluation here.
-_OWNED = ("role", "model", "data", "episode", "episode_config", "eval", "eval_config", "adapter", "seed")
+_OWNED = ("role", "model", "data", "episode", "episode_config", "eval", "eval_config", "adapter", "seed", "devices")
 # The pipeline sets eval.data itself (the validation split); the rest of a GRPO eval table is the user's.
 _OWNED_EVAL = ("data",)
 
@@ -188,6 +189,12 @@ class MemoryPolicyPipeline(StrictConfig):
     )
     stage2: Stage2 = Field(default_factory=Stage2, description="Optional GRPO of the controller")
     merge_dtype: str = Field("float32", description="dtype of the merged checkpoints (bfloat16 on a GPU)")
+    devices: DeviceLayout = Field(
+        default_factory=DeviceLayout,
+        description="GPUs of the trainers (every stage) and of the model servers (memsearch.devices): e.g. "
+        "train = [0], services = { reader = [1], stage1 = [2] }; `stage1` is the GPU of the stage-1 server stage 2 "
+        "launches (stage2.memory_serving = 'http'). Empty: the processes use what CUDA_VISIBLE_DEVICES gives",
+    )
     report: PipelineReport = Field(
         default_factory=PipelineReport, description="Paired bootstrap settings of the report"
     )
@@ -292,6 +299,13 @@ class MemoryPolicyPipeline(StrictConfig):
             if bad:
                 raise KeyProblems(*[(f"stage2.{k}", "only used with stage2.memory_serving = 'http'") for k in bad])
             return
+        if self.devices.train and not s2.memory_url and "stage1" not in self.devices.services:
+            # The launched server inherits this process's CUDA_VISIBLE_DEVICES: the trainer's GPUs.
+            raise KeyProblems((
+                "devices.services",
+                "stage 2 launches the stage-1 server (stage2.memory_serving = 'http', no memory_url): give it GPUs "
+                "of its own in the layout, e.g. services = { stage1 = [1] }, or it would share the trainer's",
+            ))
         if s2.memory_url and not s2.memory_model:
             raise KeyProblems((
                 "stage2.memory_url",
@@ -365,7 +379,8 @@ class MemoryPolicyPipeline(StrictConfig):
     def sft_config(self, rows: list[str], seed: int) -> SFTConfig:
         """The ``memsearch train sft`` config of one seed."""
         return validated(
-            SFTConfig, {**self.sft, "model": self.model, "data": rows, "role": "memory", "seed": seed}, "sft"
+            SFTConfig, {**self.sft, "model": self.model, "data": rows, "role": "memory", "seed": seed,
+                        "devices": self._devices()}, "sft"
         )
 
     def controller_teacher_config(self) -> RunConfig:
@@ -383,9 +398,14 @@ class MemoryPolicyPipeline(StrictConfig):
         """The ``memsearch train sft`` config of the controller's SFT of one seed (``stage2.start = 'sft'``)."""
         return validated(
             SFTConfig,
-            {**self.sft, **self.stage2.sft, "model": self.model, "data": rows, "role": "controller", "seed": seed},
+            {**self.sft, **self.stage2.sft, "model": self.model, "data": rows, "role": "controller", "seed": seed,
+             "devices": self._devices()},
             "stage2.sft",
         )
+
+    def _devices(self) -> dict[str, Any]:
+        """The node's layout, the same in every stage's trainer config (one source of truth)."""
+        return self.devices.model_dump(mode="json")
 
     def _eval(self, table: dict[str, Any], val: str | None) -> dict[str, Any]:
         return {**(table.get("eval") or {}), "data": val if self.data.val_questions else None}
@@ -406,6 +426,7 @@ class MemoryPolicyPipeline(StrictConfig):
                 "adapter": adapter,
                 "episode": episode,
                 "eval": self._eval(self.grpo, val),
+                "devices": self._devices(),
             },
             "grpo",
         )
@@ -454,6 +475,7 @@ class MemoryPolicyPipeline(StrictConfig):
                 "adapter": adapter,
                 "episode": episode,
                 "eval": self._eval(self.stage2.train, val),
+                "devices": self._devices(),
             },
             "stage2.train",
         )

@@ -377,6 +377,7 @@ def stage2_stage(
             s2.serve_start_timeout_s,
             s2.serve_args,
             echo,
+            cfg.devices.visible("stage1") if "stage1" in cfg.devices.services else None,
         )
         server = {"serving": "transformers serve", "url": url, "model": str(merged1), "args": s2.serve_args}
         grpo = cfg.stage2_config(train, seed, str(merged1), val, launched_url=url, adapter=start)

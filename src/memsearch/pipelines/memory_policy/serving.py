@@ -103,16 +103,20 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @contextmanager
 def launched_server(model: Path, port: int, log: Path, timeout_s: float = 300.0, args: list[str] | None = None,
-                    echo=print) -> Iterator[str]:
+                    echo=print, gpus: str | None = None) -> Iterator[str]:
     """``transformers serve`` on the local folder ``model`` at ``127.0.0.1:port``; yields the API
     root (``http://127.0.0.1:port/v1``) once ``/health`` answers and ``/v1/models`` lists the
-    folder; always stops the server on exit. The server's output is appended to ``log``."""
+    folder; always stops the server on exit. The server's output is appended to ``log``.
+    ``gpus``: its ``CUDA_VISIBLE_DEVICES`` (the layout's ``stage1`` service), so it never lands on
+    the trainer's GPUs, which this process sees."""
     if not (Path(model) / "config.json").is_file():
         raise InputError(f"{model}: not a Hugging Face model folder (no config.json); nothing to serve")
     command = _serve_command(Path(model), port, list(args or []))
     url = f"http://127.0.0.1:{port}/v1"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # a local folder: never download
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
     with open(log, "a", encoding="utf-8") as fh:
         fh.write(f"=== {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {' '.join(command)}\n")
         fh.flush()
