@@ -173,6 +173,19 @@ class DynamicSamplingSettings(TrainSettings):
         "out (0: drop only)")
 
 
+# Trainer fields that say where and how frugally a run computes, not what it computes: the same
+# updates up to float round-off with any value. They are saved in config.json like every field but
+# left out of what must match on --resume and of a pipeline stage's fingerprint, so a run may
+# continue on another node's GPUs, and the records of runs made before these fields existed still
+# resume and still match their stages.
+PLACEMENT_FIELDS = ("devices", "gradient_checkpointing")
+
+
+def without_placement(dump: dict[str, Any]) -> dict[str, Any]:
+    """A trainer config's JSON dump without ``PLACEMENT_FIELDS``: what a run computes."""
+    return {k: v for k, v in dump.items() if k not in PLACEMENT_FIELDS}
+
+
 class TrainerConfig(TrainSettings):
     """Settings both trainers (``GRPOConfig``, ``SFTConfig``) have, with the same meaning."""
 
