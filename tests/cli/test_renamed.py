@@ -56,7 +56,7 @@ def listed_commands(help_text: str) -> list[str]:
 def test_root_help_lists_entry_commands_then_groups_in_order():
     result = invoke("--help")
     assert result.exit_code == 0, result.output
-    assert listed_commands(result.stdout) == ["demo", "walkthrough", *GROUPS]
+    assert listed_commands(result.stdout) == ["demo", "walkthrough", "devices", *GROUPS]
 
 
 @pytest.mark.parametrize("group", list(GROUPS))

@@ -1,9 +1,9 @@
 """memsearch: data, retrieval and memory for budgeted multi-hop QA agents.
 
-The root command: the two entry commands (``demo``, ``walkthrough``), then one group per noun in
-the order a user meets them (data, retrieval, eval, train, pipeline, report, verl), then the
-hidden old names of renamed commands. Every command imports what it needs inside its body, so
-``memsearch --help`` stays instant. Bad input ends with ``error: <file:line: field: problem>``
+The root command: the two entry commands (``demo``, ``walkthrough``) and ``devices`` (a config's
+GPU layout for shell recipes), then one group per noun in the order a user meets them (data,
+retrieval, eval, train, pipeline, report, verl), then the hidden old names of renamed commands.
+Every command imports what it needs inside its body, so ``memsearch --help`` stays instant. Bad input ends with ``error: <file:line: field: problem>``
 lines and exit status 2; anything unexpected with a traceback and status 1.
 """
 
@@ -60,6 +60,7 @@ def walkthrough(
     run_walkthrough(out, echo=typer.echo)
 
 
+# A lookup for shell recipes (which GPUs a config gives a use); typer lists commands before groups.
 app.command("devices")(devices_command)
 
 # `memsearch --help` lists the groups in this order.
