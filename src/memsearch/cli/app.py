@@ -3,8 +3,9 @@
 The root command: the two entry commands (``demo``, ``walkthrough``) and ``devices`` (a config's
 GPU layout for shell recipes), then one group per noun in the order a user meets them (data,
 retrieval, eval, train, pipeline, report, verl), then the hidden old names of renamed commands.
-Every command imports what it needs inside its body, so ``memsearch --help`` stays instant. Bad input ends with ``error: <file:line: field: problem>``
-lines and exit status 2; anything unexpected with a traceback and status 1.
+Every command imports what it needs inside its body, so ``memsearch --help`` stays instant. Bad
+input ends with ``error: <file:line: field: problem>`` lines and exit status 2; anything
+unexpected with a traceback and status 1.
 """
 
 from __future__ import annotations
