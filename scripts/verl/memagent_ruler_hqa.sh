@@ -7,15 +7,27 @@
 #   MODEL=/models/Qwen2.5-7B-Instruct bash scripts/verl/memagent_ruler_hqa.sh [extra Hydra overrides...]
 #
 # configs/memagent.toml reads the HotpotQA sample files; point [data] at the full files with
-# SET="--set data.train=... --set data.dev=..." for a real run.
+# SET="--set data.train=... --set data.dev=..." for a real run. GPUs: the config's [devices]
+# training GPUs when it has them, else GPUS (default 8); their number must divide by the rollout
+# TP size (ROLLOUT_TP, verl's 2 by default). LOGGER=console,wandb adds W&B (needs WANDB_API_KEY).
 set -euo pipefail
 MODEL=${MODEL:?set MODEL to a local Hugging Face model folder}
 OUT=${OUT:-runs/verl-memagent}
 CONFIG=${CONFIG:-configs/memagent.toml}
-GPUS=${GPUS:-8}
+
 # verl broadcasts one advantage to every row of a session: credit "share" (the recipe's
 # "split" has no verl equivalent and is refused).
 read -r -a SETS <<< "--set model=$MODEL --set train.credit=share ${SET:-}"
+
+# The layout's training GPUs are verl's (a --gpus other than their number is refused); a config
+# without devices.train is refused by `memsearch devices --for train`: GPUS then.
+LAUNCH=(--rollout-tp "${ROLLOUT_TP:-2}" --logger "${LOGGER:-console}")
+if TRAIN_GPUS=$(memsearch devices --config "$CONFIG" "${SETS[@]}" --for train 2>/dev/null); then
+  export CUDA_VISIBLE_DEVICES="$TRAIN_GPUS"
+  if [ -n "${GPUS:-}" ]; then LAUNCH+=(--gpus "$GPUS"); fi
+else
+  LAUNCH+=(--gpus "${GPUS:-8}")
+fi
 
 # The pipeline's own prepare stage: dev RULER sets and the long training contexts (resumable).
 python - "$CONFIG" "$OUT" "${SETS[@]}" <<'PY'
@@ -34,13 +46,16 @@ TRAIN=$(cat "$OUT/train_data.txt")
 memsearch verl export-data --data "$TRAIN" --out "$OUT/train.parquet" --role overwrite
 memsearch verl export-data --data "$OUT/prepare/ruler/docs50" --out "$OUT/dev.parquet" --role overwrite
 
+# The mini-batch is sized from the chunks of the training contexts (counted with MODEL's
+# tokenizer): the notes on stderr state the optimizer steps a training step makes.
 memsearch verl config --config "$CONFIG" --data "$TRAIN" \
   --train-files "$OUT/train.parquet" --val-files "$OUT/dev.parquet" --agent-loops "$OUT/agent_loops.yaml" \
-  --gpus "$GPUS" "${SETS[@]}" > "$OUT/overrides.txt"
+  "${LAUNCH[@]}" "${SETS[@]}" > "$OUT/overrides.txt"
 
 # verl's validation (dev.parquet: rows name their own data folder) is a training signal only;
 # report numbers from `memsearch eval` on merged checkpoints (docs/verl.md).
-# shellcheck disable=SC2046  # one override per line
-python -m verl.trainer.main_ppo $(cat "$OUT/overrides.txt") \
+# One override a line, passed as one argument each: never word-split or globbed ([...] lists).
+mapfile -t OVERRIDES < "$OUT/overrides.txt"
+python -m verl.trainer.main_ppo "${OVERRIDES[@]}" \
   trainer.project_name=memsearch trainer.experiment_name=memagent \
   trainer.default_local_dir="$OUT/checkpoints" "$@"

@@ -263,8 +263,8 @@ def test_a_row_reads_its_own_folder_and_a_changed_folder_is_refused(verl_case, h
     assert setup_for_row(path, parquet_rows(hotpot_dev_dir, role="memory")[0]["extra_info"]).cfg.role == "memory"
 
 
-def _overrides(cfg):
-    overrides, notes = verl_overrides(cfg, "loops.yaml", "train.parquet")
+def _overrides(cfg, **launch):
+    overrides, notes = verl_overrides(cfg, "loops.yaml", "train.parquet", **launch)
     return dict(o.split("=", 1) for o in overrides), notes
 
 
@@ -288,7 +288,10 @@ def test_config_maps_the_gpu_recipe_and_refuses_what_verl_cannot_run():
         "actor_rollout_ref.actor.use_kl_loss": "True",
         "actor_rollout_ref.actor.kl_loss_coef": "0.001",
         "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
-        "actor_rollout_ref.actor.ppo_mini_batch_size": "32",
+        # 32 tasks x 3 rows (one memory call per search) in one mini-batch: one optimizer step, as memsearch's
+        "actor_rollout_ref.actor.ppo_mini_batch_size": "96",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": "2",
+        "trainer.logger": "[console]",
         "actor_rollout_ref.model.lora_rank": "64",
         "actor_rollout_ref.model.lora_alpha": "128",
         "actor_rollout_ref.actor.optim.lr": "1e-06",
@@ -319,10 +322,13 @@ def test_config_refusals_each_with_a_reason(tmp_path, hotpot_dev_dir):
     # the MemAgent recipe: split credit, the embedded model
     assert [r.split(":")[0] for r in refusals(cfg)] == ["credit = 'split'", "model = 'embedded'"]
     fixed = load_grpo_config(memagent, ["train.credit=share", "model=/models/qwen"], str(hotpot_dev_dir))
-    got, _ = _overrides(fixed)
-    # chunk 2048 + memory 1024 + 1024 slack; policy budget 1024; 16 tasks / 16 mini-batches
+    with pytest.raises(ValueError, match="cannot count the chunks.*give --rows-per-session"):
+        _overrides(fixed)  # the budget tokenizer (the model's) is not here: stated, not guessed
+    got, notes = _overrides(fixed, rows=5.0)
+    # chunk 2048 + memory 1024 + 1024 slack; policy budget 1024; 16 tasks x 5 rows / 16 mini-batches
     assert got["data.max_prompt_length"] == "4096" and got["data.max_response_length"] == "1024"
-    assert got["actor_rollout_ref.actor.ppo_mini_batch_size"] == "1"
+    assert got["actor_rollout_ref.actor.ppo_mini_batch_size"] == "5"
+    assert any("= 5 (x n = 40 rows)" in n and "about 16 optimizer step(s)" in n for n in notes)
     assert got["actor_rollout_ref.actor.loss_agg_mode"] == "seq-mean-token-mean"
     assert got["+reward.custom_reward_function.reward_kwargs.metric"] == "boxed_em"
     cpu = REPO / "configs/train/grpo_cpu.toml"
@@ -399,6 +405,8 @@ def test_cli_export_data_and_config(tmp_path, hotpot_dev_dir):
             gpu,
             "--set",
             "aggregation=token",
+            "--rollout-tp",  # the recipe's layout trains on one GPU (devices.train = [0])
+            "1",
             "--data",
             str(hotpot_dev_dir),
             "--train-files",
@@ -412,3 +420,94 @@ def test_cli_export_data_and_config(tmp_path, hotpot_dev_dir):
     assert "actor_rollout_ref.actor.loss_agg_mode=token-mean" in lines
     assert f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops.resolve()}" in lines
     assert yaml.safe_load(loops.read_text())[0]["overrides"] == ["aggregation=token"]
+
+
+def _config_cli(*args):
+    from typer.testing import CliRunner
+
+    from memsearch.cli.app import app
+
+    return CliRunner().invoke(app, ["verl", "config", *map(str, args)])
+
+
+def test_cli_refuses_a_rollout_tp_that_leaves_ranks_without_a_replica(verl_case, tmp_path):
+    loops = tmp_path / "loops.yaml"  # a config without a [devices] layout: --gpus decides
+    base = ["--config", verl_case("group_b"), "--set", "model=/models/qwen", "--agent-loops", loops]
+    # GPUS=7 with verl's default TP 2: 3 replicas, the 7th rank in none (verl's validate_config passes it)
+    seven = _config_cli(*base, "--gpus", 7)
+    assert seven.exit_code == 2 and not loops.exists()
+    assert ("error: --rollout-tp 2 with 7 GPU(s) per node x 1 node(s): verl makes 3 rollout replica(s) of 2 GPUs and "
+            "leaves 1 rank(s) in none") in seven.output
+    assert "with 7 GPU(s) per node use --rollout-tp 1, 7; with --rollout-tp 2 use 2, 4, 6, 8 GPUs per node" in (
+        seven.output.replace("\n", " "))
+    # a replica may not span two nodes: 6 GPUs x 2 nodes divides by 4, but the second replica would straddle
+    spans = _config_cli(*base, "--gpus", 6, "--nodes", 2, "--rollout-tp", 4)
+    assert spans.exit_code == 2 and "a replica of 4 GPUs would span two nodes" in spans.output
+    ok = _config_cli(*base, "--gpus", 7, "--rollout-tp", 7)
+    assert ok.exit_code == 0, ok.output
+    lines = ok.stdout.splitlines()
+    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=7" in lines and "trainer.n_gpus_per_node=7" in lines
+
+
+def test_cli_logger_is_console_unless_asked(tmp_path):
+    from memsearch.integrations.verl.config import VERL_ROLLOUT_TP
+
+    gpu = REPO / "configs/train/grpo_gpu.toml"
+    base = ["--config", gpu, "--set", "aggregation=token", "--agent-loops", tmp_path / "loops.yaml", "--gpus", 2,
+            "--set", "devices.train=[0,1]", "--set", "devices.services.reader=[2]"]
+    plain = _config_cli(*base)
+    assert plain.exit_code == 0, plain.output
+    assert "trainer.logger=[console]" in plain.stdout.splitlines() and "wandb" not in plain.stdout
+    # the CLI's default TP is verl's (written out, so the check and the run agree)
+    assert f"actor_rollout_ref.rollout.tensor_model_parallel_size={VERL_ROLLOUT_TP}" in plain.stdout.splitlines()
+    more = _config_cli(*base, "--logger", "console,wandb,tensorboard,wandb")
+    assert more.exit_code == 0 and "trainer.logger=[console,wandb,tensorboard]" in more.stdout.splitlines()
+    assert "# note: trainer.logger has wandb: the run stops at start-up without WANDB_API_KEY" in more.output
+    bad = _config_cli(*base, "--logger", "console,wandbb")
+    assert bad.exit_code == 2
+    assert "error: --logger console,wandbb: expected a comma list of console, wandb" in bad.output
+
+
+def test_cli_gpus_follow_the_device_layout(tmp_path):
+    gpu = REPO / "configs/train/grpo_gpu.toml"
+    base = ["--config", gpu, "--set", "aggregation=token", "--agent-loops", tmp_path / "loops.yaml"]
+    # the recipe's own layout: one training GPU, so verl's default TP 2 is refused and TP 1 runs
+    assert "with 1 GPU(s) per node use --rollout-tp 1;" in _config_cli(*base).output
+    assert "trainer.n_gpus_per_node=1" in _config_cli(*base, "--rollout-tp", 1).stdout.splitlines()
+    # an 8-GPU node's layout, as scripts/verl/memory_policy_hotpot.sh takes it (SET)
+    base += ["--set", "devices.train=[0,1,2,3,4,5]", "--set", "devices.services.reader=[7]"]
+    ok = _config_cli(*base)
+    assert ok.exit_code == 0, ok.output
+    assert "trainer.n_gpus_per_node=6" in ok.stdout.splitlines()
+    assert "# note: devices.train: start verl with CUDA_VISIBLE_DEVICES=0,1,2,3,4,5" in ok.output
+    other = _config_cli(*base, "--gpus", 8)
+    assert other.exit_code == 2
+    assert "error: --gpus 8: the config's devices.train [0, 1, 2, 3, 4, 5] names 6 training GPU(s)" in other.output
+    # the layout's 6 GPUs with TP 4: refused like --gpus 6 would be
+    assert _config_cli(*base, "--rollout-tp", 4).exit_code == 2
+
+
+def test_mini_batch_counts_the_rows_of_a_session(verl_case, hf_tokenizer, hotpot_dev_dir):
+    from memsearch.data.dataset import load_dataset
+    from memsearch.integrations.verl.config import mini_batch, rows_per_session
+
+    # MemAgent rows: one update per chunk read + the answer, counted as the engine cuts the contexts;
+    # equal to the outputs real sessions make over the same tasks (max_chunks high enough to vary).
+    overrides = ("episode.budgets.max_chunks=8", "model=/models/qwen")
+    cfg = load_grpo_config(verl_case("memagent"), list(overrides))
+    rows, source = rows_per_session(cfg, sample=4)
+    setup = worker_setup(str(verl_case("memagent")), None, overrides)
+    tasks = load_dataset(hotpot_dev_dir).tasks[:4]
+    made = [len(_session(setup, t.id, hf_tokenizer, reader="\\boxed{x}")[3]) for t in tasks]
+    assert len(set(made)) > 1 and rows == pytest.approx(sum(made) / 4)
+    assert source.startswith(f"{rows - 1:.2f} chunks read (of at most 8) on average over the first 4 tasks")
+    # sized for mini_batches_per_step optimizer steps: 16 tasks x 8 sessions x 5 rows in 16 mini-batches of 40 rows
+    memagent = load_grpo_config(REPO / "configs/memagent.toml", ["train.credit=share"], str(hotpot_dev_dir))
+    assert (memagent.tasks_per_step, memagent.group_size, memagent.mini_batches_per_step) == (16, 8, 16)
+    assert mini_batch(memagent, 5.0, 8) == (5, 16)
+    # 2.05 rows: 2 tasks a mini-batch (17 steps) is nearer 16 than 3 (11 steps)
+    assert mini_batch(memagent, 2.05, 8) == (2, 17)
+    # 6 GPUs: size x 8 rows must divide among 6 ranks, so the size is a multiple of 3: 6 (14 steps), not 3 (27)
+    assert mini_batch(memagent, 5.0, 6) == (6, 14)
+    two_epochs = memagent.model_copy(update={"epochs": 2})
+    assert mini_batch(two_epochs, 5.0, 8) == (5, 32)

@@ -245,31 +245,92 @@ def _check_advantages(sessions, role):
             assert not adv[k, n:].any()
 
 
-def test_config_overrides_compose_with_verls_trainer_config(hotpot_dev_dir, tmp_path):
-    # Every override `memsearch verl config` prints must name a key of verl's real ppo_trainer
-    # config (Hydra's struct mode refuses unknown ones) and parse to the intended value.
+def _printed_overrides(args) -> list[str]:
+    # The overrides exactly as `memsearch verl config` prints them (stdout, one per line).
+    from typer.testing import CliRunner
+
+    from memsearch.cli.app import app
+
+    result = CliRunner().invoke(app, ["verl", "config", *map(str, args)])
+    assert result.exit_code == 0, result.output
+    return result.stdout.splitlines()
+
+
+def _compose(overrides):
     from pathlib import Path
 
     import verl
     from hydra import compose, initialize_config_dir
 
-    from memsearch.integrations.verl.config import load_grpo_config, verl_overrides
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        return compose("ppo_trainer", overrides=overrides)
+
+
+def _validate(composed):
+    # verl's own check, as main_ppo runs it before training. Its vLLM LoRA-rank check imports
+    # verl's vLLM rollout package, which cannot import without vLLM (a GPU package, not in this
+    # lane): where vLLM is absent the name is sglang, which skips that one check only.
+    import importlib.util
+
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    if importlib.util.find_spec("vllm") is None:
+        composed = composed.copy()
+        composed.actor_rollout_ref.rollout.name = "sglang"
+    validate_config(composed, use_reference_policy=need_reference_policy(composed), use_critic=need_critic(composed))
+
+
+def test_shipped_recipes_compose_with_verls_trainer_config_and_pass_its_validate_config(hotpot_dev_dir, tmp_path):
+    # Every override `memsearch verl config` prints for the two shipped recipes, given as the
+    # scripts give them (scripts/verl/*.sh), names a key of verl's real ppo_trainer config
+    # (Hydra's struct mode refuses unknown ones), parses to the intended value, and passes verl's
+    # validate_config; trainer.logger holds no wandb.
+    from pathlib import Path
+
+    from verl.utils.tracking import Tracking
+
+    from memsearch.assets.embedded import tokenizer_dir
+    from memsearch.integrations.verl.config import VERL_LOGGERS, VERL_ROLLOUT_TP, launch_problems, load_grpo_config
 
     repo = Path(__file__).resolve().parents[2]
-    configs = [
-        load_grpo_config(repo / "configs/train/grpo_gpu.toml", ["aggregation=token"]),
-        load_grpo_config(
-            repo / "configs/memagent.toml", ["train.credit=share", "model=/models/qwen"], str(hotpot_dev_dir)
-        ),
+    files = ["--data", hotpot_dev_dir, "--train-files", tmp_path / "train.parquet", "--val-files",
+             tmp_path / "dev.parquet", "--agent-loops", tmp_path / "loops.yaml"]
+    model = tokenizer_dir()  # a real Hugging Face tokenizer folder: MemAgent counts its chunks with it
+    memory = ["--set", f"model={model}", "--set", f"episode.tokenizer={model}", "--set", "aggregation=token"]
+    recipes = [  # (config, its --set, the launch options), each as its script gives them
+        ("configs/train/grpo_gpu.toml", memory, ["--rollout-tp", 1]),  # its layout: one training GPU
+        ("configs/train/grpo_gpu.toml", [*memory, "--set", "devices.train=[0,1,2,3,4,5]", "--set",
+                                         "devices.services.reader=[7]"], []),  # an 8-GPU node, verl's TP 2
+        ("configs/memagent.toml", ["--set", f"model={model}", "--set", "train.credit=share"], []),
     ]
-    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
-    for cfg in configs:
-        overrides, _ = verl_overrides(cfg, str(tmp_path / "loops.yaml"), "train.parquet", "dev.parquet")
-        with initialize_config_dir(config_dir=config_dir, version_base=None):
-            composed = compose("ppo_trainer", overrides=overrides)
+    default = _compose([])
+    # why the logger is written: verl's default adds wandb; the TP written is verl's default
+    assert "wandb" in default.trainer.logger
+    assert default.actor_rollout_ref.rollout.tensor_model_parallel_size == VERL_ROLLOUT_TP
+    assert set(VERL_LOGGERS) == set(Tracking.supported_backend)
+    for path, sets, launch in recipes:
+        overrides = _printed_overrides(["--config", repo / path, *files, *sets, *launch])
+        cfg = load_grpo_config(repo / path, sets[1::2], str(hotpot_dev_dir))
+        composed = _compose(overrides)
+        assert list(composed.trainer.logger) == ["console"]
         assert composed.algorithm.norm_adv_by_std_in_grpo is cfg.std_scale and composed.trainer.use_v1 is True
-        assert composed.actor_rollout_ref.rollout.n == cfg.group_size
+        rollout, actor = composed.actor_rollout_ref.rollout, composed.actor_rollout_ref.actor
+        assert rollout.n == cfg.group_size
+        assert rollout.tensor_model_parallel_size == (launch[1] if launch else VERL_ROLLOUT_TP)
+        world = composed.trainer.n_gpus_per_node * composed.trainer.nnodes
+        assert composed.trainer.n_gpus_per_node == (len(cfg.devices.train) or 8)
+        assert world % rollout.tensor_model_parallel_size == 0
+        # verl's engine worker asserts a mini-batch's rows divide among the data-parallel ranks
+        assert actor.ppo_mini_batch_size * rollout.n % world == 0
         assert list(composed.actor_rollout_ref.model.target_modules) == cfg.lora.target_modules
-        assert composed.actor_rollout_ref.actor.use_kl_loss is (cfg.kl_coef > 0)
+        assert actor.use_kl_loss is (cfg.kl_coef > 0)
         assert dict(composed.reward.custom_reward_function.reward_kwargs) == cfg.reward.model_dump()
-        assert composed.actor_rollout_ref.rollout.prompt_length == composed.data.max_prompt_length
+        assert rollout.prompt_length == composed.data.max_prompt_length
+        _validate(composed)
+    # verl's validate_config passes 7 GPUs with TP 2 (3 replicas, one rank in none): memsearch refuses it
+    seven = composed.copy()
+    seven.trainer.n_gpus_per_node = 7
+    assert seven.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
+    _validate(seven)
+    assert launch_problems(7, 1, 2, ["console"])

@@ -47,19 +47,36 @@ def hydra_config(
         "--data", help="The prepared train folder the parquet came from.")] = None,
     agent_loops: Annotated[Path, typer.Option(
         "--agent-loops", help="Write the agent-loop YAML here.")] = Path("agent_loops.yaml"),
-    gpus: Annotated[int, typer.Option(help="GPUs per node.")] = 8,
+    gpus: Annotated[Optional[int], typer.Option(
+        help="GPUs per node [default: the config's devices.train GPUs, else 8]; another number than the layout's is "
+             "refused.", show_default=False)] = None,
     nodes: Annotated[int, typer.Option(help="Nodes.")] = 1,
+    rollout_tp: Annotated[int, typer.Option(
+        "--rollout-tp", help="Tensor-parallel size of each vLLM/SGLang rollout replica "
+                             "(actor_rollout_ref.rollout.tensor_model_parallel_size, verl's default 2); GPUs per node "
+                             "x nodes must be divisible by it.")] = 2,
+    logger: Annotated[str, typer.Option(
+        "--logger", help="verl's trainer.logger, comma-separated (e.g. console,wandb,tensorboard); wandb needs "
+                         "WANDB_API_KEY.")] = "console",
+    rows_per_session: Annotated[Optional[float], typer.Option(
+        "--rows-per-session", help="Expected trained calls per session, which size verl's mini-batch [default: "
+                                   "max_searches; MemAgent: the chunks of the data's contexts + 1].",
+        show_default=False)] = None,
     set_: Overrides = None,
 ) -> None:
-    """verl Hydra overrides for a memsearch GRPO config (one per line); refuses options verl cannot run."""
-    from memsearch.integrations.verl.config import agent_loop_yaml, load_grpo_config, verl_overrides
+    """verl Hydra overrides for a memsearch GRPO config (one per line); refuses options verl cannot run,
+    a rollout TP size that does not divide the GPUs, and a --gpus other than the config's [devices] layout."""
+    from memsearch.integrations.verl.config import agent_loop_yaml, load_grpo_config, training_gpus, verl_overrides
 
     cfg = load_grpo_config(config, set_, str(data) if data else None)
-    overrides, notes = verl_overrides(cfg, str(agent_loops.resolve()), train_files, val_files, gpus, nodes)
+    loggers = tuple(name.strip() for name in logger.split(",") if name.strip())
+    overrides, notes = verl_overrides(cfg, str(agent_loops.resolve()), train_files, val_files,
+                                      training_gpus(cfg, gpus), nodes, tensor_parallel=rollout_tp, loggers=loggers,
+                                      rows=rows_per_session)
     # Ray workers may start elsewhere: the YAML names the config and data by absolute path.
     agent_loops.parent.mkdir(parents=True, exist_ok=True)
     yaml = agent_loop_yaml(str(config.resolve()), str(Path(cfg.data).resolve()), set_)
     agent_loops.write_text(yaml, encoding="utf-8")
     for note in notes:
-        typer.echo(f"# differs from memsearch's trainer: {note}", err=True)
+        typer.echo(f"# note: {note}", err=True)
     typer.echo("\n".join(overrides))

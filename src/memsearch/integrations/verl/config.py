@@ -14,14 +14,20 @@ Refused (docs/verl.md has the table):
   Hugging Face folder and takes the base (adapter off) as the KL reference; merge first;
 - ``optim.schedule = "linear"``, ``optim.max_grad_norm = None``, ``dual_clip = 0``,
   ``lora.dropout > 0``: verl's FSDP actor has no such setting.
+
+Launch settings are checked too (``launch_problems``): a rollout tensor-parallel size that does
+not divide the GPUs (verl floors the number of replicas and leaves ranks without one; its own
+``validate_config`` passes it), a logger verl does not know. ``trainer.logger`` is ``[console]``
+unless more are asked for (verl's default adds wandb, which stops a node without a W&B key).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
-from memsearch.errors import InputValueError
+from memsearch.errors import InputError, InputValueError
 from memsearch.integrations.verl import AGENT_NAME
 from memsearch.train.config import GRPOConfig
 
@@ -29,6 +35,15 @@ REWARD_PATH = "pkg://memsearch.integrations.verl.reward"
 LOOP_TARGET = "memsearch.integrations.verl.loop.MemsearchAgentLoop"
 # Slack for the chat template and the prompt wording around the budgeted parts of a call.
 PROMPT_SLACK_TOKENS = 1024
+# verl 0.9.1's rollout.tensor_model_parallel_size default (verl/trainer/config/rollout/rollout.yaml),
+# written out explicitly so the divisibility check and the run agree.
+VERL_ROLLOUT_TP = 2
+# The loggers verl 0.9.1's Tracking accepts (verl/utils/tracking.py, supported_backend; the verl
+# lane checks this list against it).
+VERL_LOGGERS = ("console", "wandb", "mlflow", "swanlab", "vemlp_wandb", "tensorboard", "clearml", "trackio", "file",
+                "rl_insight")
+# Tasks whose MemAgent contexts are chunked to measure the rows of a session (they are built alike).
+ROWS_SAMPLE_TASKS = 64
 
 
 class VerlMappingError(InputValueError):
@@ -112,6 +127,104 @@ def budgets(cfg: GRPOConfig) -> tuple[int, int]:
     return b.memory_tokens + evidence + PROMPT_SLACK_TOKENS, max(b.policy_tokens, b.answer_tokens)
 
 
+def training_gpus(cfg: GRPOConfig, gpus: int | None) -> int:
+    """GPUs per node for verl: the config's ``[devices]`` training GPUs when it has them (another
+    ``gpus`` is refused: two sources of truth), else ``gpus`` (default 8)."""
+    layout = cfg.devices.train
+    if not layout:
+        return 8 if gpus is None else gpus
+    if gpus is not None and gpus != len(layout):
+        raise InputValueError(f"--gpus {gpus}: the config's devices.train {layout} names {len(layout)} training "
+                              f"GPU(s); leave --gpus out (it defaults to {len(layout)}) or change the layout")
+    return len(layout)
+
+
+def launch_problems(gpus: int, nodes: int, tensor_parallel: int, loggers: list[str]) -> list[str]:
+    """Why verl cannot launch this layout as asked, one line each (empty: it can).
+
+    verl 0.9.1 makes ``n_gpus // (TP x DP x PP)`` rollout replicas, floored
+    (``workers/rollout/llm_server.py``), and each takes ``TP`` consecutive ranks
+    (``workers/rollout/replica.py``): with 7 GPUs and TP 2 the 7th rank belongs to no replica,
+    and a replica may not straddle two nodes."""
+    out = []
+    total = gpus * nodes
+    if gpus < 1 or nodes < 1 or tensor_parallel < 1:
+        out.append(f"--gpus {gpus}, --nodes {nodes}, --rollout-tp {tensor_parallel}: expected positive numbers")
+    elif not _tp_fits(gpus, nodes, tensor_parallel):
+        left = total % tensor_parallel
+        why = (f"verl makes {total // tensor_parallel} rollout replica(s) of {tensor_parallel} GPUs and leaves {left} "
+               "rank(s) in none" if left else f"a replica of {tensor_parallel} GPUs would span two nodes")
+        tps = [t for t in range(1, total + 1) if _tp_fits(gpus, nodes, t)]
+        counts = [g for g in range(1, max(8, gpus, tensor_parallel) + 1) if _tp_fits(g, nodes, tensor_parallel)]
+        out.append(
+            f"--rollout-tp {tensor_parallel} with {gpus} GPU(s) per node x {nodes} node(s): {why}; expected GPUs per "
+            f"node x nodes divisible by the rollout TP size, each replica within a node: with {gpus} GPU(s) per node "
+            f"use --rollout-tp {', '.join(map(str, tps))}; with --rollout-tp {tensor_parallel} use "
+            f"{', '.join(map(str, counts))} GPUs per node (a reader server goes on a GPU of its own in [devices])")
+    unknown = [name for name in loggers if name not in VERL_LOGGERS]
+    if unknown or not loggers:
+        out.append(f"--logger {','.join(loggers)}: expected a comma list of {', '.join(VERL_LOGGERS)}")
+    return out
+
+
+def _tp_fits(gpus: int, nodes: int, tp: int) -> bool:
+    # Every rank in a replica, and a replica within one node (or over whole nodes).
+    return (gpus * nodes) % tp == 0 and (gpus % tp == 0 if tp <= gpus else tp % gpus == 0)
+
+
+def rows_per_session(cfg: GRPOConfig, sample: int = ROWS_SAMPLE_TASKS) -> tuple[float, str]:
+    """``(rows, where from)``: the expected rows (trained calls) of one session.
+
+    memory / controller: one call per search, ``max_searches``. overwrite (MemAgent): one memory
+    update per chunk read plus the answer; the chunks are counted as the engine cuts them
+    (``engine.evidence.chunk_context``, the budget tokenizer, capped at ``max_chunks``) over the
+    first ``sample`` tasks of the data folder: training contexts are far shorter than the
+    ``max_chunks`` cap, which serves the longest evaluation sets."""
+    b = cfg.episode.budgets
+    if cfg.role != "overwrite":
+        return float(b.max_searches), f"max_searches = {b.max_searches}, one {cfg.role} call per search"
+    from memsearch.data.dataset import load_dataset
+    from memsearch.engine.evidence import chunk_context
+    from memsearch.tokenizer import load_tokenizer
+
+    try:
+        dataset = load_dataset(cfg.data)
+        tokenizer = load_tokenizer(cfg.episode.tokenizer)
+    except (InputError, FileNotFoundError, OSError) as exc:
+        raise InputValueError(f"cannot count the chunks of a session ({exc}); give --rows-per-session N (MemAgent: "
+                              "chunks read + 1) to size verl's mini-batch without reading the data") from None
+    docs = dataset.documents_by_id()
+    tasks = dataset.tasks[:sample]
+    if not tasks:
+        raise InputValueError(f"{cfg.data}: no tasks to count the chunks of a session in; expected a train folder")
+    chunks = [len(chunk_context(t.doc_ids, docs, tokenizer, b.chunk_tokens, b.max_chunks)[1].chunks) for t in tasks]
+    mean = sum(chunks) / len(chunks)
+    return mean + 1, (f"{mean:.2f} chunks read (of at most {b.max_chunks}) on average over the first {len(tasks)} "
+                      f"tasks of {cfg.data}, + 1 answer")
+
+
+def mini_batch(cfg: GRPOConfig, rows: float, world: int) -> tuple[int, int]:
+    """``(ppo_mini_batch_size, optimizer steps per training step)`` so one step makes about
+    ``mini_batches_per_step`` optimizer steps per epoch, as memsearch's trainer does.
+
+    verl 0.9.1's v1 trainer takes ``ppo_mini_batch_size x rollout.n`` *rows* per mini-batch
+    (``trainer/ppo/v1/trainer_base.py``, ``_update_actor``), pads the step's rows to a multiple
+    of it with no-op rows (``_get_required_batch_multiple``, ``ppo/padding_utils.py``), and needs
+    it divisible by the data-parallel size (``workers/engine_workers.py``, ``train_mini_batch``).
+    A session has one row per trained call, so the size counts tasks x rows per session."""
+    n, wanted = cfg.group_size, cfg.mini_batches_per_step
+    unit = world // math.gcd(world, n)  # the size x n rows must be a multiple of the DP size
+    ideal = cfg.tasks_per_step * rows / wanted / unit
+
+    def per_epoch(size: int) -> int:  # the step's rows over size x n rows a mini-batch, the last one padded
+        return math.ceil(cfg.tasks_per_step * rows / size - 1e-9)
+
+    # The two multiples of `unit` around the ideal size: the one nearer wanted steps, else the larger.
+    size = min({max(1, math.floor(ideal)) * unit, max(1, math.ceil(ideal)) * unit},
+               key=lambda s: (abs(per_epoch(s) - wanted), -s))
+    return size, per_epoch(size) * cfg.epochs
+
+
 def verl_overrides(
     cfg: GRPOConfig,
     agent_loops: str,
@@ -120,15 +233,27 @@ def verl_overrides(
     gpus: int = 8,
     nodes: int = 1,
     rollout: str = "vllm",
+    tensor_parallel: int = VERL_ROLLOUT_TP,
+    loggers: tuple[str, ...] = ("console",),
+    rows: float | None = None,
 ) -> tuple[list[str], list[str]]:
-    """``(overrides, notes)`` for ``python -m verl.trainer.main_ppo``; raises ``VerlMappingError``.
+    """``(overrides, notes)`` for ``python -m verl.trainer.main_ppo``; raises ``VerlMappingError``
+    (options verl cannot run) or ``InputValueError`` (``launch_problems``).
 
-    ``agent_loops`` is the agent-loop YAML (``agent_loop_yaml``); ``notes`` say where verl
-    differs from the reference trainer for this config.
+    ``agent_loops`` is the agent-loop YAML (``agent_loop_yaml``); ``rows`` the expected rows per
+    session (default ``rows_per_session``); ``notes`` say how verl runs this config where it
+    differs from the reference trainer, and the optimizer steps a training step makes.
     """
     refused = refusals(cfg)
     if refused:
         raise VerlMappingError(refused)
+    problems = launch_problems(gpus, nodes, tensor_parallel, list(loggers))
+    if problems:
+        raise InputValueError("\n".join(problems))
+    rows_source = "--rows-per-session"
+    if rows is None:
+        rows, rows_source = rows_per_session(cfg)
+    size, optimizer_steps = mini_batch(cfg, rows, gpus * nodes)
     prompt_len, response_len = budgets(cfg)
     actor = "actor_rollout_ref.actor"
     agg = {"token": "token-mean", "sequence": "seq-mean-token-mean"}[cfg.aggregation]
@@ -148,13 +273,14 @@ def verl_overrides(
         f"actor_rollout_ref.model.lora_alpha={cfg.lora.alpha:g}",
         f"actor_rollout_ref.model.target_modules=[{','.join(cfg.lora.target_modules)}]",
         f"actor_rollout_ref.rollout.name={rollout}",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={tensor_parallel}",
         f"actor_rollout_ref.rollout.n={cfg.group_size}",
         f"actor_rollout_ref.rollout.temperature={cfg.temperature}",
         f"actor_rollout_ref.rollout.top_p={cfg.top_p}",
         "actor_rollout_ref.rollout.calculate_log_probs=True",  # rows carry the rollout log-probs
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loops}",
         f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
-        f"{actor}.ppo_mini_batch_size={max(1, cfg.tasks_per_step // cfg.mini_batches_per_step)}",
+        f"{actor}.ppo_mini_batch_size={size}",
         f"{actor}.ppo_epochs={cfg.epochs}",
         f"{actor}.clip_ratio_low={cfg.clip_low}",
         f"{actor}.clip_ratio_high={cfg.clip_high}",
@@ -183,14 +309,17 @@ def verl_overrides(
         f"trainer.max_actor_ckpt_to_keep={cfg.keep_checkpoints}",
         f"trainer.n_gpus_per_node={gpus}",
         f"trainer.nnodes={nodes}",
+        f"trainer.logger=[{','.join(dict.fromkeys(loggers))}]",  # Hydra list syntax; verl's default adds wandb
         "trainer.resume_mode=auto",
     ]
     if val_files is None:  # verl needs val_files; without real ones it must not validate on train
         out += ["trainer.val_before_train=False", "trainer.test_freq=-1"]
     notes = [
         "groups of one session (a failed sibling, or n = 1) get advantage = reward in verl, 0 in memsearch",
-        "verl's PPO mini-batch counts rows (ppo_mini_batch_size x n rows, and a session has one row per trained "
-        f"call), so a step makes about rows-per-session x {cfg.mini_batches_per_step} optimizer steps",
+        f"verl's PPO mini-batch counts rows: ppo_mini_batch_size = {size} (x n = {size * cfg.group_size} rows) for "
+        f"about {rows:.2f} rows per session ({rows_source}) makes about {optimizer_steps} optimizer step(s) per "
+        f"training step (memsearch's trainer: {cfg.mini_batches_per_step * cfg.epochs}); fewer rows pad the last "
+        "mini-batch with no-op rows",
         "verl's v1 trainer collects sessions in completion order: runs are not bit-reproducible; memsearch's "
         "trainer is the reproducible reference",
         "memsearch's per-call sampling seeds are not sent to the rollout servers",
@@ -200,6 +329,11 @@ def verl_overrides(
             f"periodic evaluation on {cfg.eval.data}: run `memsearch eval` on merged checkpoints "
             "(docs/verl.md); verl's validation scores the same reward only as a training signal"
         )
+    if "wandb" in loggers:
+        notes.append("trainer.logger has wandb: the run stops at start-up without WANDB_API_KEY (or `wandb login`)")
+    if cfg.devices.train:
+        notes.append(f"devices.train: start verl with CUDA_VISIBLE_DEVICES={cfg.devices.visible('train')} "
+                     "(memsearch devices --config CONFIG --for train)")
     if cfg.kl_coef > 0:
         notes.append("KL reference: the base with the LoRA adapter off (verl's ref_in_actor), as kl_reference = 'base'")
     return out, notes
