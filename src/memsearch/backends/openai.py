@@ -17,13 +17,15 @@ produce and from every completion we return. Completion text has lone surrogates
 Failures never raise out of ``generate``: 429, 5xx, connection errors, timeouts and malformed
 bodies are retried with exponential backoff and full jitter (``Retry-After`` honoured on 429);
 other 4xx are not retried. A request that still fails comes back with ``error`` set and
-``finish_reason == "error"``, and is counted in ``stats()``.
+``finish_reason == "error"``, and is counted in ``stats()``. A body (or completion) larger than
+the request can legitimately return is read no further and not retried (``response_limits``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 import time
@@ -38,6 +40,13 @@ from memsearch.backends.base import (
     GenerationResult,
     SamplingParams,
     Usage,
+)
+from memsearch.backends.response_limits import (
+    OversizedResponse,
+    check_completion,
+    describe_limit,
+    read_bounded,
+    response_byte_limit,
 )
 from memsearch.io import Backoff, LoopSession
 from memsearch.text.safe_text import replace_lone_surrogates
@@ -204,7 +213,8 @@ class OpenAIBackend:
     def stats(self) -> dict[str, Any]:
         """Counters since construction: ``requests``, ``succeeded``, ``failed``, ``attempts``,
         ``retries``, and ``errors`` (failed attempts by kind: ``http_429``, ``http_5xx``,
-        ``http_4xx``, ``http_other``, ``timeout``, ``connection``, ``malformed``, ``internal``)."""
+        ``http_4xx``, ``http_other``, ``timeout``, ``connection``, ``malformed``, ``oversized``,
+        ``internal``)."""
         keys = ("requests", "succeeded", "failed", "attempts", "retries")
         return {**{k: self._counts[k] for k in keys}, "errors": dict(self._errors)}
 
@@ -257,6 +267,7 @@ class OpenAIBackend:
             path, body = self.build_body(request)
             # Compact UTF-8 JSON; NaN/inf are not JSON and fail here, before any attempt.
             payload = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+            limit = response_byte_limit(body, len(payload))
             session, semaphore = self._pool.get()
         except Exception as exc:  # noqa: BLE001 - generate never raises for a request
             self._counts["failed"] += 1
@@ -285,12 +296,11 @@ class OpenAIBackend:
                         async with session.post(
                             url, data=payload, headers=self._headers(), allow_redirects=False
                         ) as response:
-                            code = response.status
-                            raw = await response.read()
+                            code = last_status = response.status
                             retry_header = response.headers.get("Retry-After")
-                last_status = code
+                            raw = await read_bounded(response, limit, describe_limit(body, limit))
                 if 200 <= code < 300:
-                    result = self._parse(request, raw)
+                    result = self._parse(request, raw, body)
                     self._counts["succeeded"] += 1
                     return replace(result, latency_s=time.perf_counter() - start, attempts=attempts)
                 reason = f"HTTP {code}: {_snippet(raw)}"
@@ -304,6 +314,11 @@ class OpenAIBackend:
                     return self._failure(reason + " (not retried)", attempts, start, last_status, request)
             except _Malformed as exc:
                 kind, reason = "malformed", f"malformed response: {exc}"
+            except OversizedResponse as exc:
+                # A server that ignores max_tokens will do so again: not retried.
+                self._errors["oversized"] += 1
+                return self._failure(f"response too large: {exc} (not retried)", attempts, start, last_status,
+                                     request)
             except TimeoutError:
                 kind, reason = "timeout", f"timeout after {self.timeout_s:g}s"
             except (aiohttp.ClientError, OSError) as exc:
@@ -337,8 +352,9 @@ class OpenAIBackend:
             attempts=attempts,
         )
 
-    def _parse(self, request: GenerationRequest, raw: bytes) -> GenerationResult:
-        """A result from a 2xx body; raises ``_Malformed`` for anything unusable."""
+    def _parse(self, request: GenerationRequest, raw: bytes, body: dict[str, Any]) -> GenerationResult:
+        """A result from a 2xx body to the request ``body``; raises ``_Malformed`` for anything
+        unusable and ``OversizedResponse`` for a completion longer than ``body`` asked for."""
         try:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
@@ -364,6 +380,9 @@ class OpenAIBackend:
         if not isinstance(text, str):
             raise _Malformed("completion text is not a string")
 
+        usage = data.get("usage")
+        reported = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        check_completion(text, reported if isinstance(reported, int) else None, body)
         # The completion is stored in the trajectory: no lone surrogates (unwritable as UTF-8)
         # and never the API key, even when the server echoes it.
         text = _scrub(replace_lone_surrogates(text))
@@ -436,6 +455,11 @@ def _logprobs(block: Any, chat: bool) -> tuple[list[str] | None, tuple[float, ..
             tokens = [None] * len(values)
     if not all(isinstance(v, (int, float)) for v in values):
         return None, None
+    # A NaN or infinite log-prob (JSON's NaN/Infinity, which Python's parser accepts) is no
+    # probability: training on it poisons the update, and no record file may hold it.
+    bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+    if bad is not None:
+        raise _Malformed(f"log-prob of token {bad} is {values[bad]!r}; expected a finite number")
     return tokens, tuple(float(v) for v in values)
 
 

@@ -10,7 +10,9 @@ Like the OpenAI backend: a bounded pool of connections, a timeout on every attem
 exponential backoff and full jitter on 5xx, connection errors, timeouts and malformed bodies (a
 4xx is the request's fault and is not retried). A search that still fails raises
 ``RetrievalRequestError``, which the engine records in the trajectory as a request error; it never
-ends a run.
+ends a run. An answer larger than the request can hold (``response_limit``: a floor plus
+``BYTES_PER_HIT`` for each of queries x k hits), compressed or inflated, is read no further and not
+retried (``memsearch.bounded_read``).
 """
 
 from __future__ import annotations
@@ -22,12 +24,25 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from memsearch.bounded_read import BodyTooLarge, read_bounded
 from memsearch.io import Backoff, LoopSession
 from memsearch.retrieval.base import Passage
 
 
 class RetrievalRequestError(RuntimeError):
     """A search that failed after every retry (the message says why and how many attempts)."""
+
+
+# An answer's bound: the envelope, and per hit a passage (a paragraph of sentences with evidence ids
+# and a score, JSON-escaped); a paragraph of 64 KiB is far beyond any corpus' (HotpotQA's: ~1 KB).
+RESPONSE_FLOOR_BYTES = 1 << 20
+BYTES_PER_HIT = 64 << 10
+INFO_MAX_BYTES = 4 << 20  # GET /info: a manifest, settings and counters
+
+
+def response_limit(queries: int, k: int) -> int:
+    """The most bytes an answer to ``queries`` queries of ``k`` hits each may have."""
+    return RESPONSE_FLOOR_BYTES + max(1, queries) * max(1, k) * BYTES_PER_HIT
 
 
 class HttpRetriever:
@@ -57,7 +72,10 @@ class HttpRetriever:
         ``RetrievalRequestError`` when the server does not answer."""
         try:
             with urllib.request.urlopen(self.url + "/info", timeout=timeout_s) as response:
-                self._info = json.loads(response.read())
+                raw = response.read(INFO_MAX_BYTES + 1)
+            if len(raw) > INFO_MAX_BYTES:
+                raise ValueError(f"the answer is larger than {INFO_MAX_BYTES:,} bytes")
+            self._info = json.loads(raw)
         except (OSError, ValueError) as exc:
             raise RetrievalRequestError(f"{self.url}/info: {type(exc).__name__}: {exc}") from None
         return self._info
@@ -85,7 +103,7 @@ class HttpRetriever:
         body: dict[str, Any] = {"queries": list(queries), "topk": k, "return_scores": True, "format": "memsearch"}
         if candidates is not None:
             body["candidates"] = [None if c is None else list(c) for c in candidates]
-        raw = await self._post("/retrieve", json.dumps(body).encode())
+        raw = await self._post("/retrieve", json.dumps(body).encode(), response_limit(len(queries), k))
         try:
             result = json.loads(raw)["result"]
             return [[Passage.model_validate(p) for p in hits] for hits in result]
@@ -111,8 +129,10 @@ class HttpRetriever:
         """Close the connection pool (a later search opens a new one)."""
         await self._pool.aclose()
 
-    async def _post(self, path: str, payload: bytes) -> bytes:
+    async def _post(self, path: str, payload: bytes, limit: int) -> bytes:
         import aiohttp
+
+        what = f"the {limit:,}-byte bound of this request"
 
         session, semaphore = self._pool.get()
         self._counts["searches"] += 1
@@ -126,7 +146,7 @@ class HttpRetriever:
                 async with semaphore, asyncio.timeout(self.timeout_s):
                     async with session.post(self.url + path, data=payload,
                                             headers={"Content-Type": "application/json"}) as response:
-                        code, raw = response.status, await response.read()
+                        code, raw = response.status, await read_bounded(response, limit, what)
                 if code == 200:
                     json.loads(raw)  # a torn body is retried like a connection error
                     return raw
@@ -134,6 +154,9 @@ class HttpRetriever:
                 if code < 500:
                     self._counts["failed"] += 1
                     raise RetrievalRequestError(f"{reason} (not retried)")
+            except BodyTooLarge as exc:  # a server that sends too much will do so again
+                self._counts["failed"] += 1
+                raise RetrievalRequestError(f"response too large: {exc} (not retried)") from None
             except TimeoutError:
                 reason = f"timeout after {self.timeout_s:g}s"
             except (aiohttp.ClientError, OSError, ValueError) as exc:

@@ -6,7 +6,9 @@ the document itself), plus memsearch fields: ``candidates`` (doc ids the search 
 one list for every query, or one list or null per query), ``exclude`` (doc ids never returned, same
 shapes) and ``format = "memsearch"`` (hits are ``Passage`` records: sentences with evidence ids).
 ``GET /health`` answers ``{"status": "ok"}``; ``GET /info`` the index manifest, the method and the
-service's settings and counters. A bad request gets 400 and ``{"error": reason}``.
+service's settings and counters. A bad request gets 400 and ``{"error": reason}``; every other
+error (unknown path or method, unparsable request, unsupported ``Content-Encoding``: 415) is
+answered in the same JSON (``service_errors``).
 
 Whatever one client sends, the others keep being answered in bounded memory (``ServiceSettings``,
 docs/results/retrieval_service.md "Limits"): a request over a limit (query length, queries,
@@ -47,6 +49,7 @@ from memsearch.errors import InputError
 from memsearch.retrieval.base import passage_from_document
 from memsearch.retrieval.service_cache import Digest, HitCache, digest, entry_bytes
 from memsearch.retrieval.service_connections import ConnectionGuard, connection_limits, listening_socket
+from memsearch.retrieval.service_errors import expect_handler, json_errors, with_json_errors
 from memsearch.retrieval.service_log import RepeatLimiter, install_log_limits
 from memsearch.retrieval.service_requests import (
     BadRequest,
@@ -110,8 +113,9 @@ class RetrievalService:
         from aiohttp import web
 
         # aiohttp refuses a larger body with 413 while reading it; _retrieve words the answer.
-        app = web.Application(client_max_size=self.settings.max_body_bytes)
-        app.router.add_post("/retrieve", self._retrieve)
+        app = web.Application(client_max_size=self.settings.max_body_bytes,
+                              middlewares=[json_errors(self.counts)])
+        app.router.add_post("/retrieve", self._retrieve, expect_handler=expect_handler)
         app.router.add_get("/health", self._health)
         app.router.add_get("/info", self._info_handler)
 
@@ -238,6 +242,7 @@ class RetrievalService:
 
     async def _retrieve(self, request):
         from aiohttp import web
+        from aiohttp.web_protocol import RequestPayloadError
 
         started = time.perf_counter()
         self.counts["requests"] += 1
@@ -256,7 +261,13 @@ class RetrievalService:
                 "error": f"the body is larger than the service's max_body_mb = {limits.max_body_mb:g} MiB "
                          f"({limits.max_body_bytes} bytes)"
             }, close=True)
-        except ConnectionError:  # the client went away mid-body: nobody reads an answer
+        except RequestPayloadError as exc:  # e.g. a gzip body that does not inflate
+            self.counts["bad_requests"] += 1
+            reason = " ".join(str(exc.__cause__ or exc).split()).removeprefix("400, message: ")
+            return await self._answer(request, 400, {"error": f"the body could not be read: {reason}"}, close=True)
+        except (ConnectionError, RuntimeError):
+            # The client went away mid-body, or the connection was closed to make room for others
+            # (aiohttp raises RuntimeError "Connection closed."): nobody reads an answer.
             self.counts["disconnects"] += 1
             return web.Response(status=400)
         loop = asyncio.get_running_loop()
@@ -342,8 +353,9 @@ async def _serve(
     service.max_connections = limit
     loop = asyncio.get_running_loop()
     try:
-        listener = await loop.create_server(ConnectionGuard(runner.server, limit, service.answering, service.counts),
-                                            sock=listening_socket(host, port, backlog), backlog=backlog)
+        guard = ConnectionGuard(lambda: with_json_errors(runner.server()), limit, service.answering, service.counts,
+                                burst=backlog)
+        listener = await loop.create_server(guard, sock=listening_socket(host, port, backlog), backlog=backlog)
     except (OSError, OverflowError) as exc:
         await runner.cleanup()
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

@@ -7,7 +7,12 @@ every accept refused for want of descriptors, and retries every one. So the serv
 (``server.py``) caps its open connections (``connection_limits``: what the open-file limit leaves
 room for, or ``--max-connections``); past the cap ``ConnectionGuard`` closes the oldest connection
 that is not being answered (idle kept-alive, or still sending its request) and answers 503 only
-when every connection is being answered; and the listening socket (``listening_socket``) rests
+when every connection is being answered. A connection younger than ``GRACE_S`` is closed only
+when the cap is passed by more than a listen backlog: a flood of sockets that never finish a
+request (slowloris) arrives in bursts larger than a small cap, and closing the oldest of a burst
+closed the plain clients in it before they could send their request (issue 54: cap 50 and 300
+such sockets reset 97 % of plain requests); given their grace, they are answered while the
+flood's sockets, old by then, give way. And the listening socket (``listening_socket``) rests
 for a moment after a refused accept instead of letting asyncio retry the whole burst. How long a
 slow client may take is the HTTP layer's ``timeout_s`` (``server.py``), not this module's.
 """
@@ -29,6 +34,10 @@ from memsearch.errors import InputError
 # the index files, stdio, the runtime.
 RESERVED_FDS = 64
 LISTEN_BACKLOG = 128  # connections asyncio accepts at once; smaller under a low open-file limit
+# How long a new connection has to send its request before it may be closed to make room for
+# others (unless the cap is passed by more than a backlog): on loopback or a LAN a plain client's
+# request arrives within milliseconds.
+GRACE_S = 1.0
 
 
 def connection_limits(configured: int | None) -> tuple[int, int]:
@@ -90,24 +99,30 @@ class ConnectionGuard:
     limit the oldest connections that are not being answered (idle kept-alive, or still sending
     their request) are closed, so a client holding many idle or slow connections can neither lock
     the others out nor run the process out of file descriptors (where asyncio would log a
-    traceback per refused accept); when every connection is being answered, a new one gets 503."""
+    traceback per refused accept); when every connection is being answered, a new one gets 503.
+    Connections younger than ``grace_s`` are spared until the count passes ``limit + burst``
+    (``burst``: the listen backlog, whose descriptors ``connection_limits`` keeps free), and
+    closed at the end of their grace if the count is still over the limit then."""
 
-    def __init__(self, server: Any, limit: int, answering: set[Any], counts: collections.Counter[str]) -> None:
+    def __init__(self, server: Any, limit: int, answering: set[Any], counts: collections.Counter[str],
+                 burst: int = 0, grace_s: float = GRACE_S) -> None:
         # server: aiohttp's protocol factory; answering: the handlers whose request is being
         # answered (the service keeps it); counts: the service's counters.
         self._server, self._limit, self._answering, self._counts = server, limit, answering, counts
-        # Every connection from its accept to its end, oldest first. asyncio accepts a whole burst
-        # before connecting any of them, so they count from the accept on.
-        self.open: dict[Any, None] = {}
+        self._burst, self._grace_s = burst, grace_s
+        # Every connection from its accept to its end, oldest first, with its accept time. asyncio
+        # accepts a whole burst before connecting any of them, so they count from the accept on.
+        self.open: dict[Any, float] = {}
         self._closing: set[Any] = set()
         self._scheduled = False
+        self._recheck: asyncio.TimerHandle | None = None
 
     def __call__(self) -> asyncio.BaseProtocol:
         if self._count() >= self._limit and not any(self._evictable()) and not any(self._unconnected()):
             self._counts["refused_connections"] += 1
             return _Refused(self._limit)
         handler = self._server()
-        self.open[handler] = None
+        self.open[handler] = time.monotonic()
         if self._count() > self._limit and not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._enforce)
@@ -128,16 +143,30 @@ class ConnectionGuard:
         connections accepted in this burst are connected (closing one before would leak it), a
         bounded number of times (one that never connects must not keep the loop busy)."""
         self._scheduled = False
+        young_after = time.monotonic() - self._grace_s
+        spared = None  # the oldest connection spared for its grace
         while self._count() > self._limit:
             idle = next(self._evictable(), None)
             if idle is None:
                 break
+            if self.open[idle] > young_after and self._count() <= self._limit + self._burst:
+                spared = idle  # the rest are younger still: they all keep their grace
+                break
             self._counts["evicted_connections"] += 1
             self._closing.add(idle)
             idle.force_close()
+        loop = asyncio.get_running_loop()
         if passes > 1 and self._count() > self._limit and any(self._unconnected()):
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._enforce, passes - 1)
+            loop.call_soon(self._enforce, passes - 1)
+        elif spared is not None and self._recheck is None:
+            # Still over the limit when the oldest spared connection's grace ends: look again then.
+            self._recheck = loop.call_later(self.open[spared] - young_after + 0.01, self._grace_over)
+
+    def _grace_over(self) -> None:
+        self._recheck = None
+        if not self._scheduled:
+            self._enforce()
 
     def ended(self, handler: Any) -> None:
         self.open.pop(handler, None)

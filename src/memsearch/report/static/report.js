@@ -10,7 +10,10 @@
   window.addEventListener("error", (e) => fail("error: " + e.message));
   window.addEventListener("unhandledrejection", (e) => fail("error: " + (e.reason && e.reason.stack || e.reason)));
 
-  const ROW_H = 26, OVERSCAN = 8, PREVIEW = 1500;
+  // PREVIEW: characters of a long text shown before its "show all"; CELL: characters of a table
+  // cell (a longer value is cut there and read whole in its episode). Every text is put in the page
+  // once and at most this long until asked for: a 30 MB prediction made a 58 MB page (issue 54).
+  const ROW_H = 26, OVERSCAN = 8, PREVIEW = 1500, CELL = 200;
   const FILTERS = ["all", "correct", "incorrect", "error", "invalid", "truncated", "length", "regressions", "improvements"];
   let P = null, S = null, view = [], fullTexts = [];
 
@@ -60,14 +63,17 @@
     return facts.length ? new RegExp("(" + facts.map(reEsc).join("|") + ")(?![0-9])", "g") : null;
   }
   function hl(text, re) { const e = esc(text); return re ? e.replace(re, '<mark class="gold" data-testid="gold">$1</mark>') : e; }
-  // Long texts are collapsed, never cut: "show all" swaps in the whole text.
-  function longText(text, re, cls) {
+  // Long texts are collapsed, never cut: "show all" swaps in the whole text. ``tag``: the element
+  // holding it (a div by default; "b" or "span" inline).
+  function longText(text, re, cls, tag) {
     text = text == null ? "" : String(text);
-    if (text.length <= PREVIEW) return `<div class="${cls || "text"}">${hl(text, re)}</div>`;
+    tag = tag || "div";
+    if (text.length <= PREVIEW) return `<${tag} class="${cls || "text"}">${hl(text, re)}</${tag}>`;
     fullTexts.push([text, re]);
-    return `<div class="${cls || "text"}">${hl(text.slice(0, PREVIEW), re)}<span class="muted"> … ${text.length - PREVIEW} more characters</span>` +
-      `<button class="showall" data-full="${fullTexts.length - 1}">show all</button></div>`;
+    return `<${tag} class="${cls || "text"}">${hl(text.slice(0, PREVIEW), re)}<span class="muted"> … ${text.length - PREVIEW} more characters</span>` +
+      `<button class="showall" data-full="${fullTexts.length - 1}">show all</button></${tag}>`;
   }
+  const inline = (text, cls) => longText(text, null, cls || "inline", "span");
 
   // ---- header, run bar, compare summary ----
   function kv(obj) { return '<table class="kv">' + Object.keys(obj || {}).map((k) => `<tr><th>${esc(k)}</th><td>${esc(typeof obj[k] === "object" && obj[k] ? JSON.stringify(obj[k]) : fmt(obj[k]))}</td></tr>`).join("") + "</table>"; }
@@ -166,7 +172,10 @@
     if (k === "em" || k === "vs_em") return `<span class="${v === 1 ? "ok" : "bad"}">${fmt(v)}</span>`;
     if (k === "d_f1") return `<span class="${v > 0 ? "ok" : v < 0 ? "bad" : ""}">${v == null ? "–" : (v > 0 ? "+" : "") + fmt(v)}</span>`;
     if (k === "latency_s" && v != null) return `<span title="${v} s">${v.toPrecision(2)}s</span>`;
-    return `<span title="${esc(v)}">${esc(fmt(v))}</span>`;
+    const s = fmt(v);
+    // A long value once, cut, without a tooltip copy: the row opens the episode, which shows it whole.
+    if (s.length > CELL) return `<span class="cut">${esc(s.slice(0, CELL))}… <span class="muted">(${s.length - CELL} more characters: open the task)</span></span>`;
+    return `<span title="${esc(s)}">${esc(s)}</span>`;
   }
   function renderTableBody() {
     const vp = $("vp"), spacer = $("spacer");
@@ -205,7 +214,7 @@
   }
   function validity(e) {
     if (e.valid === true) return '<span class="badge ok">valid</span>';
-    if (e.valid === false) return `<span class="badge bad invalid">invalid</span> ${esc(e.invalid_reason || e.reason || "")}`;
+    if (e.valid === false) return `<span class="badge bad invalid">invalid</span> ${inline(e.invalid_reason || e.reason || "")}`;
     return '<span class="badge">not judged</span>';
   }
   function eventCard(e, tid, re) {
@@ -220,23 +229,23 @@
       const prompt = (e.messages || []).map((m) => `<b>${esc(m.role)}</b>` + longText(m.content, re)).join("");
       return `<div class="card policy_call"><h4>policy call · ${esc(e.role)} · step ${e.step}</h4>${validity(e)} ` +
         `<span class="badge">finish ${esc(e.finish_reason)}</span><span class="badge">${e.latency_s}s</span><span class="badge">attempts ${e.attempts}</span>` +
-        `<span class="badge">usage ${esc(JSON.stringify(e.usage))}</span><span class="badge">token ids ${esc(JSON.stringify(e.token_counts || {}))}</span>${e.error ? `<div class="invalid">error: ${esc(e.error)}</div>` : ""}` +
+        `<span class="badge">usage ${esc(JSON.stringify(e.usage))}</span><span class="badge">token ids ${esc(JSON.stringify(e.token_counts || {}))}</span>${e.error ? `<div class="invalid">error: ${inline(e.error)}</div>` : ""}` +
         `<details><summary>prompt (${(e.messages || []).length} messages)</summary>${prompt}</details>completion:${longText(e.text, re)}` +
-        `<details><summary>parsed action</summary><pre>${esc(JSON.stringify(e.action, null, 1))}</pre></details></div>`;
+        `<details><summary>parsed action</summary>${longText(JSON.stringify(e.action, null, 1), null)}</details></div>`;
     }
     if (e.type === "memory") {
-      return `<div class="card memory"><h4>memory ${e.step}</h4>${e.valid ? '<span class="badge ok">applied</span>' : `<span class="badge bad invalid">rejected</span> ${esc(e.reason || "")}`} ` +
+      return `<div class="card memory"><h4>memory ${e.step}</h4>${e.valid ? '<span class="badge ok">applied</span>' : `<span class="badge bad invalid">rejected</span> ${inline(e.reason || "")}`} ` +
         `ops ${esc(JSON.stringify(e.executed || {}))}${e.truncated ? ' <span class="badge bad">truncated to the budget</span>' : ""}` +
         `<div class="muted">before → after</div>${diffHtml(e.before, e.after, re)}</div>`;
     }
-    return `<div class="card"><h4>${esc(e.type)}</h4><pre>${esc(JSON.stringify(e, null, 1))}</pre></div>`;
+    return `<div class="card"><h4>${esc(e.type)}</h4>${longText(JSON.stringify(e, null, 1), null)}</div>`;
   }
   function answerCard(run, tid, re) {
     const t = own(P.runs[run].episodes, tid) || {}, row = P.runs[run].tasks.find((r) => r.task_id === tid) || {}, lab = own(P.labels, tid) || {};
     const gold = new Set(lab.supporting_facts || []), bad = new Set(t.invalid_citations || []);
     const cites = (t.citations || []).map((c) => `<span class="badge ${gold.has(c) ? "" : ""}">${gold.has(c) ? `<mark class="gold" data-testid="gold">${esc(c)}</mark>` : esc(c)}` +
       `${bad.has(c) ? ' <span class="invalid" data-testid="invalid-citation">(not shown: invalid)</span>' : ""}</span>`).join("") || '<span class="muted">none</span>';
-    return `<div class="card answer"><h4>answer</h4>prediction: <b>${esc(t.prediction)}</b> · gold: <b>${esc((lab.answers || []).join(" | "))}</b> ` +
+    return `<div class="card answer"><h4>answer</h4>prediction: ${inline(t.prediction, "inline prediction")} · gold: ${inline((lab.answers || []).join(" | "), "inline prediction")} ` +
       `<span class="badge ${row.em === 1 ? "ok" : "bad"}">EM ${fmt(row.em)}</span><span class="badge">F1 ${fmt(row.f1)}</span>` +
       `<div>citations: ${cites}</div><div>retrieval support recall ${fmt(row.retrieval_support_recall)} · memory support recall ${fmt(row.memory_support_recall)} · memory support precision ${fmt(row.memory_support_precision)}` +
       ` · gold facts: ${[...gold].map((g) => `<mark class="gold">${esc(g)}</mark>`).join(" ")}</div>` +
@@ -246,7 +255,7 @@
     const t = own(P.runs[run].episodes, tid);
     if (!t) return `<div><h3>${esc(run)}</h3><p class="muted">this run has no episode for task ${esc(tid)}</p></div>`;
     const re = goldRe(tid);
-    return `<div><h3>${esc(run)} · ${esc(t.status)}</h3>` + (t.error ? `<div class="invalid">${esc(t.error)}</div>` : "") +
+    return `<div><h3>${esc(run)} · ${esc(t.status)}</h3>` + (t.error ? longText(t.error, null, "invalid") : "") +
       (t.events || []).map((e) => eventCard(e, tid, re)).join("") + answerCard(run, tid, re) + "</div>";
   }
   function renderEpisode() {
@@ -255,7 +264,7 @@
     const t = own(P.runs[S.run].episodes, S.task);
     const runs = [S.run].concat(comparison() ? [S.vs] : []);
     $("episode").innerHTML = `<h2 data-testid="episode" data-episode-task="${esc(S.task)}">task ${esc(S.task)}</h2>` +
-      `<p>${esc(t ? t.question : "")}</p><div class="pair ${runs.length === 1 ? "one" : ""}">${runs.map((r) => episodeColumn(r, S.task)).join("")}</div>`;
+      `${longText(t ? t.question : "", null, "question")}<div class="pair ${runs.length === 1 ? "one" : ""}">${runs.map((r) => episodeColumn(r, S.task)).join("")}</div>`;
   }
 
   // ---- training view (inline SVG) ----
