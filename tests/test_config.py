@@ -82,3 +82,37 @@ def test_a_set_value_replaces_what_the_key_holds_and_a_path_through_a_value_is_r
     assert apply_overrides(data, ["matrix.overrides={C = {limit = 1}}"])["matrix"]["overrides"] == {"C": {"limit": 1}}
     with pytest.raises(InputError, match=r"limit is not a table"):
         apply_overrides(data, ["limit.x=1"])
+
+
+def test_every_config_check_of_a_model_and_its_bases_runs_and_all_problems_are_reported_together():
+    # The mechanism any config model uses for checks across fields (memsearch.config.config_check).
+    from memsearch.config import KeyProblems, StrictConfig, config_check, validation_problems
+
+    class Base(StrictConfig):
+        low: int = 0
+        high: int = 10
+
+        @config_check
+        def _ordered(self, context):
+            if self.low > self.high:
+                raise KeyProblems(("low", "above high"))
+
+    class Child(Base):
+        steps: int = 1
+        rate: float = 0.5
+
+        @config_check
+        def _two_at_once(self, context):
+            problems = [(k, "odd") for k in ("steps", "low") if getattr(self, k) % 2]
+            if context.get("strict_rate") and self.rate > 0.1:
+                problems.append(("rate", "above 0.1"))
+            if problems:
+                raise KeyProblems(*problems)
+
+    with pytest.raises(ValidationError) as refused:
+        Child.model_validate({"low": 11, "steps": 3}, context={"strict_rate": True})
+    assert validation_problems(refused.value) == [
+        ("low", "above high"), ("steps", "odd"), ("low", "odd"), ("rate", "above 0.1")]
+    assert Child.model_validate({"low": 2, "steps": 4}).steps == 4
+    with pytest.raises(ValidationError, match="finite number"):
+        Child.model_validate({"rate": float("nan")})

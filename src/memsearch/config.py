@@ -9,7 +9,9 @@ with every run, so a run folder says exactly what produced it.
 from __future__ import annotations
 
 import json
+import os
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,6 +49,17 @@ def validation_problems(exc: ValidationError, prefix: str = "") -> list[tuple[st
     return problems
 
 
+def config_check(method: Callable[..., None]) -> Callable[..., None]:
+    """Mark a method of a ``StrictConfig`` as one of its checks across fields: called with the
+    validated model and the validation context (a dict, empty when none), it raises
+    ``KeyProblems`` for what is wrong. The model runs every check and reports the problems of
+    all of them together (``StrictConfig._run_checks``): a config with several problems is
+    refused once, naming each, not once per problem (a pydantic ``model_validator`` that raises
+    hides the validators after it)."""
+    method.__config_check__ = True  # type: ignore[attr-defined]
+    return method
+
+
 class StrictConfig(BaseModel):
     """The base of every config model of the package (run, trainer, pipeline, verl).
 
@@ -54,10 +67,40 @@ class StrictConfig(BaseModel):
     str->number); unknown keys are refused (a typo must not fall back to a default); frozen, so
     a validated config is what was recorded. TOML ints are accepted for float fields (pydantic's
     strict mode allows int -> float); a field that needs more (a tuple written as a TOML list)
-    says so where it is declared."""
+    says so where it is declared. A float that is NaN or infinite (TOML ``inf``, ``nan``) is
+    refused naming its field: no setting means "unbounded" by inf, and a record file (the saved
+    ``config.json``) holds strict JSON, which has no spelling for them. Checks across fields are
+    methods marked ``@config_check``, all run and reported together."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
+    @model_validator(mode="after")
+    def _run_checks(self, info: ValidationInfo) -> StrictConfig:
+        problems: list[tuple[str, str]] = []
+        context = info.context or {}
+        for name in _checks_of(type(self)):
+            try:
+                getattr(self, name)(context)
+            except KeyProblems as exc:
+                problems += exc.keyed
+        if problems:
+            raise KeyProblems(*problems)
+        return self
+
+
+def _checks_of(model: type[BaseModel]) -> list[str]:
+    """Names of the ``@config_check`` methods of ``model`` and its bases, in definition order."""
+    names: list[str] = []
+    for klass in reversed(model.__mro__):
+        for name, value in vars(klass).items():
+            if getattr(value, "__config_check__", False) and name not in names:
+                names.append(name)
+    return names
+
+
+# The most paired bootstrap resamples a config may ask for (``Matrix.bootstrap_resamples``,
+# ``eval.bootstrap.paired_bootstrap``): a bound checked at load, not after every group has run.
+MAX_BOOTSTRAP_RESAMPLES = 1_000_000
 
 # Default of ``Agent.memory_max_sources``: the rules and oracle backends cite one sentence per item.
 MEMORY_MAX_SOURCES = 3
@@ -115,13 +158,28 @@ class BackendConfig(StrictConfig):
         "open item is written only if it still fits the memory budget (the open-items control, docs/memory_policy.md)",
     )
 
-    @model_validator(mode="after")
-    def _oracle_only(self) -> BackendConfig:
+    @config_check
+    def _oracle_only(self, context: dict[str, Any]) -> None:
         if self.open_items and self.kind != "oracle":
             raise KeyProblems((
                 "open_items", f"open_items is an option of the oracle teacher (it reads labels); kind is {self.kind!r}"
             ))
-        return self
+
+    @config_check
+    def _read_by_the_kind(self, context: dict[str, Any]) -> None:
+        # rules and oracle run no model: a value they never read is a config meant for another
+        # kind, refused rather than ignored. The model a pipeline fills into every role
+        # (``pipelines.config.episode_table``: 'embedded' or its local model folder) is let be.
+        if self.kind not in ("rules", "oracle"):
+            return
+        problems = [(name, f"kind {self.kind!r} runs no model, so {name} is never read; remove it, or set kind = "
+                     f"'{'hf' if name == 'adapter' else 'openai'}'")
+                    for name in ("adapter", "base_url") if getattr(self, name) is not None]
+        if self.model != "embedded" and not Path(self.model).is_dir():
+            problems.append(("model", f"kind {self.kind!r} runs no model, so model is never read, and {self.model!r} "
+                             "is no local folder either; remove it, or set kind = 'hf' or 'openai'"))
+        if problems:
+            raise KeyProblems(*problems)
 
 
 class Agent(StrictConfig):
@@ -258,7 +316,14 @@ class Matrix(StrictConfig):
         "A-D; budgets, tokenizer and retrieval (identical across groups), agent.memory and agent.controller (the "
         "group's design), backends.baseline_memory (set once for A/C) and matrix are refused",
     )
-    bootstrap_resamples: int = Field(10_000, ge=100, description="Paired bootstrap resamples for group differences")
+    bootstrap_resamples: int = Field(
+        10_000,
+        ge=100,
+        le=MAX_BOOTSTRAP_RESAMPLES,
+        description=f"Paired bootstrap resamples for group differences ({MAX_BOOTSTRAP_RESAMPLES:,} at most: the "
+        "Monte Carlo error of a 95 % interval is already below 0.001 there, and each pair of groups costs "
+        "resamples x tasks random draws)",
+    )
 
     @field_validator("groups")
     @classmethod
@@ -315,10 +380,11 @@ class Prompts(StrictConfig):
         None, description="User message of the final answer: a template with {question} and {memory}; ask for \\boxed{}"
     )
 
-    @model_validator(mode="after")
-    def _templates_name_their_fields(self) -> Prompts:
+    @config_check
+    def _templates_name_their_fields(self, context: dict[str, Any]) -> None:
         import string
 
+        problems = []
         for name, wanted in _PROMPT_FIELDS.items():
             template = getattr(self, name)
             if template is None:
@@ -326,16 +392,42 @@ class Prompts(StrictConfig):
             try:
                 used = {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
             except ValueError as exc:
-                raise KeyProblems(
-                    (name, f"not a format template ({exc}); write literal braces as {{{{ and }}}}")
-                ) from None
+                problems.append((name, f"not a format template ({exc}); write literal braces as {{{{ and }}}}"))
+                continue
             if used != wanted:
-                raise KeyProblems((
+                problems.append((
                     name,
                     f"uses {{{'}, {'.join(sorted(used))}}} but must use exactly "
                     f"{{{'}, {'.join(sorted(wanted))}}} (literal braces as {{{{ and }}}})",
                 ))
-        return self
+        if problems:
+            raise KeyProblems(*problems)
+
+
+# Files of a local tokenizer folder, one of which ``RunConfig.tokenizer`` needs (transformers
+# loads a fast tokenizer from tokenizer.json, any other from what tokenizer_config.json names).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def tokenizer_problem(spec: str, missing_ok: bool = False) -> str | None:
+    """Why ``spec`` is no budget tokenizer (``RunConfig.tokenizer``), else ``None``: a name of
+    ``memsearch.tokenizer.TOKENIZERS`` or a local folder holding one of ``TOKENIZER_FILES``.
+    ``missing_ok``: a path where nothing exists is not (yet) a problem."""
+    from memsearch.tokenizer import TOKENIZERS
+
+    expected = f"expected {' or '.join(repr(n) for n in TOKENIZERS)} or a local Hugging Face tokenizer folder"
+    if spec in TOKENIZERS:
+        return None
+    if not spec.strip():
+        return f"empty; {expected}"
+    folder = Path(spec)
+    if not os.path.lexists(folder):
+        return None if missing_ok else f"{spec!r}: no such folder; {expected}"
+    if not folder.is_dir():
+        return f"{spec!r} is not a folder; {expected}"
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return f"{spec!r} is a folder without {' or '.join(TOKENIZER_FILES)}; {expected}"
+    return None
 
 
 class RunConfig(StrictConfig):
@@ -351,38 +443,51 @@ class RunConfig(StrictConfig):
     prompts: Prompts = Field(default_factory=Prompts, description="Wording of the overwrite (MemAgent) prompts")
     retrieval: Retrieval = Field(default_factory=Retrieval, description="Retriever of search evidence")
 
-    @model_validator(mode="after")
-    def _consistent_agent(self) -> RunConfig:
+    @field_validator("tokenizer")
+    @classmethod
+    def _a_tokenizer_there_is(cls, spec: str) -> str:
+        # Checked at load: an empty name would load the working folder ("" is "."), a folder of
+        # something else fails deep inside transformers after the run folder exists. A folder
+        # that is not there (yet: a GPU recipe's model) is refused when a run starts
+        # (``eval.run_folder.model_identity``), where the model folders are checked.
+        problem = tokenizer_problem(spec, missing_ok=True)
+        if problem:
+            raise ValueError(problem)
+        return spec
+
+    @config_check
+    def _consistent_agent(self, context: dict[str, Any]) -> None:
         agent = self.agent
+        problems = []
         if agent.evidence == "stream" and (agent.controller != "exhaust" or agent.memory == "decision"):
-            raise KeyProblems((
+            problems.append((
                 "agent",
                 "evidence 'stream' reads every chunk: use controller 'exhaust' and memory 'summary' or 'overwrite'",
             ))
         if agent.memory_format == "extractive" and agent.memory != "decision":
-            raise KeyProblems(
+            problems.append(
                 ("agent.memory_format", "'extractive' is a format of decision memory (memory = 'decision')"))
         if agent.evidence == "search" and agent.controller == "exhaust":
-            raise KeyProblems(
+            problems.append(
                 ("agent", "controller 'exhaust' belongs to evidence 'stream'; use 'fixed' or 'policy' with 'search'")
             )
-        return self
+        if problems:
+            raise KeyProblems(*problems)
 
-    @model_validator(mode="after")
-    def _schema_mode_runs_locally(self) -> RunConfig:
+    @config_check
+    def _schema_mode_runs_locally(self, context: dict[str, Any]) -> None:
         memory = self.backends.memory
         if memory.schema_mode and memory.kind != "hf":
             raise KeyProblems(("backends.memory.schema_mode", "schema_mode = true needs backends.memory.kind = 'hf' "
                                f"(constrained decoding runs in the local model); got kind {memory.kind!r}"))
-        return self
 
-    @model_validator(mode="after")
-    def _group_overrides_validate(self, info: ValidationInfo) -> RunConfig:
+    @config_check
+    def _group_overrides_validate(self, context: dict[str, Any]) -> None:
         # Each group's config is validated at load, where the problem can still name its file and
         # key, not when the matrix reaches that group. A group's own config skips this (its
         # matrix table is the base's), or every group would validate every group again.
-        if not self.matrix.overrides or (info.context or {}).get(_AS_GROUP):
-            return self
+        if not self.matrix.overrides or context.get(_AS_GROUP):
+            return
         if self.agent.evidence != "search":
             raise KeyProblems(("matrix.overrides", "the A-D matrix runs search agents (agent.evidence = 'search'); "
                                "this config streams, so no group of it runs"))
@@ -394,7 +499,6 @@ class RunConfig(StrictConfig):
                 problems += validation_problems(exc, f"matrix.overrides.{group}")
         if problems:
             raise KeyProblems(*problems)
-        return self
 
 
 def defaulted_sections(tables: dict[str, Any], uses_controller: bool) -> list[str]:
@@ -485,6 +589,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     holds (a table given whole replaces that table; ``merge_tables`` is for merging tables)."""
     data = json.loads(json.dumps(data))
     for item in overrides:
+        if "\n" in item or "\r" in item:
+            # TOML would read the first line as the value and drop the rest without a word.
+            raise InputError(f"--set {item!r}: holds a line break; expected one key=value on one line "
+                             "(give each setting its own --set)")
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise InputError(f"--set {item!r}: expected key=value, e.g. budgets.max_searches=2")

@@ -97,7 +97,7 @@ def test_library_checks_of_user_values_exit_2(hotpot_dev_dir, tmp_path):
 
 
 @pytest.mark.parametrize(("setting", "message"), [
-    ('tokenizer="no/such/tokenizer"', "unknown tokenizer 'no/such/tokenizer'"),
+    ('tokenizer="no/such/tokenizer"', "tokenizer: 'no/such/tokenizer': no such folder"),
     ('backends.reader.kind="openai"', "backend kind 'openai' needs base_url"),
     ('backends.memory.kind="oracle"', "oracle backend refuses a 'dev' split"),
 ])

@@ -97,21 +97,22 @@ def _toml(tmp_path: Path, text: str) -> Path:
     return path
 
 
-# One override in each form TOML allows: a sub-table, dotted keys, a quoted dotted key.
+# One override in each form TOML allows: a sub-table, dotted keys, a quoted dotted key. (A field the
+# rules backend reads: an adapter on a rules backend is refused, tests/test_config.py.)
 FORMS = {
-    "sub-table": '[matrix.overrides.B.backends.memory]\nadapter = "runs/x"\n',
-    "dotted keys": '[matrix.overrides.B]\nbackends.memory.adapter = "runs/x"\n',
-    "quoted dotted key": '[matrix.overrides.B]\n"backends.memory.adapter" = "runs/x"\n',
-    "inline table": '[matrix.overrides]\nB = {backends = {memory = {adapter = "runs/x"}}}\n',
+    "sub-table": '[matrix.overrides.B.backends.memory]\nmax_concurrency = 3\n',
+    "dotted keys": '[matrix.overrides.B]\nbackends.memory.max_concurrency = 3\n',
+    "quoted dotted key": '[matrix.overrides.B]\n"backends.memory.max_concurrency" = 3\n',
+    "inline table": '[matrix.overrides]\nB = {backends = {memory = {max_concurrency = 3}}}\n',
 }
 
 
 @pytest.mark.parametrize("form", FORMS)
 def test_an_override_means_the_same_in_every_toml_form(tmp_path, form):
     cfg = load_config(_toml(tmp_path, FORMS[form]))
-    assert cfg.matrix.overrides == {"B": {"backends.memory.adapter": "runs/x"}}  # recorded in one form
-    assert group_config(cfg, "B").backends.memory.adapter == "runs/x"
-    assert group_config(cfg, "D").backends.memory.adapter is None
+    assert cfg.matrix.overrides == {"B": {"backends.memory.max_concurrency": 3}}  # recorded in one form
+    assert group_config(cfg, "B").backends.memory.max_concurrency == 3
+    assert group_config(cfg, "D").backends.memory.max_concurrency == 16
 
 
 @pytest.mark.parametrize("text, problem", [
@@ -173,3 +174,17 @@ def test_the_matrix_command_refuses_a_group_that_does_not_exist_with_exit_2(tmp_
     assert run.exit_code == 2, run.output
     assert run.stderr == f"error: {path}: matrix.overrides.b: no such group; expected A, B, C or D (upper case)\n"
     assert not (tmp_path / "m").exists()
+
+
+def test_a_matrix_resumes_with_other_bootstrap_resamples_but_not_with_other_budgets(hotpot_dev_dir, tmp_path):
+    # The resamples are used after every group ran: a resume may correct them (a bad value is
+    # refused at load, tests/cli/test_config_problems.py); a setting the groups ran under may not change.
+    out = tmp_path / "m"
+    first = run_matrix(load_config(RULES, ["limit=3", "matrix.groups=['A', 'B']", "matrix.bootstrap_resamples=100"]),
+                       hotpot_dev_dir, out, show_progress=False)
+    again = run_matrix(load_config(RULES, ["limit=3", "matrix.groups=['A', 'B']", "matrix.bootstrap_resamples=300"]),
+                       hotpot_dev_dir, out, resume=True, show_progress=False)
+    assert again["groups"] == first["groups"] and again["pairs"][0]["f1"]["n"] == 3
+    with pytest.raises(InputError, match=r"config differs from the run being resumed"):
+        run_matrix(load_config(RULES, ["limit=3", "matrix.groups=['A', 'B']", "budgets.max_searches=1"]),
+                   hotpot_dev_dir, out, resume=True, show_progress=False)

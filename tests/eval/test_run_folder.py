@@ -44,7 +44,7 @@ def _api(url: str, *extra: str) -> list[str]:
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (['tokenizer="no/such/tokenizer"'], "unknown tokenizer"),
+        (['tokenizer="no/such/tokenizer"'], "tokenizer: 'no/such/tokenizer': no such folder"),
         (['backends.reader.kind="openai"'], "backend kind 'openai' needs base_url"),
         (['backends.memory.kind="oracle"'], "oracle backend refuses a 'dev' split"),
         (['backends.memory.kind="hf"', 'backends.memory.model="no/such/model"'], "no such model folder"),
@@ -225,7 +225,8 @@ def test_duplicate_task_lines_are_reported_not_taken_silently(hotpot_dev_dir, tm
     traj = out / "trajectories.jsonl"
     lines = traj.read_text().splitlines(keepends=True)
     traj.write_text("".join(lines + lines[:1]))
-    with pytest.raises(InputError, match=rf"{traj}:4: task_id: duplicate task .* \(first on line 1\)"):
+    with pytest.raises(InputError, match=rf"{traj}:4: task_id: an identical copy of task .* \(first on line 1\): a "
+                       "task has one line; remove line 4 "):
         run_eval(cfg, hotpot_dev_dir, out, resume=True, show_progress=False)
 
 

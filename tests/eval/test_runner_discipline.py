@@ -147,3 +147,19 @@ def test_search_runs_have_no_long_context_to_read(hotpot_dev_dir, tmp_path):
         "memory_truncations": None,
     }
     assert summary["data_build"] == {"counts": load_dataset(hotpot_dev_dir).manifest["counts"]}
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_trajectory_holding_a_non_finite_number_is_written_as_a_failed_task_in_strict_json(bad):
+    # Whatever backend let a NaN through (the OpenAI backend refuses one), the line stays strict JSON.
+    from memsearch.eval.runner import _trajectory_line
+
+    traj = {"task_id": "t1", "group": "B", "question": "q?", "prediction": "x", "status": "ok",
+            "events": [{"type": "policy_call", "logprobs": [-0.5, bad]}], "counts": {"searches": 1}}
+    line = _trajectory_line(traj)
+    record = json.loads(line, parse_constant=lambda name: pytest.fail(f"bare {name}"))
+    assert line.endswith("\n") and record == {
+        "task_id": "t1", "group": "B", "question": "q?", "prediction": None, "status": "error", "counts": {},
+        "events": [], "error": f"trajectory not writable as strict JSON (events.0.logprobs.1 is {bad!r}); task marked "
+        "failed",
+    }

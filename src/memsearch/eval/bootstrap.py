@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from memsearch.config import MAX_BOOTSTRAP_RESAMPLES
+
 # Resampled indices held in memory at once (int64): bounds memory for large question sets.
 _MAX_CELLS_PER_CHUNK = 2_000_000
 
@@ -62,7 +64,9 @@ def paired_bootstrap(
     ``None``.
 
     Deterministic for a given ``seed``: indices come from ``numpy.random.default_rng(seed)``.
-    Raises ``ValueError`` for empty input, unequal lengths, or non-finite / ``None`` values.
+    Raises ``ValueError`` for empty input, unequal lengths, non-finite / ``None`` values, or
+    more than ``memsearch.config.MAX_BOOTSTRAP_RESAMPLES`` resamples (the bound a config is
+    checked against at load).
     """
     import numpy as np
 
@@ -74,8 +78,9 @@ def paired_bootstrap(
         )
     if x.size == 0:
         raise ValueError("paired bootstrap needs at least one task; both groups are empty")
-    if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
-        raise ValueError(f"n_resamples must be a positive integer, got {n_resamples!r}")
+    whole = isinstance(n_resamples, int) and not isinstance(n_resamples, bool)
+    if not whole or not 1 <= n_resamples <= MAX_BOOTSTRAP_RESAMPLES:
+        raise ValueError(f"n_resamples must be an integer from 1 to {MAX_BOOTSTRAP_RESAMPLES:,}, got {n_resamples!r}")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
 

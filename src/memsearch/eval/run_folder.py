@@ -5,7 +5,8 @@
   whose config, data or model identity differs from the recorded run.
 - ``claim_run_folder``: create the folder (an atomic ``mkdir``: of two processes that start
   together, exactly one gets it) or reopen it for ``--resume``, and take an exclusive ``flock``
-  on ``OUT/.lock`` for the rest of the process, so two writers never append to one run.
+  on ``OUT/.lock`` for the rest of the process, so two writers never append to one run
+  (``FolderLock``; a pipeline folder is locked the same way, ``hold_folder_lock``).
   ``config.json`` and ``run.json`` are written atomically (temp file + rename).
 - ``create_marked_folder`` / ``check_made_by``: the marker (``MARKER``) a command writes into a
   folder the moment it creates it, and the check that a later ``--resume`` (or pipeline re-run)
@@ -21,22 +22,27 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fcntl
 import json
 import os
+import stat
 import uuid
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
+from memsearch.config import tokenizer_problem
 from memsearch.errors import InputError, StorageError
-from memsearch.io import sha256_file
+from memsearch.io import dumps_pretty, sha256_file
 from memsearch.trajectory import CALL_ROLES
 
 RECORDS = ("config.json", "run.json")
+# What a run writes besides its records: refused on --resume unless each is a plain file.
+RUN_FILES = ("trajectories.jsonl", "metrics.jsonl", "summary.json")
 # Written into a folder as it is created, naming the command that made it: the only proof that a
 # folder is ours to write again (a model folder's config.json looks like a half-made run's).
 MARKER = ".memsearch-folder.json"
@@ -62,10 +68,11 @@ def replacing(path: Path) -> Iterator[Path]:
 
 
 def write_record(path: Path, obj: Any) -> None:
-    """Pretty JSON written whole (``replacing``) and synced to disk before it takes the name."""
+    """Pretty strict JSON (``io.dumps_pretty``: never a bare NaN or Infinity) written whole
+    (``replacing``) and synced to disk before it takes the name."""
+    text = dumps_pretty(obj, path)
     with replacing(path) as tmp, open(tmp, "x", encoding="utf-8", newline="\n") as fh:
-        json.dump(obj, fh, ensure_ascii=False, indent=2, sort_keys=True)
-        fh.write("\n")
+        fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -175,11 +182,12 @@ def check_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: 
     if not out.is_dir():
         raise InputError(f"{out}: nothing to resume (no such folder)")
     check_made_by(out, RUN_COMMAND, _earlier_run_folder)
+    check_plain_files(out, (*RECORDS, *RUN_FILES, LOCK))
     if never_started(out):
         return  # killed between creating the folder and writing its records: start it afresh
     saved_config = _read_record(out, "config.json")
     saved_run = _read_record(out, "run.json")
-    if saved_config != config:
+    if _what_runs(saved_config) != _what_runs(config):
         raise InputError(f"{out}: config differs from the run being resumed (config.json); resume with the same config")
     if saved_run.get("data") != run_info["data"]:
         raise InputError(f"{out}: data fingerprint differs from the run being resumed; resume on the same data")
@@ -195,28 +203,80 @@ def check_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: 
         )
 
 
+# Settings recorded in a run's config.json that change no task of the run: a resume may differ in
+# them. The matrix's resamples are used once all groups ran (``eval.matrix.compare``), so a matrix
+# whose comparison was refused can be resumed with a corrected value.
+_NOT_RUN_SETTINGS = (("matrix", "bootstrap_resamples"),)
+
+
+def _what_runs(config: Any) -> Any:
+    """``config`` (a run's recorded config) without ``_NOT_RUN_SETTINGS``."""
+    if not isinstance(config, dict):
+        return config
+    config = json.loads(json.dumps(config))
+    for table, key in _NOT_RUN_SETTINGS:
+        if isinstance(config.get(table), dict):
+            config[table].pop(key, None)
+    return config
+
+
+def check_plain_files(out: Path, names: tuple[str, ...]) -> None:
+    """Refuse (``InputError``, one problem per file) a folder in which any of ``names`` exists as
+    something other than a plain file: a folder, a FIFO, or a symlink, which a writer would
+    follow out of ``out`` (an append to ``trajectories.jsonl`` growing a file elsewhere)."""
+    problems = []
+    for name in names:
+        path = out / name
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(mode):
+            continue
+        if stat.S_ISLNK(mode):
+            what = (f"a symlink (to {os.readlink(path)}): records are written only as plain files inside the "
+                    f"folder, never through a link; put the file itself there (cp --remove-destination "
+                    f"\"$(readlink -f {path})\" {path}) and run again")
+        else:
+            what = f"{'a folder' if stat.S_ISDIR(mode) else 'no plain file'}, expected the plain file memsearch " \
+                   "writes there; move it away and run again"
+        problems.append(f"{path}: is {what}")
+    if problems:
+        raise InputError("\n".join(problems))
+
+
 def never_started(out: Path) -> bool:
     """True for a folder a run created but was killed in before it wrote both records and any
     trajectory: nothing in it is worth keeping, so ``--resume`` starts the run there afresh."""
     return not (out / "trajectories.jsonl").exists() and not all((out / name).is_file() for name in RECORDS)
 
 
-class RunFolderLock:
-    """An exclusive ``flock`` on ``OUT/.lock``, held until ``release`` or the process ends (the
-    kernel drops it when the process dies, so a killed run never leaves a stale lock)."""
+LOCK = ".lock"
 
-    def __init__(self, out: Path) -> None:
-        self.path = out / ".lock"
-        self._fh = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - held for the run
+
+class FolderLock:
+    """An exclusive ``flock`` on ``OUT/.lock``: one writer process per folder (an eval run folder,
+    a pipeline folder). Held until ``release`` or the process ends; the kernel drops it when the
+    process dies, so the lock of a killed process is taken over by the next writer, which writes
+    its own pid into the file (what a refused writer is told). ``what`` names the folder in the
+    refusal (``"run folder"``), ``then`` what to do once the holder is gone.
+
+    The lock file must be a plain file made by this class: a folder, a FIFO or a symlink at
+    ``OUT/.lock`` is refused (``InputError``), never followed or written through."""
+
+    def __init__(self, out: Path, what: str = "run folder", then: str = "then --resume") -> None:
+        self.path = out / LOCK
+        fd = _open_lock_file(self.path)
+        self._fh = os.fdopen(fd, "r+", encoding="utf-8")
         try:
-            fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._fh.seek(0)
-            holder = self._fh.read().strip() or "another process"
+            holder = self._fh.read(200).strip() or "another process"
             self._fh.close()
             raise InputError(
-                f"{out}: another memsearch process ({holder}) is writing this run folder "
-                f"({self.path} is locked); wait for it to finish, or stop it, then --resume"
+                f"{out}: another memsearch process ({holder}) is writing this {what} "
+                f"({self.path} is locked); wait for it to finish, or stop it, {then}"
             ) from None
         self._fh.seek(0)
         self._fh.truncate()
@@ -229,7 +289,59 @@ class RunFolderLock:
             self._fh.close()
 
 
-def claim_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: dict[str, Any]) -> RunFolderLock:
+RunFolderLock = FolderLock  # the name eval run folders have always used
+
+
+def _open_lock_file(path: Path) -> int:
+    """A read-write descriptor of the plain file ``path`` (created if missing), or ``InputError``."""
+    fix = f"remove it (memsearch made no such {path.name}) and run again"
+    try:
+        # O_NOFOLLOW: a symlink is never followed (the pid would be written into its target);
+        # O_NONBLOCK: opening a FIFO must not wait for a reader.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a folder, expected the plain lock file memsearch writes; {fix}") from None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise InputError(f"{path}: is a symlink, expected the plain lock file memsearch writes; {fix}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{path}: not a plain file, expected the plain lock file memsearch writes; {fix}")
+    return fd
+
+
+# Folders this process holds (``hold_folder_lock``), by resolved path.
+_HELD: dict[Path, FolderLock] = {}
+
+
+def hold_folder_lock(out: Path, what: str, then: str) -> FolderLock:
+    """This process's ``FolderLock`` on ``out``, taken on the first call and held until the process
+    ends (or ``release_folder_lock``): for a command that writes a folder through many steps and
+    re-enters it (a pipeline and its stages), where a second ``flock`` of the same process would
+    refuse the process itself."""
+    key = Path(out).resolve()
+    lock = _HELD.get(key)
+    if lock is None or lock._fh.closed:
+        if not _HELD:
+            atexit.register(_release_held)  # closed, not left to the garbage collector (ResourceWarning)
+        lock = _HELD[key] = FolderLock(Path(out), what, then)
+    return lock
+
+
+def _release_held() -> None:
+    for folder in list(_HELD):
+        release_folder_lock(folder)
+
+
+def release_folder_lock(out: Path) -> None:
+    """Release the lock ``hold_folder_lock`` took on ``out`` (no-op when none is held)."""
+    lock = _HELD.pop(Path(out).resolve(), None)
+    if lock is not None:
+        lock.release()
+
+
+def claim_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: dict[str, Any]) -> FolderLock:
     """Create ``out`` (or reopen it with ``resume``) and lock it for this process.
 
     The checks of ``check_run_folder`` are repeated under the lock: another process may have
@@ -238,7 +350,7 @@ def claim_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: 
         create_marked_folder(out, RUN_COMMAND)  # appears with its marker: resumable whenever it is killed
     else:
         check_made_by(out, RUN_COMMAND, _earlier_run_folder)  # before the lock file is made in it
-    lock = RunFolderLock(out)
+    lock = FolderLock(out)
     try:
         if resume:
             check_run_folder(out, True, config, run_info)
@@ -309,6 +421,8 @@ def model_identity(config) -> dict[str, Any]:
             entry.update(model=backend.model, base_url=backend.base_url)
         out[role] = entry
     tokenizer = config.tokenizer
+    if problem := tokenizer_problem(tokenizer):
+        raise InputError(f"tokenizer: {problem}")
     out["tokenizer"] = (
         {"name": tokenizer}
         if not Path(tokenizer).is_dir()

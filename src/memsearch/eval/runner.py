@@ -16,17 +16,19 @@ from __future__ import annotations
 import asyncio
 import platform
 import time
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from memsearch import DISTRIBUTION
 from memsearch.config import RunConfig
 from memsearch.data.dataset import Dataset, load_dataset
 from memsearch.errors import InputError, Problem
 from memsearch.eval.run_folder import check_run_folder, claim_run_folder, model_identity, storage_error, write_record
-from memsearch.io import dumps_line, iter_jsonl, sha256_file, write_jsonl
+from memsearch.io import NonFiniteNumberError, dumps_line, first_non_finite, iter_jsonl, sha256_file, write_jsonl
 from memsearch.trajectory import CALL_ROLES
 
 # Version of what turns trajectories into numbers (``eval.score`` + ``eval.metrics``: answer
@@ -48,7 +50,7 @@ def software_versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version()}
     for pkg in ("memsearch", "torch", "transformers", "bm25s", "faiss-cpu", "tokenizers", "aiohttp"):
         try:
-            out[pkg] = metadata.version(pkg)
+            out[pkg] = metadata.version(DISTRIBUTION if pkg == "memsearch" else pkg)
         except metadata.PackageNotFoundError:
             out[pkg] = None
     return out
@@ -59,43 +61,67 @@ def data_fingerprint(data_dir: Path, dataset: Dataset) -> dict[str, Any]:
             "kind": dataset.manifest.get("kind"), "split": dataset.manifest.get("split")}
 
 
-def read_finished(path: Path) -> dict[str, dict[str, Any]]:
+def read_finished(path: Path, task_ids: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Trajectories already written, by task id. A torn last line (a crash mid-write) is cut
-    off the file so appending continues from a clean line."""
+    off the file so appending continues from a clean line. Every other line must be a trajectory
+    object of a task of this run (``task_ids``, when given) that no earlier line holds: anything
+    else is refused (``InputError``), naming each such line and the fix (remove that line: its task
+    runs again), never kept or dropped silently."""
     if not path.is_file():
         return {}
     raw = path.read_bytes()
     keep = raw if raw.endswith(b"\n") or not raw else raw[: raw.rfind(b"\n") + 1]
     if keep != raw:
         path.write_bytes(keep)
+    known = set(task_ids) if task_ids is not None else None
     done: dict[str, dict[str, Any]] = {}
     first_line: dict[str, int] = {}
-    duplicates = []
+    problems = []
     for lineno, traj in iter_jsonl(path):
+        if (problem := _trajectory_problem(traj, known, path, lineno)) is not None:
+            problems.append(problem)
+            continue
         task_id = traj["task_id"]
         if task_id in done:
-            duplicates.append(
-                Problem(
-                    str(path),
-                    lineno,
-                    "task_id",
-                    f"duplicate task {task_id!r} (first on line "
-                    f"{first_line[task_id]}): two processes wrote this run; delete it and start again",
-                )
-            )
-        done.setdefault(task_id, traj)
-        first_line.setdefault(task_id, lineno)
-    if duplicates:
-        raise InputError(duplicates)
+            same = "an identical copy of" if traj == done[task_id] else "a second, different result for"
+            problems.append(Problem(
+                str(path), lineno, "task_id",
+                f"{same} task {task_id!r} (first on line {first_line[task_id]}): a task has one line; remove "
+                f"line {lineno}{'' if same.startswith('an') else ' or line ' + str(first_line[task_id])} "
+                "(keep one) and --resume",
+            ))
+            continue
+        done[task_id] = traj
+        first_line[task_id] = lineno
+    if problems:
+        raise InputError(problems)
     return done
 
 
-def build_environment(config: RunConfig, dataset: Dataset, group: str = ""):
-    """The run's ``Environment``: ``engine.environment.build_shared`` with every role built here;
-    ``engine.environment.close_environment`` closes it."""
+def _trajectory_problem(traj: Any, known: set[str] | None, path: Path, lineno: int) -> Problem | None:
+    """Why line ``lineno`` of ``trajectories.jsonl`` is no trajectory of this run, else ``None``."""
+    fix = f"remove line {lineno} (its task, if any, runs again) and --resume"
+    if not isinstance(traj, dict):
+        return Problem(str(path), lineno, "json", f"a JSON {type(traj).__name__}, expected a trajectory object; {fix}")
+    task_id = traj.get("task_id")
+    if not isinstance(task_id, str):
+        got = "no task_id" if "task_id" not in traj else f"task_id {task_id!r} ({type(task_id).__name__})"
+        return Problem(str(path), lineno, "task_id", f"{got}, expected the id of a task (a string); {fix}")
+    if known is not None and task_id not in known:
+        return Problem(str(path), lineno, "task_id", f"{task_id!r} is no task of this run (data folder and limit); "
+                       f"{fix}")
+    return None
+
+
+def build_environment(config: RunConfig, dataset: Dataset, group: str = "",
+                      answered_by: Mapping[str, Any] | None = None):
+    """The run's ``Environment``: ``engine.environment.build_shared`` with every role built here
+    but those ``answered_by`` gives (already built backends); ``engine.environment.close_environment``
+    closes it, those included."""
     from memsearch.engine.environment import build_shared
 
-    return build_shared(config, dataset).environment(config, group)
+    answered_by = answered_by or {}
+    return build_shared(config, dataset, leave_out=set(answered_by)).environment(config, group, answered_by)
 
 
 async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, desc: str, written: list[str]) -> None:
@@ -145,12 +171,16 @@ async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, des
 
 def _trajectory_line(traj: dict[str, Any]) -> str:
     """The trajectory as one JSON line, or, when it holds text that cannot be written as UTF-8
-    (a lone surrogate that got past the backends), a failed-task record in its place: one bad
-    completion must never end the run or make every ``--resume`` crash on it."""
-    line = dumps_line(traj) + "\n"
+    (a lone surrogate that got past the backends) or a number JSON cannot hold (NaN, an
+    infinity: ``io.NonFiniteNumberError``), a failed-task record in its place: one bad
+    completion must never end the run, make every ``--resume`` crash on it, or put a line no
+    strict JSON parser reads into the file."""
     try:
+        line = dumps_line(traj) + "\n"
         line.encode("utf-8")
-    except UnicodeEncodeError as exc:
+    except (UnicodeEncodeError, NonFiniteNumberError) as exc:
+        why = (f"not writable as UTF-8 ({exc.reason} at character {exc.start})" if isinstance(exc, UnicodeEncodeError)
+               else f"not writable as strict JSON ({exc.where} is {first_non_finite(traj)[1]!r})")
         failed = {
             "task_id": traj["task_id"],
             "group": traj.get("group", ""),
@@ -159,7 +189,7 @@ def _trajectory_line(traj: dict[str, Any]) -> str:
             "status": "error",
             "counts": {},
             "events": [],
-            "error": f"trajectory not writable as UTF-8 ({exc.reason} at character {exc.start}); task marked failed",
+            "error": f"trajectory {why}; task marked failed",
         }
         line = dumps_line(failed) + "\n"
     return line
@@ -246,8 +276,14 @@ def run_eval(
     resume: bool = False,
     group: str = "",
     show_progress: bool = True,
+    answered_by: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) an evaluation; returns the summary (also written to ``summary.json``).
+
+    ``answered_by``: backends already built for some call roles, used instead of building the ones
+    ``config`` describes (a trainer's periodic evaluation answers the trained roles with the model it
+    holds: ``train.live_eval``); they must compute what ``config`` says, which the records state.
+    The run closes them.
 
     Raises ``InputError`` (nothing created) for bad input, a folder that exists without
     ``resume``, a resume of another run or of a folder another process is writing;
@@ -271,7 +307,7 @@ def run_eval(
     # meet a half-made folder (docs/design.md §10).
     check_run_folder(out, resume, resolved, run_info)
     started = time.perf_counter()
-    env = build_environment(config, dataset, group)
+    env = build_environment(config, dataset, group, answered_by)
     if env.retriever is not None:
         from memsearch.retrieval.index import describe
 
@@ -285,7 +321,7 @@ def run_eval(
     written: list[str] = []
     done: dict[str, dict[str, Any]] = {}
     try:
-        done = read_finished(traj_path)  # under the lock: no other writer can add lines now
+        done = read_finished(traj_path, [t.id for t in tasks])  # under the lock: no other writer can add lines now
         todo = [t for t in tasks if t.id not in done]
         episodes_started = time.perf_counter()
         # CPU seconds of this process (all threads): on a shared machine wall time also measures
@@ -297,7 +333,7 @@ def run_eval(
             asyncio.run(close_environment(env))
         episodes_s = time.perf_counter() - episodes_started
         episodes_cpu_s = time.process_time() - episodes_cpu_started
-        finished = read_finished(traj_path)
+        finished = read_finished(traj_path, [t.id for t in tasks])
         rows = [score_trajectory(finished[t.id], labels[t.id]) for t in tasks if t.id in finished]
         write_jsonl(out / "metrics.jsonl", rows)
         summary = _summary(config, run_info, rows, tasks, dataset, env, group)

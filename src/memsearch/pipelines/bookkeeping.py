@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from memsearch.errors import InputError
-from memsearch.eval.run_folder import claim_folder
+from memsearch.eval.run_folder import claim_folder, hold_folder_lock
 from memsearch.io import dumps_line, iter_jsonl, sha256_file
 
 
@@ -27,11 +27,16 @@ def record_invocation(out: str | Path, cfg: BaseModel) -> Path:
     """Append this invocation's resolved config to ``out/invocations.jsonl``, so what each re-run
     asked for stays on record, and return ``out``. A new ``out`` is created, marked as made by
     `memsearch pipeline <cfg.pipeline>`; an existing one must be that pipeline's folder (its
-    marker, or ``_earlier_pipeline_folder``), else ``InputError`` and nothing is written."""
+    marker, or ``_earlier_pipeline_folder``), else ``InputError`` and nothing is written. The
+    folder is then locked for the rest of the process (``eval.run_folder.hold_folder_lock``): a
+    second process on it is refused, naming the holder's pid."""
     out = Path(out)
     # A pipeline config names its pipeline; any other config (a caller's own) goes by its class.
     name = getattr(cfg, "pipeline", None) or type(cfg).__name__
     claim_folder(out, f"pipeline {name}", lambda folder: _earlier_pipeline_folder(folder, name))
+    # One writer per pipeline folder, as per eval run folder: a second process on the same --out
+    # would train the same stages at once (interleaved logs, a report over mixed outputs).
+    hold_folder_lock(out, "pipeline folder", "then run the pipeline again")
     with open(out / "invocations.jsonl", "a", encoding="utf-8") as fh:
         fh.write(
             dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.model_dump(mode="json")}) + "\n"
