@@ -46,3 +46,12 @@ def test_a_matrix_seed_that_is_not_trained_is_refused_naming_the_key(tmp_path):
 def test_an_episode_matrix_table_is_refused_since_the_pipeline_sets_the_matrix(tmp_path, table):
     path = _edited(tmp_path, "[teacher]", f"{table}\n\n[teacher]")
     assert _problem(path).startswith(f"{path}: episode.matrix: the pipeline runs the A-D matrix itself")
+
+
+def test_every_problem_of_a_pipeline_config_is_reported_in_one_run():
+    # Checks across fields run together (config.config_check): one refusal names them all.
+    problem = _problem(None, "seeds=[1,1]", "matrix_seeds=[5]", 'grpo_start="base"', "schema_mode=false",
+                       "grpo.steps=0", "sft.epochs=-1", 'episode.agent.controller="policy"')
+    for key in ("episode.agent:", "matrix_seeds:", "seeds: [1, 1]: expected distinct seeds", "grpo_start:",
+                "sft.epochs:", "grpo.steps:"):
+        assert key in problem, (key, problem)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from memsearch.config import KeyProblems, RunConfig, StrictConfig
+from memsearch.config import KeyProblems, RunConfig, StrictConfig, config_check
 from memsearch.devices import DeviceLayout
 from memsearch.pipelines.config import PipelineReport, check_episode_tokenizer, episode_table, validated
 from memsearch.train.config import GRPOConfig
@@ -41,13 +41,12 @@ class PipelineData(StrictConfig):
     )
     seed: int = Field(42, description="Seed of the document sampling and shuffling")
 
-    @model_validator(mode="after")
-    def _distinct_docs(self) -> PipelineData:
+    @config_check
+    def _distinct_docs(self, context: dict[str, Any]) -> None:
         if not self.docs or len(set(self.docs)) != len(self.docs) or min(self.docs) < 2:
             raise KeyProblems(
                 ("docs", f"{self.docs}: expected distinct numbers of documents of at least 2, e.g. [50, 200, 800]")
             )
-        return self
 
 
 class MemAgentPipeline(StrictConfig):
@@ -82,28 +81,45 @@ class MemAgentPipeline(StrictConfig):
             return data
         return {**data, "episode": episode_table(data)}
 
-    @model_validator(mode="after")
-    def _recipe_is_consistent(self) -> MemAgentPipeline:
-        agent, backends = self.episode.agent, self.episode.backends
+    # Checks across fields (``@config_check``): all run, their problems reported together.
+    @config_check
+    def _recurrent_agent(self, context: dict[str, Any]) -> None:
+        agent = self.episode.agent
         if (agent.evidence, agent.memory, agent.controller) != ("stream", "overwrite", "exhaust"):
             raise KeyProblems((
                 "episode.agent",
                 "the MemAgent pipeline needs evidence 'stream', memory 'overwrite', controller 'exhaust'",
             ))
-        check_episode_tokenizer(self.episode, self.model)
+
+    @config_check
+    def _model_everywhere(self, context: dict[str, Any]) -> None:
+        problems = []
+        try:
+            check_episode_tokenizer(self.episode, self.model)
+        except KeyProblems as exc:
+            problems += exc.keyed
         for role in ("memory", "reader"):
-            b = getattr(backends, role)
+            b = getattr(self.episode.backends, role)
             if b.kind != "hf" or b.model != self.model or b.adapter is not None:
-                raise KeyProblems((
+                problems.append((
                     f"episode.backends.{role}",
                     f"must be kind 'hf' with model {self.model!r} and no adapter "
                     "(the pipeline swaps in the trained model; leave it unset)",
                 ))
-        bad = sorted(set(self.train) & set(_PIPELINE_OWNED))
-        if bad:
-            raise KeyProblems(("train", f"{', '.join(bad)} set by the pipeline itself; remove them from [train]"))
-        self.grpo_config("<train-data>")  # validates [train] now, with its field names
-        return self
+        if problems:
+            raise KeyProblems(*problems)
+
+    @config_check
+    def _train_table(self, context: dict[str, Any]) -> None:
+        problems = []
+        if bad := sorted(set(self.train) & set(_PIPELINE_OWNED)):
+            problems.append(("train", f"{', '.join(bad)} set by the pipeline itself; remove them from [train]"))
+        try:
+            self.grpo_config("<train-data>")  # validates [train] now, with its field names
+        except KeyProblems as exc:
+            problems += exc.keyed
+        if problems:
+            raise KeyProblems(*problems)
 
     def grpo_config(self, train_data: str) -> GRPOConfig:
         """The ``memsearch train grpo`` config of the training stage."""

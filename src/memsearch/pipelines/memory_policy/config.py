@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from memsearch.config import BackendConfig, KeyProblems, Matrix, RunConfig, StrictConfig
+from memsearch.config import BackendConfig, KeyProblems, Matrix, RunConfig, StrictConfig, config_check
 from memsearch.devices import DeviceLayout
 from memsearch.pipelines.config import PipelineReport, check_episode_tokenizer, validated
 from memsearch.pipelines.stages import OnCollapse
@@ -222,8 +222,10 @@ class MemoryPolicyPipeline(StrictConfig):
             data = {**data, "episode": episode}
         return data
 
-    @model_validator(mode="after")
-    def _consistent(self) -> MemoryPolicyPipeline:
+    # Checks across fields (``@config_check``): all of them run and their problems are reported
+    # together, so a config with several problems is refused once, naming each.
+    @config_check
+    def _fixed_plan(self, context: dict[str, Any]) -> None:
         agent = self.episode.agent
         if (agent.evidence, agent.memory, agent.controller) != ("search", "decision", "fixed"):
             raise KeyProblems((
@@ -231,16 +233,59 @@ class MemoryPolicyPipeline(StrictConfig):
                 "the memory-policy pipeline trains decision memory on a fixed plan "
                 "(evidence 'search', memory 'decision', controller 'fixed'); stage 2 switches to 'policy' itself",
             ))
+
+    @config_check
+    def _model_tokenizer(self, context: dict[str, Any]) -> None:
         check_episode_tokenizer(self.episode, self.model)
+
+    @config_check
+    def _matrix_is_the_pipelines(self, context: dict[str, Any]) -> None:
+        problems = []
         if self.episode.matrix != Matrix():
             # matrix_config sets the matrix table whole: a setting here would be silently dropped.
-            raise KeyProblems(("episode.matrix", "the pipeline runs the A-D matrix itself (groups A-D, their "
-                               "backends per stage, report.bootstrap_resamples); remove [episode.matrix]"))
+            problems.append(("episode.matrix", "the pipeline runs the A-D matrix itself (groups A-D, their "
+                             "backends per stage, report.bootstrap_resamples); remove [episode.matrix]"))
         if self.matrix_seeds and (untrained := sorted(set(self.matrix_seeds) - set(self.seeds))):
             # A matrix seed that is not trained would run no matrix, without a word.
-            raise KeyProblems(("matrix_seeds", f"{untrained} not in seeds {self.seeds}: expected seeds that are "
-                               "trained (matrix_seeds = [] runs no matrix)"))
+            problems.append(("matrix_seeds", f"{untrained} not in seeds {self.seeds}: expected seeds that are "
+                             "trained (matrix_seeds = [] runs no matrix)"))
+        if len(set(self.seeds)) != len(self.seeds):
+            problems.append(("seeds", f"{self.seeds}: expected distinct seeds"))
+        if problems:
+            raise KeyProblems(*problems)
+
+    @config_check
+    def _stage2_serving(self, context: dict[str, Any]) -> None:
         self._check_stage2_serving()
+
+    @config_check
+    def _start_and_schema_mode(self, context: dict[str, Any]) -> None:
+        problems = []
+        if self.grpo_start == "base" and not self.schema_mode:
+            problems.append((
+                "grpo_start",
+                "grpo_start = 'base' needs schema_mode = true: without SFT the untrained base model "
+                "hardly ever writes a readable operation batch, so GRPO would have nothing to compare",
+            ))
+        if "schema_mode" in self.grpo:
+            problems.append((
+                "grpo.schema_mode",
+                "set the pipeline's top-level schema_mode (it also sets the held-out "
+                "evaluations and B/D); remove it from [grpo]",
+            ))
+        if self.stage2.start == "sft" and not self.stage2.enabled:
+            problems.append((
+                "stage2.start",
+                "stage2.start = 'sft' needs stage2.enabled = true (it is where stage 2's controller starts)",
+            ))
+        elif self.stage2.start != "sft" and self.stage2.sft:
+            problems.append(("stage2.sft", "only used with stage2.start = 'sft'"))
+        if problems:
+            raise KeyProblems(*problems)
+
+    @config_check
+    def _trainer_tables(self, context: dict[str, Any]) -> None:
+        problems = []
         tables = (
             ("sft", self.sft),
             ("grpo", self.grpo),
@@ -253,43 +298,30 @@ class MemoryPolicyPipeline(StrictConfig):
                 f"eval.{k}" for k in set(fields.get("eval") or {}) & set(_OWNED_EVAL)
             )
             if not table.endswith("sft") and (fields.get("eval") or {}).get("every") and not self.data.val_questions:
-                raise KeyProblems((
+                problems.append((
                     f"{table}.eval.every",
                     f"{table}.eval.every needs data.val_questions > 0: periodic evaluation reads the "
                     "validation split only, never the held-out comparison questions",
                 ))
             if bad:
-                raise KeyProblems((table, f"{', '.join(bad)} set by the pipeline itself; remove them"))
-        if self.grpo_start == "base" and not self.schema_mode:
-            raise KeyProblems((
-                "grpo_start",
-                "grpo_start = 'base' needs schema_mode = true: without SFT the untrained base model "
-                "hardly ever writes a readable operation batch, so GRPO would have nothing to compare",
-            ))
-        if "schema_mode" in self.grpo:
-            raise KeyProblems((
-                "grpo.schema_mode",
-                "set the pipeline's top-level schema_mode (it also sets the held-out "
-                "evaluations and B/D); remove it from [grpo]",
-            ))
-        if len(set(self.seeds)) != len(self.seeds):
-            raise KeyProblems(("seeds", f"{self.seeds}: expected distinct seeds"))
-        # Validate every trainer table now, with its field names, before any stage runs.
-        self.sft_config(["<rows>"], self.seeds[0])
-        self.grpo_config("<train>", self.seeds[0], None)
+                problems.append((table, f"{', '.join(bad)} set by the pipeline itself; remove them"))
+        if problems:
+            raise KeyProblems(*problems)
+        # Validate every trainer table now, with its field names, before any stage runs; each
+        # table's problems are collected, so one run names them all.
+        builders = [lambda: self.sft_config(["<rows>"], self.seeds[0]),
+                    lambda: self.grpo_config("<train>", self.seeds[0], None)]
         if self.stage2.enabled:
-            self.stage2_config("<train>", self.seeds[0], "<stage-1 model>")
-        if self.stage2.start == "sft":
-            if not self.stage2.enabled:
-                raise KeyProblems((
-                    "stage2.start",
-                    "stage2.start = 'sft' needs stage2.enabled = true (it is where stage 2's controller starts)",
-                ))
-            self.controller_teacher_config()
-            self.stage2_sft_config(["<rows>"], self.seeds[0])
-        elif self.stage2.sft:
-            raise KeyProblems(("stage2.sft", "only used with stage2.start = 'sft'"))
-        return self
+            builders.append(lambda: self.stage2_config("<train>", self.seeds[0], "<stage-1 model>"))
+        if self.stage2.enabled and self.stage2.start == "sft":
+            builders += [self.controller_teacher_config, lambda: self.stage2_sft_config(["<rows>"], self.seeds[0])]
+        for build in builders:
+            try:
+                build()
+            except KeyProblems as exc:
+                problems += [p for p in exc.keyed if p not in problems]
+        if problems:
+            raise KeyProblems(*problems)
 
     def _check_stage2_serving(self) -> None:
         s2 = self.stage2
