@@ -5,11 +5,10 @@ vLLM load without PEFT. Stage 2 serves the frozen stage-1 memory policy this way
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from memsearch.errors import InputError
-from memsearch.io import atomic_output_dir
+from memsearch.io import atomic_output_dir, write_json
 
 
 def merge_adapter(model: str, adapter: str | Path, out: str | Path, dtype: str = "float32") -> Path:
@@ -25,6 +24,5 @@ def merge_adapter(model: str, adapter: str | Path, out: str | Path, dtype: str =
     with atomic_output_dir(out) as tmp:
         merged.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
-        (tmp / "memsearch_merge.json").write_text(json.dumps(
-            {"base": str(model), "adapter": str(adapter), "dtype": dtype}, indent=2) + "\n", encoding="utf-8")
+        write_json(tmp / "memsearch_merge.json", {"base": str(model), "adapter": str(adapter), "dtype": dtype})
     return out

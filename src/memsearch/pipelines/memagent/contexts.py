@@ -14,12 +14,12 @@ at ``budgets.chunk_tokens``). Per N: context tokens (mean, min, max), chunks per
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from memsearch.data.dataset import Dataset
+from memsearch.io import write_json
 
 
 def measure_set(dataset: Dataset, tokenizer, chunk_tokens: int, max_chunks: int) -> dict[str, Any]:
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[], dest="overrides", help="key=value, as memsearch --set")
     args = parser.parse_args(argv)
     result = measure_recipe(load_config(args.config, args.overrides, model=MemAgentPipeline))
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_json(args.out, result)  # strict JSON, as every record the package writes
     for n, s in result["sets"].items():
         print(f"N={n}: tokens mean {s['tokens_mean']} (min {s['tokens_min']}, max {s['tokens_max']}), chunks mean "
               f"{s['chunks_mean']}, max {s['chunks_max']} of {result['max_chunks']}, over the limit "
