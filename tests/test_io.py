@@ -150,7 +150,8 @@ def test_not_utf8(tmp_path):
     path.write_bytes('[{"a": "caf\u00e9"}]'.encode("latin-1"))
     assert (
         str(_error(path))
-        == f"{path}: encoding: not UTF-8 text (invalid continuation byte), expected a JSON or JSON-lines file"
+        == f"{path}:1: encoding: not UTF-8 text (invalid continuation byte at offset 11), expected a JSON or "
+        "JSON-lines file"
     )
 
 

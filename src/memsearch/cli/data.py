@@ -29,18 +29,23 @@ Split = Annotated[str, typer.Option(
 
 
 def _prepare(kind: str, input: Path, out: Path, split: str, limit: int | None) -> None:
-    """Check the split, convert with ``memsearch.data.<kind>.convert_<kind>`` and save the folder."""
+    """Check the split and convert into the new folder with ``memsearch.data.<kind>.prepare_<kind>``."""
     import importlib
+    import sys
 
-    from memsearch.data.dataset import save_dataset
     from memsearch.data.source import check_split
 
     check_split(input, split)
-    convert = getattr(importlib.import_module(f"memsearch.data.{kind}"), f"convert_{kind}")
-    dataset = convert(input, split=split, limit=limit)
-    save_dataset(dataset, out)
-    typer.echo(f"wrote {out}: {len(dataset.tasks)} tasks, {len(dataset.documents)} documents "
-               f"({dataset.manifest['kind']} {split})")
+    prepare = getattr(importlib.import_module(f"memsearch.data.{kind}"), f"prepare_{kind}")
+    # Written as converted (memory does not grow with the source), with a bar of the bytes read
+    # (the official train file takes minutes) only on a terminal: a log or a captured stderr
+    # keeps just the result and the problems.
+    manifest = prepare(input, out, split=split, limit=limit, show_progress=sys.stderr.isatty())
+    counts = manifest["counts"]
+    skipped = "".join(f"; skipped {n} record(s) with {reason} (no answer to score)"
+                      for reason, n in manifest.get("skipped", {}).items())
+    typer.echo(f"wrote {out}: {counts['tasks']} tasks, {counts['documents']} documents "
+               f"({manifest['kind']} {split}){skipped}")
 
 
 HotpotFile = Annotated[Path, typer.Option(

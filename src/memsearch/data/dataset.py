@@ -14,6 +14,9 @@ no absolute paths, canonical JSON.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ from pydantic import ValidationError
 
 from memsearch.data.records import Document, Label, Task
 from memsearch.errors import InputError, Problem
-from memsearch.io import atomic_output_dir, iter_jsonl, sha256_file, write_json, write_jsonl
+from memsearch.io import atomic_output_dir, dumps_line, file_kind_problem, iter_jsonl, sha256_file, write_json
 
 FORMAT = "memsearch-data/1"
 DATA_FILES = ("corpus.jsonl", "tasks.jsonl", "labels.jsonl")
@@ -50,20 +53,72 @@ class DocumentPool:
     Two paragraphs are the same document when title and sentences are identical. Ids are
     short on purpose (they are shown to the model next to every sentence) and stable under
     ``--limit`` because they follow source order.
+
+    With ``on_new``, each new document is handed to it instead of kept, and a paragraph is
+    remembered by a digest of its text, not the text: what a streaming conversion holds then
+    stays small however large the source (``convert.prepare_source``).
     """
 
-    def __init__(self) -> None:
-        self._ids: dict[tuple[str, tuple[str, ...]], str] = {}
+    def __init__(self, on_new: Callable[[Document], None] | None = None) -> None:
+        self._ids: dict[Any, str] = {}
         self.documents: list[Document] = []
+        self._on_new = on_new
 
     def add(self, title: str, sentences: list[str]) -> str:
-        key = (title, tuple(sentences))
+        key: Any = (title, tuple(sentences))
+        if self._on_new is not None:
+            # JSON text is an unambiguous encoding of (title, sentences); 128 bits never collide in practice.
+            key = hashlib.blake2b(json.dumps(key).encode(), digest_size=16).digest()
         doc_id = self._ids.get(key)
         if doc_id is None:
-            doc_id = f"d{len(self.documents)}"
+            doc_id = f"d{len(self._ids)}"
             self._ids[key] = doc_id
-            self.documents.append(Document(doc_id=doc_id, title=title, sentences=list(sentences)))
+            doc = Document(doc_id=doc_id, title=title, sentences=list(sentences))
+            if self._on_new is None:
+                self.documents.append(doc)
+            else:
+                self._on_new(doc)
         return doc_id
+
+
+class DatasetWriter:
+    """A prepared folder written record by record into ``folder`` (a temporary one from
+    ``atomic_output_dir``): corpus, task and label lines as they come, then the manifest with the
+    counts and every file's SHA-256. ``save_dataset`` and the streaming converters both write
+    through it, so a folder's bytes do not depend on which of them made it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.counts = {"documents": 0, "tasks": 0, "labels": 0}
+        self._files = {name: open(folder / name, "w", encoding="utf-8", newline="\n")  # noqa: SIM115 - see close
+                       for name in DATA_FILES}
+
+    def _write(self, name: str, count: str, row: dict[str, Any]) -> None:
+        fh = self._files[name]
+        fh.write(dumps_line(row))
+        fh.write("\n")
+        self.counts[count] += 1
+
+    def document(self, doc: Document) -> None:
+        self._write("corpus.jsonl", "documents", doc.model_dump(exclude_none=True))
+
+    def task(self, task: Task) -> None:
+        self._write("tasks.jsonl", "tasks", task.model_dump())
+
+    def label(self, label: Label) -> None:
+        self._write("labels.jsonl", "labels", label.model_dump(exclude_none=True))
+
+    def close(self) -> None:
+        for fh in self._files.values():
+            fh.close()
+
+    def finish(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """Close the data files and write the manifest: format, ``fields``, counts, hashes."""
+        self.close()
+        manifest = {"format": FORMAT, **fields, "counts": dict(self.counts)}
+        manifest["files"] = {name: sha256_file(self.folder / name) for name in DATA_FILES}
+        write_json(self.folder / "manifest.json", manifest)
+        return manifest
 
 
 def save_dataset(dataset: Dataset, out: str | Path) -> Path:
@@ -71,32 +126,43 @@ def save_dataset(dataset: Dataset, out: str | Path) -> Path:
     if not dataset.tasks:
         raise InputError("no tasks to write: the input produced no examples (nothing was written)")
     with atomic_output_dir(out) as tmp:
-        counts = {
-            "documents": write_jsonl(
-                tmp / "corpus.jsonl", (d.model_dump(exclude_none=True) for d in dataset.documents)
-            ),
-            "tasks": write_jsonl(tmp / "tasks.jsonl", (t.model_dump() for t in dataset.tasks)),
-            "labels": write_jsonl(tmp / "labels.jsonl", (lab.model_dump(exclude_none=True) for lab in dataset.labels)),
-        }
-        manifest = {"format": FORMAT, **dataset.manifest, "counts": counts}
-        manifest["files"] = {name: sha256_file(tmp / name) for name in DATA_FILES}
-        write_json(tmp / "manifest.json", manifest)
+        writer = DatasetWriter(tmp)
+        try:
+            for doc in dataset.documents:
+                writer.document(doc)
+            for task in dataset.tasks:
+                writer.task(task)
+            for label in dataset.labels:
+                writer.label(label)
+            writer.finish(dataset.manifest)
+        finally:
+            writer.close()
     return Path(out)
 
 
 def read_manifest(data_dir: str | Path) -> dict[str, Any]:
     """The manifest of a prepared folder, or ``InputError`` naming what is missing."""
+    folder = file_kind_problem(data_dir, "a folder written by `memsearch prepare-*`", folder=True)
+    if folder is not None and folder != "no such folder":  # a missing folder is named by its manifest below
+        raise InputError(f"{data_dir}: {folder}")
     path = Path(data_dir) / "manifest.json"
-    if not path.is_file():
+    kind = file_kind_problem(path, "the manifest of a folder written by `memsearch prepare-*`")
+    if kind == "no such file":
         raise InputError(f"{path}: no such file; expected a folder written by `memsearch prepare-*`")
-    import json
-
+    if kind is not None:
+        raise InputError(f"{path}: {kind}")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is not part of the JSON
     except json.JSONDecodeError as exc:
         raise InputError(
             [Problem(str(path), exc.lineno, "json", f"invalid JSON ({exc.msg}), expected the manifest object")]
         ) from None
+    except UnicodeDecodeError as exc:
+        raise InputError([Problem(str(path), None, "encoding", f"not UTF-8 text ({exc.reason} at offset "
+                                  f"{exc.start}), expected the manifest object")]) from None
+    except (ValueError, RecursionError) as exc:  # an integer past Python's digit limit, or absurd nesting
+        raise InputError([Problem(str(path), None, "json", f"not a readable manifest ({type(exc).__name__}: "
+                                  f"{str(exc)[:80]}), expected the manifest object")]) from None
     if not isinstance(manifest, dict):
         raise InputError([Problem(str(path), 1, "manifest", "not a JSON object, expected the manifest object")])
     return manifest
@@ -140,7 +206,7 @@ def file_hash_problems(data_dir: Path, manifest: dict[str, Any]) -> list[Problem
     mpath = str(data_dir / "manifest.json")
     for name in DATA_FILES:
         path = data_dir / name
-        if path.is_file() and files.get(name) != (actual := sha256_file(path)):
+        if file_kind_problem(path) is None and files.get(name) != (actual := sha256_file(path)):
             problems.append(
                 Problem(
                     mpath,

@@ -13,12 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from memsearch.data.convert import convert_source
+from memsearch.data.convert import SourceFormat, convert_source, prepare_source
 from memsearch.data.dataset import Dataset, DocumentPool
 from memsearch.data.records import Label, Task, evidence_id, has_visible_text
 from memsearch.data.source import SourceRecord, check_unique_id
 
 CONVERTER_VERSION = "hotpot-1"
+FORMAT = SourceFormat(kind="hotpotqa", evidence_granularity="sentence", converter=CONVERTER_VERSION)
 
 
 def _title_pairs(record: SourceRecord, name: str, second: str, second_lists: str, second_plural: str,
@@ -56,10 +57,16 @@ def _context(record: SourceRecord) -> list[tuple[str, list[str]]] | None:
     out = []
     for i, (title, sentences) in enumerate(pairs):
         if not isinstance(title, str):
-            record.problem(f"context[{i}].title", f"got {title!r:.60}, expected a string")
+            reversed_hint = " (this item looks reversed: [sentences, title])" if isinstance(sentences, str) else ""
+            record.problem(f"context[{i}].title", f"got {title!r:.60}, expected a string{reversed_hint}")
             return None
         sentences = record.str_list(sentences, f"context[{i}].sentences", "a non-empty list of sentence strings")
         if sentences is None:
+            return None
+        if not any(has_visible_text(s) for s in sentences):
+            # The prepared folder's loader refuses such a paragraph: refuse it here, not after writing.
+            record.problem(f"context[{i}].sentences", "every sentence is blank (white space or invisible characters "
+                           "only), expected at least one sentence with visible text")
             return None
         out.append((title, sentences))
     if not out:
@@ -75,12 +82,48 @@ def _supporting_facts(record: SourceRecord) -> list[tuple[str, int]] | None:
         return None
     for i, (title, sent) in enumerate(pairs):
         if not isinstance(title, str) or isinstance(sent, bool) or not isinstance(sent, int):
+            flipped = isinstance(sent, str) and isinstance(title, int) and not isinstance(title, bool)
             record.problem(
                 f"supporting_facts[{i}]",
-                f"got [{title!r:.40}, {sent!r}], expected [title string, integer sentence index]",
+                f"got [{title!r:.40}, {sent!r:.40}], expected [title string, integer sentence index]"
+                + (" (this pair looks reversed)" if flipped else ""),
             )
             return None
     return pairs
+
+
+def _positions_by_title(context: list[tuple[str, list[str]]]) -> dict[str, list[int]]:
+    """Each title's positions in the context, in order."""
+    positions: dict[str, list[int]] = {}
+    for i, (title, _) in enumerate(context):
+        positions.setdefault(title, []).append(i)
+    return positions
+
+
+def _fact_paragraph(record: SourceRecord, i: int, title: str, sent: int, positions: dict[str, list[int]],
+                    context: list[tuple[str, list[str]]], doc_ids: list[str]) -> int | None:
+    """The context position supporting fact ``i`` (``[title, sent]``) points at, or ``None``
+    with the problem recorded: its title must name one paragraph (two different paragraphs under
+    one title would make the first, perhaps a decoy, silently gold), and the sentence must exist
+    and have text (the validator refuses support on a blank sentence)."""
+    field = f"supporting_facts[{i}]"
+    if title not in positions:
+        record.problem(field, f"title {title!r} is not in the example's context, expected one of its paragraph titles")
+        return None
+    distinct = list(dict.fromkeys(doc_ids[j] for j in positions[title]))
+    if len(distinct) > 1:
+        where = " and ".join(f"context[{j}]" for j in positions[title])
+        record.problem(field, f"title {title!r} names {len(positions[title])} different paragraphs ({where}: a "
+                       "duplicate title), expected each title once so that the fact points at one paragraph")
+        return None
+    j = positions[title][0]
+    if not 0 <= sent < len(context[j][1]):
+        record.problem(field, f"sentence {sent} of {title!r} does not exist, expected 0..{len(context[j][1]) - 1}")
+        return None
+    if not has_visible_text(context[j][1][sent]):
+        record.problem(field, f"sentence {sent} of {title!r} is blank, expected a sentence with visible text")
+        return None
+    return j
 
 
 def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, int]) -> tuple[Task, Label] | None:
@@ -101,30 +144,24 @@ def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, in
         return None
     if bad_meta or None in (task_id, question, answer, context, facts):
         return None
+    if not task_id:
+        record.problem(id_key, "empty, expected the example id")
+        return None
     if not has_visible_text(question):
         record.problem("question", "empty, expected the question text")
         return None
+    if not has_visible_text(answer):
+        record.problem("answer", f"got {answer!r:.40}: no visible text, expected the gold answer (a task without one "
+                       "could never be scored)")
+        return None
 
-    by_title: dict[str, int] = {}
-    for i, (title, _) in enumerate(context):
-        by_title.setdefault(title, i)
+    positions = _positions_by_title(context)
     doc_ids = [pool.add(title, sentences) for title, sentences in context]
     support, gold = [], []
     ok = True
     for i, (title, sent) in enumerate(facts):
-        if title not in by_title:
-            record.problem(
-                f"supporting_facts[{i}]",
-                f"title {title!r} is not in the example's context, expected one of its paragraph titles",
-            )
-            ok = False
-            continue
-        j = by_title[title]
-        if not 0 <= sent < len(context[j][1]):
-            record.problem(
-                f"supporting_facts[{i}]",
-                f"sentence {sent} of {title!r} does not exist, expected 0..{len(context[j][1]) - 1}",
-            )
+        j = _fact_paragraph(record, i, title, sent, positions, context, doc_ids)
+        if j is None:
             ok = False
             continue
         eid = evidence_id(doc_ids[j], sent)
@@ -134,12 +171,21 @@ def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, in
             gold.append(doc_ids[j])
     if not ok:
         return None
-    task = Task(id=task_id, question=question, doc_ids=doc_ids)
+    # The same paragraph twice in a context is one document: list it once (the loader refuses repeats).
+    task = Task(id=task_id, question=question, doc_ids=list(dict.fromkeys(doc_ids)))
     label = Label(id=task_id, answers=[answer], supporting_facts=support, gold_doc_ids=gold, type=qtype, level=level)
     return task, label
 
 
-def convert_hotpot(path: str | Path, split: str = "dev", limit: int | None = None) -> Dataset:
-    """Convert a HotpotQA file (any layout above); all problems are raised together as one ``InputError``."""
-    return convert_source(path, split, limit, _convert_record, kind="hotpotqa", evidence_granularity="sentence",
-                          converter=CONVERTER_VERSION)
+def convert_hotpot(path: str | Path, split: str = "dev", limit: int | None = None,
+                  show_progress: bool = False) -> Dataset:
+    """Convert a HotpotQA file (any layout above) into a ``Dataset`` in memory; all problems
+    are raised together as one ``InputError``. ``show_progress``: a bar of the bytes read, on stderr."""
+    return convert_source(path, split, limit, _convert_record, FORMAT, show_progress)
+
+
+def prepare_hotpot(path: str | Path, out: str | Path, split: str = "dev", limit: int | None = None,
+                  show_progress: bool = False) -> dict[str, Any]:
+    """Convert like ``convert_hotpot`` straight into the new folder ``out`` (memory does not grow
+    with the source: ``convert.prepare_source``); returns the folder's manifest."""
+    return prepare_source(path, out, split, limit, _convert_record, FORMAT, show_progress)

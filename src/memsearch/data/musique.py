@@ -16,12 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from memsearch.data.convert import convert_source
+from memsearch.data.convert import SourceFormat, convert_source, prepare_source
 from memsearch.data.dataset import Dataset, DocumentPool
 from memsearch.data.records import Label, Task, evidence_id, has_visible_text
 from memsearch.data.source import SourceRecord, check_unique_id
 
 CONVERTER_VERSION = "musique-1"
+FORMAT = SourceFormat(kind="musique", evidence_granularity="paragraph", converter=CONVERTER_VERSION)
 # _objects' answer for parallel lists of different lengths (already reported).
 _MISMATCHED = object()
 
@@ -55,6 +56,10 @@ def _paragraphs(record: SourceRecord) -> list[tuple[str, str, bool]] | None:
         support = record.get("is_supporting", bool, "true or false", para, f"{path}.is_supporting")
         if title is None or text is None or support is None:
             return None
+        if not has_visible_text(text):
+            # The prepared folder's loader refuses a paragraph without text: refuse it here, not after writing.
+            record.problem(f"{path}.paragraph_text", f"got {text!r:.40}: no visible text, expected the paragraph text")
+            return None
         out.append((title, text, support))
     if not out:
         record.problem("paragraphs", "empty, expected at least one paragraph")
@@ -79,8 +84,24 @@ def _decomposition(record: SourceRecord) -> list[dict[str, str]] | None:
     return steps
 
 
-def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, int]) -> tuple[Task, Label] | None:
+# Why a record is skipped rather than converted, as counted in the manifest's "skipped".
+UNANSWERABLE = "answerable: false"
+
+
+def _convert_record(
+    record: SourceRecord, pool: DocumentPool, seen: dict[str, int]
+) -> tuple[Task, Label] | str | None:
     task_id = record.get("id", str, "the example id string")
+    answerable = record.obj.get("answerable", True)
+    if not isinstance(answerable, bool):
+        record.problem("answerable", f"got {answerable!r:.40}, expected true or false")
+        return None
+    if not answerable:
+        # MuSiQue-Full's unanswerable questions have no answer to score: skipped and counted (the
+        # summary line and the manifest say how many), never converted as ordinary tasks.
+        if task_id is not None:
+            check_unique_id(record, "id", task_id, seen)
+        return UNANSWERABLE
     question = record.get("question", str, "the question string")
     answer = record.get("answer", str, "the answer string")
     aliases = record.obj.get("answer_aliases", [])
@@ -92,9 +113,17 @@ def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, in
         return None
     if None in (task_id, question, answer, aliases, paragraphs):
         return None
+    if not task_id:
+        record.problem("id", "empty, expected the example id")
+        return None
     if not has_visible_text(question):
         record.problem("question", "empty, expected the question text")
         return None
+    for field, text in (("answer", answer), *((f"answer_aliases[{i}]", a) for i, a in enumerate(aliases))):
+        if not has_visible_text(text):
+            record.problem(field, f"got {text!r:.40}: no visible text, expected a gold answer (a blank one could "
+                           "never be scored, or would score a blank prediction as correct)")
+            return None
     doc_ids, support = [], []
     for title, text, is_supporting in paragraphs:
         doc_id = pool.add(title, [text])
@@ -103,7 +132,8 @@ def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, in
             support.append(doc_id)
     answers = list(dict.fromkeys([answer, *aliases]))
     qtype = task_id.split("__", 1)[0] if "__" in task_id else None
-    task = Task(id=task_id, question=question, doc_ids=doc_ids)
+    # The same paragraph twice in a record is one document: list it once (the loader refuses repeats).
+    task = Task(id=task_id, question=question, doc_ids=list(dict.fromkeys(doc_ids)))
     label = Label(
         id=task_id,
         answers=answers,
@@ -115,7 +145,17 @@ def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, in
     return task, label
 
 
-def convert_musique(path: str | Path, split: str = "dev", limit: int | None = None) -> Dataset:
-    """Convert a MuSiQue-Ans file (JSON list, JSON lines or parquet); problems raise one ``InputError``."""
-    return convert_source(path, split, limit, _convert_record, kind="musique", evidence_granularity="paragraph",
-                          converter=CONVERTER_VERSION)
+def convert_musique(path: str | Path, split: str = "dev", limit: int | None = None,
+                   show_progress: bool = False) -> Dataset:
+    """Convert a MuSiQue-Ans file (JSON list, JSON lines or parquet) into a ``Dataset`` in memory; all problems
+    are raised together as one ``InputError``.
+    Records marked ``"answerable": false`` are skipped and counted (manifest ``skipped``).
+    ``show_progress``: a bar of the bytes read, on stderr."""
+    return convert_source(path, split, limit, _convert_record, FORMAT, show_progress)
+
+
+def prepare_musique(path: str | Path, out: str | Path, split: str = "dev", limit: int | None = None,
+                   show_progress: bool = False) -> dict[str, Any]:
+    """Convert like ``convert_musique`` straight into the new folder ``out`` (memory does not grow
+    with the source: ``convert.prepare_source``); returns the folder's manifest."""
+    return prepare_source(path, out, split, limit, _convert_record, FORMAT, show_progress)

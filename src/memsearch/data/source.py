@@ -78,16 +78,37 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def iter_source(path: str | Path, limit: int | None, problems: list[Problem]) -> Iterator[SourceRecord]:
-    """Records of a source file in source order, at most ``limit`` of them."""
+def iter_source(
+    path: str | Path, limit: int | None, problems: list[Problem], show_progress: bool = False
+) -> Iterator[SourceRecord]:
+    """Records of a source file in source order, at most ``limit`` of them. ``show_progress``:
+    a bar of the bytes read on stderr (JSON and JSON lines, read a block at a time)."""
     path = Path(path)
     if limit is not None and limit < 1:
         raise InputError(f"--limit {limit}: expected a positive number of examples")
-    n = 0
-    require_file(path)
+    require_file(path, "a JSON, JSON-lines or parquet file")
     # The bytes decide, not the name: the Hub's cache keeps files as extensionless blobs, and a
     # renamed export would otherwise be misread.
-    rows = ((None, i, obj) for i, obj in iter_parquet_rows(path)) if is_parquet(path) else iter_json_records(path)
+    if is_parquet(path):
+        yield from _records(path, ((None, i, obj) for i, obj in iter_parquet_rows(path)), limit, problems)
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=path.stat().st_size, desc=f"read {path.name}", unit="B", unit_scale=True, unit_divisor=1024,
+              disable=not show_progress, mininterval=0.5, leave=False) as bar:
+        def progress(done: int) -> None:
+            bar.update(done - bar.n)
+
+        rows = iter_json_records(path, progress)
+        try:
+            yield from _records(path, rows, limit, problems)
+        finally:
+            rows.close()  # a --limit run stops early: close the file now, not when collected
+
+
+def _records(path: Path, rows: Iterator[tuple[int | None, int, Any]], limit: int | None,
+             problems: list[Problem]) -> Iterator[SourceRecord]:
+    n = 0
     for line, index, obj in rows:
         record = SourceRecord(str(path), line, index, obj, problems)
         if not isinstance(obj, dict):
@@ -109,9 +130,12 @@ def check_unique_id(record: SourceRecord, key: str, task_id: str, seen: dict[str
     return True
 
 
-def finish(problems: list[Problem], n_tasks: int, path: str | Path) -> None:
-    """Raise all collected problems, or complain about an input with no examples."""
+def finish(problems: list[Problem], n_tasks: int, path: str | Path, skipped: dict[str, int] | None = None) -> None:
+    """Raise all collected problems, or complain about an input with no examples (saying how
+    many records were skipped, and why, when that is the reason)."""
     if problems:
         raise InputError(problems)
     if n_tasks == 0:
-        raise InputError([Problem(str(path), None, "file", "no examples, expected at least one record")])
+        why = "; ".join(f"{n} skipped ({reason})" for reason, n in (skipped or {}).items())
+        raise InputError([Problem(str(path), None, "file", "no examples" + (f": {why}" if why else "")
+                                  + ", expected at least one record")])

@@ -6,10 +6,13 @@ checks run to the end so one run lists everything that needs fixing.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -24,15 +27,35 @@ from memsearch.data.dataset import (
 )
 from memsearch.data.records import LABEL_KEYS, Document, Label, Task, has_visible_text, split_evidence_id
 from memsearch.errors import InputError, Problem
-from memsearch.io import iter_jsonl
+from memsearch.io import file_kind_problem, iter_jsonl
+
+
+class _DocSummary(NamedTuple):
+    """What the checks need of a corpus document, without its text (the corpus of the official
+    train file is gigabytes as models): its id, which sentences have visible text, and a digest
+    of title and sentences (to find repeated paragraphs)."""
+
+    doc_id: str
+    visible: tuple[bool, ...]
+    digest: bytes
+
+
+def _summary(doc: Document) -> _DocSummary:
+    content = json.dumps([doc.title, doc.sentences]).encode()  # an unambiguous encoding of the content
+    return _DocSummary(doc.doc_id, tuple(has_visible_text(s) for s in doc.sentences),
+                       hashlib.blake2b(content, digest_size=16).digest())
 
 
 def _read(
-    path: Path, model: type, problems: list[Problem], forbidden: frozenset[str] = frozenset()
+    path: Path, model: type, problems: list[Problem], forbidden: frozenset[str] = frozenset(),
+    keep: Callable[[Any], Any] = lambda record: record,
 ) -> tuple[list[tuple[int, Any]], int]:
-    """Records that pass the schema, and the number of records in the file (valid or not)."""
-    if not path.is_file():
-        problems.append(Problem(str(path), None, "file", "missing, expected this file in a prepared data folder"))
+    """``keep`` of each record that passes the schema, and the number of records in the file
+    (valid or not). The file is read a line at a time: only what ``keep`` returns is held."""
+    kind = file_kind_problem(path, "this file of a prepared data folder")
+    if kind is not None:
+        what = "missing, expected this file in a prepared data folder" if kind == "no such file" else kind
+        problems.append(Problem(str(path), None, "file", what))
         return [], 0
     out = []
     n = 0
@@ -56,7 +79,7 @@ def _read(
                     )
                 )
             try:
-                out.append((lineno, model.model_validate({k: v for k, v in obj.items() if k not in leaked})))
+                out.append((lineno, keep(model.model_validate({k: v for k, v in obj.items() if k not in leaked}))))
             except ValidationError as exc:
                 problems.extend(validation_problems(str(path), lineno, exc))
     except InputError as exc:  # a line that is not JSON: report it and stop reading this file
@@ -81,7 +104,7 @@ def _check_manifest(data_dir: Path, manifest: dict[str, Any], counts: dict[str, 
             )
 
 
-def _support_problem(eid: str, docs: dict[str, tuple[int, Document]], task_doc_set: set[str]) -> str | None:
+def _support_problem(eid: str, docs: dict[str, tuple[int, _DocSummary]], task_doc_set: set[str]) -> str | None:
     """What is wrong with one supporting-fact id of a label (None: nothing)."""
     parts = split_evidence_id(eid)
     if parts is None:
@@ -89,10 +112,10 @@ def _support_problem(eid: str, docs: dict[str, tuple[int, Document]], task_doc_s
     doc_id, sent = parts
     if doc_id not in docs:
         return f"{eid!r} points at unknown document {doc_id!r}, expected a doc_id of corpus.jsonl"
-    sentences = docs[doc_id][1].sentences
-    if sent >= len(sentences):
-        return f"{eid!r} points at sentence {sent} but {doc_id} has {len(sentences)}, expected an existing sentence"
-    if not has_visible_text(sentences[sent]):
+    visible = docs[doc_id][1].visible
+    if sent >= len(visible):
+        return f"{eid!r} points at sentence {sent} but {doc_id} has {len(visible)}, expected an existing sentence"
+    if not visible[sent]:
         return f"{eid!r} points at a blank sentence, expected a sentence with text"
     if doc_id not in task_doc_set:
         return f"{eid!r} is not in the task's documents, expected support among them"
@@ -103,7 +126,7 @@ def _check_labels(
     lpath: Path,
     labels: list[tuple[int, Label]],
     tasks: dict[str, tuple[int, Task]],
-    docs: dict[str, tuple[int, Document]],
+    docs: dict[str, tuple[int, _DocSummary]],
     problems: list[Problem],
 ) -> None:
     for lineno, lab in labels:
@@ -139,10 +162,11 @@ def normalize_question(text: str) -> str:
 def validate_data(data_dir: str | Path, against: str | Path | None = None) -> list[Problem]:
     """All problems found in ``data_dir`` (and its overlap with ``against``); empty = valid."""
     data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        return [
-            Problem(str(data_dir), None, "folder", "no such folder, expected a folder written by `memsearch prepare-*`")
-        ]
+    kind = file_kind_problem(data_dir, "a folder written by `memsearch prepare-*`", folder=True)
+    if kind is not None:
+        if kind == "no such folder":
+            kind = "no such folder, expected a folder written by `memsearch prepare-*`"
+        return [Problem(str(data_dir), None, "folder", kind)]
     problems: list[Problem] = []
     try:
         manifest = read_manifest(data_dir)
@@ -152,16 +176,16 @@ def validate_data(data_dir: str | Path, against: str | Path | None = None) -> li
         )
         manifest = None
     cpath, tpath, lpath = (data_dir / n for n in DATA_FILES)
-    doc_rows, n_docs = _read(cpath, Document, problems)
+    doc_rows, n_docs = _read(cpath, Document, problems, keep=_summary)
     task_rows, n_tasks = _read(tpath, Task, problems, forbidden=LABEL_KEYS)
     label_rows, n_labels = _read(lpath, Label, problems)
     docs = unique_by(cpath, doc_rows, "doc_id", problems)
     tasks = unique_by(tpath, task_rows, "id", problems)
     unique_by(lpath, label_rows, "id", problems)
 
-    content: dict[tuple[str, tuple[str, ...]], int] = {}
+    content: dict[bytes, int] = {}
     for lineno, doc in doc_rows:
-        key = (doc.title, tuple(doc.sentences))
+        key = doc.digest
         if key in content:
             problems.append(
                 Problem(
@@ -196,10 +220,10 @@ def validate_data(data_dir: str | Path, against: str | Path | None = None) -> li
 def check_overlap(data_dir: Path, other_dir: Path) -> list[Problem]:
     """Task ids or questions shared between two prepared folders (train/dev leakage)."""
     other_path = other_dir / "tasks.jsonl"
-    if not other_path.is_file():
-        return [
-            Problem(str(other_path), None, "file", "missing, expected the tasks of the folder given with --against")
-        ]
+    kind = file_kind_problem(other_path, "the tasks of the folder given with --against")
+    if kind is not None:
+        what = "missing, expected the tasks of the folder given with --against" if kind == "no such file" else kind
+        return [Problem(str(other_path), None, "file", what)]
     problems: list[Problem] = []
     ids: dict[str, int] = {}
     questions: dict[str, int] = {}
