@@ -610,11 +610,12 @@ def read_config_file(path: str | Path | None) -> dict[str, Any]:
     """The raw tables of a TOML config file (none for no file); problems name the file."""
     if path is None:
         return {}
+    from memsearch.io import file_kind_problem
+
     path = Path(path)
-    if path.is_dir():
-        raise InputError(f"{path}: is a folder, expected a TOML config file")
-    if not path.is_file():
-        raise InputError(f"{path}: no such config file")
+    # Named before it is opened: a FIFO would block, /dev/zero never ends, a symlink loop is no "missing file".
+    if (problem := file_kind_problem(path, "a TOML config file")) is not None:
+        raise InputError(f"{path}: {'no such config file' if problem == 'no such file' else problem}")
     try:
         return tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is not part of the TOML
     except tomllib.TOMLDecodeError as exc:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from memsearch.errors import InputError
-from memsearch.io import iter_jsonl
+from memsearch.io import file_kind_problem, iter_jsonl
 
 DIFF_METRICS = ("searches", "memory_support_recall", "retrieval_support_recall", "f1", "em")
 
@@ -27,8 +27,8 @@ def per_task_metrics(path: str | Path) -> dict[str, dict[str, Any]]:
     path = Path(path)
     if not path.is_file() and path.with_name(path.name + ".gz").is_file():
         path = path.with_name(path.name + ".gz")
-    if not path.is_file():
-        raise InputError(f"{path}: no such file; expected a run's per-question metrics")
+    if (problem := file_kind_problem(path, "a run's metrics.jsonl")) is not None:
+        raise InputError(f"{path}: {problem}; expected a run's per-question metrics")
     return {row["task_id"]: row for _, row in iter_jsonl(path)}
 
 

@@ -18,7 +18,6 @@ first pass): exact for the adapter that made the step, a direction check for any
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 
 from memsearch.errors import InputError
+from memsearch.io import iter_jsonl
 from memsearch.train.config import GRPOConfig
 from memsearch.train.rows import Batch, Row, trained_calls
 
@@ -56,9 +56,8 @@ def replay_step(run: Path, step: int, cfg: GRPOConfig, tokenizer, labels) -> Bat
     if not path.is_file():
         raise InputError(f"{path}: no saved rollouts for step {step} (the run needs save_rollouts = true)")
     groups: dict[str, list[dict]] = {}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, trajectory in iter_jsonl(path):  # the shared reader: bad JSON is named file:line
         try:
-            trajectory = json.loads(line)
             groups.setdefault(trajectory["task_id"], []).append(trajectory)
             float(trajectory["reward"])
         except (ValueError, KeyError, TypeError) as exc:

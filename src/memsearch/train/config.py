@@ -359,9 +359,11 @@ def _with_episode_config(data: Any) -> Any:
     tables given beside it (``merge_tables``: the given tables win)."""
     if not isinstance(data, dict) or not data.get("episode_config"):
         return data
+    from memsearch.io import file_kind_problem
+
     path = Path(data["episode_config"])
-    if not path.is_file():
-        raise KeyProblems(("episode_config", f"{path}: no such file"))
+    if (problem := file_kind_problem(path, "a run config TOML file")) is not None:
+        raise KeyProblems(("episode_config", f"{path}: {problem}"))
     base = read_config_file(path)  # an unreadable file is refused naming that file, not this config
     episode = data.get("episode") or {}
     return {**data, "episode": merge_tables(base, episode) if isinstance(episode, dict) else episode}

@@ -58,7 +58,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from memsearch.data.dataset import validation_problems
 from memsearch.errors import InputError, Problem
-from memsearch.io import dumps_line, iter_jsonl
+from memsearch.io import dumps_line, file_kind_problem, iter_jsonl
 from memsearch.trajectory import CALL_ROLES, EventKind, read_trajectories
 
 SKIP_REASONS = ("task_status", "below_min_f1", "request_error", "invalid", "truncated")
@@ -137,8 +137,8 @@ def _validate(model: type[BaseModel], obj: Any, file: str, line: int, prefix: st
 
 
 def _read_json(path: Path, why: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise InputError(f"{path}: no such file; {why}")
+    if (problem := file_kind_problem(path)) is not None:
+        raise InputError(f"{path}: {problem}; {why}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:

@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from memsearch.io import dumps_line
+from memsearch.io import dumps_line, iter_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -61,4 +61,4 @@ class TrainLog:
 
 def read_log(path: Path) -> list[dict[str, Any]]:
     """All records of a ``train_log.jsonl``."""
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [record for _, record in iter_jsonl(path)]  # the shared reader: a bad line is named file:line
