@@ -37,8 +37,10 @@ def export_sft(
         typer.echo(line)
 
 
-def _train(kind: str, config: Path, out: Path, resume: bool, adapter: Path | None, overrides: list[str] | None) -> None:
-    """Load the trainer config (file, --set, --adapter) and run ``memsearch.train.<kind>``."""
+def _train(kind: str, config: Path, out: Path, resume: bool, adapter: Path | None, overrides: list[str] | None,
+           dry_run: bool = False, gpu_memory: float | None = None) -> None:
+    """Load the trainer config (file, --set, --adapter) and run ``memsearch.train.<kind>``, or
+    with ``dry_run`` only its memory pre-flight."""
     import importlib
     import json
 
@@ -47,12 +49,48 @@ def _train(kind: str, config: Path, out: Path, resume: bool, adapter: Path | Non
 
     extra = list(overrides or []) + ([f"adapter={json.dumps(str(adapter))}"] if adapter else [])
     cfg = load_config(config, extra, model={"sft": SFTConfig, "grpo": GRPOConfig}[kind])
+    if dry_run:
+        _dry_run(cfg, gpu_memory)
+        return
+    if gpu_memory is not None:
+        from memsearch.errors import InputError
+
+        raise InputError("--gpu-memory is for --dry-run; a run checks the memory of the GPU it gets")
     train = getattr(importlib.import_module(f"memsearch.train.{kind}"), f"train_{kind}")
     summary = train(cfg, out, resume=resume, echo=typer.echo)
     if "adapter" in summary:
         typer.echo(f"adapter: {summary['adapter']}")
 
 
+def _dry_run(cfg, gpu_memory: float | None) -> None:
+    """Print the step's memory estimate per GPU and check it against ``gpu_memory`` GiB, else the
+    smallest visible GPU; reads the model's config.json only and creates nothing."""
+    from memsearch.errors import InputError
+    from memsearch.train.memory_plan import GIB, check_memory, estimate_for_run, gib, needed_bytes
+
+    estimate = estimate_for_run(cfg)
+    for line in estimate.lines():
+        typer.echo(line)
+    if gpu_memory is not None:
+        device_bytes, where = int(gpu_memory * GIB), f"--gpu-memory {gpu_memory:g}"
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("no GPU found: give --gpu-memory GIB, the memory of the GPU the step will run on "
+                             "(e.g. 79.6 for an 80 GB H100)")
+        sizes = {torch.cuda.get_device_properties(i).total_memory: i for i in range(torch.cuda.device_count())}
+        device_bytes = min(sizes)
+        where = f"cuda:{sizes[device_bytes]} ({torch.cuda.get_device_name(sizes[device_bytes])})"
+    check_memory(estimate, device_bytes, where)
+    typer.echo(f"fits: needs {gib(needed_bytes(estimate.total_bytes))} of {gib(device_bytes)} ({where})")
+
+
+DryRun = Annotated[bool, typer.Option(
+    "--dry-run", help="Only print the step's memory estimate per GPU from the model's config.json and check it "
+    "(exit 2 with the fix when it does not fit); creates nothing.")]
+GpuMemory = Annotated[Optional[float], typer.Option(
+    "--gpu-memory", min=0.5, help="With --dry-run: the GPU's memory in GiB (default: the smallest visible GPU's).")]
 StartAdapter = Annotated[Optional[Path], typer.Option(
     "--adapter", help="Start from this LoRA adapter, e.g. an SFT run (weights only).")]
 SFTConfigFile = Annotated[Path, typer.Option("--config", help="TOML SFT config, e.g. configs/train/sft_cpu.toml.")]
@@ -62,17 +100,17 @@ GRPOConfigFile = Annotated[Path, typer.Option("--config", help="TOML GRPO config
 @train_app.command("sft")
 @friendly
 def sft(config: SFTConfigFile, out: TrainOut, resume: TrainResume = False, adapter: StartAdapter = None,
-        set_: Overrides = None) -> None:
+        set_: Overrides = None, dry_run: DryRun = False, gpu_memory: GpuMemory = None) -> None:
     """LoRA SFT on completion tokens of `train export-sft` data; checkpoints, periodic engine eval."""
-    _train("sft", config, out, resume, adapter, set_)
+    _train("sft", config, out, resume, adapter, set_, dry_run, gpu_memory)
 
 
 @train_app.command("grpo")
 @friendly
 def grpo(config: GRPOConfigFile, out: TrainOut, resume: TrainResume = False, adapter: StartAdapter = None,
-         set_: Overrides = None) -> None:
+         set_: Overrides = None, dry_run: DryRun = False, gpu_memory: GpuMemory = None) -> None:
     """Multi-turn GRPO through the episode engine (role memory, controller or overwrite)."""
-    _train("grpo", config, out, resume, adapter, set_)
+    _train("grpo", config, out, resume, adapter, set_, dry_run, gpu_memory)
 
 
 @train_app.command("merge-adapter")

@@ -33,8 +33,6 @@ from memsearch.train.config import GRPOConfig
 
 REWARD_PATH = "pkg://memsearch.integrations.verl.reward"
 LOOP_TARGET = "memsearch.integrations.verl.loop.MemsearchAgentLoop"
-# Slack for the chat template and the prompt wording around the budgeted parts of a call.
-PROMPT_SLACK_TOKENS = 1024
 # verl 0.9.1's rollout.tensor_model_parallel_size default (verl/trainer/config/rollout/rollout.yaml),
 # written out explicitly so the divisibility check and the run agree.
 VERL_ROLLOUT_TP = 2
@@ -115,16 +113,13 @@ def refusals(cfg: GRPOConfig) -> list[str]:
 
 
 def budgets(cfg: GRPOConfig) -> tuple[int, int]:
-    """``(max_prompt_length, max_response_length)`` that fit every call of the episode.
+    """``(max_prompt_length, max_response_length)`` that fit every call of the episode: the
+    longest call as the memory pre-flight bounds it (``train.memory_plan.call_tokens``: memory
+    budget + the largest evidence block + slack for the template and wording; the longest
+    completion). A call that still does not fit is refused and counted by the loop, never truncated."""
+    from memsearch.train.memory_plan import call_tokens
 
-    The prompt: memory budget + the largest evidence block (a chunk, or the passages of one
-    search) + ``PROMPT_SLACK_TOKENS`` for the template, question and wording; a call that still
-    does not fit is refused and counted by the loop, never truncated. The response: the longest
-    completion the engine allows (policy or answer budget).
-    """
-    b = cfg.episode.budgets
-    evidence = b.chunk_tokens if cfg.episode.agent.evidence == "stream" else b.evidence_tokens
-    return b.memory_tokens + evidence + PROMPT_SLACK_TOKENS, max(b.policy_tokens, b.answer_tokens)
+    return call_tokens(cfg)
 
 
 def training_gpus(cfg: GRPOConfig, gpus: int | None) -> int:
