@@ -47,9 +47,11 @@ image lacks (``dill``, ``multiprocess``); everything else they want (accelerate,
 xxhash, fsspec, huggingface-hub, jinja2, psutil, pyyaml) is in that image, whose versions were not
 checked (datasets 5.2 asks for pyarrow >= 24). memsearch itself needs ``pydantic`` (+
 ``pydantic-core``, ``annotated-types``, ``typing-inspection``, a recent ``typing-extensions``),
-``platformdirs``, ``bm25s`` and ``PyStemmer`` there. ``--trl-wheel`` installs whatever wheels it is
-given (``pip install --no-index --no-deps --target``), before torch, memsearch or trl load; the
-download command is ``scripts/prepare_gpu_bench.sh`` (about 6 MB). A TRL import or run failure is printed and
+``platformdirs``, ``bm25s`` and ``PyStemmer`` there (and ``scipy``, which bm25s imports: in the
+image, and too big to carry beside the tree). ``--trl-wheel`` installs, of each distribution it is
+given, the one wheel whose tags the running interpreter supports (``pip install --no-index
+--no-deps --target``), before torch, memsearch or trl load; ``scripts/prepare_gpu_bench.sh``
+downloads them for CPython 3.12 (the image's) and 3.11. A TRL import or run failure is printed and
 its fields become ``n/a``: ours and the RESULT line still come out.
 
 Numbers are per step; the RESULT line takes the LAST step (step 1 pays CUDA warm-up). The last
@@ -153,9 +155,30 @@ kind = "rules"
 """
 
 
+def pick_wheels(wheels: list[str]) -> tuple[list[str], list[str]]:
+    """``(chosen, unfit)``: for each distribution among ``wheels``, the one wheel whose tags this
+    interpreter supports best (earliest in ``packaging.tags.sys_tags()``, pip's own order), so a
+    folder holding cp311 and cp312 builds installs the right one and never both; ``unfit`` names
+    the distributions none of whose wheels this interpreter can load (a cp312 extension on 3.11)."""
+    from packaging.tags import sys_tags
+    from packaging.utils import parse_wheel_filename
+
+    rank = {tag: i for i, tag in enumerate(sys_tags())}
+    best: dict[str, tuple[int, str]] = {}
+    seen: set[str] = set()
+    for w in wheels:
+        name, _, _, tags = parse_wheel_filename(Path(w).name)
+        seen.add(name)
+        fit = min((rank[t] for t in tags if t in rank), default=None)
+        if fit is not None and (name not in best or fit < best[name][0]):
+            best[name] = (fit, w)
+    return [w for _, w in best.values()], sorted(seen - set(best))
+
+
 def install_wheels(paths: list[str], target: Path) -> str | None:
-    """pip-install the given wheels (files or folders of ``*.whl``) into ``target``, first on sys.path.
-    Returns an error text, or None."""
+    """Install the given wheels (files or folders of ``*.whl``) into ``target``, first on sys.path:
+    of each distribution only the wheel this interpreter supports (``pick_wheels``). Returns an
+    error text (a distribution with no fitting wheel; those that fit are still installed), or None."""
     wheels: list[str] = []
     for p in map(Path, paths):
         wheels += sorted(str(w) for w in p.glob("*.whl")) if p.is_dir() else [str(p)]
@@ -164,7 +187,11 @@ def install_wheels(paths: list[str], target: Path) -> str | None:
     import importlib
     import importlib.util
 
-    if importlib.util.find_spec("pip") is not None:
+    try:
+        wheels, unfit = pick_wheels(wheels)
+    except ValueError as exc:  # packaging's InvalidWheelFilename
+        return f"not a wheel file name: {exc}"
+    if wheels and importlib.util.find_spec("pip") is not None:
         cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                "--disable-pip-version-check", "--target", str(target), *wheels]
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -184,6 +211,9 @@ def install_wheels(paths: list[str], target: Path) -> str | None:
     sys.path.insert(0, str(target))
     importlib.invalidate_caches()
     print(f"{how} {len(wheels)} wheel(s) into {target}: {', '.join(Path(w).name for w in wheels)}")
+    if unfit:
+        tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+        return f"no wheel for this interpreter ({tag}, {sys.platform}) of: {', '.join(unfit)}"
     return None
 
 

@@ -63,6 +63,64 @@ def test_every_locked_binary_only_package_has_a_wheel_for_each_supported_python(
     assert not missing, "\n".join(missing)
 
 
+def _project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+
+def test_the_distribution_name_is_not_the_unrelated_memsearch_and_metadata_is_read_by_it():
+    """``memsearch`` on the package index is another project: this one is ``memsearch-rl``, and
+    every read of installed metadata uses that name (memsearch.DISTRIBUTION), not the import name."""
+    from importlib.metadata import version
+
+    import memsearch
+    from memsearch.eval.runner import software_versions
+
+    assert _project()["name"] == memsearch.DISTRIBUTION == "memsearch-rl"
+    assert software_versions()["memsearch"] == version(memsearch.DISTRIBUTION) == memsearch.__version__
+    by_import_name = [f"{path.relative_to(ROOT)}:{i}" for path in sorted((ROOT / "src").rglob("*.py"))
+                      for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                      if re.search(r"""(version|distribution|metadata)\(["']memsearch["']\)""", line)]
+    assert not by_import_name, by_import_name
+
+
+def transformers_floor() -> str:
+    """The lower bound of pyproject's ``transformers`` requirement (it must have exactly one, ``>=``)."""
+    from packaging.requirements import Requirement
+
+    (req,) = [r for r in map(Requirement, _project()["dependencies"]) if r.name == "transformers"]
+    (spec,) = req.specifier
+    assert spec.operator == ">=", req
+    return spec.version
+
+
+def test_ci_tests_the_transformers_floor_that_pyproject_declares():
+    """.ci/run reads the floor from pyproject.toml (one source) and runs the hf backend's check on
+    exactly that version; the floor is no newer than any transformers the lock resolves."""
+    from packaging.version import Version
+
+    floor = transformers_floor()
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    (reader,) = re.findall(r'^floor=\$\(uv run python -c "(.+)"\)$', ci, flags=re.M)
+    done = subprocess.run([sys.executable, "-c", reader], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == floor
+    assert re.search(r'MEMSEARCH_EXPECT_TRANSFORMERS="\$floor" uv run [^\n]*--with "transformers==\$floor"[^\n]*'
+                     r"tests/test_transformers_floor\.py", ci), "the floor step of .ci/run changed"
+    locked = [p["version"] for p in _lock()["package"] if p["name"] == "transformers"]
+    assert locked and all(Version(v) >= Version(floor) for v in locked), (floor, locked)
+
+
+def test_the_training_doc_quotes_the_locked_torch_and_its_cuda_version():
+    """docs/training.md says which torch build the lock pins (and so which NVIDIA driver it needs):
+    the torch version and the CUDA runtime major.minor it names are the lock's."""
+    text = " ".join((ROOT / "docs" / "training.md").read_text(encoding="utf-8").split())
+    quoted = re.search(r"pins PyPI's torch ([\d.]+) built for CUDA (\d+\.\d+)", text)
+    assert quoted, "docs/training.md no longer says which torch build uv.lock pins"
+    locked = {p["name"]: p["version"] for p in _lock()["package"]}
+    cuda = ".".join(locked["nvidia-cuda-runtime"].split(".")[:2])
+    assert quoted.groups() == (locked["torch"], cuda)
+
+
 def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 600) -> str:
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{cmd}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
@@ -79,7 +137,7 @@ def installed_wheel(tmp_path_factory):
         pytest.skip("uv is not on PATH")
     root = tmp_path_factory.mktemp("wheel")
     _run([uv, "build", "--wheel", "--offline", "--out-dir", str(root / "dist")], cwd=ROOT)
-    (wheel,) = (root / "dist").glob("memsearch-*.whl")
+    (wheel,) = (root / "dist").glob("memsearch_rl-*.whl")
     venv = root / "venv"
     _run([uv, "venv", "--offline", "--python", sys.executable, str(venv)], cwd=root)
     python = venv / "bin" / "python"

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from memsearch import DISTRIBUTION
 from memsearch.data.records import Document
 from memsearch.errors import InputError, InputValueError
 from memsearch.io import atomic_output_dir, sha256_file, write_json
@@ -98,7 +99,7 @@ class DenseRetriever:
         index.add(vectors)
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "builder_version": BUILDER_VERSION,
-            "memsearch_version": _version("memsearch"), "faiss_version": faiss.__version__,
+            "memsearch_version": _version(DISTRIBUTION), "faiss_version": faiss.__version__,
             "encoder": encoder.describe(), "pooling": "mean", "index_type": index_type,
             "hnsw": {"m": hnsw_m, "ef_search": ef_search} if index_type == "hnsw" else None,
             "metric": "inner_product", "dim": encoder.dim, "num_docs": len(docs), "num_vectors": int(index.ntotal),
