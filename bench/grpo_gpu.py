@@ -18,8 +18,10 @@ train), with the CPU recipe's episode (``configs/memory_policy_cpu.toml`` [episo
 evidence, decision memory, fixed plan of 3 searches x 1 passage, rules reader, budgets evidence
 128 / memory 96 / policy 96 / answer 24, candidates scope) and its reward (F1 - 0.5 invalid - 0.5
 citations + 1.0 memory recall), schema mode on as in the recipe (``--no-schema`` turns it off),
-GRPO sizing from ``configs/train/grpo_gpu.toml`` (LoRA r 64 / alpha 128, KL 0.001 to the base, lr
-1e-6, micro-batches of 16384 tokens) with ``--tasks-per-step`` x ``--group-size`` episodes per step
+GRPO sizing of ``configs/train/grpo_gpu.toml`` as it was when this bench was written (LoRA r 64 /
+alpha 128, KL 0.001 to the base, lr 1e-6, micro-batches of 16384 tokens, no checkpointing: a 0.5B
+shape fits; ``bench/gpu_smoke.py`` runs today's recipe settings through ``ours_config``) with
+``--tasks-per-step`` x ``--group-size`` episodes per step
 (16 x 8 on a GPU). The trainer's ``train_log.jsonl`` gives, per step, ``rollout_s`` (all episodes
 of the step) and ``step_s`` (rollouts + rewards + batch + update, before the checkpoint), and the
 saved rollouts give the tokens the policy generated; so
@@ -261,11 +263,12 @@ def build_model(shape: str, dtype: str, tokenizer_folder: str | None, out: Path)
     return config.vocab_size
 
 
-def run_ours(args, model: Path, data: Path, out: Path) -> dict:
+def ours_config(args, model: Path, data: Path, out: Path, overrides: list[str] | None = None):
+    """The GRPO config ``run_ours`` trains with (written to ``out``'s parent as ``grpo.toml``), with
+    ``overrides`` (``key=value``, as ``--set``) on top: bench/gpu_smoke.py sets its micro-batch and
+    gradient checkpointing this way."""
     from memsearch.config import load_config
     from memsearch.train.config import GRPOConfig
-    from memsearch.train.grpo import train_grpo
-    from memsearch.train.rows import TRAINED_CALL_ROLES
 
     gpu = args.device == "cuda"
     text = CONFIG.format(steps=args.steps, tasks=args.tasks_per_step, group=args.group_size,
@@ -276,7 +279,15 @@ def run_ours(args, model: Path, data: Path, out: Path) -> dict:
     path.write_text(text)
     sets = [f"model={json.dumps(str(model))}", f"data={json.dumps(str(data))}",
             f"episode.tokenizer={json.dumps(str(model))}"]
-    cfg = load_config(path, sets, model=GRPOConfig)
+    return load_config(path, [*sets, *(overrides or [])], model=GRPOConfig)
+
+
+def run_ours(args, model: Path, data: Path, out: Path, cfg=None) -> dict:
+    """``train_grpo`` with ``cfg`` (default: ``ours_config``), timed; per-step tokens/s and the peak memory."""
+    from memsearch.train.grpo import train_grpo
+    from memsearch.train.rows import TRAINED_CALL_ROLES
+
+    cfg = cfg if cfg is not None else ours_config(args, model, data, out)
     reset_peak(args.device)
     t0 = time.perf_counter()
     train_grpo(cfg, out)
