@@ -32,3 +32,13 @@ def pytest_runtest_makereport(item, call):
     rep = outcome.get_result()
     if rep.failed and rep.when == "call":
         report.LEDGER.test_failed(item.nodeid)
+
+
+@pytest.fixture(scope="session")
+def bm25_index(hotpot_dev_dir, tmp_path_factory, rel):
+    """A BM25 index of the shipped dev sample built by the real CLI, for the service tests."""
+    out = tmp_path_factory.mktemp("bm25") / "ix"
+    built = rel.run_cli([str(rel.EXE), "retrieval", "build", "--data", str(hotpot_dev_dir), "--method", "bm25",
+                         "--out", str(out)])
+    assert built.returncode == 0, built.stderr
+    return out

@@ -29,12 +29,8 @@ WAIT_S = 60
 
 
 @pytest.fixture(scope="module")
-def index(hotpot_dev_dir, tmp_path_factory, rel):
-    out = tmp_path_factory.mktemp("flood") / "ix"
-    built = rel.run_cli([str(rel.EXE), "retrieval", "build", "--data", str(hotpot_dev_dir), "--method", "bm25",
-                         "--out", str(out)])
-    assert built.returncode == 0, built.stderr
-    return out
+def index(bm25_index):
+    return bm25_index
 
 
 async def _hostile(port: int, kind: str, stop: asyncio.Event, counts: dict[str, int]) -> None:

@@ -30,12 +30,8 @@ WAIT_S = 120  # generous for a loaded 2-core machine
 
 
 @pytest.fixture(scope="module")
-def index(hotpot_dev_dir, tmp_path_factory, rel):
-    out = tmp_path_factory.mktemp("hostile") / "ix"
-    built = rel.run_cli([str(rel.EXE), "retrieval", "build", "--data", str(hotpot_dev_dir), "--method", "bm25",
-                         "--out", str(out)])
-    assert built.returncode == 0, built.stderr
-    return out
+def index(bm25_index):
+    return bm25_index
 
 
 def _low_nofile() -> None:
