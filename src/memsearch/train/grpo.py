@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from memsearch.devices import apply_training_layout
 from memsearch.engine.episode import derived_seed
 from memsearch.errors import InputError
 from memsearch.io import write_jsonl
@@ -348,6 +349,7 @@ class Rollouts:
         from memsearch.train.policy import MergedSampler
 
         self.cfg = cfg
+        self.policy, self.tokenizer = policy, tokenizer
         self.trained = set(TRAINED_CALL_ROLES[cfg.role])
         # The episode's [retrieval] table: bm25/dense/hybrid in process, a built index, or the
         # shared service (rollout workers on many nodes searching one index).
@@ -388,6 +390,7 @@ class Rollouts:
     def run(self, tasks, step: int, round_: int = 0) -> list[list[dict[str, Any]]]:
         """``group_size`` trajectories per task, grouped by task (task order, then rollout index)."""
         from memsearch.engine.episode import run_episode
+        from memsearch.train.policy import release_cached_memory
 
         if self.sampler is not None:
             with self.policy_backend.decoder.paused():  # no decode run sees half-copied weights
@@ -404,10 +407,21 @@ class Rollouts:
         answered = self.policy_backend.completed
         before = sum(answered[role] for role in self.trained)
         flat = asyncio.run(all_episodes()) if tasks else []
+        release_cached_memory(self.policy)  # the rollouts' KV caches: free for the update's activations
         # rows generated, counted where the calls are answered (not re-read from the trajectories)
         self.generated = sum(answered[role] for role in self.trained) - before
         g = self.cfg.group_size
         return [flat[i * g : (i + 1) * g] for i in range(len(tasks))]
+
+    def evaluation_model(self):
+        """The model a greedy evaluation decodes with, holding the policy's weights as they are now:
+        the merged copy refreshed (in float32 the very weights ``memsearch eval`` gets by merging the
+        saved adapter), else the policy itself (eval mode). No second model (``train.live_eval``)."""
+        if self.sampler is None:
+            return self.policy
+        with self.policy_backend.decoder.paused():
+            self.sampler.refresh()
+        return self.sampler.model
 
     def close(self) -> None:
         """Close every backend once."""
@@ -427,14 +441,17 @@ def trained_role_backends(cfg: GRPOConfig, data: dict[str, Any], adapter: Path |
     return data
 
 
-def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path) -> dict[str, Any]:
-    """Greedy evaluation of the adapter through the eval runner (the same code path as `memsearch eval`)."""
+def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path, rollouts: Rollouts) -> dict[str, Any]:
+    """Greedy evaluation of the adapter through the eval runner (the same code path and records as
+    `memsearch eval` of ``adapter``), the trained roles answered by the live policy, which holds
+    that adapter's weights now: no second model is loaded (``train.live_eval``)."""
     from memsearch.config import RunConfig
-    from memsearch.eval.runner import run_eval
+    from memsearch.train.live_eval import evaluate_live
 
     data = trained_role_backends(cfg, cfg.episode.model_dump(mode="json"), adapter)
     data["limit"] = cfg.eval.limit
-    summary = run_eval(RunConfig.model_validate(data), cfg.eval.data, out, show_progress=False)
+    summary = evaluate_live(RunConfig.model_validate(data), rollouts.trained, rollouts.evaluation_model(),
+                            rollouts.tokenizer, cfg.eval.data, out)
     record = {
         "eval_" + k: v
         for k, v in summary["metrics"].items()
@@ -468,10 +485,12 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
     off samples from the PEFT policy itself with every prompt prefilled (``Rollouts``): slower,
     the same run up to float round-off, kept to check that claim."""
     from memsearch.data.dataset import load_dataset
+    from memsearch.train.memory_plan import check_device_memory
     from memsearch.train.policy import load_policy, make_optimizer, save_adapter
     from memsearch.train.reward import trajectory_reward
 
     out = Path(out)
+    apply_training_layout(cfg.devices)  # before CUDA reads CUDA_VISIBLE_DEVICES (memsearch.devices)
     dist = Dist.from_env(cfg.dist_timeout_s, cfg.eval.wait_s)
     try:
         check_run_folder(cfg, out, resume, dist)
@@ -483,6 +502,8 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             )
         labels = dataset.labels_by_id()
         device = dist.device(cfg.device)
+        # before any weight loads: refuse a step this GPU cannot hold (train.memory_plan)
+        check_device_memory(cfg, device, dist, echo if dist.main else None)
         policy, tokenizer, note = load_policy(
             cfg.model,
             cfg.adapter,
@@ -491,6 +512,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             cfg.dtype,
             cfg.seed,
             keep_reference=cfg.kl_coef > 0 and cfg.kl_reference == "start",
+            gradient_checkpointing=cfg.gradient_checkpointing,
         )
         optimizer, scheduler = make_optimizer(policy, cfg.optim, cfg.steps * cfg.epochs * cfg.mini_batches_per_step)
         prepare_run_folder(cfg, out, resume, dist)  # only now: everything above may refuse the start
@@ -508,7 +530,8 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
         if cfg.eval.data and cfg.eval.at_start and start == 0:
             if dist.main:
                 save_adapter(policy, out / "adapter-step0")
-                log.write({"step": 0, **_evaluate(cfg, out / "adapter-step0", out / "eval" / "step-000000")})
+                log.write({"step": 0, **_evaluate(cfg, out / "adapter-step0", out / "eval" / "step-000000",
+                                                   rollouts)})
             dist.wait_for_main("evaluation of the starting adapter")  # bounded by eval.wait_s
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
@@ -560,7 +583,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
                 folder = save_checkpoint(out / "checkpoints", step, *trainer, position, cfg.keep_checkpoints)
                 if eval_due:
                     if dist.main:
-                        record.update(_evaluate(cfg, folder / "adapter", out / "eval" / f"step-{step:06d}"))
+                        record.update(_evaluate(cfg, folder / "adapter", out / "eval" / f"step-{step:06d}", rollouts))
                     dist.wait_for_main(f"evaluation at step {step}")  # bounded by eval.wait_s
             log.write(record)
             if dist.main:

@@ -11,6 +11,8 @@
 - ``make_optimizer``: AdamW over the trainable parameters in name order (the order is part of a
   checkpoint) with linear warm-up and a constant / linear / cosine decay.
 - ``MergedSampler``: what GRPO rollouts sample from, the base with the trained adapter merged in.
+- ``release_cached_memory``: the CUDA allocator's cached blocks back to the device after rollouts
+  and evaluations.
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ REFERENCE_ADAPTER = "reference"
 
 
 def load_policy(model: str, adapter: str | None, lora: LoraSettings, device: str = "auto", dtype: str = "float32",
-                seed: int = 0, keep_reference: bool = False) -> tuple[Any, Any, str]:
+                seed: int = 0, keep_reference: bool = False,
+                gradient_checkpointing: bool = False) -> tuple[Any, Any, str]:
     """``(peft_model, tokenizer, note)``; ``note`` says where the adapter weights came from.
 
     With ``adapter`` and ``keep_reference``, the adapter is loaded a second time, frozen, as
-    the KL reference (``reference_policy``)."""
+    the KL reference (``reference_policy``). With ``gradient_checkpointing`` every decoder layer
+    recomputes its activations in the backward pass whenever grad mode is on, in eval mode too
+    (``train.checkpointing``); rollouts and no-grad scoring are unaffected."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     from memsearch.backends.hf.model import load_model
@@ -64,6 +69,11 @@ def load_policy(model: str, adapter: str | None, lora: LoraSettings, device: str
                             target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
         policy = get_peft_model(base, config)
         note = f"new LoRA adapter r={lora.r} alpha={lora.alpha} on {', '.join(lora.target_modules)} of {folder.name}"
+    if gradient_checkpointing:
+        from memsearch.train.checkpointing import enable_checkpointing
+
+        enable_checkpointing(policy)
+        note += "; gradient checkpointing of the decoder layers"
     policy.eval()  # dropout off for rollouts; the update toggles train mode itself
     return policy, tokenizer, note
 
@@ -179,6 +189,17 @@ def make_optimizer(model, optim: OptimSettings, total_steps: int):
     optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, optim))
     return optimizer, scheduler
+
+
+def release_cached_memory(model) -> None:
+    """Hand the CUDA caching allocator's unused blocks back to ``model``'s device (a no-op off
+    CUDA). Called after rollouts and evaluations: their KV caches are freed but stay reserved
+    by the allocator, in block sizes the update's activations may not fit, and a server beside
+    the trainer cannot use them either."""
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            torch.cuda.empty_cache()
 
 
 class MergedSampler:

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from memsearch.devices import apply_training_layout
 from memsearch.errors import InputError, Problem
 from memsearch.io import iter_jsonl
 from memsearch.train.checkpoint import resume_checkpoint, save_checkpoint
@@ -109,11 +110,16 @@ def step_rows(step: int, per_step: int, n: int, seed: int) -> list[int]:
 
 
 def evaluate_adapter(
-    eval_config: str, role: str, model: str, adapter: Path, data: str, limit: int, out: Path
+    eval_config: str, role: str, model: str, adapter: Path, data: str, limit: int, out: Path,
+    loaded: tuple[Any, Any] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``adapter`` in ``role`` with the eval runner (same code path as `memsearch eval`)."""
+    """Evaluate ``adapter`` in ``role`` with the eval runner (same code path and records as
+    `memsearch eval`). ``loaded``: ``(model, tokenizer)`` in memory that holds the adapter's weights
+    now (the trainer's live policy), which then answers the role instead of a second model loaded
+    from ``model`` + ``adapter`` (``train.live_eval``)."""
     from memsearch.config import load_config
     from memsearch.eval.runner import run_eval
+    from memsearch.train.live_eval import evaluate_live
 
     cfg = load_config(
         eval_config,
@@ -124,20 +130,29 @@ def evaluate_adapter(
             f"limit={limit}",
         ],
     )
-    summary = run_eval(cfg, data, out, show_progress=False)
+    if loaded is not None:
+        summary = evaluate_live(cfg, [role], *loaded, data, out)
+    else:
+        summary = run_eval(cfg, data, out, show_progress=False)
     return {"eval_" + k: v for k, v in summary["metrics"].items() if k in ("f1", "em", "invalid_action_rate")}
 
 
 def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print) -> dict[str, Any]:
     """Train (or resume) LoRA SFT into ``out``; returns the summary."""
+    from memsearch.train.memory_plan import check_device_memory
     from memsearch.train.policy import load_policy, make_optimizer, save_adapter, trainable_named_parameters
 
     out = Path(out)
+    apply_training_layout(cfg.devices)  # before CUDA reads CUDA_VISIBLE_DEVICES (memsearch.devices)
     dist = Dist.from_env(cfg.dist_timeout_s, cfg.eval.wait_s)
     try:
         check_run_folder(cfg, out, resume, dist)
+        device = dist.device(cfg.device)
+        # before any weight loads: refuse a step this GPU cannot hold (train.memory_plan)
+        check_device_memory(cfg, device, dist, echo if dist.main else None)
         policy, tokenizer, note = load_policy(
-            cfg.model, cfg.adapter, cfg.lora, dist.device(cfg.device), cfg.dtype, cfg.seed
+            cfg.model, cfg.adapter, cfg.lora, device, cfg.dtype, cfg.seed,
+            gradient_checkpointing=cfg.gradient_checkpointing,
         )
         rows = load_sft_rows(cfg.data, tokenizer, cfg.max_tokens)
         per_step = cfg.micro_batch_rows * cfg.grad_accumulation
@@ -171,6 +186,7 @@ def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print)
                     cfg.eval.data,
                     cfg.eval.limit,
                     out / "eval" / f"step-{step:06d}",
+                    loaded=(policy, tokenizer),  # the live policy holds the adapter: no second model
                 )
                 if dist.main
                 else {}

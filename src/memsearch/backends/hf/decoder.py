@@ -476,7 +476,11 @@ class BatchDecoder:
         return state
 
     def _merge(self, parts: list[_Batch]) -> _Batch:
-        """One batch from several: rows stacked, each part's cache left-padded to a common length."""
+        """One batch from several: rows stacked, each part's cache left-padded to a common length.
+
+        Consumes the parts' caches layer by layer: once layer i is assembled, the parts' layer i
+        buffers are released, so the merge holds one layer more than the caches it joins, not a
+        second copy of them (at ``max_batch_size`` rows of a 7B model the cache is tens of GiB)."""
         width = max(p.mask.shape[1] for p in parts)
         rows = [j for p in parts for j in p.rows]
         cache = self._new_cache()
@@ -484,6 +488,8 @@ class BatchDecoder:
         for i, layer in enumerate(cache.layers):
             layer.assemble([(p.cache.layers[i].keys, p.cache.layers[i].values, width - p.mask.shape[1]) for p in parts],
                            room)
+            for p in parts:
+                p.cache.layers[i].release()
         mask = torch.zeros((len(rows), width), dtype=torch.bool, device=self.device)
         b = 0
         for p in parts:

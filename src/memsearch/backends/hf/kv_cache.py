@@ -89,6 +89,18 @@ def slab_layer_class():
             self._start, self._end = 0, width
             self._view()
 
+        def release(self) -> None:
+            """Drop this layer's buffers now (its rows were copied into another cache:
+            ``BatchDecoder._merge``), so they are freed before the next layer is built."""
+            self._k = self._v = None
+            self.keys = self.values = None
+            self._start = self._end = 0
+            self.is_initialized = False
+
+        def nbytes(self) -> int:
+            """Bytes of this layer's key and value buffers (reserved room included)."""
+            return sum(b.untyped_storage().nbytes() for b in (self._k, self._v) if b is not None)
+
         def get_seq_length(self) -> int:
             if not self.is_initialized or self._k is None:
                 return 0
