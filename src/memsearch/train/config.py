@@ -202,9 +202,10 @@ class TrainerConfig(TrainSettings):
     )
     gradient_checkpointing: bool = Field(
         False,
-        description="Non-reentrant activation checkpointing of the decoder layers in the update: each layer's "
-        "activations are recomputed in the backward pass instead of kept, about a 30x smaller activation peak for "
-        "about a third more compute (on in the GPU recipes; `--dry-run` shows both)",
+        description="Non-reentrant activation checkpointing of the decoder layers whenever gradients are computed "
+        "(train.checkpointing): each layer's activations are recomputed in the backward pass instead of kept; the "
+        "same gradients, 12-15x fewer saved bytes for 1.4x the update time on SmolLM2 on a CPU (Qwen2.5-7B shape: "
+        "327 -> 7 KiB a token a layer). On in the GPU recipes; `--dry-run` shows the estimate with and without",
     )
     devices: DeviceLayout = Field(
         default_factory=DeviceLayout,
