@@ -29,7 +29,7 @@ EXE = Path(sys.executable).parent / "memsearch"
 def _reference(path: Path) -> tuple[list[tuple[int, int, object]], str | None]:
     """What the reader must answer, from the whole text at once: the records with the line each
     starts on, then the error message (or None). The whole-text decoding of the previous
-    implementation, kept here as the oracle for the block-by-block one."""
+    implementation, kept here as the oracle for the block-by-block one, with the surrogate policy."""
     text = path.read_bytes().decode("utf-8").removeprefix("\ufeff")
     decoder, out = json.JSONDecoder(), []
 
@@ -63,6 +63,11 @@ def _reference(path: Path) -> tuple[list[tuple[int, int, object]], str | None]:
             kind = "truncated JSON" if truncated else "invalid JSON"
             return out, str(Problem(str(path), exc.lineno, "json", f"{kind} in record {index} ({exc.msg}, column "
                                     f"{exc.colno}), expected a complete JSON record"))
+        # The readers' one policy for lone surrogates (io.lone_surrogate_field): a record holding
+        # one is refused where it is read (e.g. a stray character inserted inside a "\ud800\udc00" pair).
+        problem = io._surrogate_problem(path, line_of(pos), f"[{index}].", obj)
+        if problem is not None:
+            return out, str(problem)
         out.append((line_of(pos), index, obj))
         pos, index = end, index + 1
 
