@@ -227,3 +227,16 @@ def test_entropy_is_that_of_the_masked_distribution(tiny_model_dir, tiny_adapter
             assert (got[~free] == 0).all()
             checked += int(free.sum())
     assert checked > 0 and float(want[free].max()) > 0.1
+    # Computed in chunks of positions (memory: train.memory_plan's logits): the same numbers at any
+    # chunk size, down to one position at a time, up to the summation order of the vocabulary sums.
+    import memsearch.train.logprobs as logprobs
+
+    before = logprobs.ENTROPY_CHUNK
+    try:
+        logprobs.ENTROPY_CHUNK = 1
+        with torch.no_grad():
+            one = completion_logprobs(policy, rows, tokenizer.eos_token_id, 1.0, mask_fn, with_entropy=True)
+    finally:
+        logprobs.ENTROPY_CHUNK = before
+    assert torch.equal(one.logprobs, scored.logprobs)
+    assert torch.allclose(one.entropy, scored.entropy, rtol=1e-6, atol=1e-6), (one.entropy - scored.entropy).abs().max()

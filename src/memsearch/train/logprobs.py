@@ -46,6 +46,10 @@ def micro_batches(rows: Sequence[Row], max_tokens: int) -> list[list[int]]:
     return batches
 
 
+# Positions whose entropy is computed at once (scored_positions): bounds its (chunk, V) temporaries.
+ENTROPY_CHUNK = 256
+
+
 @dataclass
 class Scored:
     """Per-token results of one micro-batch, right-aligned: (rows, C)."""
@@ -156,7 +160,11 @@ def scored_positions(model, inputs: dict[str, torch.Tensor], index_b: torch.Tens
         with torch.no_grad():
             # -sum p log p with the log-probs at hand (entr would take the log again, ~4 % of
             # an update); a schema-masked token has p = 0 and log p = -inf: it adds 0.
-            ent = -(logp.exp() * logp.clamp(min=torch.finfo(logp.dtype).min)).sum(-1)
+            # In chunks of positions: exp, clamp and their product are (N, V) float32 each, which
+            # alive together beside the logits and log-softmax were the update's largest tensors
+            # (train.memory_plan); a chunk's row sums are the same numbers.
+            floor = torch.finfo(logp.dtype).min
+            ent = torch.cat([-(part.exp() * part.clamp(min=floor)).sum(-1) for part in logp.split(ENTROPY_CHUNK)])
             entropy = torch.zeros(len(rows) * c_max, device=device, dtype=ent.dtype).index_put((flat,), ent)
             entropy = entropy.view(len(rows), c_max)
     return Scored(token_lp.view(len(rows), c_max), loss_mask.to(device), entropy)

@@ -35,16 +35,17 @@ SFT ``micro_batch_rows x max_tokens``)
     recomputed at a time in backward. Backward working set of one layer: (a + 3b) x I. Logits:
     every token of the micro-batch is counted as scored (an upper bound: ``train.logprobs`` runs
     the head only where a completion token is scored, and an SFT row or a packed GRPO group can be
-    nearly all completion), x vocab x 4 bytes x 5 in GRPO (float32 logits, log-softmax, and the
-    entropy's exp, clamp and product alive together) or x 3 in SFT (log-softmax, its gradient, the
-    logits' gradient). The update's peak is the saved activations plus the larger of the logits
-    and (recomputed layer +) the backward working set.
+    nearly all completion), x vocab x 4 bytes x 3 (the log-softmax kept for backward, its gradient
+    and the logits' gradient; GRPO's entropy is computed in chunks of
+    ``train.logprobs.ENTROPY_CHUNK`` positions, so its temporaries stay small). The update's peak
+    is the saved activations plus the larger of the logits and (recomputed layer +) the backward
+    working set.
 
 Rollouts (GRPO)
     KV cache: ``max_batch_size`` rows of the longest call, prompt (memory + the largest evidence
     block + ``PROMPT_SLACK_TOKENS``, as ``memsearch verl config`` bounds it) + response (the
     policy or answer budget), x 2 x layers x kv_heads x head_dim x b, plus the decoder's prompt
-    store; one copy (a merge of a joining batch that holds two copies doubles it for a moment).
+    store; one copy (a joining batch is merged layer by layer, each part's layer released).
     Prefill working set: ``max_prefill_tokens`` x (b x (3I + 8h) + a x I). Frozen backends: their
     own caches at ``max_concurrency`` rows.
 
@@ -55,9 +56,10 @@ layer measured and estimated (without padding SDPA keeps 314.9: key/value per KV
 Qwen2.5-0.5B 84.7 and 84.7; with checkpointing the layer keeps 7.0 KiB (its input) at 7B. Peak
 resident memory of forward + backward, measured once (``/proc`` peak RSS, 1-2 layers of 7B width;
 not a test): 334 KiB per extra layer, 7.3 with checkpointing; the backward working set 183 KiB
-(estimated 185); logits 19.6 x vocab bytes per scored token with entropy, 11.5 without (estimated
-20 and 12). Nothing here has been measured on a GPU (CUDA's SDPA kernels may keep other tensors);
-the margin (``MARGIN_BYTES``, ``FRAGMENTATION``) is a judgement, not a measurement.
+(estimated 185); logits 11.9 x vocab bytes per scored token with the chunked entropy (19.9 when
+the entropy was computed at once), estimated 12. Nothing here has been measured on a GPU (CUDA's
+SDPA kernels may keep other tensors); the margin (``MARGIN_BYTES``, ``FRAGMENTATION``) is a
+judgement, not a measurement.
 """
 
 from __future__ import annotations
@@ -359,9 +361,9 @@ def _parts(shape: ModelShape, cfg: GRPOConfig | SFTConfig, ckpt: bool,
                       f"{shape.layers} layers x {kept / 1024:.1f} KiB x {tokens} tokens"
                       + (" (layer inputs)" if ckpt else "")))
     working = tokens * ((per_layer if ckpt else 0) + (a + 3 * b) * shape.intermediate)
-    logits = tokens * shape.vocab * 4 * (5 if grpo else 3) + (tokens * shape.vocab if grpo and cfg.schema_mode else 0)
+    logits = tokens * shape.vocab * 4 * 3 + (tokens * shape.vocab if grpo and cfg.schema_mode else 0)
     # the logits are freed before the layers' backward begins: the larger of the two is the peak
-    logits_detail = f"{tokens} scored tokens x {shape.vocab} x 4 bytes x {5 if grpo else 3}"
+    logits_detail = f"{tokens} scored tokens x {shape.vocab} x 4 bytes x 3"
     working_detail = "one recomputed layer + its backward" if ckpt else "one layer's backward"
     if logits >= working:
         parts.append(Part("logits", "update", logits, f"{logits_detail} (> {working_detail}: {gib(working)})"))
