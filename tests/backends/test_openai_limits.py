@@ -142,8 +142,9 @@ def test_30_mb_completion_for_64_tokens_is_an_error_read_no_further(server, anno
     assert result.attempts == 1 and len(server.requests) == 1  # not retried
     assert result.error.endswith("[1 attempt, last HTTP status 200]"), result.error
     assert stats["errors"] == {"oversized": 1} and stats["failed"] == 1
-    # At most the bound (about 1 MiB here) was held, never the 30 MB.
-    assert peak < 8 * MB, peak
+    # The client holds at most the bound (about 1 MiB here), never the 30 MB; tracemalloc also sees
+    # the in-process server's write buffers (7.7 MB measured with Content-Length on a quiet machine).
+    assert peak < 16 * MB, peak
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,9 @@ def url(bm25_dir):
     from aiohttp import web
 
     service = load_service(str(bm25_dir))
-    big = b'{"result": [[' + b" " * (8 * MB) + b"]]}"
+    # 32 MB: far past what the client may hold (about 1.1 MB here), so "read no further" is told
+    # apart from "read it all" even with the in-process server's own write buffers in the peak.
+    big = b'{"result": [[' + b" " * (32 * MB) + b"]]}"
     bomb = _gzip_zeros(64)
 
     async def announced(request):
@@ -79,9 +81,12 @@ def test_an_answer_past_the_bound_is_an_error_read_no_further(url, route):
     assert f"{response_limit(1, 2):,}-byte bound" in str(caught.value)
     assert client.stats() == {"searches": 1, "attempts": 1, "failed": 1}
     if route == "announced":  # refused on its Content-Length (the server's own buffer is in the peak)
-        assert "announced a 8,388," in str(caught.value)
+        assert "announced a 33,554," in str(caught.value)
     else:
-        assert peak < 4 * MB, peak  # neither the 8 MB body nor the 64 MiB it inflates to
+        # The client's bound plus what the server thread buffers (tracemalloc sees both: they share
+        # the process; 1.6-3.3 MB here, 4.8 MB once on a loaded machine): neither the 32 MB body nor
+        # the 64 MiB the gzip body inflates to.
+        assert peak < 12 * MB, peak
 
 
 def test_the_services_own_answer_is_within_the_bound(url, bm25_dir):
