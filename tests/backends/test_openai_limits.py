@@ -120,6 +120,16 @@ def generate(server: HostileServer, req: GenerationRequest, **kwargs: Any):
     return result, backend.stats()
 
 
+def traced_generate(server, req):
+    """``generate`` with the peak of traced Python memory during it: ``(result, stats, peak)``."""
+    tracemalloc.start()
+    try:
+        result, stats = generate(server, req)
+        return result, stats, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def pieces(data: bytes, size: int = 1 << 16) -> Iterable[memoryview]:
     # Views, not copies: the server thread's own memory must not count in the client's measured peak.
     view = memoryview(data)
@@ -130,12 +140,7 @@ def pieces(data: bytes, size: int = 1 << 16) -> Iterable[memoryview]:
 def test_30_mb_completion_for_64_tokens_is_an_error_read_no_further(server, announce):
     big = chat("x" * (30 * MB))
     server.plan = lambda body: Reply(pieces(big), announce=announce)
-    tracemalloc.start()
-    try:
-        result, stats = generate(server, request(64))
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    result, stats, peak = traced_generate(server, request(64))
     assert result.finish_reason == "error" and result.text == ""
     assert "response too large" in result.error and "max_tokens=64" in result.error, result.error
     assert ("announced" in result.error) is announce
@@ -159,12 +164,7 @@ def gzip_bomb() -> bytes:
 def test_gzip_bomb_is_inflated_no_further_than_the_bound(server, gzip_bomb, announce):
     assert len(gzip_bomb) < FLOOR_BYTES // 2  # the compressed body alone is within the bound
     server.plan = lambda body: Reply(pieces(gzip_bomb), headers={"Content-Encoding": "gzip"}, announce=announce)
-    tracemalloc.start()
-    try:
-        result, stats = generate(server, request(64))
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    result, stats, peak = traced_generate(server, request(64))
     assert result.finish_reason == "error"
     assert "response too large" in result.error and "Content-Encoding: gzip" in result.error, result.error
     assert stats["errors"] == {"oversized": 1} and result.attempts == 1
