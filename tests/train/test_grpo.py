@@ -305,14 +305,14 @@ def test_rows_generated_are_counted_by_the_policy_backend_not_from_the_trajector
     lost = copy.deepcopy(groups)
     events = lost[1][0]["events"]
     events.remove(next(e for e in events if e["type"] == "policy_call"))
-    with pytest.raises(RowCountError,
-                       match=f"generated {first}, converted {first - 1}, dropped 0, consumed {first - 1}"):
+    with pytest.raises(RowCountError, match=f"generated {first}, converted {first - 1}, dropped 0, failed 0, "
+                                            f"consumed {first - 1}"):
         counts(lost).check()
     duplicated = copy.deepcopy(groups)
     events = duplicated[0][1]["events"]
     events.append(next(e for e in events if e["type"] == "policy_call"))
-    with pytest.raises(RowCountError,
-                       match=f"generated {first}, converted {first + 1}, dropped 0, consumed {first + 1}"):
+    with pytest.raises(RowCountError, match=f"generated {first}, converted {first + 1}, dropped 0, failed 0, "
+                                            f"consumed {first + 1}"):
         counts(duplicated).check()
 
 

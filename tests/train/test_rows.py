@@ -98,12 +98,16 @@ def test_calls_without_token_ids_are_a_configuration_error():
 
 def test_row_count_contract():
     RowCounts(generated=4, converted=4, consumed=4).check()
-    with pytest.raises(RowCountError, match="generated 4, converted 4, dropped 0, consumed 3"):
+    with pytest.raises(RowCountError, match="generated 4, converted 4, dropped 0, failed 0, consumed 3"):
         RowCounts(generated=4, converted=4, consumed=3).check()
     # rows of groups dynamic sampling dropped were generated but never converted
     RowCounts(generated=6, converted=4, consumed=4, dropped=2).check()
-    with pytest.raises(RowCountError, match="generated 6, converted 4, dropped 1, consumed 4"):
+    with pytest.raises(RowCountError, match="generated 6, converted 4, dropped 1, failed 0, consumed 4"):
         RowCounts(generated=6, converted=4, consumed=4, dropped=1).check()
+    # so were the rows failed trajectories left out (train.failures)
+    RowCounts(generated=7, converted=4, consumed=4, dropped=2, failed=1).check()
+    with pytest.raises(RowCountError, match="generated 7, converted 4, dropped 2, failed 0, consumed 4"):
+        RowCounts(generated=7, converted=4, consumed=4, dropped=2).check()
 
 
 def test_trained_roles_are_defined_once_and_cover_call_roles_only():

@@ -14,10 +14,11 @@ from memsearch.errors import InputError, Problem
 from memsearch.io import iter_jsonl
 
 # What a researcher looks at first, in this order; any other numeric key follows, sorted.
-PREFERRED = ("reward_mean", "reward_std", "zero_variance_groups", "invalid_rate", "decision_entropy",
-             "op_share/ADD", "op_share/UPDATE", "op_share/DELETE", "op_share/NOOP", "op_share/invalid_parse",
-             "op_share/invalid_budget", "op_share/invalid_rule", "kl", "clip_fraction", "rows_generated",
-             "rows_consumed", "loss", "entropy", "grad_norm")
+# failed_trajectories: episodes with a request error, left out of the update (train.failures).
+PREFERRED = ("reward_mean", "reward_std", "zero_variance_groups", "invalid_rate", "failed_trajectories",
+             "decision_entropy", "op_share/ADD", "op_share/UPDATE", "op_share/DELETE", "op_share/NOOP",
+             "op_share/invalid_parse", "op_share/invalid_budget", "op_share/invalid_rule", "kl", "clip_fraction",
+             "rows_generated", "rows_consumed", "loss", "entropy", "grad_norm")
 
 
 def with_op_shares(record: dict[str, Any]) -> dict[str, Any]:

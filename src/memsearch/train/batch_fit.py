@@ -106,9 +106,9 @@ def _point(k: int, stats, adv: torch.Tensor, rows: torch.Tensor, decisions: torc
 
 def _score(policy, rows: list[Row], cfg: GRPOConfig, pad_id: int, mask_fn) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: summed log-prob of its completion tokens in the loss, and of its op-choosing tokens."""
-    from memsearch.train.grpo import _scorer
     from memsearch.train.logprobs import micro_batches
     from memsearch.train.shared_prompt import shared_micro_batches
+    from memsearch.train.update import _scorer
 
     packer = shared_micro_batches if cfg.share_prompts else micro_batches
     total = torch.zeros(len(rows), dtype=torch.float64)

@@ -177,8 +177,9 @@ class DynamicSamplingSettings(TrainSettings):
 # updates up to float round-off with any value. They are saved in config.json like every field but
 # left out of what must match on --resume and of a pipeline stage's fingerprint, so a run may
 # continue on another node's GPUs, and the records of runs made before these fields existed still
-# resume and still match their stages.
-PLACEMENT_FIELDS = ("devices", "gradient_checkpointing")
+# resume and still match their stages. ``max_failed_share`` (GRPO) only says when a run stops for
+# a service's faults: a resume may raise it once the service is back (train.failures).
+PLACEMENT_FIELDS = ("devices", "gradient_checkpointing", "max_failed_share")
 
 
 def without_placement(dump: dict[str, Any]) -> dict[str, Any]:
@@ -316,6 +317,10 @@ class GRPOConfig(TrainerConfig):
         default_factory=DynamicSamplingSettings, description="Drop zero-variance groups (train.dynamic_sampling)")
     collapse_guard: CollapseGuardSettings = Field(
         default_factory=CollapseGuardSettings, description="Stop when the decision collapses (train.collapse)")
+    max_failed_share: float = Field(
+        0.25, ge=0.0, le=1.0, description="Stop (exit 2, before the step's update) when more than this share of a "
+        "step's trajectories had a failed request: a server fault, not the policy's doing. Failed trajectories are "
+        "never trained on nor group members for the advantages (train.failures); 1 never stops")
     optim: OptimSettings = Field(default_factory=OptimSettings, description="Optimizer and schedule")
     seed: int = Field(0, description="Seeds task order, sampling and initialization")
     checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every N steps (and at the end)")

@@ -9,17 +9,20 @@ replacement, so ``--resume`` repeats a step exactly. Each extra round samples wi
 per-rollout seeds (``Rollouts.config_for``).
 
 The row-count contract still holds, with one more term: rows generated = rows converted (kept
-groups) + rows dropped (the dropped groups' rows, counted from their trajectories).
+groups) + rows dropped (the dropped groups' rows, counted from their trajectories) + the rows
+of failed trajectories left out. A group's spread is that of its successful members, so a group
+that request errors left without two of them is dropped and replaced (``train.failures``).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from memsearch.engine.episode import derived_seed
+from memsearch.train.failures import StepFaults, split_failed
 from memsearch.train.rows import rows_from_trajectory
 
 Groups = list[list[dict[str, Any]]]
@@ -36,6 +39,7 @@ class SampledStep:
     groups_sampled: int = 0  # groups rolled out over every round
     groups_dropped: int = 0  # zero-variance groups left out (and groups over the step's share)
     rows_dropped: int = 0
+    faults: StepFaults = field(default_factory=StepFaults)  # failed requests over every round (train.failures)
 
 
 def has_spread(rewards: Sequence[float]) -> bool:
@@ -65,8 +69,10 @@ def sample_step(positions: list[int], tasks: Sequence[Any], roll: Callable[[list
     tried = set(positions)
 
     def keep(new_groups: Groups, new_rewards: list[list[float]]) -> None:
+        out.faults.add(new_groups)
         for grp, rs in zip(new_groups, new_rewards, strict=True):
-            if (has_spread(rs) or not filter_groups) and len(out.groups) < want:
+            # the spread of the successful members: a failed trajectory is no member (train.failures)
+            if (has_spread(split_failed(grp, rs)[1]) or not filter_groups) and len(out.groups) < want:
                 out.groups.append(grp)
                 out.rewards.append(rs)
             else:

@@ -16,9 +16,10 @@ trajectory's rows, dropping none:
 counted by the policy backend that answered them: ``HFBackend.completed``), converted (rows
 built from the trajectories, counted here) and consumed (rows the loss saw, counted by the
 update) must be equal every step (generated = converted + the rows of groups dynamic sampling
-dropped), else the run stops with ``RowCountError`` instead of
-training on a silently trimmed (or padded) batch. Each number is counted where it happens, so a
-trained call lost or duplicated between the backend and the rows is caught.
+dropped + the rows failed trajectories left out: ``train.failures``), else the run stops with
+``RowCountError`` instead of training on a silently trimmed (or padded) batch. Each number is
+counted where it happens, so a trained call lost or duplicated between the backend and the rows
+is caught.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from memsearch.train.failures import split_failed
 from memsearch.trajectory import InvalidCause, Role, call_cause, policy_calls
 
 # What a trainer can train (a config's ``role``), not the role of one call
@@ -77,12 +79,14 @@ class RowCounts:
     consumed: int = 0  # rows the loss saw
     failed_calls: int = 0  # calls of the trained role with a request error (no completion: no row)
     dropped: int = 0  # rows of the groups dynamic sampling left out (train.dynamic_sampling)
+    failed: int = 0  # rows of failed trajectories and of groups left without a baseline (train.failures)
 
     def check(self) -> None:
-        if not (self.generated == self.converted + self.dropped and self.converted == self.consumed):
+        if not (self.generated == self.converted + self.dropped + self.failed and self.converted == self.consumed):
             raise RowCountError(
                 f"row-count contract broken: generated {self.generated}, converted {self.converted}, "
-                f"dropped {self.dropped}, consumed {self.consumed}; stopping instead of training on a trimmed batch"
+                f"dropped {self.dropped}, failed {self.failed}, consumed {self.consumed}; stopping instead of "
+                "training on a trimmed batch"
             )
 
 
@@ -169,25 +173,37 @@ def build_batch(groups: Sequence[Sequence[dict[str, Any]]], rewards: Sequence[Se
 
     ``generated`` is the number of completions the policy backend returned for the trained
     roles while these trajectories were rolled out; ``counts.converted`` is the rows built here.
+    A failed trajectory (a request error: ``train.failures``) is no member of its group: the
+    advantages are over the successful members, a group with fewer than two contributes nothing,
+    and the rows left out are ``counts.failed``. ``rewards`` and ``advantages`` are those of the
+    trajectories trained on.
     """
     batch = Batch()
     batch.counts.generated = generated
     index = 0
     for g, (trajs, rs) in enumerate(zip(groups, rewards, strict=True)):
-        advs = group_advantages(rs, std_scale)
-        batch.groups += 1
-        batch.zero_variance_groups += int(max(rs) - min(rs) < 1e-12) if rs else 1
+        ok, members = split_failed(trajs, rs)
+        if len(members) < 2:
+            ok = [False] * len(trajs)  # no baseline: the group contributes nothing
         per_traj = []
-        for traj in trajs:
+        for traj, good in zip(trajs, ok, strict=True):
             rows, failed = rows_from_trajectory(traj, role, index, g)
             batch.counts.failed_calls += failed
-            per_traj.append(rows)
-            index += 1
+            if good:
+                per_traj.append(rows)
+                index += 1
+            else:
+                batch.counts.failed += len(rows)
+        if not per_traj:
+            continue
+        advs = group_advantages(members, std_scale)
+        batch.groups += 1
+        batch.zero_variance_groups += int(max(members) - min(members) < 1e-12)
         expand_advantages(per_traj, advs, credit)
         for rows in per_traj:
             batch.rows.extend(rows)
             batch.rows_per_trajectory.append(len(rows))
-        batch.rewards.extend(rs)
+        batch.rewards.extend(members)
         batch.advantages.extend(advs)
     batch.counts.converted = len(batch.rows)
     return batch

@@ -21,7 +21,9 @@ question's gold supporting facts:
   min(1, tokens over / budget)), so a batch twice the budget costs the whole penalty and one a
   token over costs half of it;
 - any other rejected or unreadable batch: - ``invalid_penalty``;
-- a branch whose request failed has no completion: no row, no part of the group.
+- a branch whose request failed has no completion: no row, no part of the group;
+- a trajectory with a request error (``train.failures``) gives no row; the global term below is
+  taken over its task's successful trajectories.
 
 With ``global_weight`` > 0 the continued branch's rows also get ``global_weight`` x the
 trajectory's own group advantage (the trajectory reward, ``train.reward``, inside its task's
@@ -34,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from memsearch.train.failures import split_failed
 from memsearch.train.rows import Batch, Row, group_advantages, trained_calls
 
 if TYPE_CHECKING:
@@ -85,14 +88,20 @@ def build_state_batch(groups: Sequence[Sequence[dict[str, Any]]], rewards: Seque
     batch.counts.generated = generated
     index = call_group = 0
     for trajs, rs in zip(groups, rewards, strict=True):
-        global_adv = group_advantages(rs, std_scale) if global_weight else [0.0] * len(rs)
-        for traj, traj_adv in zip(trajs, global_adv, strict=True):
+        ok, members = split_failed(trajs, rs)
+        global_adv = group_advantages(members, std_scale) if global_weight else [0.0] * len(members)
+        member_adv = iter(global_adv)
+        for traj, good in zip(trajs, ok, strict=True):
+            if not good:  # a request failed (train.failures): none of its rows is trained on
+                for call in _memory_calls(traj):
+                    rows, _, failed = branch_rows(call, index, call_group)
+                    batch.counts.failed_calls += failed
+                    batch.counts.failed += len(rows)
+                continue
+            traj_adv = next(member_adv)
             gold = set(labels[traj["task_id"]].supporting_facts)
             count = 0
-            for call in trained_calls(traj, "memory"):
-                if "branches" not in call:
-                    raise ValueError(f"task {traj.get('task_id')}: a memory call without branches; credit = 'state' "
-                                     "needs the engine's state groups (Environment.branches)")
+            for call in _memory_calls(traj):
                 rows, branches, failed = branch_rows(call, index, call_group)
                 batch.counts.failed_calls += failed
                 if not rows:
@@ -110,7 +119,16 @@ def build_state_batch(groups: Sequence[Sequence[dict[str, Any]]], rewards: Seque
                 call_group += 1
             batch.rows_per_trajectory.append(count)
             index += 1
-        batch.rewards.extend(rs)
+        batch.rewards.extend(members)
         batch.advantages.extend(global_adv)
     batch.counts.converted = len(batch.rows)
     return batch
+
+
+def _memory_calls(trajectory: dict[str, Any]) -> list[dict[str, Any]]:
+    """The trajectory's memory calls, each with its branches (else ``ValueError``)."""
+    calls = trained_calls(trajectory, "memory")
+    if any("branches" not in call for call in calls):
+        raise ValueError(f"task {trajectory.get('task_id')}: a memory call without branches; credit = 'state' "
+                         "needs the engine's state groups (Environment.branches)")
+    return calls

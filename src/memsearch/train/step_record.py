@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from memsearch.train.decisions import HISTOGRAM_KEYS, op_histogram
 from memsearch.train.distributed import Dist
+from memsearch.train.failures import failed_share
 from memsearch.train.rows import Batch, trained_calls
 
 if TYPE_CHECKING:
@@ -40,10 +41,14 @@ def step_record(
     sampled: SampledStep,
 ) -> dict[str, Any]:
     """One JSON line of the training log, summed over ranks (``groups``: the groups trained on;
-    ``sampled``: what dynamic sampling rolled out and dropped)."""
+    ``sampled``: what dynamic sampling rolled out and dropped, and the failed requests of all of
+    it). ``trajectories`` and the reward figures are those of the trajectories trained on."""
     counts = step_counts(batch, groups, role)
+    faults = sampled.faults  # every trajectory rolled out, dropped groups' too (train.failures)
     counts.update(call_reward_sum=sum(batch.call_rewards), call_rewards=float(len(batch.call_rewards)),
-                  rows_dropped=float(batch.counts.dropped),
+                  rows_dropped=float(batch.counts.dropped), rows_failed=float(batch.counts.failed),
+                  request_errors=float(faults.request_errors), failed_trajectories=float(faults.failed),
+                  trajectories_sampled=float(faults.trajectories),
                   masked_decision_tokens=float(batch.masked_decision_tokens), sampling_rounds=float(sampled.rounds),
                   groups_sampled=float(sampled.groups_sampled), groups_dropped=float(sampled.groups_dropped))
     total = dist.all_sum_named(counts)
@@ -62,12 +67,15 @@ def step_record(
         "rows_converted": int(total["rows_converted"]),
         "rows_consumed": int(total["rows_consumed"]),
         "rows_dropped": int(total["rows_dropped"]),
+        "rows_failed": int(total["rows_failed"]),
         "groups_sampled": int(total["groups_sampled"]),
         "groups_dropped": int(total["groups_dropped"]),
         "sampling_rounds": int(total["sampling_rounds"]),
         "rows_per_trajectory": _ratio(total["trajectory_rows"], total["trajectory_row_counts"]),
         "failed_calls": int(total["failed_calls"]),
         "request_errors": int(total["request_errors"]),
+        "failed_trajectories": int(total["failed_trajectories"]),
+        "failed_share": failed_share(total["failed_trajectories"], total["trajectories_sampled"]),
         "invalid_rate": _ratio(total["invalid_calls"], total["calls"]),
         "loss": stats.loss,
         "clip_fraction": stats.clip_fraction,
@@ -108,7 +116,6 @@ def step_counts(batch: Batch, groups, role: str) -> dict[str, float]:
         "invalid_calls": sum(1 for c in calls if c.get("valid") is False),
         "calls": len(calls),
         "prompt_tokens": sum(len(c.get("prompt_ids") or []) for c in calls),
-        "request_errors": sum(tr.get("counts", {}).get("request_errors", 0) for tr in trajs),
         "trajectory_rows": sum(batch.rows_per_trajectory),
         "trajectory_row_counts": len(batch.rows_per_trajectory),
     }
