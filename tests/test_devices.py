@@ -123,3 +123,23 @@ def test_placement_changes_neither_a_resume_nor_a_stage_fingerprint(tmp_path):
     check_run_folder(placed, run, resume=True, dist=Dist())
     with pytest.raises(InputError, match="config differs from the run being resumed"):
         check_run_folder(changed, run, resume=True, dist=Dist())
+
+
+def test_the_device_check_of_a_cpu_layout_and_its_refusal_of_gpus_torch_cannot_see():
+    """The GPU path (matmul and one-token generate per GPU) needs CUDA and does not run here."""
+    import torch
+
+    from memsearch.devices import check_devices
+
+    assert not torch.cuda.is_available()  # this CPU machine: the refusal below is the real one
+    lines: list[str] = []
+    assert check_devices(DeviceLayout(), echo=lines.append) == {
+        "cuda": False, "gpus": [], "note": "no GPU in the layout: CPU run"}
+    assert lines == ["devices: no GPU in the layout: CPU run"]
+    with pytest.raises(InputError) as info:
+        check_devices(DeviceLayout(train=[0, 1], services={"reader": [3]}), echo=lines.append)
+    message = str(info.value)
+    assert message.startswith("devices: the layout names 3 GPU(s) (0, 1, 3; indices up to 3 need 4), but torch "
+                              f"sees 0: torch {torch.__version__} ")
+    assert "NVIDIA driver " in message and "install the torch build for this node's driver" in message
+    assert len(lines) == 1  # refused before any GPU was tried

@@ -24,7 +24,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("memsearch.engine",)),
     ("eval", ("memsearch.eval",)),
     ("train", ("memsearch.train",)),
-    ("pipelines", ("memsearch.pipelines", "memsearch.report", "memsearch.integrations")),
+    ("pipelines", ("memsearch.pipelines", "memsearch.report", "memsearch.integrations", "memsearch.serving",
+                   "memsearch.experiment")),
     ("entry points", ("memsearch.cli", "memsearch.retrieval.server", "memsearch.testing")),
 ]
 
