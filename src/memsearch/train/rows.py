@@ -174,8 +174,8 @@ def build_batch(groups: Sequence[Sequence[dict[str, Any]]], rewards: Sequence[Se
     ``generated`` is the number of completions the policy backend returned for the trained
     roles while these trajectories were rolled out; ``counts.converted`` is the rows built here.
     A failed trajectory (a request error: ``train.failures``) is no member of its group: the
-    advantages are over the successful members, a group with fewer than two contributes nothing,
-    and the rows left out are ``counts.failed``. ``rewards`` and ``advantages`` are those of the
+    advantages are over the successful members, a group that failures leave with fewer than two
+    contributes nothing, and the rows left out are ``counts.failed``. ``rewards`` and ``advantages`` are those of the
     trajectories trained on.
     """
     batch = Batch()
@@ -183,8 +183,10 @@ def build_batch(groups: Sequence[Sequence[dict[str, Any]]], rewards: Sequence[Se
     index = 0
     for g, (trajs, rs) in enumerate(zip(groups, rewards, strict=True)):
         ok, members = split_failed(trajs, rs)
-        if len(members) < 2:
-            ok = [False] * len(trajs)  # no baseline: the group contributes nothing
+        if len(members) < min(2, len(trajs)):
+            # Failures left no baseline: the group contributes nothing. A group that was one session
+            # to begin with (verl's rollout.n = 1) keeps its rows with advantage 0, as before.
+            ok = [False] * len(trajs)
         per_traj = []
         for traj, good in zip(trajs, ok, strict=True):
             rows, failed = rows_from_trajectory(traj, role, index, g)
