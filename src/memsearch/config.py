@@ -127,6 +127,20 @@ class Sampling(StrictConfig):
     seed: int | None = Field(0, description="Sampling seed (per request it is combined with the task id)")
 
 
+# Requests in flight of an openai backend unless set (``BackendConfig.max_concurrency``).
+OPENAI_MAX_CONCURRENCY = 8
+# Request-body fields memsearch sets itself, which ``extra_body`` may not replace, and where to set each.
+_OWNED_BODY_FIELDS = {
+    **dict.fromkeys(("model", "messages", "prompt", "stream", "n"), "the request itself"),
+    **dict.fromkeys(("temperature", "top_p", "seed"), "the backend's [sampling] table"),
+    **dict.fromkeys(("max_tokens", "max_completion_tokens"), "the budgets"),
+    **dict.fromkeys(("stop",), "the engine"),
+    **dict.fromkeys(("logprobs", "top_logprobs"), "asked only where a trainer reads them"),
+    **dict.fromkeys(("response_format", "guided_json", "json_schema", "guided_choice", "structured_outputs"),
+                    "schema_mode and schema_style"),
+}
+
+
 class BackendConfig(StrictConfig):
     """Which backend answers one role's calls."""
 
@@ -139,15 +153,66 @@ class BackendConfig(StrictConfig):
     base_url: str | None = Field(
         None, description="openai: e.g. http://127.0.0.1:8000/v1 (key only from MEMSEARCH_API_KEY)"
     )
-    max_concurrency: int = Field(16, ge=1, description="openai: requests in flight; hf: largest dynamic batch")
-    timeout_s: float = Field(120.0, gt=0, description="openai: per-request timeout")
-    max_retries: int = Field(4, ge=0, description="openai: retries on 429/5xx/connection errors")
+    max_concurrency: int = Field(
+        16, ge=1,
+        description=f"openai: requests in flight (default {OPENAI_MAX_CONCURRENCY}: a server that answers one request "
+        "at a time queues the rest, and their timeout runs while they queue there); hf: largest dynamic batch "
+        "(default 16)",
+    )
+    timeout_s: float = Field(
+        120.0, gt=0,
+        description="openai: limit of one attempt (connect, send, whole answer), counted from when it holds one of "
+        "the max_concurrency slots: waiting for a slot is not timed, waiting inside the server is",
+    )
+    max_retries: int = Field(
+        8, ge=0,
+        description="openai: retries of a request at most; retried: connection errors, timeouts, malformed answers, "
+        "HTTP 408, 429, 502, 503, 504 and a 500 whose body states no request error; never a 4xx or a 500 naming a "
+        "request error (context size, unsupported field): docs/design.md §4",
+    )
+    retry_window_s: float = Field(
+        60.0, ge=0,
+        description="openai: no retry starts later than this many seconds after the request's first failure. The "
+        "waits double from 0.25-0.5 s to 7.5-15 s (or the server's Retry-After on 429/503, at most 15 s), so the "
+        "default 8 retries span 30-60 s: a server restart within that is bridged",
+    )
+    extra_body: dict[str, Any] | None = Field(
+        None,
+        description="openai: engine-specific fields added to every request body, recorded in summary.json "
+        "(backend_stats: sent). Servers apply their own defaults to what a request does not name: llama-cpp-python's "
+        "server repeat_penalty 1.1, top_k 40, min_p 0.05 (neutralise: {repeat_penalty = 1.0, top_k = 0, min_p = "
+        "0.0}); vLLM the model's generation_config.json (start it with --generation-config vllm, or send "
+        "repetition_penalty = 1.0). vLLM token ids: {return_tokens_as_token_ids = true}. Fields memsearch sets "
+        "(model, messages, sampling, max_tokens, log-probs, the schema) are refused here",
+    )
+    schema_style: Literal["response_format", "guided_json", "llama_cpp"] = Field(
+        "response_format",
+        description="openai, schema_mode: how the JSON schema is sent: response_format (OpenAI json_schema form: "
+        "vLLM >= 0.6, SGLang, OpenAI), guided_json (older vLLM), llama_cpp (llama.cpp server's top-level "
+        "json_schema). Answers are checked against the schema; a server whose first 3 constrained answers all "
+        "fail it ignored the form, and every later request fails naming it",
+    )
+    context_tokens: int | None = Field(
+        None, ge=1,
+        description="openai: the server's context in tokens; a call whose reported prompt + completion tokens "
+        "exceed it fails (not retried: `transformers serve` answers 200 past the model's context). Unset: the "
+        "max_model_len the server's /models lists (vLLM, SGLang), else unchecked",
+    )
     sampling: Sampling = Field(default_factory=Sampling, description="Decoding parameters")
     schema_mode: bool = Field(
         False,
         description="hf: sample memory operations (decision mode) from the distribution renormalized on the "
-        "tokens the memory-ops JSON schema allows; the mask is recorded so training replays it",
+        "tokens the memory-ops JSON schema allows; the mask is recorded so training replays it. openai: the server "
+        "constrains them (schema_style); nothing replayable is recorded",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _openai_concurrency(cls, data: Any) -> Any:
+        # One field, two defaults: an HTTP client's slots are not a local decoder's batch.
+        if isinstance(data, dict) and data.get("kind") == "openai" and "max_concurrency" not in data:
+            return {**data, "max_concurrency": OPENAI_MAX_CONCURRENCY}
+        return data
     open_items: bool = Field(
         False,
         description="oracle (decision memory): also write open sub-questions (kind 'open') from the train "
@@ -164,6 +229,25 @@ class BackendConfig(StrictConfig):
             raise KeyProblems((
                 "open_items", f"open_items is an option of the oracle teacher (it reads labels); kind is {self.kind!r}"
             ))
+
+    @config_check
+    def _openai_fields(self, context: dict[str, Any]) -> None:
+        given = [name for name, default in (("extra_body", None), ("schema_style", "response_format"),
+                                            ("context_tokens", None)) if getattr(self, name) != default]
+        if self.kind != "openai":
+            if given:
+                raise KeyProblems(*[(name, f"read by kind 'openai' only (an HTTP server); kind is {self.kind!r}: "
+                                     "remove it") for name in given])
+            return
+        problems = []
+        for key in sorted(set(self.extra_body or {}) & set(_OWNED_BODY_FIELDS)):
+            problems.append((f"extra_body.{key}", f"set by memsearch ({_OWNED_BODY_FIELDS[key]}); remove it here"))
+        try:
+            json.dumps(self.extra_body, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            problems.append(("extra_body", f"not JSON ({exc}); use strings, numbers, booleans, arrays and tables"))
+        if problems:
+            raise KeyProblems(*problems)
 
     @config_check
     def _read_by_the_kind(self, context: dict[str, Any]) -> None:
@@ -247,7 +331,8 @@ class Backends(StrictConfig):
         description="Matrix only: the backend that writes the memory of the summary groups A and C (the seed's "
         "baseline_memory_backend), so they never summarize with the trained memory policy of B/D. Unset: "
         "backends.memory with its adapter removed and, when its model is a merged checkpoint (a folder with "
-        "memsearch_merge.json), that checkpoint's recorded base model; see group_config",
+        "memsearch_merge.json), that checkpoint's recorded base model; a served memory (kind 'openai') needs it "
+        "set (the matrix refuses otherwise); see group_config",
     )
 
 
@@ -477,9 +562,10 @@ class RunConfig(StrictConfig):
     @config_check
     def _schema_mode_runs_locally(self, context: dict[str, Any]) -> None:
         memory = self.backends.memory
-        if memory.schema_mode and memory.kind != "hf":
+        if memory.schema_mode and memory.kind not in ("hf", "openai"):
             raise KeyProblems(("backends.memory.schema_mode", "schema_mode = true needs backends.memory.kind = 'hf' "
-                               f"(constrained decoding runs in the local model); got kind {memory.kind!r}"))
+                               "(constrained decoding in the local model) or 'openai' (the server constrains it: "
+                               f"schema_style); got kind {memory.kind!r}"))
 
     @config_check
     def _group_overrides_validate(self, context: dict[str, Any]) -> None:
@@ -534,12 +620,20 @@ def baseline_memory_backend(backends: Backends) -> dict[str, Any]:
     run's ``backends.memory`` (every field as written: kind, sampling, limits) with ``adapter``
     removed, and, for ``kind = "hf"`` with a merged checkpoint as ``model`` (a folder holding
     ``memsearch_merge.json``, which ``memsearch merge-adapter`` writes), the base model that
-    checkpoint records. A served model (``kind = "openai"``) cannot be traced to its base: for
-    one that was trained, set ``baseline_memory``. Which backend was used is recorded in every
+    checkpoint records. A served model (``kind = "openai"``) cannot be traced to its base, so
+    without ``baseline_memory`` it is refused (``InputError``): A/C would otherwise summarise with
+    the served, perhaps trained, model without a word. Which backend was used is recorded in every
     summary (``memory_backend``).
     """
     if backends.baseline_memory is not None:
         return backends.baseline_memory.model_dump(mode="json")
+    if backends.memory.kind == "openai":
+        raise InputError(
+            f"backends.memory is a served model ({backends.memory.model!r} at {backends.memory.base_url}) and "
+            "backends.baseline_memory is unset: the summary groups A/C would summarise with that same model, "
+            "trained or not; set backends.baseline_memory to the original model's backend (a [backends."
+            "baseline_memory] table: kind, base_url, model), the same as backends.memory if it is untrained"
+        )
     memory = backends.memory.model_dump(mode="json")
     memory["adapter"] = None
     if memory["kind"] == "hf":

@@ -232,6 +232,27 @@ def test_max_tokens_gives_length(backend):
     assert result.text == backend.tokenizer.decode(list(result.completion_ids))
 
 
+def test_a_completion_the_context_cuts_is_context_truncated(tiny_model_dir):
+    """A prompt 8 tokens short of the model's context with max_tokens 32: the context ends the
+    completion (length, 8 tokens) and the result says so; max_tokens alone ending one does not."""
+    from memsearch.backends.hf.backend import HFBackend
+
+    tiny = HFBackend(str(tiny_model_dir), device="cpu", max_batch_size=2)
+    try:
+        context = tiny.decoder.context
+        ids = tuple([tiny.tokenizer.convert_tokens_to_ids("a")] * (context - 8))
+        def ask_ids(prompt, max_tokens):
+            sampling = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=1)
+            return run(tiny.generate([GenerationRequest(role="reader", prompt_ids=prompt, sampling=sampling)]))[0]
+
+        cut, whole = ask_ids(ids, 32), ask_ids(ids[:64], 4)
+    finally:
+        run(tiny.aclose())
+    assert (cut.finish_reason, len(cut.completion_ids), cut.context_truncated) == ("length", 8, True)
+    if whole.finish_reason == "length":
+        assert not whole.context_truncated
+
+
 def test_eos_gives_stop(backend):
     result = run(backend.generate([ask(QUESTIONS[0], max_tokens=40)]))[0]
     assert result.finish_reason == "stop"

@@ -2,7 +2,8 @@
 
 The server answers each request with the next scripted ``Action`` (status, body, headers,
 delay, or dropping the connection), then with an echo of the last message once the script is
-used up. It records every request and the most requests it ever had in flight.
+used up. It records every request and the most requests it ever had in flight; GET /models
+lists ``models`` (404 while that is None).
 """
 
 from __future__ import annotations
@@ -68,12 +69,15 @@ def chat_body(text: str, *, usage: bool = True, finish_reason: str = "stop", log
 class FaultServer:
     """A scripted OpenAI-compatible server on an ephemeral loopback port."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.actions: deque[Action] = deque()
         self.requests: list[dict[str, Any]] = []
         self.in_flight = 0
         self.max_in_flight = 0
         self.lock = threading.Lock()
+        # GET /models lists these ids (None: answered 404, a server without a model list).
+        self.models: list[str] | None = None
+        self.model_gets = 0
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -81,6 +85,18 @@ class FaultServer:
 
             def log_message(self, *args: Any) -> None:  # keep test output quiet
                 pass
+
+            def do_GET(self) -> None:
+                server.model_gets += 1
+                found = self.path.endswith("/models") and server.models is not None
+                entries = [{"id": m, "object": "model", "owned_by": "test", "created": 7, "max_model_len": 4096}
+                           for m in server.models or []]
+                data = json.dumps({"object": "list", "data": entries} if found else {"error": "not found"}).encode()
+                self.send_response(200 if found else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def do_POST(self) -> None:
                 with server.lock:
@@ -94,7 +110,7 @@ class FaultServer:
                     with server.lock:
                         server.in_flight -= 1
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.base_url = f"http://127.0.0.1:{self.port}/v1"

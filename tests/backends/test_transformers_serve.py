@@ -1,20 +1,35 @@
-"""The same eval through the `openai` backend against `transformers serve` (a real OpenAI-
-compatible server running the embedded model on loopback) and through the local `hf` backend
-gives the same kind of records."""
+"""The openai backend against `transformers serve` (a real OpenAI-compatible server running the
+embedded model on loopback): the same eval as the local `hf` backend gives the same kind of
+records; the served identity is checked; the server ignores ``response_format`` (detected); a
+prompt past the context is a failed task (exit 3), never a silent answer; a server restart is
+bridged by the retries.
+
+What this server does that the backend must not trust: a request for another model is a 400
+(it is pinned), but ``response_format`` is dropped with a log line and an unconstrained 200, and
+a prompt past the model's 8192 positions (9231 tokens tried) is answered 200 with garbage."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from memsearch.backends.base import GenerationRequest, SamplingParams
+from memsearch.backends.hf.constraint import memory_ops_constraint
+from memsearch.backends.openai import OpenAIBackend
+from memsearch.cli.app import EXIT_INCOMPLETE, app
 from memsearch.config import load_config
+from memsearch.errors import InputError
 from memsearch.eval.runner import run_eval
 from memsearch.io import iter_jsonl
 
@@ -29,31 +44,52 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def served_model():
-    from memsearch.assets.embedded import model_dir
+class Served:
+    """`transformers serve` on the embedded model: ``url`` (the API root), ``folder`` (the served
+    model name), ``restart()`` (killed and started again on the same port)."""
 
-    folder = str(model_dir())
-    exe = shutil.which("transformers", path=str(Path(sys.executable).parent))
-    if exe is None:
-        pytest.fail("the `transformers` CLI is missing: `uv sync` installs transformers[serving] in the dev group")
-    port = _free_port()
-    proc = subprocess.Popen([exe, "serve", folder, "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    def __init__(self) -> None:
+        from memsearch.assets.embedded import model_dir
+
+        self.folder = str(model_dir())
+        self.exe = shutil.which("transformers", path=str(Path(sys.executable).parent))
+        if self.exe is None:
+            pytest.fail("the `transformers` CLI is missing: `uv sync` installs transformers[serving] in the dev group")
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.proc = self._start()
+
+    def _start(self) -> subprocess.Popen:
+        proc = subprocess.Popen([self.exe, "serve", self.folder, "--host", "127.0.0.1", "--port", str(self.port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 180
         while time.time() < deadline:
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2)
+                return proc
             except OSError:
                 if proc.poll() is not None:
                     pytest.fail("transformers serve exited during start-up")
                 time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}/v1", folder
+        proc.kill()
+        pytest.fail("transformers serve did not answer /health within 180 s")
+
+    def restart(self) -> None:
+        self.stop()
+        self.proc = self._start()
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def served_model():
+    served = Served()
+    try:
+        yield served
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        served.stop()
 
 
 def _calls(run: Path) -> list[dict]:
@@ -62,7 +98,7 @@ def _calls(run: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_openai_backend_on_transformers_serve_matches_hf_records(served_model, hotpot_dev_dir, tmp_path):
-    url, folder = served_model
+    url, folder = served_model.url, served_model.folder
     demo = ROOT / "configs" / "demo.toml"
     api = [f'backends.{r}.{k}="{v}"' for r in ("memory", "controller", "reader")
            for k, v in (("kind", "openai"), ("base_url", url), ("model", folder))]
@@ -82,3 +118,83 @@ def test_openai_backend_on_transformers_serve_matches_hf_records(served_model, h
     # per-token log-probs; this server returns text only.
     assert all(c["completion_ids"] and c["logprobs"] for c in local_calls)
     assert all(c["completion_ids"] is None for c in served_calls)
+
+
+def _backend(served: Served, **kw) -> OpenAIBackend:
+    return OpenAIBackend(served.url, kw.pop("model", served.folder), timeout_s=kw.pop("timeout_s", 120), **kw)
+
+
+def _ask(backend: OpenAIBackend, requests: list[GenerationRequest]):
+    async def go():
+        try:
+            return await backend.generate(requests)
+        finally:
+            await backend.aclose()
+
+    return asyncio.run(go())
+
+
+def _hello(i: int, **kw) -> GenerationRequest:
+    return GenerationRequest(role="memory", messages=({"role": "user", "content": f"Say hello number {i}."},),
+                             sampling=SamplingParams(max_tokens=48), **kw)
+
+
+@pytest.mark.slow
+def test_the_served_identity_is_checked_and_recorded(served_model):
+    backend = _backend(served_model)
+    identity = asyncio.run(backend.check_model())
+    assert identity["verified"] is True
+    assert (identity["entry"]["id"], identity["entry"]["owned_by"]) == (served_model.folder, "local")
+    with pytest.raises(InputError, match=f"model 'no-such-model' is not served at {served_model.url}: its /models "
+                                         f"lists '{served_model.folder}'"):
+        asyncio.run(_backend(served_model, model="no-such-model").check_model())
+
+
+@pytest.mark.slow
+def test_transformers_serve_ignores_response_format_and_is_stopped(served_model):
+    """Three constrained calls: the server answers free text under a 200; the third names it."""
+    backend = _backend(served_model, max_concurrency=1)
+    results = _ask(backend, [_hello(i, constraint=memory_ops_constraint(3)) for i in range(4)])
+    assert [r.ok for r in results[:2]] == [True, True] and not results[0].text.lstrip().startswith("{")
+    assert results[2].error.startswith(f"the server at {served_model.url} ignored the response_format schema "
+                                       "constraint: its first 3 constrained answers do not satisfy the schema")
+    assert results[3].attempts == 0 and "ignored the response_format" in results[3].error  # not sent
+    stats = backend.stats()
+    assert stats["schema_ignored"] == 3 and stats["sent"]["requests_with"] == {"response_format": 3}
+    assert stats["completion_ids"] == "unavailable" and stats["sent"]["requests"] == 3
+
+
+@pytest.mark.slow
+def test_a_prompt_past_the_context_is_a_failed_task_and_exit_3(served_model, hotpot_dev_dir, tmp_path):
+    """With a context of 64 tokens every prompt is past it: the server answers 200 (it checks no
+    context), memsearch fails the call without retrying it, the task fails, the CLI exits 3."""
+    out = tmp_path / "run"
+    sets = [*SMALL[1:], "limit=1"]
+    sets += [f"backends.{r}.{k}" for r in ("memory", "controller", "reader")
+             for k in (f'base_url="{served_model.url}"', f"model={json.dumps(served_model.folder)}",
+                       "context_tokens=64")]
+    args = ["eval", "run", "--config", ROOT / "configs" / "api.toml", "--data", hotpot_dev_dir, "--out", out]
+    result = CliRunner().invoke(app, [str(a) for a in args] + [a for s in sets for a in ("--set", s)])
+    assert result.exit_code == EXIT_INCOMPLETE, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] is False and summary["tasks"]["failed"] == 1 and summary["metrics"]["em"] == 0
+    calls = _calls(out)
+    assert calls and all("past the server's context" in c["error"] and c["attempts"] == 1 for c in calls)
+    (stats,) = summary["backend_stats"]
+    assert stats["stats"]["errors"] == {"past_context": len(calls)} and stats["stats"]["retries"] == 0
+
+
+@pytest.mark.slow
+def test_a_server_restart_is_bridged_by_the_retries(served_model):
+    """The server is killed and started again (~10-30 s here) while a request waits to retry."""
+    thread = threading.Thread(target=served_model.restart)
+    served_model.stop()  # down now; restart() stops the dead process again, harmlessly
+    thread.start()
+    try:
+        backend = _backend(served_model, max_retries=40, retry_window_s=170, backoff_base_s=0.5, backoff_max_s=4)
+        [result] = _ask(backend, [_hello(0)])
+    finally:
+        thread.join()
+    assert result.ok and result.usage.source == "reported", result.error
+    stats = backend.stats()
+    assert stats["errors"]["connection"] >= 3 and stats["retries"] == result.attempts - 1

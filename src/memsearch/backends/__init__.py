@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from memsearch.backends.base import (
     Constraint,
     GenerationRequest,
@@ -34,7 +36,9 @@ def make_backend(cfg, tokenizer, dataset=None) -> PolicyBackend:
         if not cfg.base_url:
             raise InputValueError("backend kind 'openai' needs base_url, e.g. http://127.0.0.1:8000/v1")
         return OpenAIBackend(base_url=cfg.base_url, model=cfg.model, max_concurrency=cfg.max_concurrency,
-                             timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, tokenizer=tokenizer)
+                             timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, retry_window_s=cfg.retry_window_s,
+                             tokenizer=tokenizer, extra_body=cfg.extra_body, schema_style=cfg.schema_style,
+                             context_tokens=cfg.context_tokens)
     if cfg.kind == "oracle":
         from memsearch.backends.oracle import OracleBackend
 
@@ -44,5 +48,14 @@ def make_backend(cfg, tokenizer, dataset=None) -> PolicyBackend:
     raise InputValueError(f"unknown backend kind {cfg.kind!r}: expected one of {', '.join(BACKEND_KINDS)}")
 
 
+async def check_served_models(backends: Mapping[str, PolicyBackend]) -> None:
+    """Ask each distinct backend that serves a model over HTTP what it serves (``check_model``:
+    GET /models, kept as its ``served_identity``); ``InputError`` when a server cannot be reached
+    or lists models without the configured one. Called once before a run's first task."""
+    for backend in {id(b): b for b in backends.values()}.values():
+        if hasattr(backend, "check_model"):
+            await backend.check_model()
+
+
 __all__ = ["BACKEND_KINDS", "Constraint", "GenerationRequest", "GenerationResult", "PolicyBackend",
-           "SamplingParams", "Usage", "make_backend"]
+           "SamplingParams", "Usage", "check_served_models", "make_backend"]

@@ -18,7 +18,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to decode. ``temperature == 0`` means greedy."""
+    """How to decode. ``temperature == 0`` means greedy. ``logprobs``: ask for per-token
+    log-probs; the engine sets it only for the roles whose log-probs a consumer reads (a
+    trainer's rollouts), since a server may pay for them on every token (``engine.episode``)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -80,6 +82,9 @@ class GenerationResult:
     # The id of the constraint the tokens were sampled under (schema mode), so training can
     # replay its masks; None when decoding was unconstrained.
     constraint_id: str | None = None
+    # The server's context cut the completion: finish_reason "length" with fewer completion
+    # tokens than the request's max_tokens (a completion cut at max_tokens is the budget working).
+    context_truncated: bool = False
 
     @property
     def ok(self) -> bool:

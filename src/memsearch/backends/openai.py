@@ -1,8 +1,9 @@
-"""Policy backend for any OpenAI-compatible server: vLLM, SGLang, `transformers serve`, hosted APIs.
+"""Policy backend for any OpenAI-compatible server: vLLM, SGLang, llama.cpp, `transformers serve`, hosted APIs.
 
-    backend = OpenAIBackend("http://127.0.0.1:8000/v1", model="Qwen/Qwen3-8B", max_concurrency=32)
+    backend = OpenAIBackend("http://127.0.0.1:8000/v1", model="Qwen/Qwen3-8B", max_concurrency=8)
+    await backend.check_model()     # the served identity, or InputError when the server lists another model
     results = await backend.generate(requests)
-    print(backend.stats())          # request errors and retries, for the run summary
+    print(backend.stats())          # request errors and retries, what was sent, for the run summary
     await backend.aclose()
 
 Chat requests go to ``{base_url}/chat/completions``; requests that carry ``prompt_ids`` instead
@@ -14,22 +15,34 @@ on the instance, and scrubbed (when it has at least 8 characters) from every err
 produce and from every completion we return. Completion text has lone surrogates (a JSON
 ``"\\ud800"`` escape) replaced by U+FFFD, so a trajectory holding it can always be written.
 
-Failures never raise out of ``generate``: 429, 5xx, connection errors, timeouts and malformed
-bodies are retried with exponential backoff and full jitter (``Retry-After`` honoured on 429);
-other 4xx are not retried. A request that still fails comes back with ``error`` set and
-``finish_reason == "error"``, and is counted in ``stats()``. A body (or completion) larger than
-the request can legitimately return is read no further and not retried (``response_limits``).
+Failures never raise out of ``generate``: a request that fails comes back with ``error`` set and
+``finish_reason == "error"``, and is counted in ``stats()``. What is retried, for how long and
+how often is ``retry_policy``'s rule (docs/design.md §4); a body (or completion) larger than the
+request can legitimately return is read no further and not retried (``response_limits``). The
+timeout of an attempt runs from when it holds one of the ``max_concurrency`` slots, so time
+queued behind this client's own requests does not count (time queued inside the server does).
+
+What the server is checked for, where it can be told:
+
+- the model name against ``GET /models`` (``check_model``; else on first use): a listed model
+  that is not ours refuses every request (``served_model``);
+- the context: a call whose reported prompt + completion tokens exceed ``context_tokens`` (or
+  the ``max_model_len`` the server lists) failed, not retried, since some servers (`transformers
+  serve`) answer a 200 past the model's context; a completion the context cut short
+  (``finish_reason`` "length" below ``max_tokens``) is marked ``context_truncated``;
+- schema mode: each constrained answer is checked against its schema (``schema_check``); when
+  the first ``SCHEMA_IGNORED_LIMIT`` are all unconstrained text, the server ignored the
+  ``schema_style`` form and every later request fails naming it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import re
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Literal
@@ -39,27 +52,35 @@ from memsearch.backends.base import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
-    Usage,
 )
-from memsearch.backends.response_limits import (
-    OversizedResponse,
-    check_completion,
-    describe_limit,
-    read_bounded,
-    response_byte_limit,
-)
+from memsearch.backends.openai_answer import API_KEY_ENV, Malformed, parse_answer, scrub, scrubbed, snippet
+from memsearch.backends.response_limits import OversizedResponse, describe_limit, read_bounded, response_byte_limit
+from memsearch.backends.retry_policy import RETRY_AFTER_STATUSES, backoff_s, retry_after_s, status_retried
+from memsearch.backends.schema_check import schema_problem
+from memsearch.backends.served_model import identity_from_models, listed_context, unverified
+from memsearch.errors import InputError
 from memsearch.io import Backoff, LoopSession
-from memsearch.text.safe_text import replace_lone_surrogates
 from memsearch.tokenizer import Tokenizer
 
-API_KEY_ENV = "MEMSEARCH_API_KEY"
-
 ChoiceStyle = Literal["guided", "structured_outputs"]
+# How a JSON schema is sent (``constraint_body``): the OpenAI structured-output field, vLLM's
+# older extra field, llama.cpp server's own top-level field.
+SchemaStyle = Literal["response_format", "guided_json", "llama_cpp"]
+SCHEMA_STYLES: tuple[str, ...] = ("response_format", "guided_json", "llama_cpp")
 
-# vLLM returns token strings in logprobs; with ``return_tokens_as_token_ids`` they read
-# "token_id:123", which is the only way to get completion ids from its chat endpoint.
-_TOKEN_ID_RE = re.compile(r"^token_id:(-?\d+)$")
-_SNIPPET_CHARS = 200
+# Constrained answers that fail their schema, all of the first ones, before the server is taken
+# to ignore the constraint (a constraining server never answers one, short of a cut-off answer).
+SCHEMA_IGNORED_LIMIT = 3
+# The model list is small; a body past this is no model list.
+MODELS_BODY_BYTES = 8 << 20
+# An attempt at GET /models waits at most this long (or the request timeout if shorter).
+MODELS_TIMEOUT_S = 30.0
+
+# OpenAI's json_schema "name": letters, digits, '_' and '-', at most 64 characters.
+_SCHEMA_NAME_RE = re.compile(r"[^A-Za-z0-9_-]")
+# Body fields whose distinct values ``sent_fields`` records (the rest are counted per request).
+_SENT_VALUES = ("temperature", "top_p", "max_tokens")
+_NOT_RECORDED = ("model", "messages", "prompt")
 
 
 def _aiohttp():
@@ -70,12 +91,16 @@ def _aiohttp():
     return aiohttp
 
 
-def constraint_body(constraint: Constraint | None, choice_style: ChoiceStyle = "guided") -> dict[str, Any]:
-    """Request-body fields that enforce ``constraint`` on an OpenAI-compatible server.
+def constraint_body(constraint: Constraint | None, choice_style: ChoiceStyle = "guided",
+                    schema_style: SchemaStyle = "response_format") -> dict[str, Any]:
+    """Request-body fields that enforce ``constraint`` on an OpenAI-compatible server; the one
+    place of these forms.
 
-    - ``json_schema`` -> ``response_format = {"type": "json_schema", "json_schema": {"name":
-      constraint.id, "schema": schema}}``: the OpenAI structured-output field, understood by
-      hosted APIs, vLLM and SGLang on both endpoints.
+    - ``json_schema``, by ``schema_style``: ``"response_format"`` -> ``response_format =
+      {"type": "json_schema", "json_schema": {"name": <constraint.id as a name>, "schema": ...}}``,
+      the OpenAI structured-output field (hosted APIs, vLLM >= 0.6, SGLang; on both endpoints);
+      ``"guided_json"`` -> ``guided_json = schema`` (older vLLM's extra field); ``"llama_cpp"`` ->
+      ``json_schema = schema`` (llama.cpp server's own top-level field).
     - ``choices`` -> ``guided_choice = [...]`` (vLLM's extra parameter, ``choice_style="guided"``)
       or ``structured_outputs = {"choice": [...]}`` (newer vLLM, ``"structured_outputs"``).
       Hosted APIs have no choice constraint; use a JSON schema with an ``enum`` there.
@@ -84,10 +109,16 @@ def constraint_body(constraint: Constraint | None, choice_style: ChoiceStyle = "
         return {}
     body: dict[str, Any] = {}
     if constraint.json_schema is not None:
-        body["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": constraint.id, "schema": constraint.json_schema},
-        }
+        schema = constraint.json_schema
+        if schema_style == "response_format":
+            name = _SCHEMA_NAME_RE.sub("_", constraint.id)[:64] or "schema"
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+        elif schema_style == "guided_json":
+            body["guided_json"] = schema
+        elif schema_style == "llama_cpp":
+            body["json_schema"] = schema
+        else:
+            raise ValueError(f"unknown schema_style {schema_style!r}; valid: {', '.join(SCHEMA_STYLES)}")
     if constraint.choices is not None:
         if choice_style == "guided":
             body["guided_choice"] = list(constraint.choices)
@@ -98,38 +129,17 @@ def constraint_body(constraint: Constraint | None, choice_style: ChoiceStyle = "
     return body
 
 
-# Shorter keys are not scrubbed: replacing a 1-character "key" would mangle every message, and
-# no real API key is that short.
-MIN_SCRUBBED_KEY_CHARS = 8
+def constraint_problem(text: str, constraint: Constraint) -> str | None:
+    """Why ``text`` is not an answer ``constraint`` allows, else ``None``."""
+    if constraint.json_schema is not None:
+        return schema_problem(text, constraint.json_schema)
+    if constraint.choices is not None and text not in constraint.choices:
+        return f"{text[:80]!r} is none of the {len(constraint.choices)} choices"
+    return None
 
 
-def _scrub(text: str) -> str:
-    """``text`` with the API key (if one of at least 8 characters is set) replaced, for anything
-    we log, return or store, completions included (a server may echo the key back)."""
-    key = os.environ.get(API_KEY_ENV)
-    if key and len(key) >= MIN_SCRUBBED_KEY_CHARS:
-        text = text.replace(key, "***")
-    return text
-
-
-def _snippet(raw: bytes) -> str:
-    text = raw[:_SNIPPET_CHARS].decode("utf-8", errors="replace").strip()
-    return " ".join(text.split())
-
-
-def _retry_after_s(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (the HTTP-date form is ignored)."""
-    if value is None:
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None
-    return seconds if seconds >= 0 else None
-
-
-class _Malformed(Exception):
-    """A 2xx response whose body is not a usable completion (retried)."""
+class _NotRetried(Exception):
+    """A 2xx answer that is a deterministic failure (past the context): not retried."""
 
 
 class OpenAIBackend:
@@ -137,18 +147,24 @@ class OpenAIBackend:
 
     Args:
         base_url: API root including the version, e.g. ``"http://127.0.0.1:8000/v1"``.
-        model: model name sent in every request.
+        model: model name sent in every request, checked against the server's ``/models``.
         max_concurrency: most requests in flight at once, shared by every episode using this
             instance; also the HTTP connection-pool size.
-        timeout_s: wall-clock limit of one attempt (connect + send + full response).
-        max_retries: retries after the first attempt, so at most ``max_retries + 1`` attempts.
-        backoff_base_s: first retry waits up to this long; doubles with every retry (full jitter).
+        timeout_s: wall-clock limit of one attempt (connect + send + full response), counted
+            from when the attempt holds a concurrency slot.
+        max_retries: retries after the first attempt, at most.
+        retry_window_s: no retry starts later than this many seconds after the request's first
+            failure (with the backoff defaults, ``max_retries`` = 8 retries span 30-60 s).
+        backoff_base_s: first retry waits 1/2 to 1 times this; the step doubles every retry.
         backoff_max_s: cap on any wait, including a server's ``Retry-After``.
         tokenizer: used only to estimate usage when the server reports none
             (``Usage(source="estimated")``); estimates are never mixed with reported numbers.
         extra_body: server-specific fields merged into every request body last (they win), e.g.
             ``{"top_k": 20, "return_tokens_as_token_ids": True}`` for vLLM.
         choice_style: how a ``choices`` constraint is sent (see ``constraint_body``).
+        schema_style: how a JSON-schema constraint is sent (see ``constraint_body``).
+        context_tokens: the server's context; ``None``: the ``max_model_len`` its ``/models``
+            entry states, if any (see the module doc).
         seed: seeds the backoff jitter (not the model).
     """
 
@@ -162,32 +178,42 @@ class OpenAIBackend:
         base_url: str,
         model: str,
         *,
-        max_concurrency: int = 16,
+        max_concurrency: int = 8,
         timeout_s: float = 120.0,
-        max_retries: int = 3,
+        max_retries: int = 8,
+        retry_window_s: float = 60.0,
         backoff_base_s: float = 0.5,
-        backoff_max_s: float = 30.0,
+        backoff_max_s: float = 15.0,
         tokenizer: Tokenizer | None = None,
         extra_body: dict[str, Any] | None = None,
         choice_style: ChoiceStyle = "guided",
+        schema_style: SchemaStyle = "response_format",
+        context_tokens: int | None = None,
         seed: int | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if timeout_s <= 0 or retry_window_s < 0:
+            raise ValueError(f"timeout_s must be > 0 and retry_window_s >= 0, got {timeout_s}, {retry_window_s}")
         if choice_style not in ("guided", "structured_outputs"):
             raise ValueError(f"unknown choice_style {choice_style!r}; valid: 'guided', 'structured_outputs'")
+        if schema_style not in SCHEMA_STYLES:
+            raise ValueError(f"unknown schema_style {schema_style!r}; valid: {', '.join(SCHEMA_STYLES)}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.max_concurrency = max_concurrency
         self.timeout_s = timeout_s
         self.max_retries = max_retries
+        self.retry_window_s = retry_window_s
         self.tokenizer = tokenizer
         self.extra_body = dict(extra_body or {})
         self.choice_style = choice_style
+        self.schema_style = schema_style
+        self.context_tokens = context_tokens
+        # What GET /models says about our model (``served_model``); None until checked.
+        self.served_identity: dict[str, Any] | None = None
         self._backoff = Backoff(backoff_base_s, backoff_max_s, seed)
         # The HTTP library costs hundreds of ms to import: pay that here, at setup, rather
         # than inside the event loop on the first request while every episode waits.
@@ -197,26 +223,70 @@ class OpenAIBackend:
         self._pool = LoopSession(max_concurrency, proxy=lambda: _env_proxy(self.base_url))
         self._counts: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
+        self._sent_values: defaultdict[str, set] = defaultdict(set)
+        self._sent_with: Counter[str] = Counter()
+        # Set when every request must fail without being sent: the model is not served, or the
+        # server ignores the schema constraint.
+        self._refusal: str | None = None
+        self._schema_answers_ok = False  # a constrained answer has satisfied its schema
+        self._schema_bad_start = 0  # constrained answers failing their schema before one satisfied it
+        self._check: tuple[Any, Any] | None = None  # (event loop, its GET /models task)
 
     def __repr__(self) -> str:
         return (
             f"OpenAIBackend(base_url={self.base_url!r}, model={self.model!r}, "
-            f"max_concurrency={self.max_concurrency}, timeout_s={self.timeout_s}, max_retries={self.max_retries})"
+            f"max_concurrency={self.max_concurrency}, timeout_s={self.timeout_s}, max_retries={self.max_retries}, "
+            f"retry_window_s={self.retry_window_s})"
         )
 
     # ----------------------------------------------------------------------------- public API
 
+    async def check_model(self) -> dict[str, Any]:
+        """Ask ``GET {base_url}/models`` once and keep the answer as ``served_identity``
+        (returned): ``InputError`` when the server cannot be reached or lists models without
+        ours (every later request then fails unsent). A server with no model list is recorded
+        as unverified."""
+        aiohttp = _aiohttp()
+        try:
+            # A session of its own, closed here: the caller's event loop may end right after.
+            async with aiohttp.ClientSession(proxy=_env_proxy(self.base_url)) as session:
+                return await self._fetch_identity(session)
+        except (TimeoutError, OSError, OversizedResponse, aiohttp.ClientError) as exc:
+            raise InputError(f"{self.base_url}: GET /models failed ({type(exc).__name__}: {scrub(str(exc))}); "
+                             "is the server running and base_url right?") from None
+
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Results in request order; calls run concurrently up to ``max_concurrency``."""
+        if self.served_identity is None and self._refusal is None:
+            await self._check_once()
         return list(await asyncio.gather(*(self._generate_one(r) for r in requests)))
 
     def stats(self) -> dict[str, Any]:
         """Counters since construction: ``requests``, ``succeeded``, ``failed``, ``attempts``,
-        ``retries``, and ``errors`` (failed attempts by kind: ``http_429``, ``http_5xx``,
-        ``http_4xx``, ``http_other``, ``timeout``, ``connection``, ``malformed``, ``oversized``,
-        ``internal``)."""
-        keys = ("requests", "succeeded", "failed", "attempts", "retries")
-        return {**{k: self._counts[k] for k in keys}, "errors": dict(self._errors)}
+        ``retries``, ``errors`` (failed attempts by kind: ``http_429``, ``http_5xx``, ``http_4xx``,
+        ``http_other``, ``timeout``, ``connection``, ``malformed``, ``oversized``,
+        ``past_context``, ``refused``, ``internal``), ``context_truncated`` and
+        ``schema_ignored`` (answers), ``completion_ids`` (whether the server returned token ids:
+        ``"returned"``, ``"unavailable"`` or ``"partial: k of n"``), ``sent`` (``sent_fields``)
+        and ``served_identity``."""
+        keys = ("requests", "succeeded", "failed", "attempts", "retries", "context_truncated", "schema_ignored")
+        ok, with_ids = self._counts["succeeded"], self._counts["with_ids"]
+        ids = "unavailable" if not with_ids else ("returned" if with_ids == ok else f"partial: {with_ids} of {ok}")
+        return {**{k: self._counts[k] for k in keys}, "errors": dict(self._errors), "completion_ids": ids,
+                "sent": self.sent_fields(), "served_identity": self.served_identity}
+
+    def sent_fields(self) -> dict[str, Any]:
+        """What the request bodies carried besides model and prompt: the distinct values of
+        ``temperature``, ``top_p`` and ``max_tokens``, how many requests carried each other
+        field (``seed``, ``stop``, ``logprobs``, the constraint's field, ``extra_body``'s), and
+        ``extra_body`` itself: the sampling a run really asked the server for."""
+        return {
+            "requests": self._counts["requests_sent"],
+            "values": {k: _sorted(v) for k, v in sorted(self._sent_values.items())},
+            "requests_with": dict(sorted(self._sent_with.items())),
+            "extra_body": scrubbed(self.extra_body),
+            "schema_style": self.schema_style,
+        }
 
     async def aclose(self) -> None:
         """Close the connection pool (a later request opens a new one)."""
@@ -244,19 +314,59 @@ class OpenAIBackend:
                 body.update(logprobs=True, top_logprobs=0)
             else:
                 body["logprobs"] = 0  # legacy completions: number of top alternatives
-        body.update(constraint_body(request.constraint, self.choice_style))
+        body.update(constraint_body(request.constraint, self.choice_style, self.schema_style))
         body.update(self.extra_body)
         return path, body
 
     # ------------------------------------------------------------------------------ internals
 
-    def _backoff_s(self, retry: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return min(retry_after, self._backoff.max_s)
-        return self._backoff.delay_s(retry)
+    async def _fetch_identity(self, session: Any = None) -> dict[str, Any]:
+        session = session if session is not None else self._pool.get()[0]
+        async with asyncio.timeout(min(self.timeout_s, MODELS_TIMEOUT_S)):
+            async with session.get(self.base_url + "/models", headers=self._headers(),
+                                   allow_redirects=False) as response:
+                status = response.status
+                raw = await read_bounded(response, MODELS_BODY_BYTES, f"the {MODELS_BODY_BYTES:,}-byte cap of a "
+                                         "model list")
+        try:
+            identity = identity_from_models(raw, status, self.base_url, self.model)
+        except InputError as exc:
+            self._refusal = scrub(str(exc))
+            raise InputError(self._refusal) from None
+        self.served_identity = scrubbed(identity)
+        if self.context_tokens is None:
+            self.context_tokens = listed_context(identity)
+        return self.served_identity
+
+    async def _check_once(self) -> None:
+        """The model check on first use, when ``check_model`` was not called: one GET per
+        backend (one task however many episodes start together). A server that cannot be
+        reached then is recorded as unverified; its requests meet the retry policy."""
+        loop = asyncio.get_running_loop()
+        if self._check is None or self._check[0] is not loop:
+            self._check = (loop, loop.create_task(self._fetch_identity()))
+        try:
+            await asyncio.shield(self._check[1])
+        except InputError:
+            pass  # kept in _refusal: every request fails naming it
+        except Exception as exc:  # noqa: BLE001 - unreachable or odd: not checked, said so
+            if self.served_identity is None:
+                why = f"GET /models failed at first use ({type(exc).__name__}: {scrub(str(exc))})"
+                self.served_identity = unverified(self.base_url, self.model, why)
+
+    def _note_sent(self, body: dict[str, Any]) -> None:
+        self._counts["requests_sent"] += 1
+        for key, value in body.items():
+            if key in _SENT_VALUES:
+                self._sent_values[key].add(value)
+            elif key not in _NOT_RECORDED:
+                self._sent_with[key] += 1
 
     async def _generate_one(self, request: GenerationRequest) -> GenerationResult:
         self._counts["requests"] += 1
+        if self._refusal is not None:
+            self._errors["refused"] += 1
+            return self._failure(self._refusal, 0, time.perf_counter(), None, request)
         if request.prompt_ids is None and not request.messages:
             self._counts["failed"] += 1
             self._errors["internal"] += 1
@@ -273,7 +383,7 @@ class OpenAIBackend:
             self._counts["failed"] += 1
             self._errors["internal"] += 1
             return GenerationResult(
-                text="", finish_reason="error", error=_scrub(f"internal: {type(exc).__name__}: {exc}"), attempts=0
+                text="", finish_reason="error", error=scrub(f"internal: {type(exc).__name__}: {exc}"), attempts=0
             )
         aiohttp = _aiohttp()
         url = self.base_url + path
@@ -282,16 +392,28 @@ class OpenAIBackend:
         reason = ""
         retry_after: float | None = None
         start = time.perf_counter()
+        first_failure: float | None = None
         while True:
             if attempts > 0:
+                wait = backoff_s(self._backoff, attempts, retry_after)
+                if attempts > self.max_retries or time.perf_counter() + wait - first_failure > self.retry_window_s:
+                    spent = (f"{self.max_retries} retries" if attempts > self.max_retries
+                             else f"the {self.retry_window_s:g} s retry window")
+                    return self._failure(f"{reason} ({spent} spent)", attempts, start, last_status, request)
                 self._counts["retries"] += 1
-                await asyncio.sleep(self._backoff_s(attempts, retry_after))
-            attempts += 1
-            self._counts["attempts"] += 1
+                await asyncio.sleep(wait)
             retry_after = None
             kind = ""
             try:
+                # The timeout starts once a slot is held: our own queue is not the server's slowness.
                 async with semaphore:
+                    if self._refusal is not None:  # decided while this request waited
+                        self._errors["refused"] += 1
+                        return self._failure(self._refusal, attempts, start, last_status, request)
+                    attempts += 1
+                    self._counts["attempts"] += 1
+                    if attempts == 1:
+                        self._note_sent(body)
                     async with asyncio.timeout(self.timeout_s):
                         async with session.post(
                             url, data=payload, headers=self._headers(), allow_redirects=False
@@ -300,20 +422,21 @@ class OpenAIBackend:
                             retry_header = response.headers.get("Retry-After")
                             raw = await read_bounded(response, limit, describe_limit(body, limit))
                 if 200 <= code < 300:
-                    result = self._parse(request, raw, body)
-                    self._counts["succeeded"] += 1
-                    return replace(result, latency_s=time.perf_counter() - start, attempts=attempts)
-                reason = f"HTTP {code}: {_snippet(raw)}"
-                if code == 429:
-                    kind = "http_429"
-                    retry_after = _retry_after_s(retry_header)
-                elif code >= 500:
-                    kind = "http_5xx"
-                else:
-                    self._errors["http_4xx" if code >= 400 else "http_other"] += 1
-                    return self._failure(reason + " (not retried)", attempts, start, last_status, request)
-            except _Malformed as exc:
+                    return self._success(request, raw, body, attempts, start)
+                reason = f"HTTP {code}: {snippet(raw)}"
+                retried, why = status_retried(code, raw)
+                kind = "http_429" if code == 429 else "http_5xx" if code >= 500 else (
+                    "http_4xx" if code >= 400 else "http_other")
+                if not retried:
+                    self._errors[kind] += 1
+                    return self._failure(f"{reason} ({why})", attempts, start, last_status, request)
+                if code in RETRY_AFTER_STATUSES:
+                    retry_after = retry_after_s(retry_header)
+            except Malformed as exc:
                 kind, reason = "malformed", f"malformed response: {exc}"
+            except _NotRetried as exc:
+                self._errors["past_context"] += 1
+                return self._failure(f"{exc} (not retried)", attempts, start, last_status, request)
             except OversizedResponse as exc:
                 # A server that ignores max_tokens will do so again: not retried.
                 self._errors["oversized"] += 1
@@ -327,8 +450,54 @@ class OpenAIBackend:
                 self._errors["internal"] += 1
                 return self._failure(f"internal: {type(exc).__name__}: {exc}", attempts, start, last_status, request)
             self._errors[kind] += 1
-            if attempts > self.max_retries:
-                return self._failure(reason, attempts, start, last_status, request)
+            if first_failure is None:
+                first_failure = time.perf_counter()
+
+    def _success(self, request: GenerationRequest, raw: bytes, body: dict[str, Any], attempts: int,
+                 start: float) -> GenerationResult:
+        """The result of a 2xx answer, judged against the context and the constraint."""
+        result = parse_answer(request, raw, body, self.tokenizer)
+        self._check_context(result)
+        problem = None
+        if request.constraint is not None and result.finish_reason == "stop":
+            problem = constraint_problem(result.text, request.constraint)
+            self._judge_schema(problem)
+        if self._refusal is not None and problem is not None:
+            self._errors["refused"] += 1
+            return self._failure(self._refusal, attempts, start, None, request)
+        self._counts["succeeded"] += 1
+        self._counts["with_ids"] += result.completion_ids is not None
+        self._counts["context_truncated"] += result.context_truncated
+        return replace(result, latency_s=time.perf_counter() - start, attempts=attempts)
+
+    def _check_context(self, result: GenerationResult) -> None:
+        """``_NotRetried`` when the call's reported tokens exceed the server's context."""
+        context, usage = self.context_tokens, result.usage
+        if context is None or usage.source != "reported" or usage.prompt_tokens is None:
+            return
+        used = usage.prompt_tokens + (usage.completion_tokens or 0)
+        if used > context:
+            raise _NotRetried(
+                f"past the server's context: {usage.prompt_tokens} prompt + {usage.completion_tokens or 0} completion "
+                f"tokens, over its {context} (context_tokens, or the max_model_len its /models lists); the answer is "
+                "not used: give the server a longer context or lower the budgets")
+
+    def _judge_schema(self, problem: str | None) -> None:
+        """Count a constrained answer that fails its constraint; when the first
+        ``SCHEMA_IGNORED_LIMIT`` all did, the server ignores the constraint's form."""
+        if problem is None:
+            self._schema_answers_ok = True
+            return
+        self._counts["schema_ignored"] += 1
+        if self._schema_answers_ok:
+            return
+        self._schema_bad_start += 1
+        if self._schema_bad_start >= SCHEMA_IGNORED_LIMIT and self._refusal is None:
+            self._refusal = scrub(
+                f"the server at {self.base_url} ignored the {self.schema_style} schema constraint: its first "
+                f"{self._schema_bad_start} constrained answers do not satisfy the schema (last: {problem}); set "
+                "schema_style to the form your engine accepts (response_format: vLLM >= 0.6, SGLang, OpenAI; "
+                "guided_json: older vLLM; llama_cpp: llama.cpp's server), or use a server that constrains output")
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
@@ -342,7 +511,7 @@ class OpenAIBackend:
     ) -> GenerationResult:
         self._counts["failed"] += 1
         status = f", last HTTP status {last_status}" if last_status is not None else ""
-        error = _scrub(f"{reason} [{attempts} attempt{'s' if attempts != 1 else ''}{status}]")
+        error = scrub(f"{reason} [{attempts} attempt{'s' if attempts != 1 else ''}{status}]")
         return GenerationResult(
             text="",
             finish_reason="error",
@@ -352,75 +521,12 @@ class OpenAIBackend:
             attempts=attempts,
         )
 
-    def _parse(self, request: GenerationRequest, raw: bytes, body: dict[str, Any]) -> GenerationResult:
-        """A result from a 2xx body to the request ``body``; raises ``_Malformed`` for anything
-        unusable and ``OversizedResponse`` for a completion longer than ``body`` asked for."""
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise _Malformed(f"invalid JSON body: {_snippet(raw)!r}") from None
-        if not isinstance(data, dict):
-            raise _Malformed("body is not a JSON object")
-        choices = data.get("choices")
-        if not isinstance(choices, list) or not choices:
-            raise _Malformed("missing or empty 'choices'")
-        choice = choices[0]
-        if not isinstance(choice, dict):
-            raise _Malformed("choices[0] is not an object")
-        chat = request.prompt_ids is None
-        if chat:
-            message = choice.get("message")
-            if not isinstance(message, dict):
-                raise _Malformed("choices[0] has no 'message'")
-            text = message.get("content") or ""
-        else:
-            if "text" not in choice:
-                raise _Malformed("choices[0] has no 'text'")
-            text = choice.get("text") or ""
-        if not isinstance(text, str):
-            raise _Malformed("completion text is not a string")
-
-        usage = data.get("usage")
-        reported = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        check_completion(text, reported if isinstance(reported, int) else None, body)
-        # The completion is stored in the trajectory: no lone surrogates (unwritable as UTF-8)
-        # and never the API key, even when the server echoes it.
-        text = _scrub(replace_lone_surrogates(text))
-        finish_reason = "length" if choice.get("finish_reason") == "length" else "stop"
-        tokens, logprobs = _logprobs(choice.get("logprobs"), chat)
-        ids = _token_ids(choice.get("token_ids")) or _ids_from_tokens(tokens)
-        prompt_ids = request.prompt_ids
-        if prompt_ids is None:
-            prompt_ids = _token_ids(data.get("prompt_token_ids"))
-        return GenerationResult(
-            text=text,
-            finish_reason=finish_reason,
-            completion_ids=ids,
-            logprobs=logprobs,
-            prompt_ids=prompt_ids,
-            usage=self._usage(data.get("usage"), request, text, ids),
-        )
-
-    def _usage(
-        self, reported: Any, request: GenerationRequest, text: str, ids: tuple[int, ...] | None
-    ) -> Usage:
-        if isinstance(reported, dict):
-            prompt, completion = reported.get("prompt_tokens"), reported.get("completion_tokens")
-            if isinstance(prompt, int) or isinstance(completion, int):
-                return Usage(
-                    prompt_tokens=prompt if isinstance(prompt, int) else None,
-                    completion_tokens=completion if isinstance(completion, int) else None,
-                    source="reported",
-                )
-        if self.tokenizer is None:
-            return Usage()
-        # An estimate: chat-template tokens are not counted.
-        if request.prompt_ids is not None:
-            prompt_tokens = len(request.prompt_ids)
-        else:
-            prompt_tokens = sum(self.tokenizer.count(m.get("content") or "") for m in request.messages)
-        completion_tokens = len(ids) if ids is not None else self.tokenizer.count(text)
-        return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, source="estimated")
+def _sorted(values: set) -> list:
+    """Distinct sent values in order (by their text when an ``extra_body`` mixed in other types)."""
+    try:
+        return sorted(values)
+    except TypeError:
+        return sorted(values, key=repr)
 
 
 def _env_proxy(url: str) -> str | None:
@@ -434,49 +540,3 @@ def _env_proxy(url: str) -> str | None:
     if not parts.hostname or urllib.request.proxy_bypass_environment(parts.hostname, proxies):
         return None
     return proxies.get(parts.scheme) or proxies.get("all")
-
-
-def _logprobs(block: Any, chat: bool) -> tuple[list[str] | None, tuple[float, ...] | None]:
-    """Sampled-token strings and log-probs from a choice's ``logprobs`` (chat or legacy form)."""
-    if not isinstance(block, dict):
-        return None, None
-    if chat:
-        content = block.get("content")
-        if not isinstance(content, list):
-            return None, None
-        tokens = [e.get("token") if isinstance(e, dict) else None for e in content]
-        values = [e.get("logprob") if isinstance(e, dict) else None for e in content]
-    else:
-        tokens = block.get("tokens")
-        values = block.get("token_logprobs")
-        if not isinstance(values, list):
-            return None, None
-        if not isinstance(tokens, list):
-            tokens = [None] * len(values)
-    if not all(isinstance(v, (int, float)) for v in values):
-        return None, None
-    # A NaN or infinite log-prob (JSON's NaN/Infinity, which Python's parser accepts) is no
-    # probability: training on it poisons the update, and no record file may hold it.
-    bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
-    if bad is not None:
-        raise _Malformed(f"log-prob of token {bad} is {values[bad]!r}; expected a finite number")
-    return tokens, tuple(float(v) for v in values)
-
-
-def _token_ids(value: Any) -> tuple[int, ...] | None:
-    if isinstance(value, list) and all(isinstance(i, int) for i in value):
-        return tuple(value)
-    return None
-
-
-def _ids_from_tokens(tokens: list[Any] | None) -> tuple[int, ...] | None:
-    """Ids when every token string reads ``token_id:N`` (vLLM ``return_tokens_as_token_ids``)."""
-    if not tokens:
-        return None
-    ids = []
-    for token in tokens:
-        match = _TOKEN_ID_RE.match(token) if isinstance(token, str) else None
-        if match is None:
-            return None
-        ids.append(int(match.group(1)))
-    return tuple(ids)

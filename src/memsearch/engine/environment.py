@@ -52,10 +52,12 @@ class SharedParts:
         branches: int = 1,
     ) -> Environment:
         """An ``Environment`` for ``config``; ``answered_by`` gives the roles that were left out
-        (e.g. the trained roles, answered by the live policy); ``branches`` > 1 draws that many
-        completions at every memory call (GRPO's state groups, ``train.state_credit``)."""
+        (e.g. the trained roles, answered by the live policy: the only roles whose calls ask for
+        log-probs); ``branches`` > 1 draws that many completions at every memory call (GRPO's
+        state groups, ``train.state_credit``)."""
         backends = self.backends_with(answered_by or {})
-        return Environment(config, self.tokenizer, self.documents, backends, self.retriever, group, branches)
+        return Environment(config, self.tokenizer, self.documents, backends, self.retriever, group, branches,
+                           logprob_roles=frozenset(answered_by or ()))
 
     def backends_with(self, answered_by: Mapping[str, PolicyBackend]) -> dict[str, PolicyBackend]:
         """Every call role's backend, in ``CALL_ROLES`` order: ``answered_by``'s where it gives

@@ -562,6 +562,8 @@ class BatchDecoder:
             usage=Usage(prompt_tokens=len(job.prompt_ids), completion_tokens=len(ids), source="reported"),
             latency_s=time.perf_counter() - job.t0,
             constraint_id=job.constraint.id if job.constraint is not None else None,
+            # The model's context, not max_tokens, ended it (``max_new`` was cut to what fit).
+            context_truncated=job.finish == "length" and job.max_new < int(job.request.sampling.max_tokens),
         )
         done(job, result)
 

@@ -1,0 +1,100 @@
+"""Which failed HTTP attempts of the OpenAI backend are retried, and how long to wait.
+
+Real servers answer deterministic request errors with 500 as well as 400 (llama.cpp: an
+unsupported ``response_format``, a token-id prompt, a prompt past the context size); retrying
+those only multiplies the failure. The rule (docs/design.md §4):
+
+- retried: connection errors, timeouts, a malformed 2xx body, and HTTP ``RETRIED_STATUSES``
+  (408, 429, 500, 502, 503, 504), except a 500 whose body states a request error
+  (``request_error``: an error ``type`` of ``REQUEST_ERROR_TYPES`` or a message holding one of
+  ``REQUEST_ERROR_MARKERS``);
+- not retried: every other status (4xx, 501, 505, ...), a 500 stating a request error, a body
+  larger than the request can return (``response_limits``).
+
+A retried request waits with exponential backoff and "equal jitter" (``backoff_s``: half the
+step fixed, half random, so a run of retries spans a known minimum time), or as long as the
+server's ``Retry-After`` says on a 429 or 503 (capped); it stops after ``max_retries`` retries or
+once ``retry_window_s`` has passed since its first failure, whichever comes first
+(``OpenAIBackend``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from memsearch.io import Backoff
+
+RETRIED_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# Statuses whose Retry-After header is honoured.
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+
+# ``error.type`` values servers give a bad request (OpenAI / vLLM / SGLang / llama.cpp spellings).
+REQUEST_ERROR_TYPES = frozenset({
+    "invalid_request_error", "badrequesterror", "bad_request", "not_supported_error", "exceed_context_size_error",
+    "not_found_error", "notfounderror", "validation_error",
+})
+# Phrases of a 500's message that state a request error (lower case). Seen in the wild: llama.cpp's
+# `"response_format" must be one of ...`, `the request exceeds the available context size`,
+# `Only one completion choice is allowed`; vLLM's `This model's maximum context length is ...`.
+REQUEST_ERROR_MARKERS = (
+    "context size", "context length", "context window", "maximum context", "prompt is too long",
+    "input is too long", "unsupported", "not supported", "must be", "is required", "invalid", "not allowed",
+    "only one completion choice",
+)
+
+
+def _error_object(raw: bytes) -> tuple[str, str]:
+    """``(type, message)`` of an error body (``{"error": {...}}``, ``{"error": "..."}``,
+    FastAPI's ``{"detail": ...}`` or plain text), lower-cased; empty strings where absent."""
+    try:
+        data: Any = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return "", raw[:2000].decode("utf-8", errors="replace").lower()
+    if not isinstance(data, dict):
+        return "", str(data)[:2000].lower()
+    error = data.get("error", data.get("detail", data))
+    if isinstance(error, dict):
+        kind = error.get("type") or error.get("code") or ""
+        message = error.get("message") or error.get("detail") or ""
+        return str(kind).lower(), str(message)[:2000].lower()
+    return "", str(error)[:2000].lower()
+
+
+def request_error(raw: bytes) -> str | None:
+    """What in an error body states a request error (its type or a marker phrase), else ``None``."""
+    kind, message = _error_object(raw)
+    if kind in REQUEST_ERROR_TYPES:
+        return f"error type {kind!r}"
+    marker = next((m for m in REQUEST_ERROR_MARKERS if m in message), None)
+    return f"the message says {marker!r}" if marker else None
+
+
+def status_retried(status: int, raw: bytes) -> tuple[bool, str]:
+    """Whether an attempt that got HTTP ``status`` with body ``raw`` is retried, and why not."""
+    if status not in RETRIED_STATUSES:
+        return False, "not retried: a deterministic answer"
+    if status == 500 and (why := request_error(raw)):
+        return False, f"not retried: a request error ({why})"
+    return True, ""
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (the HTTP-date form is ignored)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
+
+
+def backoff_s(backoff: Backoff, retry: int, retry_after: float | None) -> float:
+    """The wait before retry number ``retry`` (1-based): ``Retry-After`` when the server gave one,
+    else equal jitter, uniform in [step / 2, step] with step = min(max_s, base_s * 2**(retry-1));
+    always at most ``backoff.max_s``."""
+    if retry_after is not None:
+        return min(retry_after, backoff.max_s)
+    step = min(backoff.max_s, backoff.base_s * 2 ** (retry - 1))
+    return step / 2 + backoff.delay_s(retry) / 2  # delay_s is uniform in [0, step]

@@ -1,0 +1,62 @@
+"""What an OpenAI-compatible server says it serves: its ``GET {base_url}/models`` answer, read into
+the identity a run records and checked against the configured model name.
+
+A server that lists models must list the configured one: a request for ``no-such-model`` may
+still get a 200 (llama.cpp answers any name with its one model), so the check is the only place
+a wrong name shows. A server without a model list (``/models`` not found, not a list) cannot be
+checked: the identity says so (``verified: false``) and the run goes on. The identity is the
+listed entry as the server gives it (``id``, ``owned_by``, ``created`` and any extra field, e.g.
+vLLM's ``max_model_len`` and ``root``, llama.cpp's ``meta``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from memsearch.errors import InputError
+
+# Most ids quoted in an error; a hub-backed server may list hundreds.
+_QUOTED_IDS = 20
+# Context-length fields of a /models entry: vLLM and SGLang (max_model_len), LM Studio and
+# hosted routers (context_length).
+CONTEXT_FIELDS = ("max_model_len", "context_length")
+
+
+def unverified(base_url: str, model: str, why: str) -> dict[str, Any]:
+    """The identity of a served model that could not be checked, saying why."""
+    return {"base_url": base_url, "model": model, "verified": False, "entry": None, "note": why}
+
+
+def identity_from_models(raw: bytes, status: int, base_url: str, model: str) -> dict[str, Any]:
+    """The served identity from a ``/models`` answer (``status``, body ``raw``); ``InputError``
+    when the server lists models and ``model`` is not one of them."""
+    if not 200 <= status < 300:
+        return unverified(base_url, model, f"GET /models answered HTTP {status}: the server lists no models")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return unverified(base_url, model, "GET /models answered a body that is not JSON")
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        return unverified(base_url, model, "GET /models answered no list of models ('data')")
+    entries = [e for e in entries if isinstance(e, dict)]
+    for entry in entries:
+        if entry.get("id") == model:
+            return {"base_url": base_url, "model": model, "verified": True, "entry": entry, "note": None}
+    ids = [str(e.get("id")) for e in entries]
+    shown = ", ".join(repr(i) for i in ids[:_QUOTED_IDS]) + (f" and {len(ids) - _QUOTED_IDS} more"
+                                                            if len(ids) > _QUOTED_IDS else "")
+    raise InputError(f"model {model!r} is not served at {base_url}: its /models lists {shown}; set the backend's "
+                     "model to the served name (vLLM and SGLang: --served-model-name; transformers serve: the "
+                     "model folder or hub id it was started with)")
+
+
+def listed_context(identity: dict[str, Any] | None) -> int | None:
+    """The context length (tokens) the server's /models entry states, else ``None``."""
+    entry = (identity or {}).get("entry") or {}
+    for name in CONTEXT_FIELDS:
+        value = entry.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
