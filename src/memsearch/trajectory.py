@@ -6,7 +6,9 @@ A trajectory is one JSON object per task (a line of ``trajectories.jsonl``, or t
 that happened, told apart by ``type`` (an ``EventKind``):
 
 - ``policy_call``: one call of a policy role (``role`` in ``CALL_ROLES``): messages, text, token
-  ids, log-probs, usage, and the engine's judgement of the action: ``valid`` (``True``,
+  ids, log-probs, usage, ``finish_reason``, ``context_truncated`` (the server's context cut the
+  completion: "length" below the requested ``max_tokens``; counted per task in
+  ``counts.context_truncated_calls``), and the engine's judgement of the action: ``valid`` (``True``,
   ``False``, or ``None`` when the request failed and there was no action to judge),
   ``invalid_reason`` (prose for a person; never parsed) and ``invalid_cause`` (an
   ``InvalidCause`` code, ``None`` when valid: what code reads);
@@ -45,7 +47,8 @@ from memsearch.io import iter_jsonl
 # engine-5: memory_sources holds the ids of faithful items only (memory.faithfulness), memory_cited all
 # cited ids; an item cites at most agent.memory_max_sources ids (schema mode: memory-ops-v2-sources<n>).
 # engine-6: causes as codes (policy_call "invalid_cause", memory "cause"); trajectories carry engine_version.
-ENGINE_VERSION = "engine-6"
+# engine-7: policy_call "context_truncated", counts "context_truncated_calls" (absent before: read as False / 0).
+ENGINE_VERSION = "engine-7"
 
 # The role of one policy call. What a trainer trains is ``train.rows.TrainedRole`` (one trained
 # role may cover several call roles).

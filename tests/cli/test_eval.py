@@ -21,7 +21,7 @@ def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def _api_args(url: str, roles=("memory", "controller", "reader")) -> list[str]:
+def _api_args(url: str, roles=("memory", "controller", "reader", "baseline_memory")) -> list[str]:
     sets = ['tokenizer="lexical"', *[f'backends.{r}.base_url="{url}"' for r in roles],
             *[f"backends.{r}.max_retries=0" for r in roles]]
     return [a for s in sets for a in ("--set", s)]

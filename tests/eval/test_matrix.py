@@ -65,13 +65,9 @@ def test_matrix_summaries_record_which_backend_wrote_the_memory(hotpot_dev_dir, 
     out = tmp_path / "matrix"
     result = run_matrix(cfg, hotpot_dev_dir, out, show_progress=False)
     summaries = {g: json.loads((out / g / "summary.json").read_text()) for g in "AB"}
-    assert summaries["A"]["memory_backend"] == {"kind": "rules", "model": "embedded", "adapter": None, "name": "rules"}
-    assert summaries["B"]["memory_backend"] == {
-        "kind": "hf",
-        "model": str(tiny_model_dir),
-        "adapter": None,
-        "name": "hf",
-    }
+    local = {"adapter": None, "base_url": None, "served_identity": None}
+    assert summaries["A"]["memory_backend"] == {"kind": "rules", "model": "embedded", "name": "rules", **local}
+    assert summaries["B"]["memory_backend"] == {"kind": "hf", "model": str(tiny_model_dir), "name": "hf", **local}
     assert summaries["A"]["backends"]["memory"] == "rules" and summaries["B"]["backends"]["memory"] == "hf"
     for g in "AB":
         assert result["groups"][g]["memory_backend"] == summaries[g]["memory_backend"]
@@ -83,6 +79,15 @@ def test_matrix_summaries_record_which_backend_wrote_the_memory(hotpot_dev_dir, 
     assert (
         "| A | summary | fixed | rules |" in table and f"| B | decision | fixed | hf:{tiny_model_dir.name} |" in table
     )
+    # Said once, after the table, and only what applies: B's memory policy is an untrained model
+    # (no C, so no cross-ablation; nothing trained, so no teacher-set caveat).
+    assert result["caveats"] == [
+        "B: no trained policy (base model or rules: no adapter, no merged checkpoint) answers the policy calls: "
+        "prompt baseline(s), not RL results.",
+        "Retrieval is candidate-scope (each task's own candidate paragraphs): not open-domain full-wiki retrieval.",
+    ]
+    assert table.endswith("Caveats:\n" + "".join(f"- {c}\n" for c in result["caveats"]))
+    assert table.count("Caveats:") == 1 and result["table"] == table
 
 
 def test_baseline_memory_must_be_a_backend_table():
@@ -188,3 +193,51 @@ def test_a_matrix_resumes_with_other_bootstrap_resamples_but_not_with_other_budg
     with pytest.raises(InputError, match=r"config differs from the run being resumed"):
         run_matrix(load_config(RULES, ["limit=3", "matrix.groups=['A', 'B']", "budgets.max_searches=1"]),
                    hotpot_dev_dir, out, resume=True, show_progress=False)
+
+
+def test_a_served_memory_without_baseline_memory_is_refused_before_anything_runs(tmp_path, hotpot_dev_dir):
+    """A live matrix showed openai:stage1 in all four groups: A/C summarised with the served
+    trained model, silently. A served model cannot be traced to its base: the matrix refuses."""
+    served = 'backends.memory={kind="openai", base_url="http://127.0.0.1:9/v1", model="stage1"}'
+    cfg = load_config(RULES, ["limit=1", served])
+    with pytest.raises(InputError, match=r"^backends.memory is a served model \('stage1' at http://127.0.0.1:9/v1\) "
+                                         r"and backends.baseline_memory is unset: .* set backends.baseline_memory"):
+        run_matrix(cfg, hotpot_dev_dir, tmp_path / "m", show_progress=False)
+    assert not (tmp_path / "m").exists()
+    run = CliRunner().invoke(app, ["eval", "matrix", "--config", str(RULES), "--data", str(hotpot_dev_dir),
+                                   "--out", str(tmp_path / "m"), "--limit", "1", "--set", served])
+    assert run.exit_code == 2 and "set backends.baseline_memory" in run.stderr and not (tmp_path / "m").exists()
+    # Groups without summary memory need no baseline.
+    assert _memory(group_config(cfg, "B")) == ("openai", "stage1", None)
+
+
+def test_a_served_stage1_writes_b_d_memory_and_the_original_model_a_c(hotpot_dev_dir, tmp_path):
+    """Two real servers: the 'original' model answers every role and A/C's memory
+    (backends.baseline_memory), the 'stage 1' model only B/D's memory. The stage-1 server sees
+    exactly B/D's memory calls, and every record names the backend that summarised."""
+    from memsearch.testing.agent_server import AgentServer
+
+    with AgentServer(delay_s=0.0) as base, AgentServer(delay_s=0.0) as stage1:
+        def backend(server, model):
+            return f'{{kind="openai", base_url="{server.base_url}", model="{model}"}}'
+        cfg = load_config(ROOT / "configs" / "api.toml", [
+            'tokenizer="lexical"', "limit=2", 'agent.controller="fixed"',
+            f"backends.memory={backend(stage1, 'stage1')}", f"backends.baseline_memory={backend(base, 'base')}",
+            *[f'backends.{r}.base_url="{base.base_url}"' for r in ("controller", "reader")]])
+        out = tmp_path / "m"
+        result = run_matrix(cfg, hotpot_dev_dir, out, show_progress=False)
+    memory_calls = {}
+    for g in "ABCD":
+        trajs = [json.loads(line) for line in (out / g / "trajectories.jsonl").read_text().splitlines()]
+        calls = [e for t in trajs for e in t["events"] if e["type"] == "policy_call"]
+        memory_calls[g] = sum(1 for e in calls if e["role"] == "memory")
+        want = ("stage1", stage1.base_url) if g in "BD" else ("base", base.base_url)
+        summary = json.loads((out / g / "summary.json").read_text())
+        assert (summary["memory_backend"]["model"], summary["memory_backend"]["base_url"]) == want
+        assert result["groups"][g]["memory_backend"] == summary["memory_backend"]
+    assert stage1.requests == memory_calls["B"] + memory_calls["D"] > 0 and memory_calls["A"] > 0
+    table = result["table"]
+    assert f"| A | summary | fixed | openai:base@127.0.0.1:{base.port} |" in table
+    assert f"| B | decision | fixed | openai:stage1@127.0.0.1:{stage1.port} |" in table
+    # Served models memsearch cannot trace: B, C, D are said to be prompt baselines unless trained.
+    assert result["caveats"][0].startswith("B, C, D: the policy is a served model memsearch cannot trace to training")

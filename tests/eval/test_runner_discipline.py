@@ -86,7 +86,9 @@ def test_summary_records_what_a_comparison_needs(docs50, tmp_path):
         1024,
         256,
     )
-    assert summary["tasks"] == {"expected": N_TASKS, "scored": N_TASKS, "failed": 0, "failed_ids": []}
+    assert summary["tasks"] == {"expected": N_TASKS, "scored": N_TASKS, "failed": 0, "failed_ids": [], "retried": 0,
+                                "failed_attempts": 0}
+    assert summary["context_truncated"] == {"calls": 0, "tasks": 0, "by_role": {}}
     assert summary["request_errors"] == 0
     assert all(isinstance(summary["metrics"][k], float) for k in ("em", "f1", "sub_em", "boxed_em"))
     assert all(summary["metric_counts"][k] == N_TASKS for k in ("em", "f1", "sub_em", "boxed_em"))
@@ -133,7 +135,8 @@ def test_missing_samples_make_the_run_unusable(docs50, tmp_path):
         "INCOMPLETE: 1 task(s) missing, 0 failed (a failed task scores 0 in every answer metric); not a result"
     )
     assert summary["truncation"]["read_whole_context"] is False  # a missing task is not known to have read anything
-    assert summary["tasks"] == {"expected": N_TASKS, "scored": N_TASKS - 1, "failed": 0, "failed_ids": []}
+    assert summary["tasks"] == {"expected": N_TASKS, "scored": N_TASKS - 1, "failed": 0, "failed_ids": [],
+                                "retried": 0, "failed_attempts": 0}
 
 
 def test_search_runs_have_no_long_context_to_read(hotpot_dev_dir, tmp_path):

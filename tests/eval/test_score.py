@@ -40,3 +40,39 @@ def test_precision_is_none_without_citations_or_gold_and_old_trajectories_still_
     old = score_trajectory(_traj(memory_sources=["d1:0", "d9:9"]), LABEL)
     assert old["memory_support_recall"] == pytest.approx(1 / 3) and old["memory_support_precision"] == 0.5
     assert score_trajectory(_traj(), LABEL)["memory_support_precision"] is None
+
+
+def test_a_failed_task_scores_zero_on_every_answer_metric_whatever_came_back():
+    """A task with a request error used to be scored on the answer its reader still gave (a run
+    with all 5 tasks failed reported EM 0.2). Now every answer metric is 0 (None where the task
+    has no gold facts to judge citations by); what the episode saw is still measured."""
+    from memsearch.eval.score import ANSWER_KEYS
+
+    right = _traj(reader_text=r"Answer: Paris \boxed{Paris}", citations=["d1:0", "d2:1", "d2:3"],
+                  memory_sources=["d1:0"], memory_cited=["d1:0"])
+    ok = score_trajectory(right, LABEL)
+    assert all(ok[key] == 1.0 for key in ANSWER_KEYS), ok  # the same record, status ok: full marks
+    failed = score_trajectory({**right, "status": "error"}, LABEL)
+    assert {key: failed[key] for key in ANSWER_KEYS} == dict.fromkeys(ANSWER_KEYS, 0.0)
+    assert failed["status"] == "error" and failed["prediction"] == "Paris"  # the record stays as it came
+    assert failed["retrieval_support_recall"] == ok["retrieval_support_recall"] == pytest.approx(2 / 3)
+    assert failed["memory_support_recall"] == ok["memory_support_recall"] == pytest.approx(1 / 3)
+    # A trajectory without a status (a crash record) is failed too.
+    assert score_trajectory({k: v for k, v in right.items() if k != "status"}, LABEL)["em"] == 0.0
+    no_gold = LABEL.model_copy(update={"supporting_facts": []})
+    cites = score_trajectory({**right, "status": "error"}, no_gold)
+    assert (cites["citation_precision"], cites["citation_recall"], cites["em"]) == (None, None, 0.0)
+
+
+def test_context_truncated_calls_are_counted_by_role():
+    call = {"type": "policy_call", "finish_reason": "length", "usage": {"source": "none"}}
+    cut = {**call, "context_truncated": True}
+    events = [{**cut, "role": "memory"}, {**cut, "role": "memory"},
+              {**call, "role": "reader", "context_truncated": False}, {**call, "role": "reader"},
+              {**cut, "role": "controller"}, {"type": "search", "context_truncated": True}]
+    row = score_trajectory(_traj(events=events, counts={"context_truncated_calls": 3}), LABEL)
+    assert row["context_truncated_by_role"] == {"memory": 2, "controller": 1}
+    assert row["context_truncated_calls"] == 3
+    # Written before the count existed: read from the events; none at all reads as 0.
+    assert score_trajectory(_traj(events=events), LABEL)["context_truncated_calls"] == 3
+    assert score_trajectory(_traj(), LABEL)["context_truncated_calls"] == 0

@@ -29,6 +29,8 @@ RULES = ROOT / "configs" / "rules.toml"
 API = ROOT / "configs" / "api.toml"
 EXE = Path(sys.executable).parent / "memsearch"
 ROLES = ("memory", "controller", "reader")
+# Backends configs/api.toml serves over HTTP: the call roles and the matrix's A/C memory.
+SERVED = (*ROLES, "baseline_memory")
 # What legitimately differs between an interrupted-and-resumed run and an uninterrupted one:
 # wall/CPU time, and transport statistics (attempts and retries depend on where a run was cut).
 VOLATILE_SUMMARY_KEYS = ("timing", "backend_stats")
@@ -203,7 +205,7 @@ def task_ids(data_dir: Path, limit: int) -> list[str]:
 
 
 def api_sets(url: str, *extra: str) -> list[str]:
-    return ['tokenizer="lexical"', *[f'backends.{r}.base_url="{url}"' for r in ROLES], *extra]
+    return ['tokenizer="lexical"', *[f'backends.{r}.base_url="{url}"' for r in SERVED], *extra]
 
 
 def cli_args(

@@ -20,7 +20,7 @@ TASKS = 6
 @pytest.mark.parametrize("command", ["eval", "matrix"])
 def test_canary_key_never_written(command, hotpot_dev_dir, tmp_path, rel):
     ids = rel.task_ids(hotpot_dev_dir, TASKS)
-    sets = [f"backends.{r}.{k}" for r in rel.ROLES for k in ("timeout_s=0.5", "max_retries=1")]
+    sets = [f"backends.{r}.{k}" for r in rel.SERVED for k in ("timeout_s=0.5", "max_retries=1")]
     sets += ["concurrency=6", 'agent.controller="policy"'] if command == "eval" else ["concurrency=6"]
     out = tmp_path / "run"
     started = time.perf_counter()

@@ -93,7 +93,8 @@ def _fifo(out: Path, name: str, outside: Path) -> str:
     return "is no plain file"
 
 
-@pytest.mark.parametrize("name", ["trajectories.jsonl", "metrics.jsonl", "summary.json", ".lock"])
+@pytest.mark.parametrize("name", ["trajectories.jsonl", "metrics.jsonl", "summary.json", "failed_attempts.jsonl",
+                                  ".lock"])
 @pytest.mark.parametrize("make", [_symlink_outside, _folder, _fifo])
 def test_a_record_that_is_no_plain_file_is_refused_and_never_written_through(
     finished, hotpot_dev_dir, tmp_path, rel, name, make
@@ -104,7 +105,7 @@ def test_a_record_that_is_no_plain_file_is_refused_and_never_written_through(
     traj.write_text("".join(traj.read_text().splitlines(keepends=True)[:2]))  # 2 tasks left to run
     outside_dir = tmp_path / "elsewhere"
     outside_dir.mkdir()
-    if name == ".lock" and not (out / name).exists():
+    if name in (".lock", "failed_attempts.jsonl") and not (out / name).exists():
         (out / name).write_text("")
     what = make(out, name, outside_dir / name)
     before = rel.tree_state(outside_dir)

@@ -8,6 +8,7 @@ Set ``MEMSEARCH_SCREENSHOTS=docs/images`` to also write the README's screenshots
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -73,6 +74,10 @@ def test_filter_counts_match_metrics(browser, rules_matrix, hotpot_dev_dir, tmp_
                 wanted = [r["task_id"] for r in rows if name == "all" or r["em"] == (name == "correct")]
                 assert visible == wanted[: len(visible)] and 0 < len(visible) <= len(wanted)
             _clean(page)
+        # The run's caveats, once, outside the collapsed header details (D: rules policies).
+        summary = json.loads((rules_matrix / group / "summary.json").read_text())
+        caveats = "[...document.querySelectorAll('#header [data-testid=caveats] li')].map(e => e.textContent)"
+        assert page.eval(caveats) == summary["caveats"] and len(summary["caveats"]) == (1 if group == "A" else 2)
     rows = [r for _, r in iter_jsonl(rules_matrix / "A" / "metrics.jsonl")]
     # Sorting (F1, descending) and free-text search, both from the hash.
     page = browser.open(f"{report.as_uri()}#run=A&sort=f1&dir=-1")

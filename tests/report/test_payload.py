@@ -141,3 +141,26 @@ def test_placeholder_text_in_the_title_is_not_expanded(name):
     for text in (_static("report.css"), _static("report.js"), encode_payload(payload)):
         assert page.count(text) == 1  # each placeholder's content once, where the template has it
     assert payload_of_html(page) == payload
+
+
+def test_headers_carry_what_the_numbers_are_not(rules_matrix, hotpot_dev_dir, tmp_path):
+    """Each run's caveats (eval.caveats) as its summary recorded them; a summary written before
+    they existed gets them from its config. The memory backend and the code's source come along."""
+    import shutil
+
+    payload = build_payload([rules_matrix], hotpot_dev_dir)
+    scope = "Retrieval is candidate-scope (each task's own candidate paragraphs): not open-domain full-wiki retrieval."
+    header = {g: payload["runs"][g]["header"] for g in "ABCD"}
+    assert header["A"]["caveats"] == [scope]
+    for g in "BCD":  # rules answer their policy calls: prompt baselines (rules C's controller is no cross-ablation)
+        assert header[g]["caveats"] == [
+            f"{g}: no trained policy (base model or rules: no adapter, no merged checkpoint) answers the policy "
+            "calls: prompt baseline(s), not RL results.", scope]
+    assert header["B"]["memory_backend"]["kind"] == "rules"
+    assert header["B"]["memsearch_source"]["kind"] in ("git", "distribution")
+    old = tmp_path / "old-B"
+    shutil.copytree(rules_matrix / "B", old)
+    summary = json.loads((old / "summary.json").read_text())
+    del summary["caveats"]
+    (old / "summary.json").write_text(json.dumps(summary))
+    assert build_payload([old], hotpot_dev_dir)["runs"]["old-B"]["header"]["caveats"] == header["B"]["caveats"]

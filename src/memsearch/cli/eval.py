@@ -105,8 +105,8 @@ def matrix(config: ConfigFile, data: DataDir, out: MatrixOut, limit: Limit = Non
     result = run_matrix(_run_config(config, set_, limit, matrix=True), data, out, resume=resume)
     typer.echo(result["table"])
     if not result["usable_for_comparison"]:
-        typer.echo("NOT USABLE FOR COMPARISON: some group has failed tasks or request errors (see its summary.json)",
-                   err=True)
+        typer.echo("NOT USABLE FOR COMPARISON: some group has failed tasks, request errors or calls the server's "
+                   "context cut short (see its summary.json note)", err=True)
     typer.echo(report_hint(out, data))
     incomplete = [g for g, s in result["groups"].items() if not s["complete"]]
     if incomplete:

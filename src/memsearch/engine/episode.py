@@ -63,6 +63,9 @@ class Environment:
     retriever: Retriever | None = None
     group: str = ""
     branches: int = 1  # > 1: completions drawn at each decision-memory call (GRPO state groups, engine.branching)
+    # Roles whose per-token log-probs a consumer reads (a trainer's live policies): only their
+    # calls ask for them; a server may sort its whole vocabulary per token to answer.
+    logprob_roles: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -77,6 +80,7 @@ class _Episode:
     calls: int = 0
     invalid: int = 0
     request_errors: int = 0
+    context_truncated: int = 0  # completions the server's context cut short (below max_tokens)
 
     def _seed(self, role: str, step: int, *branch: int) -> int | None:
         base = self.env.config.backends.model_dump()[role]["sampling"]["seed"]
@@ -96,7 +100,8 @@ class _Episode:
         requests = [
             GenerationRequest(role=role, messages=tuple(messages), observation=observation, constraint=constraint,
                               sampling=SamplingParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
-                                                      max_tokens=max_tokens, seed=seed, logprobs=True))
+                                                      max_tokens=max_tokens, seed=seed,
+                                                      logprobs=role in self.env.logprob_roles))
             for seed in seeds
         ]
         return list(await self.env.backends[role].generate(requests))
@@ -113,6 +118,9 @@ class _Episode:
         self.calls += 1
         if not result.ok:
             self.request_errors += 1
+        # Set by the backend: finish_reason "length" with fewer completion tokens than asked.
+        context_truncated = bool(getattr(result, "context_truncated", False))
+        self.context_truncated += context_truncated
         tok = self.env.tokenizer
         usage = {"source": result.usage.source}
         if result.usage.source == "reported":
@@ -125,7 +133,8 @@ class _Episode:
             "completion_ids": list(result.completion_ids) if result.completion_ids is not None else None,
             "logprobs": list(result.logprobs) if result.logprobs is not None else None,
             "prompt_ids": list(result.prompt_ids) if result.prompt_ids is not None else None,
-            "finish_reason": result.finish_reason, "usage": usage, "latency_s": round(result.latency_s, 4),
+            "finish_reason": result.finish_reason, "context_truncated": context_truncated, "usage": usage,
+            "latency_s": round(result.latency_s, 4),
             "attempts": result.attempts, "error": result.error,
             # schema mode: training replays this constraint's masks on the completion ids
             "constraint_id": constraint.id if constraint is not None else None,
@@ -317,6 +326,7 @@ class _Run:
                 "policy_calls": ep.calls,
                 "invalid_actions": ep.invalid,
                 "request_errors": ep.request_errors,
+                "context_truncated_calls": ep.context_truncated,
                 "memory_ops": self.ops,
             },
             "latency_s": round(time.perf_counter() - started, 4),

@@ -3,9 +3,11 @@
 Each group is an ordinary eval run in ``OUT/<group>``; ``OUT/matrix.json`` and
 ``OUT/matrix.md`` compare them: per group the headline metrics and the backend that wrote its
 memory, per pair of groups the F1 and EM difference with a paired bootstrap 95 % CI over the
-same tasks. Summary groups A/C write memory with the baseline memory backend, B/D with
-``backends.memory`` (``memsearch.config.baseline_memory_backend``). ``OUT`` is created with the
-matrix's marker (``eval.run_folder.MARKER``): ``--resume`` continues only a matrix folder.
+same tasks, then the caveats that apply (``eval.caveats``). Summary groups A/C write memory with
+the baseline memory backend, B/D with ``backends.memory`` (``memsearch.config.baseline_memory_backend``:
+a served memory without ``backends.baseline_memory`` is refused before anything runs). ``OUT`` is
+created with the matrix's marker (``eval.run_folder.MARKER``): ``--resume`` continues only a
+matrix folder.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import itertools
 import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from memsearch.config import RunConfig, group_config
 from memsearch.errors import InputError
+from memsearch.eval.caveats import caveats
 from memsearch.eval.run_folder import MARKER, claim_folder
 from memsearch.io import iter_jsonl, write_json
 
@@ -79,15 +83,21 @@ def compare(out: Path, groups: list[str], resamples: int) -> list[dict[str, Any]
 
 def memory_label(backend: dict[str, Any]) -> str:
     """Short name of the backend that wrote a group's memory: ``rules``, ``hf:<model folder name>``,
-    ``+<adapter folder name>`` when an adapter is loaded."""
+    ``+<adapter folder name>`` when an adapter is loaded, ``@host:port`` of a served model (two
+    servers may serve the same model name)."""
     if backend["kind"] in ("rules", "oracle"):
         return backend["kind"]
     label = f"{backend['kind']}:{Path(backend['model']).name}"
+    if backend.get("base_url"):
+        label += "@" + urlsplit(backend["base_url"]).netloc
     return label + (f"+{Path(backend['adapter']).name}" if backend.get("adapter") else "")
 
 
-def render_table(summaries: dict[str, dict[str, Any]], pairs: list[dict[str, Any]]) -> str:
-    """A Markdown table a person can read: one row per group, then the pairwise differences."""
+def render_table(
+    summaries: dict[str, dict[str, Any]], pairs: list[dict[str, Any]], notes: list[str] | None = None
+) -> str:
+    """A Markdown table a person can read: one row per group, the pairwise differences, then
+    ``notes`` (the caveats), once."""
     head = "| group | memory | controller | memory backend | " + " | ".join(TABLE_METRICS) + " | complete |"
     lines = [head, "|" + "---|" * (len(TABLE_METRICS) + 5)]
     for group, s in summaries.items():
@@ -107,6 +117,8 @@ def render_table(summaries: dict[str, dict[str, Any]], pairs: list[dict[str, Any
             f"| {p['a']}-{p['b']} | {f['diff']:+.3f} | [{f['ci_low']:+.3f}, {f['ci_high']:+.3f}] | "
             f"{e['diff']:+.3f} | [{e['ci_low']:+.3f}, {e['ci_high']:+.3f}] | {f['n']} |"
         )
+    if notes:
+        lines += ["", "Caveats:", *[f"- {note}" for note in notes]]
     return "\n".join(lines) + "\n"
 
 
@@ -152,7 +164,8 @@ def run_matrix(
             out.rmdir()
         raise
     pairs = compare(out, groups, config.matrix.bootstrap_resamples)
-    table = render_table(summaries, pairs)
+    notes = caveats({g: cfg.model_dump(mode="json") for g, cfg in configs.items()})
+    table = render_table(summaries, pairs, notes)
     result = {
         "groups": {
             g: {
@@ -162,6 +175,7 @@ def run_matrix(
                 "complete": s["complete"],
                 "usable_for_comparison": s["usable_for_comparison"],
                 "request_errors": s["request_errors"],
+                "note": s["note"],
             }
             for g, s in summaries.items()
         },
@@ -169,6 +183,7 @@ def run_matrix(
         "budgets": configs[groups[0]].budgets.model_dump(),
         "tokenizer": summaries[groups[0]]["tokenizer"],
         "usable_for_comparison": all(s["usable_for_comparison"] for s in summaries.values()),
+        "caveats": notes,
     }
     write_json(out / "matrix.json", result)
     (out / "matrix.md").write_text(table, encoding="utf-8")

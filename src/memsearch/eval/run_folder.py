@@ -42,7 +42,9 @@ from memsearch.trajectory import CALL_ROLES
 
 RECORDS = ("config.json", "run.json")
 # What a run writes besides its records: refused on --resume unless each is a plain file.
-RUN_FILES = ("trajectories.jsonl", "metrics.jsonl", "summary.json")
+# Failed attempts of tasks a resume ran again (``eval.attempts``).
+FAILED_ATTEMPTS = "failed_attempts.jsonl"
+RUN_FILES = ("trajectories.jsonl", "metrics.jsonl", "summary.json", FAILED_ATTEMPTS)
 # Written into a folder as it is created, naming the command that made it: the only proof that a
 # folder is ours to write again (a model folder's config.json looks like a half-made run's).
 MARKER = ".memsearch-folder.json"

@@ -3,12 +3,13 @@
     run_eval(config, data_dir="data/hotpot-dev", out_dir="runs/eval-1")
 
 A run folder holds ``config.json`` (resolved), ``run.json`` (data fingerprint, model identity,
-versions),
+versions, the memsearch commit: ``eval.provenance``, what served models said they are),
 ``trajectories.jsonl`` (one line per task, appended as episodes finish), ``metrics.jsonl``
 (per task, in task order) and ``summary.json``. The folder must not exist unless ``resume``:
 then it must be a folder ``eval run`` made (``eval.run_folder.check_made_by``), the saved config
-must equal the new one, finished tasks are kept and only missing ones run, so a crashed run is
-completed without losing or repeating a task.
+must equal the new one, finished tasks are kept and only missing and failed ones run (a failed
+attempt moves to ``failed_attempts.jsonl``: ``eval.attempts``), so a crashed run, or one a
+server outage failed, is completed without losing or repeating a task.
 """
 
 from __future__ import annotations
@@ -24,9 +25,12 @@ from typing import Any
 from tqdm import tqdm
 
 from memsearch import DISTRIBUTION
+from memsearch.backends import check_served_models
 from memsearch.config import RunConfig
 from memsearch.data.dataset import Dataset, load_dataset
 from memsearch.errors import InputError, Problem
+from memsearch.eval.attempts import cut_torn_tail, failed_attempt_counts, supersede_failed
+from memsearch.eval.provenance import source_identity
 from memsearch.eval.run_folder import check_run_folder, claim_run_folder, model_identity, storage_error, write_record
 from memsearch.io import NonFiniteNumberError, dumps_line, first_non_finite, iter_jsonl, sha256_file, write_jsonl
 from memsearch.trajectory import CALL_ROLES
@@ -37,12 +41,14 @@ from memsearch.trajectory import CALL_ROLES
 # eval-2: a reader asked for a box is scored on the box only; sub_em_lenient added.
 # eval-3: invalid_action_rate is over calls that returned a completion (request errors apart).
 # eval-4: memory_support_precision added (memory support recall counts faithful items: engine-5).
-EVALUATOR_VERSION = "eval-4"
+# eval-5: a failed task scores 0 on every answer metric whatever text came back (eval.score.ANSWER_KEYS).
+EVALUATOR_VERSION = "eval-5"
 
 SUMMARY_KEYS = (
     "em", "f1", "sub_em", "boxed_em", "sub_em_lenient", "retrieval_support_recall", "memory_support_recall",
     "memory_support_precision", "citation_precision", "citation_recall", "searches", "chunks", "chunks_cut",
-    "memory_truncations", "policy_calls", "invalid_actions", "invalid_action_rate", "request_errors", "latency_s",
+    "memory_truncations", "policy_calls", "invalid_actions", "invalid_action_rate", "request_errors",
+    "context_truncated_calls", "latency_s",
 )
 
 
@@ -69,10 +75,7 @@ def read_finished(path: Path, task_ids: list[str] | None = None) -> dict[str, di
     runs again), never kept or dropped silently."""
     if not path.is_file():
         return {}
-    raw = path.read_bytes()
-    keep = raw if raw.endswith(b"\n") or not raw else raw[: raw.rfind(b"\n") + 1]
-    if keep != raw:
-        path.write_bytes(keep)
+    cut_torn_tail(path)
     known = set(task_ids) if task_ids is not None else None
     done: dict[str, dict[str, Any]] = {}
     first_line: dict[str, int] = {}
@@ -124,9 +127,11 @@ def build_environment(config: RunConfig, dataset: Dataset, group: str = "",
     return build_shared(config, dataset, leave_out=set(answered_by)).environment(config, group, answered_by)
 
 
-async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, desc: str, written: list[str]) -> None:
-    """Run ``tasks`` and append each trajectory as it finishes; ``written`` collects the task ids
-    written (so a failed write can say how many are safe)."""
+async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, desc: str, written: list[str],
+                   earlier_failures: Mapping[str, int]) -> None:
+    """Run ``tasks`` and append each trajectory as it finishes, with its ``attempt`` (1 + the
+    task's ``earlier_failures``); ``written`` collects the task ids written (so a failed write
+    can say how many are safe)."""
     from memsearch.engine.environment import close_environment
     from memsearch.engine.episode import run_episode
     from memsearch.eval.score import score_trajectory
@@ -155,6 +160,7 @@ async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, des
         with open(traj_path, "a", encoding="utf-8") as fh:
             for next_done in asyncio.as_completed([one(t) for t in tasks]):
                 traj = await next_done
+                traj["attempt"] = earlier_failures.get(traj["task_id"], 0) + 1
                 fh.write(_trajectory_line(traj))
                 fh.flush()
                 written.append(traj["task_id"])
@@ -190,6 +196,7 @@ def _trajectory_line(traj: dict[str, Any]) -> str:
             "counts": {},
             "events": [],
             "error": f"trajectory {why}; task marked failed",
+            **({"attempt": traj["attempt"]} if "attempt" in traj else {}),
         }
         line = dumps_line(failed) + "\n"
     return line
@@ -221,9 +228,30 @@ def _chunk_truncation(config: RunConfig, rows: list[dict[str, Any]], complete: b
     }
 
 
+def _context_truncation(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Calls the server's context cut short (``context_truncated``: ``finish_reason`` "length" with
+    fewer completion tokens than asked), by role, and the note that makes such a run unusable for
+    comparison: its answers may differ from what the budgets allow. A completion cut at its own
+    ``max_tokens`` is the budget working, counted apart (``finish_reason`` only)."""
+    roles: dict[str, int] = {}
+    for row in rows:
+        for role, n in row.get("context_truncated_by_role", {}).items():
+            roles[role] = roles.get(role, 0) + n
+    calls = sum(r.get("context_truncated_calls", 0) for r in rows)
+    tasks = sum(1 for r in rows if r.get("context_truncated_calls", 0))
+    note = None
+    if calls:
+        by_role = ", ".join(f"{role} {n}" for role, n in sorted(roles.items()))
+        note = (f"CONTEXT-TRUNCATED: {calls} call(s) in {tasks} task(s) (by role: {by_role}) were cut short by the "
+                "server's context (finish_reason length below max_tokens); not usable for comparison: give the "
+                "server a longer context or lower the budgets")
+    return {"calls": calls, "tasks": tasks, "by_role": roles, "note": note}
+
+
 def summarize(
     config: RunConfig, run_info: dict[str, Any], rows: list[dict[str, Any]], expected: int, env_info: dict[str, Any]
 ) -> dict[str, Any]:
+    from memsearch.eval.caveats import run_caveats
     from memsearch.eval.metrics import aggregate
 
     agg = aggregate(rows, [k for k in SUMMARY_KEYS])
@@ -243,14 +271,24 @@ def summarize(
     )
     if truncation["disclosure"]:
         notes.append(truncation["disclosure"])
+    context = _context_truncation(rows)
+    if context["note"]:
+        notes.append(context["note"])
+    retried = [r for r in rows if r.get("attempt", 1) > 1]
     return {
         "complete": complete,
-        "usable_for_comparison": complete and request_errors == 0,
+        "usable_for_comparison": complete and request_errors == 0 and context["calls"] == 0,
         "note": "; ".join(notes) or None,
         "evaluator_version": EVALUATOR_VERSION,
-        "tasks": {"expected": expected, "scored": len(rows), "failed": len(failed), "failed_ids": failed[:50]},
+        # retried: tasks whose scored attempt followed failed ones (kept in failed_attempts.jsonl).
+        "tasks": {"expected": expected, "scored": len(rows), "failed": len(failed), "failed_ids": failed[:50],
+                  "retried": len(retried), "failed_attempts": sum(r["attempt"] - 1 for r in retried)},
         "request_errors": request_errors,
         "truncation": {**truncation, "memory_truncations": sum(r["memory_truncations"] for r in rows)},
+        # Completions the server's context cut short (a budget cut is finish_reason "length" alone).
+        "context_truncated": {k: context[k] for k in ("calls", "tasks", "by_role")},
+        # What this run's numbers are not (eval.caveats): say it where the numbers are read.
+        "caveats": run_caveats(config, env_info.get("group", "")),
         "metrics": agg["mean"],
         "metric_counts": agg["count"],
         # What each mean is over, so a reader of summary.json need not guess.
@@ -301,6 +339,7 @@ def run_eval(
         "data": data_fingerprint(data_dir, dataset),
         "models": model_identity(config),
         "software": software_versions(),
+        "memsearch_source": source_identity(),  # the commit (and dirty flag) or installed version that ran
         "group": group,
     }
     # Everything that can fail is checked before the folder exists: a corrected command must not
@@ -313,6 +352,10 @@ def run_eval(
 
         run_info["retrieval"] = describe(env.retriever)  # which index (or service) answered
     try:
+        # GET /models of each served model: one the server does not list is refused here.
+        asyncio.run(check_served_models(env.backends))
+        if served := served_backends(env):
+            run_info["served"] = served
         lock = claim_run_folder(out, resume, resolved, run_info)
     except BaseException:
         asyncio.run(close_environment(env))
@@ -322,13 +365,16 @@ def run_eval(
     done: dict[str, dict[str, Any]] = {}
     try:
         done = read_finished(traj_path, [t.id for t in tasks])  # under the lock: no other writer can add lines now
+        for task_id in supersede_failed(out, done):  # a failed task runs again (eval.attempts)
+            del done[task_id]
         todo = [t for t in tasks if t.id not in done]
         episodes_started = time.perf_counter()
         # CPU seconds of this process (all threads): on a shared machine wall time also measures
         # everyone else's jobs, CPU time mostly does not.
         episodes_cpu_started = time.process_time()
         if todo:
-            asyncio.run(_run_all(env, todo, traj_path, labels, show_progress, f"eval {group}".strip(), written))
+            asyncio.run(_run_all(env, todo, traj_path, labels, show_progress, f"eval {group}".strip(), written,
+                                 failed_attempt_counts(out)))
         else:
             asyncio.run(close_environment(env))
         episodes_s = time.perf_counter() - episodes_started
@@ -353,6 +399,14 @@ def run_eval(
         raise error from None
     finally:
         lock.release()
+
+
+def served_backends(env) -> dict[str, dict[str, Any]]:
+    """Per role answered by a served model, what its server said it is (``served_identity``: the
+    ``/models`` entry); other roles are left out. What the requests carried (``sent_fields``) is in
+    ``backend_stats``: a count of this invocation, like ``timing``."""
+    return {role: {"served_identity": backend.served_identity} for role in CALL_ROLES
+            if hasattr(backend := env.backends.get(role), "served_identity")}
 
 
 def _backend_stats(env) -> list[dict[str, Any]]:
@@ -384,8 +438,12 @@ def _summary(
             "kind": config.backends.memory.kind,
             "model": config.backends.memory.model,
             "adapter": config.backends.memory.adapter,
+            "base_url": config.backends.memory.base_url,
             "name": env.backends["memory"].name,
+            "served_identity": getattr(env.backends["memory"], "served_identity", None),
         },
+        "served": served_backends(env),
+        "memsearch_source": run_info["memsearch_source"],
         # Requests, retries and errors by kind of each backend (roles that share one are listed
         # together); this invocation only: a resume counts its own requests, like "timing".
         "backend_stats": _backend_stats(env),

@@ -15,6 +15,12 @@ Which answer the answer metrics score depends on what the reader was asked for
 would have scored, kept apart so it is never reported as the protocol's sub_em. ``boxed_em``
 is exact match of the box whatever the format.
 
+A failed task (``status`` other than ``"ok"``: a request error, a crash) scores 0 on every
+metric of its answer (``ANSWER_KEYS``: em, f1, sub_em, boxed_em, sub_em_lenient and the
+answer's citation precision / recall), whatever text came back: an answer read from a memory a
+failed call left half-written is no result. It stays in every denominator. What the episode saw
+and stored (retrieval and memory support) is measured as it happened.
+
 Memory provenance (docs/design.md §6): ``memory_support_recall`` scores the trajectory's
 ``memory_sources`` (ids cited by faithful memory items); ``memory_support_precision`` is the share
 of ``memory_cited`` (every id the final memory cites; ``memory_sources`` for trajectories written
@@ -66,16 +72,34 @@ def protocol_answer(traj: dict[str, Any]) -> str | None:
     return traj.get("prediction")
 
 
+# The metrics of a task's answer: 0 for a failed task (module doc); citation ones stay None
+# when the task has no gold supporting facts (nothing to judge against).
+ANSWER_KEYS = ("em", "f1", "sub_em", "boxed_em", "sub_em_lenient", "citation_precision", "citation_recall")
+
+
+def context_truncations(events: list[dict[str, Any]]) -> dict[str, int]:
+    """Policy calls whose completion the server's context cut short (``context_truncated``:
+    ``finish_reason`` "length" below the requested ``max_tokens``), by role."""
+    out: dict[str, int] = {}
+    for event in events:
+        if event.get("type") == EventKind.POLICY_CALL and event.get("context_truncated"):
+            out[event["role"]] = out.get(event["role"], 0) + 1
+    return out
+
+
 def score_trajectory(traj: dict[str, Any], label: Label) -> dict[str, Any]:
-    """One metrics row. A failed episode keeps its row (prediction ``None`` scores 0)."""
+    """One metrics row. A failed episode keeps its row and scores 0 on every answer metric
+    (``ANSWER_KEYS``, module doc)."""
     pred = traj.get("prediction")
     scored = protocol_answer(traj)
     counts = traj.get("counts", {})
     cites = citation_scores(traj.get("citations", []), label.supporting_facts)
     calls = counts.get("policy_calls", 0)
+    status = traj.get("status", "error")
+    cut = context_truncations(traj.get("events", []))
     row: dict[str, Any] = {
         "task_id": traj["task_id"],
-        "status": traj.get("status", "error"),
+        "status": status,
         "prediction": pred,
         "answers": label.answers,
         "answer_format": traj.get("answer_format", "free"),
@@ -109,8 +133,13 @@ def score_trajectory(traj: dict[str, Any], label: Label) -> dict[str, Any]:
             else None
         ),
         "request_errors": counts.get("request_errors", 0),
+        "context_truncated_calls": counts.get("context_truncated_calls", sum(cut.values())),
+        "context_truncated_by_role": cut,
+        "attempt": traj.get("attempt", 1),
         "latency_s": traj.get("latency_s"),
     }
+    if status != "ok":
+        row.update({key: None if row[key] is None else 0.0 for key in ANSWER_KEYS})
     for op, n in counts.get("memory_ops", {}).items():
         row[f"ops_{op}"] = n
     row.update(token_costs(traj.get("events", [])))

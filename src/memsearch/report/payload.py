@@ -81,6 +81,16 @@ def _tokens(row: dict[str, Any]) -> int:
     return reported or sum(v for k, v in row.items() if k.startswith("estimated_") and k.endswith("_tokens"))
 
 
+def run_caveats_of(summary: dict[str, Any]) -> list[str]:
+    """What the run's numbers are not (``eval.caveats``): as its summary recorded them, or, for a
+    summary written before they were recorded, derived from its config."""
+    from memsearch.eval.caveats import run_caveats
+
+    if "caveats" in summary:
+        return summary["caveats"]
+    return run_caveats(summary["config"], summary.get("group") or "") if "config" in summary else []
+
+
 def _header(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
     run_info = _read_json(run_dir / "run.json")
     ci = {k: bootstrap_ci([r[k] for r in rows if r.get(k) is not None]) for k in CI_METRICS}
@@ -96,6 +106,8 @@ def _header(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, Any]]) 
         "tokens_reported": {k: v for k, v in tokens.items() if not k.startswith("estimated_")},
         "tokens_estimated": {k: v for k, v in tokens.items() if k.startswith("estimated_")},
         "software": run_info.get("software"),
+        "memsearch_source": run_info.get("memsearch_source"), "memory_backend": summary.get("memory_backend"),
+        "context_truncated": summary.get("context_truncated"), "caveats": run_caveats_of(summary),
     }
 
 
@@ -104,12 +116,15 @@ def _task_row(row: dict[str, Any], traj: dict[str, Any], label: dict[str, Any] |
     out = {k: row.get(k) for k in ("task_id", "status", "prediction", "em", "f1", "sub_em", "searches", "chunks",
                                    "chunks_cut", "invalid_actions", "request_errors", "memory_truncations", "latency_s",
                                    "retrieval_support_recall", "memory_support_recall", "memory_support_precision",
-                                   "citation_precision", "citation_recall", "invalid_citations")}
+                                   "citation_precision", "citation_recall", "invalid_citations",
+                                   "context_truncated_calls", "attempt")}
     out["question"] = traj.get("question", "")
     out["gold"] = label["answers"][0] if label else None
     out["tokens"] = _tokens(row)
-    # finish_reason=length on any call: a completion cut by its token budget (a filter of the table).
+    # finish_reason=length on any call: a completion cut by its token budget or, context_truncated,
+    # by the server's context (a filter of the table).
     out["length_cut"] = any(c.get("finish_reason") == "length" for c in calls)
+    out["context_cut"] = any(c.get("context_truncated") for c in calls)
     return out
 
 

@@ -90,13 +90,16 @@
     for (const k of Object.keys(m)) { const ci = own(h.ci, k); metrics[k] = fmt(m[k]) + (ci ? `  [${fmt(ci[0])}, ${fmt(ci[1])}]` : ""); }
     const ident = { agent: h.agent, backends: h.backends, models: h.models, tokenizer: h.tokenizer, budgets: h.budgets,
       "data manifest sha256": h.data && h.data.manifest_sha256, "data kind/split": h.data && (h.data.kind + " / " + h.data.split),
-      evaluator: h.evaluator_version, engine: h.engine_version, prompts: h.prompt_version };
-    const state = { complete: h.complete, usable_for_comparison: h.usable_for_comparison, tasks: h.tasks, request_errors: h.request_errors, note: h.note };
+      evaluator: h.evaluator_version, engine: h.engine_version, prompts: h.prompt_version,
+      "memory written by": h.memory_backend, "memsearch source": h.memsearch_source };
+    const state = { complete: h.complete, usable_for_comparison: h.usable_for_comparison, tasks: h.tasks, request_errors: h.request_errors, context_truncated: h.context_truncated, note: h.note };
+    // What the numbers are not (eval.caveats): shown once, outside the collapsed details.
+    const caveats = (h.caveats || []).length ? `<ul class="caveats" data-testid="caveats">${h.caveats.map((c) => `<li>${esc(c)}</li>`).join("")}</ul>` : "";
     const line = `run <b>${esc(S.run)}</b> · EM ${fmt(m.em)} · F1 ${fmt(m.f1)} · ${h.complete ? "complete" : "<span class=bad>INCOMPLETE</span>"}` +
       ` · ${h.usable_for_comparison ? "usable for comparison" : "<span class=bad>not usable for comparison</span>"} · evaluator ${esc(h.evaluator_version)}, prompts ${esc(h.prompt_version)}`;
     $("header").innerHTML = `<details><summary>${line} (config, model, data, CIs, tokens)</summary><div class="cols"><div><h3>run ${esc(S.run)}</h3>${kv(ident)}</div><div><h3>completeness</h3>${kv(state)}` +
       `<h3>tokens reported</h3>${kv(h.tokens_reported)}<h3>tokens estimated</h3>${kv(h.tokens_estimated)}</div>` +
-      `<div><h3>metrics (mean [95% bootstrap CI])</h3>${kv(metrics)}</div></div></details>`;
+      `<div><h3>metrics (mean [95% bootstrap CI])</h3>${kv(metrics)}</div></div></details>` + caveats;
   }
   function comparison() { return S.vs && S.vs !== "-" ? own(P.comparisons, S.run + "|" + S.vs) || null : null; }
   function renderCompare() {
