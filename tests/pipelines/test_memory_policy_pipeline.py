@@ -106,6 +106,9 @@ def test_every_stage_runs_with_stage2_and_the_report_equals_the_metrics_files(wi
         in text
     )
     assert "| B-A | f1 |" in text
+    # Stage 2 trained C's controller and stage 1 B/D's memory: both caveats are said, once.
+    assert text.count("- C is a cross-ablation: a controller trained with decision (memory-policy) memory") == 1
+    assert text.count("- Trained policies: teacher rows selected by their answers") == 1
     assert (out / "curves.png").stat().st_size > 1000
 
 

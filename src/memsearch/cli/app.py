@@ -2,7 +2,7 @@
 
 The root command: the two entry commands (``demo``, ``walkthrough``) and ``devices`` (a config's
 GPU layout for shell recipes), then one group per noun in the order a user meets them (data,
-retrieval, eval, train, pipeline, report, verl), then the hidden old names of renamed commands.
+retrieval, eval, train, pipeline, experiment, report, verl), then the hidden old names of renamed commands.
 Every command imports what it needs inside its body, so ``memsearch --help`` stays instant. Bad
 input ends with ``error: <file:line: field: problem>`` lines and exit status 2; anything
 unexpected with a traceback and status 1.
@@ -20,6 +20,7 @@ from memsearch.cli.common import EXIT_INCOMPLETE, EXIT_INPUT, EXIT_STORAGE, comm
 from memsearch.cli.data import add_renamed_data_commands, data_app
 from memsearch.cli.devices import devices as devices_command
 from memsearch.cli.eval import add_renamed_eval_commands, eval_app
+from memsearch.cli.experiment import experiment_app
 from memsearch.cli.pipeline import pipeline_app
 from memsearch.cli.report import report_app
 from memsearch.cli.retrieval import add_renamed_retrieval_commands, retrieval_app
@@ -66,7 +67,8 @@ app.command("devices")(devices_command)
 
 # `memsearch --help` lists the groups in this order.
 for name, group in (("data", data_app), ("retrieval", retrieval_app), ("eval", eval_app), ("train", train_app),
-                    ("pipeline", pipeline_app), ("report", report_app), ("verl", verl_app)):
+                    ("pipeline", pipeline_app), ("experiment", experiment_app), ("report", report_app),
+                    ("verl", verl_app)):
     app.add_typer(group, name=name)
 
 for add_renamed_commands in (add_renamed_data_commands, add_renamed_retrieval_commands, add_renamed_eval_commands,

@@ -206,6 +206,14 @@ class MemoryPolicyPipeline(StrictConfig):
         "collapsed seed keeps its held-out rows and the bar judges it. Not in any stage fingerprint: it decides "
         "whether a stopped stage counts as finished, not what a stage computes",
     )
+    stage1_serving: Literal["in_process", "http"] = Field(
+        "in_process",
+        description="How the held-out 'grpo' row, stage 2's memory and groups B/D of the matrix reach the seed's "
+        "stage-1 model (seed-N/merged1): in_process (hf) or http, one server per seed for all three: the one you "
+        "run (stage2.memory_url + memory_model), else `transformers serve` launched on stage2.serve_port (a fixed "
+        "port: the URL is part of every stage's fingerprint); `memsearch experiment run` deploys it with the "
+        "engine of its config. Needs stage2.memory_serving = 'http' (whose checks apply: no schema mode)",
+    )
     bar: Literal["recall_every_seed", "pooled", "pooled_extractive"] = Field(
         "recall_every_seed",
         description="The held-out bar the report judges (pipelines/memory_policy/bar.py; its thresholds are "
@@ -257,6 +265,19 @@ class MemoryPolicyPipeline(StrictConfig):
     @config_check
     def _stage2_serving(self, context: dict[str, Any]) -> None:
         self._check_stage2_serving()
+
+    @config_check
+    def _stage1_served(self, context: dict[str, Any]) -> None:
+        if self.stage1_serving == "in_process":
+            return
+        if self.stage2.memory_serving != "http":
+            raise KeyProblems(("stage1_serving", "stage1_serving = 'http' serves stage 1 to stage 2 as well: set "
+                               "stage2.memory_serving = 'http' too (with memory_url, or serve_port for a launched "
+                               "server)"))
+        if not self.stage2.memory_url and self.stage2.serve_port is None:
+            raise KeyProblems(("stage2.serve_port", "stage1_serving = 'http' with a launched server needs a fixed "
+                               "port: the held-out and matrix runs fingerprint its URL, so a resume must find it "
+                               "again"))
 
     @config_check
     def _start_and_schema_mode(self, context: dict[str, Any]) -> None:
@@ -470,9 +491,19 @@ class MemoryPolicyPipeline(StrictConfig):
         data.update(kind="openai", model=name, base_url=url, adapter=None, schema_mode=False)
         return data
 
-    def stage2_memory(self, stage1: str, launched_url: str | None = None) -> dict[str, Any]:
-        """Stage 2's memory backend: merged1 in process, or over HTTP (``stage2.memory_url`` or the
-        launched server's ``launched_url``; it serves merged1 under its folder path)."""
+    def stage1_backend(self, stage1: str, served: tuple[str, str] | None = None) -> dict[str, Any]:
+        """The stage-1 model as memory backend: ``served`` (API root, served name: the seed's server,
+        ``stage1_serving = 'http'``) over HTTP, else the folder ``stage1`` in process."""
+        return self.served_backend(*served) if served else self.base_backend(stage1)
+
+    def stage2_memory(
+        self, stage1: str, launched_url: str | None = None, served: tuple[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Stage 2's memory backend: the seed's server (``served``), merged1 in process, or over
+        HTTP (``stage2.memory_url`` or the launched server's ``launched_url``; it serves merged1
+        under its folder path)."""
+        if served:
+            return self.served_backend(*served)
         if self.stage2.memory_serving == "in_process":
             return self.base_backend(stage1)
         if self.stage2.memory_url:
@@ -487,12 +518,13 @@ class MemoryPolicyPipeline(StrictConfig):
         val: str | None = None,
         launched_url: str | None = None,
         adapter: str | None = None,
+        served: tuple[str, str] | None = None,
     ) -> GRPOConfig:
         """Stage 2: GRPO of the controller from ``adapter`` (the controller's SFT adapter; None: a
         fresh LoRA on the base), the merged stage-1 model frozen as memory backend (in process or
         over HTTP: ``stage2_memory``)."""
         episode = self._episode(
-            memory=self.stage2_memory(stage1, launched_url),
+            memory=self.stage2_memory(stage1, launched_url, served),
             controller=self.base_backend(schema_mode=False),
             agent_controller="policy",
         )
@@ -512,12 +544,13 @@ class MemoryPolicyPipeline(StrictConfig):
             "stage2.train",
         )
 
-    def matrix_config(self, stage1: str, controller: str | None) -> RunConfig:
+    def matrix_config(self, stage1: str, controller: str | None, served: tuple[str, str] | None = None) -> RunConfig:
         """The A-D matrix: A/C summarize with the untrained base (``backends.baseline_memory``,
         set explicitly so a stage-1 checkpoint can never reach them), B/D with the stage-1
-        model, C/D with the stage-2 controller (``controller``; None = the base model)."""
+        model (in process, or ``served``: ``stage1_backend``), C/D with the stage-2 controller
+        (``controller``; None = the base model)."""
         data = self._episode(
-            memory=self.base_backend(stage1), controller=self.base_backend(controller, schema_mode=False)
+            memory=self.stage1_backend(stage1, served), controller=self.base_backend(controller, schema_mode=False)
         )
         # Summary mode has no operations to constrain: the baseline decodes freely.
         data["backends"]["baseline_memory"] = self.base_backend(schema_mode=False)

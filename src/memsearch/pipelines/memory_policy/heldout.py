@@ -6,7 +6,7 @@ memory, the fixed plan, the same reader, budgets and held-out dev questions):
     base    the untrained base model, schema mode (constrained JSON, so it can emit operations at all)
     rules   the rules memory heuristic (``backends.rules``): the bar a trained policy must clear
     sft     the base model with the seed's SFT adapter
-    grpo    the seed's merged stage-1 model (SFT + GRPO)
+    grpo    the seed's merged stage-1 model (SFT + GRPO), in process or served (``stage1_serving``)
 
 A cold start (``grpo_start = "base"``) trains no SFT: the ``sft`` row is not run, and every pair
 and over-seeds difference that needs it is left out (``not_run`` names it).
@@ -49,21 +49,23 @@ INVALID_CAUSES = ("over_budget", "truncated", "unshown_source", "other")  # colu
 GOLD_CALL_OUTCOMES = ("kept_gold", "stored_other_only", "stored_nothing", "over_budget", "invalid_other")
 
 
-def policy_backend(cfg, policy: str, sft: Path | None = None, stage1: Path | None = None) -> dict[str, Any]:
-    """The memory backend of ``policy`` (module docstring)."""
+def policy_backend(cfg, policy: str, sft: Path | None = None, stage1: Path | None = None,
+                   served: tuple[str, str] | None = None) -> dict[str, Any]:
+    """The memory backend of ``policy`` (module docstring); ``served``: the seed's stage-1 server."""
     if policy == "rules":
         return {"kind": "rules"}
     if policy == "base":
         return cfg.base_backend(schema_mode=True)
     if policy == "sft":
         return {**cfg.base_backend(), "adapter": str(sft)}
-    return cfg.base_backend(str(stage1))
+    return cfg.stage1_backend(str(stage1), served)
 
 
-def policy_config(cfg, policy: str, sft: Path | None = None, stage1: Path | None = None):
+def policy_config(cfg, policy: str, sft: Path | None = None, stage1: Path | None = None,
+                  served: tuple[str, str] | None = None):
     from memsearch.config import RunConfig
 
-    data = cfg._episode(memory=policy_backend(cfg, policy, sft, stage1))
+    data = cfg._episode(memory=policy_backend(cfg, policy, sft, stage1, served))
     data["limit"] = None
     return RunConfig.model_validate(data)
 
@@ -191,10 +193,11 @@ def trained_policies(cfg) -> tuple[str, ...]:
 
 
 def run_seed(cfg, root: Path, paths: dict[str, Any], sft: Path | None, stage1: Path, upstream: dict[str, str],
-             echo=print) -> dict[str, dict[str, Any]]:
-    """The seed's trained policies (sft unless a cold start, grpo) on the held-out dev questions."""
+             echo=print, served: tuple[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """The seed's trained policies (sft unless a cold start, grpo) on the held-out dev questions;
+    ``served``: the seed's stage-1 server (API root, served name) that answers the grpo row."""
     rows = {}
-    kwargs_of = {"sft": {"sft": sft}, "grpo": {"stage1": stage1}}
+    kwargs_of = {"sft": {"sft": sft}, "grpo": {"stage1": stage1, "served": served}}
     for policy in trained_policies(cfg):
         kwargs = kwargs_of[policy]
         folder = root / "heldout" / policy

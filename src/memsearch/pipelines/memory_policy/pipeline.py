@@ -17,7 +17,8 @@ beside its folder; ``pipeline.stages`` explains skip / resume / refuse):
 6. ``seed-N/grpo2/`` + ``seed-N/merged2/`` (``stage2.enabled``): GRPO of the controller with the
    merged stage-1 model frozen as memory backend, in process or over HTTP (``stage2.memory_serving``:
    ``transformers serve`` launched on ``merged1`` for the stage, or a server the user runs;
-   ``memory_policy.serving``). With ``stage2.start = "sft"`` it starts from ``seed-N/sft2/``, LoRA SFT
+   ``memory_policy.serving``; with ``stage1_serving = "http"`` one server per seed answers the held-out grpo
+   row, stage 2 and B/D). With ``stage2.start = "sft"`` it starts from ``seed-N/sft2/``, LoRA SFT
    of the controller on ``teacher2/sft.jsonl`` (a train run with ``stage2.teacher`` as the policy
    controller, ``export-sft --role controller``);
 7. ``seed-N/matrix/{A,B,C,D}``: the A-D matrix on the held-out dev questions; A/C summarize with
@@ -29,6 +30,8 @@ beside its folder; ``pipeline.stages`` explains skip / resume / refuse):
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,10 @@ from memsearch.io import sha256_file
 from memsearch.pipelines.bookkeeping import record_invocation, source_sha256
 from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
 from memsearch.pipelines.stages import Stage, eval_run, folder_sha256, grpo_stage, merge_stage, run_folder, sft_stage
+
+# ``serve_stage1(seed, merged1)``: a context manager that serves a seed's stage-1 folder and yields
+# (API root, served name) while the held-out grpo row, stage 2 and the matrix run against it.
+Stage1Server = Callable[[int, Path], AbstractContextManager[tuple[str, str]]]
 
 
 def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str, Any]:
@@ -248,20 +255,62 @@ def seed_stages(
     trained: tuple[Path | None, Path, dict[str, Any]],
     echo=print,
     controller_rows: tuple[Path, str] | None = None,
+    serve_stage1: Stage1Server | None = None,
 ) -> dict[str, Any]:
     """What follows one seed's stage 1 (``trained``: what ``train_stage1`` returned for it): merge,
     held-out rows, optional stage 2 (from the controller's SFT on ``controller_rows`` when
-    ``stage2.start = 'sft'``) and the matrix, under ``OUT/seed-N``."""
-    from memsearch.eval.matrix import run_matrix
-
+    ``stage2.start = 'sft'``) and the matrix, under ``OUT/seed-N``. With ``stage1_serving =
+    'http'`` the last three run against the seed's stage-1 server (``stage1_server``)."""
     root = out / f"seed-{seed}"
-    train = str(paths["train"])
-    val = str(paths["val"]) if cfg.data.val_questions else None
-    sft, stage1, start = trained
-    merged1, fp1 = merge_stage(root / "merged1", root / "merged1.stage.json", cfg.model, stage1, cfg.merge_dtype, echo)
+    merged1, fp1 = merge_stage(root / "merged1", root / "merged1.stage.json", cfg.model, trained[1],
+                               cfg.merge_dtype, echo)
+    with stage1_server(cfg, root, seed, merged1, serve_stage1, echo) as served:
+        return _after_merge(cfg, root, seed, paths, trained, (merged1, fp1), echo, controller_rows, served)
+
+
+@contextmanager
+def stage1_server(cfg: MemoryPolicyPipeline, root: Path, seed: int, merged1: Path,
+                  serve_stage1: Stage1Server | None = None, echo=print) -> Iterator[tuple[str, str] | None]:
+    """The seed's stage-1 server while the stages after the merge run (``stage1_serving =
+    'http'``): ``serve_stage1``'s when given (``memsearch experiment run`` deploys its own), else
+    the user's (``stage2.memory_url``, checked to list ``memory_model``), else ``transformers serve``
+    launched on ``stage2.serve_port``; yields (API root, served name), or None in process."""
+    from memsearch.pipelines.memory_policy import serving
+
+    s2 = cfg.stage2
+    if cfg.stage1_serving == "in_process":
+        yield None
+    elif serve_stage1 is not None:
+        with serve_stage1(seed, merged1) as served:
+            yield served
+    elif s2.memory_url:
+        with serving.user_server(s2.memory_url, s2.memory_model) as url:
+            yield url, s2.memory_model
+    else:
+        gpus = cfg.devices.visible("stage1") if "stage1" in cfg.devices.services else None
+        with serving.launched_server(merged1, s2.serve_port, root / "stage1_server.log", s2.serve_start_timeout_s,
+                                     s2.serve_args, echo, gpus) as url:
+            yield url, str(merged1)
+
+
+def _after_merge(
+    cfg: MemoryPolicyPipeline,
+    root: Path,
+    seed: int,
+    paths: dict[str, Any],
+    trained: tuple[Path | None, Path, dict[str, Any]],
+    merged: tuple[Path, str],
+    echo,
+    controller_rows: tuple[Path, str] | None,
+    served: tuple[str, str] | None,
+) -> dict[str, Any]:
     from memsearch.pipelines.memory_policy import heldout
 
-    heldout_rows = heldout.run_seed(cfg, root, paths, sft, merged1, {**start, "stage1": fp1}, echo)
+    train = str(paths["train"])
+    val = str(paths["val"]) if cfg.data.val_questions else None
+    sft, _, start = trained
+    merged1, fp1 = merged
+    heldout_rows = heldout.run_seed(cfg, root, paths, sft, merged1, {**start, "stage1": fp1}, echo, served)
     controller, fp2, sft2 = None, None, None
     if cfg.stage2.enabled:
         upstream2 = {"prepare": paths["fingerprint"], "stage1": fp1}
@@ -274,7 +323,7 @@ def seed_stages(
                 echo,
             )
             upstream2["sft2_sha256"] = folder_sha256(sft2)
-        stage2 = stage2_stage(cfg, root, train, seed, merged1, val, upstream2, echo, adapter=sft2)
+        stage2 = stage2_stage(cfg, root, train, seed, merged1, val, upstream2, echo, adapter=sft2, served=served)
         merged2, fp2 = merge_stage(
             root / "merged2", root / "merged2.stage.json", cfg.model, stage2, cfg.merge_dtype, echo
         )
@@ -293,29 +342,33 @@ def seed_stages(
     }
     if cfg.matrix_seeds is not None and seed not in cfg.matrix_seeds:
         return {**base, "matrix": None}
-    matrix_cfg = cfg.matrix_config(str(merged1), controller)
-    folder = root / "matrix"
+    matrix_cfg = cfg.matrix_config(str(merged1), controller, served)
+    matrix = matrix_stage(root / "matrix", root / "matrix.stage.json", matrix_cfg, paths,
+                          {"stage1": fp1, "stage2": fp2}, f"seed {seed} matrix", echo)
+    return {**base, "matrix": matrix}
+
+
+def matrix_stage(folder: Path, record: Path, matrix_cfg, paths: dict[str, Any], upstream: dict[str, Any],
+                 label: str, echo=print) -> dict[str, Any]:
+    """A fingerprinted A-D matrix (``matrix_cfg``) on the held-out dev questions into ``folder``
+    (resumed after a crash); returns its ``matrix.json``."""
+    from memsearch.eval.matrix import run_matrix
+
     stage = Stage(
         folder,
         "matrix",
-        {
-            "run_config": matrix_cfg.model_dump(mode="json"),
-            "prepare": paths["fingerprint"],
-            "stage1": fp1,
-            "stage2": fp2,
-        },
-        root / "matrix.stage.json",
+        {"run_config": matrix_cfg.model_dump(mode="json"), "prepare": paths["fingerprint"], **upstream},
+        record,
     )
     if stage.done():
-        echo(f"seed {seed} matrix: done")
-        matrix = json.loads((folder / "matrix.json").read_text())
-    else:
-        resume = stage.started() and folder.exists()
-        stage.start()
-        echo(f"seed {seed} matrix: {'resuming' if resume else 'running'} A-D on {paths['dev']}")
-        matrix = run_matrix(matrix_cfg, paths["dev"], folder, resume=resume, show_progress=False)
-        stage.finish({"matrix": "matrix/matrix.json"})
-    return {**base, "matrix": matrix}
+        echo(f"{label}: done")
+        return json.loads((folder / "matrix.json").read_text())
+    resume = stage.started() and folder.exists()
+    stage.start()
+    echo(f"{label}: {'resuming' if resume else 'running'} A-D on {paths['dev']}")
+    matrix = run_matrix(matrix_cfg, paths["dev"], folder, resume=resume, show_progress=False)
+    stage.finish({"matrix": f"{folder.name}/matrix.json"})
+    return matrix
 
 
 def _launched_port(cfg: MemoryPolicyPipeline, record: Path) -> int:
@@ -344,12 +397,14 @@ def stage2_stage(
     upstream: dict[str, Any],
     echo=print,
     adapter: Path | None = None,
+    served: tuple[str, str] | None = None,
 ) -> Path:
     """``seed-N/grpo2``: GRPO of the controller (from ``adapter``, the controller's SFT adapter, or
     a fresh LoRA) with ``merged1`` frozen as memory backend, in process or over HTTP
     (``stage2.memory_serving``). Over HTTP the stage record also names the server
     (``inputs.memory_server``: how it was served, its URL and model name); the server is started
-    (launched) or checked (user-run) only while the stage trains."""
+    (launched) or checked (user-run) only while the stage trains, unless the seed's stage-1 server
+    (``served``: API root, served name; ``stage1_serving = 'http'``) already answers."""
     from functools import partial
 
     from memsearch.pipelines.memory_policy import serving
@@ -357,6 +412,11 @@ def stage2_stage(
     record = root / "grpo2.stage.json"
     s2 = cfg.stage2
     start = str(adapter) if adapter is not None else None
+    if served:
+        grpo = cfg.stage2_config(train, seed, str(merged1), val, adapter=start, served=served)
+        server = {"serving": "stage1_serving", "url": served[0], "model": served[1]}
+        return grpo_stage(root / "grpo2", record, grpo, {**upstream, "memory_server": server}, echo,
+                          on_collapse=cfg.on_collapse)
     if s2.memory_serving == "in_process":
         return grpo_stage(
             root / "grpo2", record, cfg.stage2_config(train, seed, str(merged1), val, adapter=start), upstream, echo,
@@ -423,20 +483,37 @@ def run_validation_only(cfg: MemoryPolicyPipeline, out: str | Path, echo=print) 
 
 def run_memory_policy_pipeline(cfg: MemoryPolicyPipeline, out: str | Path, echo=print) -> dict[str, Any]:
     """Run every stage of every seed (skipping finished ones); returns the report (also ``OUT/report.json``)."""
-    from memsearch.pipelines.memory_policy import heldout
-    from memsearch.pipelines.memory_policy.report import write_mp_report
-
     out = record_invocation(out, cfg)
     with run_folder(out):
         paths = prepare_stage(cfg, out, echo)
-        # A cold start (grpo_start = "base") trains no SFT, so it needs no teacher rows either.
-        rows, rows_fp = teacher_stage(cfg, out, paths, echo) if cfg.grpo_start == "sft" else (None, None)
-        shared = heldout.run_shared(cfg, out, paths, echo)
-        controller_rows = controller_teacher_stage(cfg, out, paths, echo) if cfg.stage2.start == "sft" else None
-        seeds = []
-        for seed in cfg.seeds:
-            trained = train_stage1(cfg, out, seed, paths, rows, rows_fp, echo)
-            seeds.append(seed_stages(cfg, out, seed, paths, trained, echo, controller_rows))
+        shared, seeds = run_stages(cfg, out, paths, echo)
+    return write_report(cfg, out, shared, seeds, echo)
+
+
+def run_stages(cfg: MemoryPolicyPipeline, out: Path, paths: dict[str, Any], echo=print,
+               serve_stage1: Stage1Server | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Every stage after ``prepare`` (``paths``: what it returned), inside ``run_folder(out)``:
+    teacher, shared held-out rows, each seed's training, merge, held-out rows, stage 2 and
+    matrix (``serve_stage1``: see ``seed_stages``); returns (shared held-out rows, per-seed results)."""
+    from memsearch.pipelines.memory_policy import heldout
+
+    # A cold start (grpo_start = "base") trains no SFT, so it needs no teacher rows either.
+    rows, rows_fp = teacher_stage(cfg, out, paths, echo) if cfg.grpo_start == "sft" else (None, None)
+    shared = heldout.run_shared(cfg, out, paths, echo)
+    controller_rows = controller_teacher_stage(cfg, out, paths, echo) if cfg.stage2.start == "sft" else None
+    seeds = []
+    for seed in cfg.seeds:
+        trained = train_stage1(cfg, out, seed, paths, rows, rows_fp, echo)
+        seeds.append(seed_stages(cfg, out, seed, paths, trained, echo, controller_rows, serve_stage1))
+    return shared, seeds
+
+
+def write_report(cfg: MemoryPolicyPipeline, out: Path, shared: dict[str, Any], seeds: list[dict[str, Any]],
+                 echo=print) -> dict[str, Any]:
+    """The held-out comparison (``heldout/summary.json``) and ``report.md`` / ``report.json``."""
+    from memsearch.pipelines.memory_policy import heldout
+    from memsearch.pipelines.memory_policy.report import write_mp_report
+
     comparison = heldout.compare(cfg, shared, {s["seed"]: s["heldout"] for s in seeds})
     heldout.write_summary(out, comparison)
     report = write_mp_report(cfg, out, seeds, comparison)

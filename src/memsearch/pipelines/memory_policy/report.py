@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from memsearch.eval.caveats import caveats
 from memsearch.eval.run_diff import paired_difference, per_task_metrics
 from memsearch.io import write_json
 
@@ -62,7 +63,8 @@ def seed_section(cfg, seed: dict[str, Any]) -> dict[str, Any]:
                 per_task[b], per_task[a], metric, cfg.report.bootstrap_resamples, cfg.report.confidence, cfg.report.seed
             )
             diffs.append({"pair": f"{a}-{b}", "metric": metric, "usable": usable[a] and usable[b], **(d or {})})
-    return {"seed": seed["seed"], "rows": rows, "diffs": diffs, "stage2": seed["stage2"]}
+    configs = {g: json.loads((folder / g / "summary.json").read_text())["config"] for g in GROUPS}
+    return {"seed": seed["seed"], "rows": rows, "diffs": diffs, "stage2": seed["stage2"], "caveats": caveats(configs)}
 
 
 def _cell(v: Any) -> str:
@@ -193,6 +195,9 @@ def _stage2_memory(cfg) -> str:
     s2 = cfg.stage2
     if s2.memory_serving == "in_process":
         return "its rollouts' memory was the stage-1 model in process."
+    if cfg.stage1_serving == "http" and not s2.memory_url:
+        return (f"its rollouts' memory, the held-out grpo row and B/D: the stage-1 folder served over HTTP on port "
+                f"{s2.serve_port}, one server per seed (stage1_serving = 'http').")
     if s2.memory_url:
         return (
             f"its rollouts' memory was served over HTTP at `{s2.memory_url}` as `{s2.memory_model}` "
@@ -288,6 +293,9 @@ def render(cfg, sections: list[dict[str, Any]], comparison: dict[str, Any] | Non
         ]
         lines += [_diff_line(d["pair"], d["metric"], d, d["usable"]) for d in sec["diffs"]]
         lines.append("")
+    # What the rows are not (eval.caveats), once for every seed.
+    notes = list(dict.fromkeys(c for sec in sections for c in sec.get("caveats", [])))
+    lines += ["Caveats:", "", *[f"- {c}" for c in notes], ""] if notes else []
     lines += ["![training curves](curves.png)", "", "Curves: mean over seeds with a min-max band."]
     return "\n".join(lines) + "\n"
 

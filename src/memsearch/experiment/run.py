@@ -1,0 +1,241 @@
+"""``memsearch experiment run --config FILE --out DIR``: the whole path on one node, resumable.
+
+Stages, in order (each fingerprinted; a re-run skips finished ones and continues the one cut
+off; ``DIR/run.json`` records each invocation's outcome and what it used):
+
+1. ports: every service's port checked free, the recipe validated: before anything starts;
+2. ``data/``: the HotpotQA files fetched (``data/manifest.json``: source, SHA-256, size);
+3. ``models``: the policy and reader folders (hub ids fetched), fingerprinted;
+4. ``prepare/``: converted and validated, train and held-out dev apart (the pipeline's stage);
+5. the device check (``memsearch.devices.check_devices``), in ``run.json``;
+6. the reader service (``services/reader.log``; its ``/v1/models`` identity in ``run.json``);
+7. ``baseline/matrix``: the A-D matrix before training (the served reader);
+8. the memory-policy pipeline's stages (``teacher/``, ``heldout/``, ``seed-N/sft``, ``grpo1``,
+   ``merged1``), then per seed stage 1 deployed as its own service (``services/stage1.log``) while
+   the held-out grpo row, stage 2 (``grpo2``, ``merged2``) and the A-D matrix (``seed-N/matrix``:
+   A/C summarised by the original policy model, B/D by the served stage 1) run against it;
+9. ``report.md`` (the pipeline's report, then this experiment's section).
+
+Every service is stopped when the command ends, fails or is interrupted (Ctrl-C, SIGTERM,
+SIGHUP): ``serving.running_services`` inside ``serving.stop_on_signals``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from memsearch.errors import InputError
+from memsearch.eval.provenance import source_identity
+from memsearch.experiment.config import ExperimentConfig
+from memsearch.experiment.stages import (
+    baseline_stage,
+    download_stage,
+    models_stage,
+    pipeline_config,
+    reader_spec,
+    stage1_spec,
+)
+from memsearch.io import dumps_line, write_json
+
+COMMAND = "experiment run"
+
+
+def _stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+class RunRecord:
+    """``DIR/run.json``: what this experiment used (data, models, devices, services, memsearch)
+    and the outcome of every invocation (``attempts``); rewritten whole after each change."""
+
+    def __init__(self, path: Path, profile: str | None) -> None:
+        self.path = path
+        self.data: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+        self.data.setdefault("attempts", [])
+        self.data.update(command=f"memsearch {COMMAND}", profile=profile, config="config.json", status="running",
+                         memsearch=source_identity(), services={})
+        self.data["attempts"].append({"started": _stamp(), "status": "running"})
+        self.write()
+
+    def write(self) -> None:
+        write_json(self.path, self.data)
+
+    def update(self, **fields: Any) -> None:
+        self.data.update(fields)
+        self.write()
+
+    def service(self, name: str, running, seed: int | None = None) -> None:
+        """A started service: engine, URL, served name, pid, log and its /v1/models entry."""
+        entry = {"engine": running.engine, "url": running.url, "served_name": running.served_name,
+                 "pid": running.pid, "log": str(running.log), "identity": running.identity}
+        if seed is None:
+            self.data["services"][name] = entry
+        else:
+            self.data["services"].setdefault(name, {})[f"seed-{seed}"] = entry
+        self.write()
+
+    def end(self, out: Path, status: str, error: str | None = None) -> None:
+        """This invocation's outcome, and every stage record under ``out`` with whether it finished."""
+        self.data["attempts"][-1].update(ended=_stamp(), status=status, **({"error": error} if error else {}))
+        stages = {}
+        for record in sorted(out.glob("**/*.stage.json")):
+            try:
+                complete = bool(json.loads(record.read_text()).get("complete"))
+            except (OSError, ValueError):
+                complete = False
+            stages[record.relative_to(out).as_posix().removesuffix(".stage.json")] = complete
+        self.update(status=status, stages=stages, **({"error": error} if error else {"error": None}))
+
+
+def _claim(cfg: ExperimentConfig, out: Path, profile: str | None) -> Path:
+    """Create ``out`` (or reopen one this command made), lock it for this process, append the
+    invocation to ``invocations.jsonl`` and save the resolved config as ``config.json``."""
+    from memsearch.eval.run_folder import claim_folder, hold_folder_lock
+
+    claim_folder(out, COMMAND, lambda folder: False)
+    hold_folder_lock(out, "experiment folder", "then run the experiment again")
+    resolved = cfg.model_dump(mode="json")
+    with open(out / "invocations.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(dumps_line({"time": _stamp(), "profile": profile, "config": resolved}) + "\n")
+    write_json(out / "config.json", resolved)
+    return out
+
+
+def run_experiment(cfg: ExperimentConfig, out: str | Path, echo=print, profile: str | None = None) -> dict[str, Any]:
+    """Run (or continue) every stage (module docstring); returns the pipeline's report. Services
+    are stopped however it ends; ``run.json`` records the outcome (finished, failed, interrupted)."""
+    from memsearch.serving import check_ports_free, stop_on_signals
+
+    out = Path(out)
+    # Before anything starts or is written: a taken port, and a recipe the pipeline refuses.
+    check_ports_free({"reader": reader_spec(cfg), "stage1": stage1_spec(cfg, "<each seed's merged stage 1>")})
+    pipeline_config(cfg)
+    with stop_on_signals():
+        _claim(cfg, out, profile)
+        record = RunRecord(out / "run.json", profile)
+        try:
+            report = _stages(cfg, out, record, echo)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            code = exc.code if isinstance(exc, SystemExit) else 130
+            record.end(out, "interrupted", f"{type(exc).__name__} (exit status {code})")
+            raise
+        except BaseException as exc:
+            record.end(out, "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            raise
+        record.end(out, "finished")
+    return report
+
+
+# The device check in a child process: it initialises CUDA, seeing every GPU of the node, while
+# this process must not touch CUDA before the training layout applies (devices.apply_training_layout).
+_CHECK = """import json, sys
+from memsearch.devices import DeviceLayout, check_devices
+from memsearch.errors import InputError
+try:
+    layout = DeviceLayout.model_validate_json(sys.argv[1])
+    record = check_devices(layout, echo=lambda line: print(line, file=sys.stderr))
+except InputError as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(2)
+print(json.dumps(record))
+"""
+
+
+def device_check(layout, echo=print, timeout_s: float = 600) -> dict[str, Any]:
+    """``memsearch.devices.check_devices`` of ``layout``, then the training layout applied to this
+    process. A layout with GPUs is checked in a child process (it initialises CUDA on every GPU
+    the layout names; this process must see the trainer's GPUs only). ``InputError`` with the
+    check's words when it refuses."""
+    import sys
+
+    from memsearch.devices import apply_training_layout, check_devices
+
+    if layout.empty:
+        return check_devices(layout, echo)
+    try:
+        done = subprocess.run([sys.executable, "-c", _CHECK, layout.model_dump_json()], capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"devices: the device check did not finish within {timeout_s:g} s; "
+                         "check `nvidia-smi`") from None
+    for line in done.stderr.splitlines():
+        echo(line)
+    if done.returncode != 0:
+        raise InputError(f"devices: the device check failed (exit status {done.returncode}): "
+                         + (done.stderr.strip().splitlines() or ["no output"])[-1])
+    apply_training_layout(layout)
+    return json.loads(done.stdout)
+
+
+def _stages(cfg: ExperimentConfig, out: Path, record: RunRecord, echo) -> dict[str, Any]:
+    from memsearch.pipelines.memory_policy.pipeline import prepare_stage, run_stages, write_report
+    from memsearch.pipelines.stages import run_folder
+    from memsearch.serving import running_services
+
+    gpus = dict(cfg.devices.services) or None
+    with run_folder(out):
+        record.update(data=download_stage(cfg, out, echo))
+        models = models_stage(cfg, out, echo)
+        record.update(models=models)
+        pcfg = pipeline_config(cfg, record.data["data"], models)
+        write_json(out / "pipeline.json", pcfg.model_dump(mode="json"))  # what the pipeline's stages ran
+        paths = prepare_stage(pcfg, out, echo)
+        record.update(devices=device_check(cfg.devices, echo))
+        with running_services({"reader": reader_spec(cfg, models)}, out / "services", gpus, echo) as running:
+            record.service("reader", running["reader"])
+            baseline = baseline_stage(pcfg, out, paths, echo)
+
+            @contextmanager
+            def deploy(seed: int, merged1: Path) -> Iterator[tuple[str, str]]:
+                with running_services({"stage1": stage1_spec(cfg, merged1)}, out / "services", gpus, echo) as s1:
+                    record.service("stage1", s1["stage1"], seed)
+                    yield s1["stage1"].url, s1["stage1"].served_name
+
+            shared, seeds = run_stages(pcfg, out, paths, echo, serve_stage1=deploy)
+    report = write_report(pcfg, out, shared, seeds, lambda _: None)
+    with open(out / "report.md", "a", encoding="utf-8") as fh:
+        fh.write(experiment_section(out, record.data, baseline))
+    echo(report["table"])
+    echo(f"report: {out / 'report.md'}")
+    return report
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def experiment_section(out: Path, run: dict[str, Any], baseline: dict[str, Any]) -> str:
+    """The experiment's part of ``report.md``: what ran (memsearch, data, devices, services) and
+    the untrained baseline matrix with its caveats."""
+    ident = run["memsearch"]
+    lines = ["", "## Experiment (`memsearch experiment run`)", "",
+             f"memsearch {ident.get('version')}, commit {ident.get('commit') or 'unknown'}"
+             + (" (with uncommitted changes)" if ident.get("dirty") else "") + f"; the record: `{out / 'run.json'}`.",
+             "", "| data | source | SHA-256 | bytes |", "|---|---|---|---|"]
+    lines += [f"| {name} | {f['source']} | `{f['sha256']}` | {f['bytes']} |" for name, f in run["data"].items()]
+    lines += ["", f"Devices: {run['devices'].get('note') or run['devices']}", "",
+              "| service | engine | served name | URL | /v1/models id |", "|---|---|---|---|---|"]
+    for name, entry in run["services"].items():
+        for label, s in ({name: entry} if "url" in entry else {f"{name} ({k})": v for k, v in entry.items()}).items():
+            lines.append(f"| {label} | {s['engine']} | `{s['served_name']}` | {s['url']} | {s['identity'].get('id')} |")
+    lines += ["", "B/D of each seed's matrix were summarised by that seed's stage 1 (merged1) served as above, A/C by "
+              "the original policy model in process (`backends.baseline_memory`).", "",
+              "### Baseline: the A-D matrix before training", "",
+              "B/D memory and C/D controller are the untrained policy model: prompt baselines, not RL results.", "",
+              "| group | memory backend | f1 | em | memory support recall | usable |", "|---|---|---|---|---|---|"]
+    for group, g in baseline["groups"].items():
+        backend = g["memory_backend"]
+        lines.append(f"| {group} | {backend['kind']}:{Path(str(backend.get('model'))).name} | "
+                     f"{_cell(g['metrics'].get('f1'))} | {_cell(g['metrics'].get('em'))} | "
+                     f"{_cell(g['metrics'].get('memory_support_recall'))} | {_cell(g['usable_for_comparison'])} |")
+    lines += ["", *[f"- {note}" for note in baseline.get("caveats") or []], ""]
+    return "\n".join(lines)
+

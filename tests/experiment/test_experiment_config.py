@@ -1,0 +1,123 @@
+"""The settings file of ``memsearch experiment run``: the shipped example (GPU defaults and its CPU
+profile) and the pipeline config it generates; bad fields refused naming the field, before
+anything starts; a taken port refused before any folder is made; a hub id while offline."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from memsearch.errors import InputError
+from memsearch.experiment.config import HOTPOT_DEV_URL, HOTPOT_TRAIN_URL, load_experiment
+from memsearch.experiment.stages import pipeline_config, resolve_model
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "configs" / "experiment.example.toml"
+
+
+@pytest.fixture(autouse=True)
+def _in_repository(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the recipe path is relative to the repository, as every config's
+
+
+def test_the_example_is_a_gpu_node_by_default_and_its_cpu_profile_a_cpu_run():
+    gpu = load_experiment(EXAMPLE)
+    assert (gpu.data.train, gpu.data.dev) == (HOTPOT_TRAIN_URL, HOTPOT_DEV_URL)
+    assert (gpu.services.reader.engine, gpu.services.stage1.engine) == ("vllm", "vllm")
+    assert (gpu.devices.train, gpu.devices.services) == ([0], {"reader": [1], "stage1": [2]})
+    cpu = load_experiment(EXAMPLE, profile="cpu")
+    assert (cpu.services.reader.engine, cpu.services.stage1.engine) == ("transformers", "transformers")
+    assert cpu.devices.empty and cpu.models.policy == cpu.models.reader == "embedded"
+    assert cpu.recipe.pipeline == "configs/memory_policy_cpu.toml"
+    # The profile's recipe overrides merge key by key with the file's (schema_mode and stage 2 kept).
+    assert cpu.recipe.override["schema_mode"] is False and cpu.recipe.override["stage2"]["enabled"] is True
+
+
+def test_the_generated_pipeline_config_serves_the_reader_and_stage_1():
+    cfg = load_experiment(EXAMPLE, [f'data.dev_questions={5}'], profile="cpu")
+    pipeline = pipeline_config(cfg)
+    reader = pipeline.episode.backends.reader
+    assert (reader.kind, reader.base_url) == ("openai", "http://127.0.0.1:8001/v1")
+    from memsearch.assets.embedded import model_dir
+
+    assert reader.model == str(model_dir())  # transformers serve lists the folder it serves
+    stage2 = pipeline.stage2
+    assert (pipeline.stage1_serving, stage2.memory_serving, stage2.serve_port) == ("http", "http", 8002)
+    assert pipeline.stage2.enabled and not pipeline.schema_mode
+    assert (pipeline.data.dev_questions, pipeline.data.train_questions, pipeline.seeds) == (5, 3, [1])
+    # B/D read the served stage 1, A/C the original model in process (baseline_memory set explicitly).
+    matrix = pipeline.matrix_config("OUT/seed-1/merged1", None, ("http://127.0.0.1:8002/v1", "OUT/seed-1/merged1"))
+    assert (matrix.backends.memory.kind, matrix.backends.memory.model) == ("openai", "OUT/seed-1/merged1")
+    assert (matrix.backends.baseline_memory.kind, matrix.backends.baseline_memory.model) == ("hf", "embedded")
+
+
+@pytest.mark.parametrize("setting, problem", [
+    ("data.train_sha256=\"abc\"", "data.train_sha256: 'abc': expected 64 lowercase hex digits"),
+    ("data.dev_questions=0", "data.dev_questions: Input should be greater than or equal to 1"),
+    ("models.nosuch=1", "models.nosuch: unknown field"),
+    ("services.reader.engine=\"tgi\"", "services.reader.engine: Input should be"),
+    ("services.stage1.model=\"/m\"", "services.stage1.model: set by the experiment"),
+    ("services.stage1.engine=\"llama.cpp\"", "services.stage1.engine: llama.cpp serves GGUF files"),
+    ("devices.train=[0,3]", "devices.train: [0, 3]: `memsearch experiment run` trains in one process"),
+    ("devices.services={reader=[1]}", "devices.services: no GPUs for service 'stage1'"),
+    ("recipe.override.model=\"x\"", "recipe.override.model: set by the experiment from [models] policy"),
+    ("recipe.override.stage2.memory_url=\"http://h/v1\"", "recipe.override.stage2.memory_url: set by the experiment"),
+    ("recipe.override.data={dev_questions=2}", "recipe.override.data: set by the experiment from [data]"),
+])
+def test_bad_fields_are_refused_naming_the_field(setting, problem):
+    with pytest.raises(InputError) as info:
+        load_experiment(EXAMPLE, [setting])
+    assert problem in str(info.value)
+    assert f"--set {setting}" in str(info.value)  # the flag that set it, not the file
+
+
+def test_a_recipe_the_pipeline_refuses_names_the_recipe_field():
+    cfg = load_experiment(EXAMPLE, ["recipe.override.grpo.steps=true"], profile="cpu")
+    with pytest.raises(InputError, match=r"configs/memory_policy_cpu.toml \(with \[recipe.override\].*grpo"):
+        pipeline_config(cfg)
+
+
+def test_an_unknown_profile_names_the_ones_there_are():
+    with pytest.raises(InputError, match=r"--profile gpu2: .* has no \[profile.gpu2\]; it has \['cpu'\]"):
+        load_experiment(EXAMPLE, profile="gpu2")
+
+
+def test_a_taken_port_is_refused_before_any_folder_is_made(tmp_path):
+    from memsearch.experiment.run import run_experiment
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = load_experiment(EXAMPLE, [f"services.reader.port={port}"], profile="cpu")
+        with pytest.raises(InputError, match=rf"port {port} \(service reader\) is already in use"):
+            run_experiment(cfg, tmp_path / "exp", echo=lambda _: None)
+    assert not (tmp_path / "exp").exists()
+    cfg = load_experiment(EXAMPLE, ["services.stage1.port=8001"], profile="cpu")
+    with pytest.raises(InputError, match="port 8001 is given to both service reader and service stage1"):
+        run_experiment(cfg, tmp_path / "exp", echo=lambda _: None)
+    assert not (tmp_path / "exp").exists()
+
+
+def test_models_resolve_to_local_folders_and_a_hub_id_offline_is_a_clear_error(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from memsearch.assets.embedded import model_dir
+
+    assert resolve_model("policy", "embedded", tmp_path) == Path(model_dir())
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="models.reader: .*empty is no Hugging Face model folder"):
+        resolve_model("reader", str(tmp_path / "empty"), tmp_path)
+    with pytest.raises(InputError, match="models.policy: ./nowhere/at/all: no such folder, and not a hub id"):
+        resolve_model("policy", "./nowhere/at/all", tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # no network here either way; offline answers at once
+    with pytest.raises(InputError, match=r"models.policy: could not fetch Qwen/Qwen2.5-0.5B-Instruct into .*offline\?"):
+        resolve_model("policy", "Qwen/Qwen2.5-0.5B-Instruct", tmp_path / "cache")
+    # A hub id already fetched into the cache is used as it is, without the hub.
+    cached = tmp_path / "cache" / "org" / "model"
+    cached.mkdir(parents=True)
+    (cached / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert resolve_model("policy", "org/model", tmp_path / "cache") == cached
