@@ -343,7 +343,7 @@ def test_a_byte_order_mark_is_accepted_in_manifests_and_configs(hotpot_dev_dir, 
 
 
 def test_backoff_is_seeded_full_jitter_under_a_doubling_cap():
-    from memsearch.io import Backoff
+    from memsearch.http_client import Backoff
 
     a, b = Backoff(0.5, 3.0, seed=7), Backoff(0.5, 3.0, seed=7)
     waits = [a.delay_s(retry) for retry in range(1, 7)]
@@ -355,7 +355,7 @@ def test_backoff_is_seeded_full_jitter_under_a_doubling_cap():
 def test_loop_session_opens_one_pool_per_event_loop():
     import asyncio
 
-    from memsearch.io import LoopSession
+    from memsearch.http_client import LoopSession
 
     pool = LoopSession(4)
 

@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "memsearch"
 
 # Bottom first. A module's layer is the one of its longest listed prefix.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("memsearch", "memsearch.errors", "memsearch.io", "memsearch.config", "memsearch.devices",
+    ("foundation", ("memsearch", "memsearch.errors", "memsearch.io", "memsearch.config", "memsearch.strict_config",
+                    "memsearch.devices",
                     "memsearch.tokenizer", "memsearch.assets", "memsearch.text", "memsearch.trajectory")),
     ("data", ("memsearch.data",)),
     ("memory/retrieval", ("memsearch.memory", "memsearch.retrieval")),

@@ -15,7 +15,6 @@ import hashlib
 import json
 import math
 import os
-import random
 import re
 import shutil
 import stat
@@ -531,83 +530,3 @@ def atomic_output_dir(path: str | Path) -> Iterator[Path]:
         tmp.rename(path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-class Backoff:
-    """Exponential backoff with full jitter, seeded: the wait before retry number ``retry``
-    (1-based) is uniform in [0, min(max_s, base_s * 2**(retry-1))], so clients that failed
-    together do not retry together. Shared by the HTTP clients (OpenAI backend, retrieval service)."""
-
-    def __init__(self, base_s: float, max_s: float, seed: int | None = None) -> None:
-        self.base_s = base_s
-        self.max_s = max_s  # also caps a wait the server asks for (Retry-After)
-        self._rng = random.Random(seed)
-
-    def delay_s(self, retry: int) -> float:
-        return self._rng.uniform(0.0, min(self.max_s, self.base_s * 2 ** (retry - 1)))
-
-
-def abandon_session(session: Any) -> None:
-    """Drop an aiohttp ``ClientSession`` whose event loop is gone without awaiting it (that loop
-    cannot run the close). Its sockets went with that loop; detaching marks it closed so it is
-    not reported as leaked. Shared by the HTTP clients (OpenAI backend, retrieval service)."""
-    connector = session.connector
-    session.detach()
-    if connector is not None and not connector.closed:
-        try:
-            connector._close()  # the synchronous part of close(): forget pooled connections
-        except Exception:  # noqa: BLE001 - best effort; at worst aiohttp warns of a leak
-            pass
-
-
-class LoopSession:
-    """An aiohttp ``ClientSession`` (a keep-alive pool of ``limit`` connections) and a semaphore
-    of ``limit`` requests in flight, bound to the event loop that uses them. Each new loop (every
-    ``asyncio.run``: a GRPO step, a script's own loop) gets its own pair on first use; an earlier
-    loop's session, unusable on this one, is abandoned. The caller bounds each attempt with
-    ``asyncio.timeout`` (connect + send + full body), so the session has no timeout of its own.
-    Shared by the HTTP clients (OpenAI backend, retrieval service).
-
-    ``proxy``, when given, is called each time a session opens and its answer passed to aiohttp
-    (None: no proxy), so the environment is read when the pool is made, not per request.
-    """
-
-    def __init__(self, limit: int, proxy: Callable[[], str | None] | None = None) -> None:
-        self.limit = limit
-        self.proxy = proxy
-        self._session: Any = None
-        self._semaphore: Any = None
-        self._loop: Any = None
-
-    def get(self) -> tuple[Any, Any]:
-        """``(session, semaphore)`` for the running loop, opened on first use in that loop."""
-        import asyncio
-
-        import aiohttp
-
-        loop = asyncio.get_running_loop()
-        if self._session is None or self._loop is not loop:
-            if self._session is not None:
-                abandon_session(self._session)
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.limit),
-                timeout=aiohttp.ClientTimeout(total=None),
-                proxy=self.proxy() if self.proxy is not None else None,
-            )
-            self._semaphore = asyncio.Semaphore(self.limit)
-            self._loop = loop
-        return self._session, self._semaphore
-
-    async def aclose(self) -> None:
-        """Close the pool (a later request opens a new one); one from a loop that is gone is
-        abandoned, since only its own loop could await the close."""
-        import asyncio
-
-        session, loop = self._session, self._loop
-        self._session = self._semaphore = self._loop = None
-        if session is None:
-            return
-        if loop is asyncio.get_running_loop():
-            await session.close()
-        else:
-            abandon_session(session)

@@ -26,7 +26,7 @@ from memsearch.backends.retry_policy import backoff_s, request_error, status_ret
 from memsearch.backends.schema_check import schema_problem
 from memsearch.config import BackendConfig, load_config
 from memsearch.errors import InputError
-from memsearch.io import Backoff
+from memsearch.http_client import Backoff
 
 ROOT_API = Path(__file__).resolve().parents[2] / "configs" / "api.toml"
 OPS = memory_ops_constraint(3)

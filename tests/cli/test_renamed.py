@@ -34,6 +34,7 @@ GROUPS = {
     "eval": ["run", "matrix"],
     "train": ["export-sft", "sft", "grpo", "merge-adapter"],
     "pipeline": ["memagent", "memory-policy"],
+    "experiment": ["run"],
     "report": ["view", "plots"],
     "verl": ["export-data", "config"],
 }

@@ -59,7 +59,7 @@ from memsearch.backends.retry_policy import RETRY_AFTER_STATUSES, backoff_s, ret
 from memsearch.backends.schema_check import schema_problem
 from memsearch.backends.served_model import identity_from_models, listed_context, unverified
 from memsearch.errors import InputError
-from memsearch.io import Backoff, LoopSession
+from memsearch.http_client import Backoff, LoopSession
 from memsearch.tokenizer import Tokenizer
 
 ChoiceStyle = Literal["guided", "structured_outputs"]

@@ -15,7 +15,7 @@ real server's answer is never refused:
 - ``ECHO_BYTES_PER_REQUEST_BYTE`` per byte of the request body, for what a server echoes of the
   prompt (``prompt_token_ids``, prompt log-probs).
 
-The bound is on the decoded (inflated) bytes and on the compressed ones (``memsearch.bounded_read``).
+The bound is on the decoded (inflated) bytes and on the compressed ones (``memsearch.http_client``).
 A completion's text is bounded too, by the tokens asked (``check_completion``): at most
 ``MAX_CHARS_PER_TOKEN`` characters a token, and, where the server reports usage, no more
 completion tokens than asked. Either failure is an ``OversizedResponse``: the request's errored
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memsearch.bounded_read import BodyTooLarge, read_bounded
+from memsearch.http_client import BodyTooLarge, read_bounded
 
 __all__ = ["OversizedResponse", "asked_tokens", "check_completion", "describe_limit", "read_bounded",
            "response_byte_limit"]

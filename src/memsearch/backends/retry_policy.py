@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from memsearch.io import Backoff
+from memsearch.http_client import Backoff
 
 RETRIED_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # Statuses whose Retry-After header is honoured.

@@ -12,7 +12,7 @@ exponential backoff and full jitter on 5xx, connection errors, timeouts and malf
 ``RetrievalRequestError``, which the engine records in the trajectory as a request error; it never
 ends a run. An answer larger than the request can hold (``response_limit``: a floor plus
 ``BYTES_PER_HIT`` for each of queries x k hits), compressed or inflated, is read no further and not
-retried (``memsearch.bounded_read``).
+retried (``memsearch.http_client``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from memsearch.bounded_read import BodyTooLarge, read_bounded
-from memsearch.io import Backoff, LoopSession
+from memsearch.http_client import Backoff, BodyTooLarge, LoopSession, read_bounded
 from memsearch.retrieval.base import Passage
 
 
