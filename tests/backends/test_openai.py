@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from tests.support.processes import generate_and_close
 
 from memsearch.backends.base import (
     Constraint,
@@ -186,14 +187,7 @@ def chat(text: str = "hello", **kw: Any) -> GenerationRequest:
     return GenerationRequest(role="memory", messages=({"role": "user", "content": text},), **kw)
 
 
-def run(backend: OpenAIBackend, requests: list[GenerationRequest]):
-    async def go():
-        try:
-            return await backend.generate(requests)
-        finally:
-            await backend.aclose()
-
-    return asyncio.run(go())
+run = generate_and_close
 
 
 # ------------------------------------------------------------------------------------- tests

@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from tests.support.processes import generate_and_close
 from typer.testing import CliRunner
 
 from memsearch.backends.base import GenerationRequest, SamplingParams
@@ -124,14 +125,6 @@ def _backend(served: Served, **kw) -> OpenAIBackend:
     return OpenAIBackend(served.url, kw.pop("model", served.folder), timeout_s=kw.pop("timeout_s", 120), **kw)
 
 
-def _ask(backend: OpenAIBackend, requests: list[GenerationRequest]):
-    async def go():
-        try:
-            return await backend.generate(requests)
-        finally:
-            await backend.aclose()
-
-    return asyncio.run(go())
 
 
 def _hello(i: int, **kw) -> GenerationRequest:
@@ -154,7 +147,7 @@ def test_the_served_identity_is_checked_and_recorded(served_model):
 def test_transformers_serve_ignores_response_format_and_is_stopped(served_model):
     """Three constrained calls: the server answers free text under a 200; the third names it."""
     backend = _backend(served_model, max_concurrency=1)
-    results = _ask(backend, [_hello(i, constraint=memory_ops_constraint(3)) for i in range(4)])
+    results = generate_and_close(backend, [_hello(i, constraint=memory_ops_constraint(3)) for i in range(4)])
     assert [r.ok for r in results[:2]] == [True, True] and not results[0].text.lstrip().startswith("{")
     assert results[2].error.startswith(f"the server at {served_model.url} ignored the response_format schema "
                                        "constraint: its first 3 constrained answers do not satisfy the schema")
@@ -192,7 +185,7 @@ def test_a_server_restart_is_bridged_by_the_retries(served_model):
     thread.start()
     try:
         backend = _backend(served_model, max_retries=40, retry_window_s=170, backoff_base_s=0.5, backoff_max_s=4)
-        [result] = _ask(backend, [_hello(0)])
+        [result] = generate_and_close(backend, [_hello(0)])
     finally:
         thread.join()
     assert result.ok and result.usage.source == "reported", result.error

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.support.processes import alive
 
 from memsearch.serving.process import port_in_use
 
@@ -72,14 +73,6 @@ def _free_ports(n: int) -> list[int]:
             sock.close()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _processes_naming(text: str) -> list[int]:
     """Processes whose command line names ``text`` (a server launched on a folder of the run)."""
     found = []
@@ -104,7 +97,7 @@ def _left_behind(out: Path, ports: list[int]) -> dict:
     """What a finished invocation left: live service processes, bound ports, servers on its folders."""
     run = json.loads((out / "run.json").read_text())
     pids = _service_pids(run)
-    return {"alive": [p for p in pids if _alive(p)], "bound": [p for p in ports if port_in_use("127.0.0.1", p)],
+    return {"alive": [p for p in pids if alive(p)], "bound": [p for p in ports if port_in_use("127.0.0.1", p)],
             "naming_out": _processes_naming(str(out)), "pids": pids, "run": run}
 
 

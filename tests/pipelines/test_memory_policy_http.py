@@ -7,12 +7,12 @@ error with its log; a user-run server must list the configured model name."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+from tests.support.processes import alive
 
 from memsearch.errors import InputError
 from memsearch.pipelines.memory_policy import serving
@@ -35,14 +35,6 @@ def _record(path: Path) -> dict:
 def _memory_calls(path: Path) -> list[dict]:
     return [e for line in path.read_text().splitlines() for e in json.loads(line)["events"]
             if e.get("type") == "policy_call" and e["role"] == "memory"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _pids(log: Path) -> list[int]:
@@ -117,7 +109,7 @@ def http_run(mp_config, searching_model_dir, tmp_path_factory):
         "lines": lines,
         "log": log.read_text(),
         "pids": _pids(log),
-        "alive": [pid for pid in _pids(log) if _alive(pid)],
+        "alive": [pid for pid in _pids(log) if alive(pid)],
         "record": _record(seed / "grpo2.stage.json"),
         "config": _record(seed / "grpo2" / "config.json"),
         "rollouts": _memory_calls(seed / "grpo2" / "rollouts" / "step-000001.rank0.jsonl"),
@@ -196,7 +188,7 @@ def test_a_user_run_server_must_list_the_configured_model_name(http_run, mp_conf
     calls = _memory_calls(seed / "grpo2" / "rollouts" / "step-000001.rank0.jsonl")
     assert calls and all(c["error"] is None and c["completion_ids"] is None for c in calls)
     assert (tmp_path / "user.log").read_text().count('"POST /v1/chat/completions HTTP/1.1" 200') >= len(calls)
-    assert not _alive(_pids(tmp_path / "user.log")[0])
+    assert not alive(_pids(tmp_path / "user.log")[0])
 
 
 @pytest.mark.slow
@@ -211,13 +203,13 @@ def test_a_server_that_cannot_start_or_crashes_is_stopped_with_a_clear_error(tin
     ):
         with serving.launched_server(broken, serving.free_port(), log, timeout_s=120, echo=lambda _: None):
             pytest.fail("the server must not be ready")
-    assert not _alive(_pids(log)[0])
+    assert not alive(_pids(log)[0])
     # A server that does not answer /health in time is stopped.
     log = tmp_path / "slow.log"
     with pytest.raises(InputError, match=r"did not answer /health .* within 0\.5 s"):
         with serving.launched_server(tiny_model_dir, serving.free_port(), log, timeout_s=0.5, echo=lambda _: None):
             pytest.fail("the server must not be ready")
-    assert not _alive(_pids(log)[0]) and "stopped (exit status" in log.read_text()
+    assert not alive(_pids(log)[0]) and "stopped (exit status" in log.read_text()
     # An error while it serves (a crashed stage) stops it too.
     log = tmp_path / "crash.log"
     with pytest.raises(RuntimeError, match="stage crashed"):
@@ -226,7 +218,7 @@ def test_a_server_that_cannot_start_or_crashes_is_stopped_with_a_clear_error(tin
         ) as url:
             assert serving.served_models(url) == [str(tiny_model_dir)]
             raise RuntimeError("stage crashed")
-    assert not _alive(_pids(log)[0]) and "stopped (exit status" in log.read_text()
+    assert not alive(_pids(log)[0]) and "stopped (exit status" in log.read_text()
 
 
 def test_http_memory_serving_settings_are_checked_at_load(mp_config):

@@ -5,7 +5,6 @@ is refused before anything starts; a server that cannot start is an error quotin
 from __future__ import annotations
 
 import json
-import os
 import re
 import select
 import signal
@@ -14,18 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.support.processes import alive
 
 from memsearch.errors import InputError
 from memsearch.serving import ServiceSpec, running_services, served_identity
 from memsearch.serving.process import port_in_use
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _free_port() -> int:
@@ -60,14 +52,14 @@ def test_a_service_is_ready_with_its_identity_and_stopped_when_the_work_fails(mo
             with pytest.raises(InputError, match=r"lists \[.*\], not 'no-such-model'"):
                 served_identity(reader.url, "no-such-model")
             assert reader.log == tmp_path / "logs" / "reader.log" and _pids(reader.log) == [reader.pid]
-            assert _alive(reader.pid) and port_in_use("127.0.0.1", spec.port)
+            assert alive(reader.pid) and port_in_use("127.0.0.1", spec.port)
             # A second run asking for the same port is refused, naming it, before it starts anything.
             with pytest.raises(InputError, match=f"port {spec.port} \\(service again\\) is already in use"):
                 with running_services({"again": spec}, tmp_path / "logs"):
                     pytest.fail("must not start")
             assert not (tmp_path / "logs" / "again.log").exists()
             raise RuntimeError("stage crashed")
-    assert not _alive(reader.pid) and not port_in_use("127.0.0.1", spec.port)
+    assert not alive(reader.pid) and not port_in_use("127.0.0.1", spec.port)
     assert lines[0].startswith(f"service reader: transformers serve {model} at {reader.url} (pid {reader.pid}")
     assert reader.log.read_text().splitlines()[-1].endswith(f"stopped (exit status {-signal.SIGTERM})")
 
@@ -93,14 +85,14 @@ def test_sigterm_to_the_run_stops_its_services_and_frees_their_ports(model, tmp_
         ready, _, _ = select.select([child.stdout], [], [], 240)
         assert ready, "the child did not report a ready server within 240 s"
         server = json.loads(child.stdout.readline())["pid"]
-        assert _alive(server)
+        assert alive(server)
         child.send_signal(signal.SIGTERM)
         assert child.wait(timeout=120) == 128 + signal.SIGTERM
     finally:
         if child.poll() is None:
             child.kill()
             child.wait(timeout=30)
-    assert not _alive(server) and not port_in_use("127.0.0.1", port)
+    assert not alive(server) and not port_in_use("127.0.0.1", port)
     assert "stopped (exit status" in (tmp_path / "reader.log").read_text().splitlines()[-1]
 
 
@@ -119,7 +111,7 @@ def test_a_server_that_exits_at_once_is_an_error_with_its_log(tmp_path):
         f"vllm serve exited with status 3 before answering /health at http://127.0.0.1:{spec.port}; the end of its "
         f"log ({tmp_path / 'stage1.log'}):\n" + "\n".join(log[:-1]))
     assert log[2:] == [f"loading /m/absent on port {spec.port}", "no weights here", log[-1]]
-    assert log[-1].endswith("stopped (exit status 3)") and not _alive(_pids(tmp_path / "stage1.log")[0])
+    assert log[-1].endswith("stopped (exit status 3)") and not alive(_pids(tmp_path / "stage1.log")[0])
     # An engine that is not installed: a clear refusal naming the setting to give instead.
     with pytest.raises(InputError, match=r"service reader: cannot start 'vllm' .* services\.reader\.command"):
         with running_services({"reader": ServiceSpec(engine="vllm", model="m", port=_free_port())}, tmp_path):
