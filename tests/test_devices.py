@@ -44,6 +44,8 @@ def test_a_gpu_given_to_a_service_and_the_trainer_is_refused_naming_it():
     ({"train": [-1]}, "train: [-1]: expected GPU indices >= 0"),
     ({"services": {"reader": []}}, "services.reader: []: expected at least one GPU"),
     ({"services": {"train": [3]}}, "services.train: 'train' names the trainer's GPUs"),
+    ({"train": [0], "cpu_ranks": 2}, "cpu_ranks: 2: for a CPU run only; with training GPUs [0]"),
+    ({"cpu_ranks": 0}, "cpu_ranks: Input should be greater than or equal to 1"),
 ])
 def test_malformed_layouts_are_refused_naming_the_key(table, problem):
     with pytest.raises(InputError) as info:
@@ -110,9 +112,11 @@ def test_placement_changes_neither_a_resume_nor_a_stage_fingerprint(tmp_path):
 
     plain = GRPOConfig(data="train")
     placed = plain.model_copy(update={"devices": DeviceLayout(train=[0, 1]), "gradient_checkpointing": True})
+    cpu_ranks = plain.model_copy(update={"devices": DeviceLayout(cpu_ranks=2)})
     record = tmp_path / "grpo.stage.json"
     assert (_trainer_record(tmp_path / "a", record, "grpo", plain, {}).fingerprint
-            == _trainer_record(tmp_path / "a", record, "grpo", placed, {}).fingerprint)
+            == _trainer_record(tmp_path / "a", record, "grpo", placed, {}).fingerprint
+            == _trainer_record(tmp_path / "a", record, "grpo", cpu_ranks, {}).fingerprint)
     changed = plain.model_copy(update={"steps": plain.steps + 1})
     assert (_trainer_record(tmp_path / "a", record, "grpo", changed, {}).fingerprint
             != _trainer_record(tmp_path / "a", record, "grpo", plain, {}).fingerprint)
@@ -121,6 +125,7 @@ def test_placement_changes_neither_a_resume_nor_a_stage_fingerprint(tmp_path):
     run.mkdir()
     (run / "config.json").write_text(json.dumps(without_placement(plain.model_dump(mode="json"))), encoding="utf-8")
     check_run_folder(placed, run, resume=True, dist=Dist())
+    check_run_folder(cpu_ranks, run, resume=True, dist=Dist())
     with pytest.raises(InputError, match="config differs from the run being resumed"):
         check_run_folder(changed, run, resume=True, dist=Dist())
 

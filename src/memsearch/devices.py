@@ -48,6 +48,12 @@ class DeviceLayout(StrictConfig):
         description="GPUs of each served model by name (e.g. reader = [7]): what `memsearch devices --for NAME` "
         "prints for its server's CUDA_VISIBLE_DEVICES",
     )
+    cpu_ranks: int = Field(
+        1,
+        ge=1,
+        description="With no training GPU named: torchrun processes (gloo) for each training stage; > 1 tests the "
+        "multi-rank path on a CPU",
+    )
     allow_shared: bool = Field(
         False,
         description="Allow a GPU in two uses (a service and the trainer, or two services): only when you have "
@@ -58,6 +64,9 @@ class DeviceLayout(StrictConfig):
     def _valid_layout(self) -> DeviceLayout:
         problems = []
         uses = {TRAIN: self.train, **self.services}
+        if self.cpu_ranks > 1 and self.train:
+            problems.append(("cpu_ranks", f"{self.cpu_ranks}: for a CPU run only; with training GPUs {self.train} "
+                             "there is one rank per GPU (leave cpu_ranks at 1)"))
         if TRAIN in self.services:
             problems.append((f"services.{TRAIN}", f"'{TRAIN}' names the trainer's GPUs; name the service otherwise"))
         for name, gpus in uses.items():

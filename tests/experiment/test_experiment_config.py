@@ -36,6 +36,18 @@ def test_the_example_is_a_gpu_node_by_default_and_its_cpu_profile_a_cpu_run():
     assert cpu.recipe.override["schema_mode"] is False and cpu.recipe.override["stage2"]["enabled"] is True
 
 
+def test_several_training_gpus_give_every_trainer_stage_one_rank_a_gpu():
+    from memsearch.train.launch import training_ranks
+
+    cfg = load_experiment(EXAMPLE, ["devices.train=[0,3,4]"])  # the example's services keep GPUs 1 and 2
+    pipeline = pipeline_config(cfg)
+    assert training_ranks(pipeline.grpo_config("train", 1, None)) == 3
+    assert training_ranks(pipeline.sft_config(["rows.jsonl"], 1)) == 3
+    assert training_ranks(pipeline_config(load_experiment(EXAMPLE)).grpo_config("train", 1, None)) == 1
+    with pytest.raises(InputError, match="GPU 2 is given to both 'train' and 'stage1'"):
+        load_experiment(EXAMPLE, ["devices.train=[0,2]"])
+
+
 def test_the_generated_pipeline_config_serves_the_reader_and_stage_1():
     cfg = load_experiment(EXAMPLE, [f'data.dev_questions={5}'], profile="cpu")
     pipeline = pipeline_config(cfg)
@@ -61,7 +73,7 @@ def test_the_generated_pipeline_config_serves_the_reader_and_stage_1():
     ("services.reader.engine=\"tgi\"", "services.reader.engine: Input should be"),
     ("services.stage1.model=\"/m\"", "services.stage1.model: set by the experiment"),
     ("services.stage1.engine=\"llama.cpp\"", "services.stage1.engine: llama.cpp serves GGUF files"),
-    ("devices.train=[0,3]", "devices.train: [0, 3]: `memsearch experiment run` trains in one process"),
+    ("devices.cpu_ranks=2", "devices.cpu_ranks: 2: for a CPU run only; with training GPUs [0]"),
     ("devices.services={reader=[1]}", "devices.services: no GPUs for service 'stage1'"),
     ("recipe.override.model=\"x\"", "recipe.override.model: set by the experiment from [models] policy"),
     ("recipe.override.stage2.memory_url=\"http://h/v1\"", "recipe.override.stage2.memory_url: set by the experiment"),

@@ -159,12 +159,9 @@ class ExperimentConfig(StrictConfig):
 
     @config_check
     def _layout(self, context: dict[str, Any]) -> None:
+        # Several training GPUs are fine: each trainer stage then runs under torchrun, one rank a GPU
+        # (memsearch.pipelines.stages); a service must still not share the trainer's GPUs.
         problems = []
-        if len(self.devices.train) > 1:
-            # Every stage of the pipeline trains in this one process; several ranks would need each
-            # stage launched under torchrun (docs/server.md says how to train such a stage by hand).
-            problems.append(("devices.train", f"{self.devices.train}: `memsearch experiment run` trains in one "
-                             "process on one GPU; give one training GPU (several: docs/server.md)"))
         if unknown := sorted(set(self.devices.services) - set(SERVICES)):
             problems.append(("devices.services", f"{unknown}: expected the experiment's services {list(SERVICES)}"))
         if self.devices.train:

@@ -295,13 +295,89 @@ def _trainer_stage(
         echo(f"{folder.name}: done ({folder})")
         return folder / "adapter"
     resume = stage.started() and (folder / "config.json").is_file()
+    from memsearch.train.launch import training_ranks
+
+    ranks = training_ranks(cfg)  # > 1: the trainer runs under torchrun, a child of this process
     # `around` first: a server that fails to start or is refused leaves no record behind.
     with around() if around is not None else nullcontext():
         stage.start()
-        echo(f"{folder.name}: {label}" + (" (resuming)" if resume else ""))
+        echo(f"{folder.name}: {label}" + (f" on {ranks} ranks (torchrun)" if ranks > 1 else "")
+             + (" (resuming)" if resume else ""))
         # The trainer owns the folder's config.json / checkpoints; it refuses a changed config on resume.
-        train(cfg, folder, resume=resume, echo=echo)
+        if ranks > 1:
+            _train_under_torchrun(folder, key, cfg, resume, ranks)
+        else:
+            train(cfg, folder, resume=resume, echo=echo)
     return _finish_adapter(folder, stage)
+
+
+def _train_under_torchrun(folder: Path, kind: str, cfg: Any, resume: bool, ranks: int) -> None:
+    """Train ``cfg`` into ``folder`` as ``ranks`` torchrun processes (``memsearch.train.launch``),
+    their output passed through. The config JSON lies beside the folder, which the trainer owns.
+    A collapse-guard stop is raised as ``CollapseError`` (the caller decides what it means), any
+    other failure as ``InputError``; an interrupt stops every rank (their process group) first."""
+    import subprocess
+
+    from memsearch.serving.process import stop_process
+    from memsearch.train.collapse import CollapseError
+    from memsearch.train.launch import launch_command, launch_environment, write_config
+
+    config = folder.with_name(f"{folder.name}.launch.json")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    write_config(cfg, config)
+    collapse = folder / "collapse.json"
+    before = collapse.stat().st_mtime_ns if collapse.is_file() else None
+    command = launch_command(kind, config, folder, resume, ranks)
+    proc = subprocess.Popen(command, env=launch_environment(cfg), start_new_session=True)
+    try:
+        code = proc.wait()
+    except BaseException:  # Ctrl-C, SIGTERM as SystemExit: no rank may outlive the stage
+        # torchrun starts each rank in a session of its own and stops them on SIGTERM; the ranks
+        # are noted first so that none is left running if torchrun itself must be killed.
+        ranks_started = _children(proc.pid)
+        stop_process(proc)
+        _kill_left(ranks_started)
+        raise
+    if code == 0:
+        return
+    if collapse.is_file() and collapse.stat().st_mtime_ns != before:
+        raise CollapseError(f"{folder}: the collapse guard stopped the run ({collapse})")
+    raise InputError(f"{folder.name}: the trainer under torchrun exited with status {code} "
+                     f"(its output above says why): {' '.join(command)}")
+
+
+def _start_time(pid: int) -> str | None:
+    """``pid``'s start time (``/proc/PID/stat`` field 22), None when gone: tells a process from a
+    later one given the same id."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The child processes of ``pid`` by id, with their start times (Linux ``/proc``; else none)."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == str(pid):
+            found[int(stat.parent.name)] = fields[19]
+    return found
+
+
+def _kill_left(processes: dict[int, str]) -> None:
+    """SIGKILL the process group of each of ``processes`` still running (the same start time)."""
+    import signal
+
+    for pid, started in processes.items():
+        if _start_time(pid) == started:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def _check_adapter(folder: Path, stage: Stage) -> None:
