@@ -32,11 +32,15 @@ def download_stage(cfg: ExperimentConfig, out: Path, echo=print) -> dict[str, An
     sources = {name: {"source": getattr(cfg.data, name), "sha256": getattr(cfg.data, f"{name}_sha256")}
                for name in SPLITS}
     stage = Stage(folder, "download", sources, out / "download.stage.json")
+    stage.restart_if_changed(echo)  # e.g. a local path given after the URL could not be reached
     done = stage.done()
     stage.start()
     files = {}
     for name, source in sources.items():
-        got = download(source["source"], folder / name / _file_name(source["source"]), source["sha256"], echo)
+        try:
+            got = download(source["source"], folder / name / _file_name(source["source"]), source["sha256"], echo)
+        except InputError as exc:
+            raise InputError(f"data.{name}: {exc} (--set data.{name}=PATH; the same --out continues)") from None
         files[name] = {"source": source["source"], "path": str(got.path), "sha256": got.sha256, "bytes": got.bytes,
                        "verified": source["sha256"] is not None}
     if done:

@@ -141,6 +141,19 @@ class Stage:
             "the stage"
         )
 
+    def restart_if_changed(self, echo=print) -> None:
+        """For a stage whose unfinished outputs nothing else reads (a download): a record that never
+        finished, made from other inputs, is removed with the stage's folder, so a corrected config
+        (a local path after an offline failure) starts the stage over instead of being refused. A
+        finished stage is kept and refused as ever."""
+        record = self.record()
+        if record is None or record.get("complete") or record.get("fingerprint") == self.fingerprint:
+            return
+        changed = ", ".join(_changed(record.get("inputs", {}), self.inputs)[:8]) or "inputs"
+        echo(f"{self.name}: unfinished, and its inputs changed since ({changed}); starting it over")
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.record_path.unlink()
+
     def done(self) -> bool:
         """True when the stage finished with these inputs; raises on a fingerprint mismatch."""
         record = self._check_same_inputs()
