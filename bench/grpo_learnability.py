@@ -10,8 +10,8 @@ applies as written).
 Protocol (fixed before the first run; docs/results/grpo_learnability/README.md):
 
 - Questions: the first 8 HotpotQA train questions of ``data/samples/hotpotqa/train_extended.json``,
-  the only training data. Recipe: ``configs/memory_policy_cpu_v2.toml`` with the overrides of its
-  PROTOCOL.md (state credit with 4 branches per memory call, 4 questions x 2 trajectories per step,
+  the only training data. Recipe: ``studies/memory_policy/configs/memory_policy_cpu_v2.toml`` with
+  the overrides of its PROTOCOL.md (state credit with 4 branches per memory call, 4 questions x 2 trajectories per step,
   so one epoch is 2 steps; lr 2e-4, KL 0.05 to the start, schema mode), seed 1, from the shipped
   adapter ``models/memory-policy-cpu`` (also the KL reference). ``train_grpo`` itself runs,
   ``checkpoint_every = 1``, no periodic evaluation; it is stopped after the first step that ends
@@ -115,7 +115,8 @@ def main() -> None:
         raise SystemExit(f"{out}: exists; choose a new --out (nothing is overwritten)")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        pipe = load_config(ROOT / "configs" / "memory_policy_cpu_v2.toml", PROTOCOL + args.set,
+        pipe = load_config(ROOT / "studies" / "memory_policy" / "configs" / "memory_policy_cpu_v2.toml",
+                           PROTOCOL + args.set,
                            model=MemoryPolicyPipeline)
         save_dataset(convert_hotpot(ROOT / pipe.data.train, split="train", limit=QUESTIONS), work / "train")
         start = str(ROOT / "models" / "memory-policy-cpu") if args.start == "shipped" else None

@@ -6,8 +6,8 @@ GRPO step's time goes").
     OMP_NUM_THREADS=2 uv run python bench/rl_step.py --baseline none    # this checkout only
     OMP_NUM_THREADS=2 uv run python bench/rl_step.py --set 'grpo.dtype="bfloat16"'   # this side in bf16
 
-Workload: ``configs/memory_policy_cpu_v2.toml`` with the overrides of its PROTOCOL.md
-(docs/results/memory_policy_cpu_v2), seed 1, the shapes the protocol trained with: 4 train
+Workload: ``studies/memory_policy/configs/memory_policy_cpu_v2.toml`` with the overrides of its
+PROTOCOL.md (docs/results/memory_policy_cpu_v2), seed 1, the shapes the protocol trained with: 4 train
 questions x 2 trajectories, every memory call branched 4 ways (state credit, 96 rows), schema
 mode, KL to the start, shared-prompt scoring. The start adapter is the shipped
 ``models/memory-policy-cpu`` (the protocol's step-8 policy; SFT adapters are not shipped); the
@@ -77,7 +77,8 @@ def side(args) -> dict:
     from memsearch.train.state_credit import build_state_batch
 
     work = Path(args.work)
-    pipe = load_config(ROOT / "configs" / "memory_policy_cpu_v2.toml", PROTOCOL + args.set, model=MemoryPolicyPipeline)
+    pipe = load_config(ROOT / "studies" / "memory_policy" / "configs" / "memory_policy_cpu_v2.toml",
+                       PROTOCOL + args.set, model=MemoryPolicyPipeline)
     train_dir = work / "train"
     if not train_dir.exists():
         save_dataset(convert_hotpot(ROOT / pipe.data.train, split="train"), train_dir)

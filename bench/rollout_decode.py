@@ -31,7 +31,7 @@ def main() -> None:
 
     from memsearch.backends.base import GenerationRequest, SamplingParams
     from memsearch.backends.hf.backend import HFBackend
-    from memsearch.backends.hf.constraint import MEMORY_OPS
+    from memsearch.memory.action_format import MEMORY_OPS
     from memsearch.train.config import LoraSettings
     from memsearch.train.policy import MergedSampler, load_policy
 

@@ -9,7 +9,8 @@ import inspect
 import pytest
 from pydantic import BaseModel, ValidationError
 
-import memsearch.config
+import memsearch.config.backend
+import memsearch.config.run
 import memsearch.pipelines.config
 import memsearch.pipelines.memagent.config
 import memsearch.pipelines.memory_policy.config
@@ -18,7 +19,7 @@ from memsearch.config import RunConfig, StrictConfig, apply_overrides, merge_tab
 from memsearch.errors import InputError
 from memsearch.train.config import GRPOConfig, OptimSettings, SFTConfig
 
-CONFIG_MODULES = (memsearch.config, memsearch.train.config, memsearch.pipelines.config,
+CONFIG_MODULES = (memsearch.config.run, memsearch.config.backend, memsearch.train.config, memsearch.pipelines.config,
                   memsearch.pipelines.memagent.config, memsearch.pipelines.memory_policy.config)
 
 

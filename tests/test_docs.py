@@ -3,7 +3,7 @@
 - every ``docs/design.md §N`` cited in src/, tests/ or docs/ names a section docs/design.md has;
 - nothing cites the founding brief, a document outside the repository, by its old name;
 - every relative link in README.md and docs/**/*.md, and every repository path quoted in them
-  (``configs/…``, ``docs/…``, ``bench/…``, ``scripts/…``, ``data/samples/…``), exists;
+  (``configs/…``, ``docs/…``, ``bench/…``, ``scripts/…``, ``studies/…``, ``data/samples/…``), exists;
 - the torch version README.md quotes for the CPU-only install is the one uv.lock pins;
 - every ``src/memsearch/….py`` path, every package-relative module path (``train/grpo.py``) and
   every dotted ``memsearch.x.y`` name quoted in README.md or docs/ exists, so the docs follow code
@@ -28,7 +28,7 @@ CITATION = re.compile(r"docs/design\.md §(\d+)")
 # Spelled in pieces so this file does not match itself.
 OLD_CITATION = re.compile("DESIGN" + r"(\.md\b| §| section \d)")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-REPO_PATH = re.compile(r"(?<![\w/.-])((?:configs|docs|bench|scripts|data/samples)/[\w./-]*[\w/])")
+REPO_PATH = re.compile(r"(?<![\w/.-])((?:configs|docs|bench|scripts|studies|data/samples)/[\w./-]*[\w/])")
 PACKAGE = ROOT / "src" / "memsearch"
 SOURCE_PATH = re.compile(r"(?<![\w/.-])(src/memsearch/[\w/]+\.py)\b")
 # A module path relative to the package, quoted in backticks: `train/grpo.py`, `backends/hf/model.py`.

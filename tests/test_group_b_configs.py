@@ -1,5 +1,6 @@
 """configs/group_b_{base,rules,trained}.toml: group B under the episode (reader, budgets, agent,
-retrieval, tokenizer) of the CPU memory-policy recipe the shipped adapter came from (v3), differing
+retrieval, tokenizer) of the CPU memory-policy recipe the shipped adapter came from (v3,
+studies/memory_policy/configs/memory_policy_cpu_v3.toml), differing
 only in the memory backend."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("base", "rules", "trained")
+V3 = ROOT / "studies" / "memory_policy" / "configs" / "memory_policy_cpu_v3.toml"  # the study's recipe v3
 
 
 def _load(name: str) -> RunConfig:
@@ -37,7 +39,7 @@ def test_the_three_configs_differ_only_in_the_memory_backend():
 
 
 def test_budgets_agent_reader_and_retrieval_equal_the_v3_pipelines_episode():
-    pipeline = load_config(ROOT / "configs" / "memory_policy_cpu_v3.toml", model=MemoryPolicyPipeline)
+    pipeline = load_config(V3, model=MemoryPolicyPipeline)
     episode = pipeline.episode
     assert episode.budgets.model_dump() == {**episode.budgets.model_dump(), "evidence_tokens": 128, "memory_tokens": 96,
                                             "policy_tokens": 96, "answer_tokens": 24, "max_searches": 3,
@@ -58,7 +60,7 @@ def test_the_memory_backends_are_the_pipelines_heldout_rows():
     """base / rules are the held-out comparison's rows; trained is the base backend + the adapter."""
     from memsearch.pipelines.memory_policy.heldout import policy_backend
 
-    pipeline = load_config(ROOT / "configs" / "memory_policy_cpu_v3.toml", model=MemoryPolicyPipeline)
+    pipeline = load_config(V3, model=MemoryPolicyPipeline)
     assert _load("base").backends.memory.model_dump(mode="json") == policy_backend(pipeline, "base")
     assert _load("rules").backends.memory.model_dump(mode="json") == RunConfig.model_validate(
         {"backends": {"memory": policy_backend(pipeline, "rules")}}

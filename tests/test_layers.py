@@ -10,15 +10,16 @@ is the point: where a module sits is a decision, written down in docs/design.md 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "memsearch"
 
 # Bottom first. A module's layer is the one of its longest listed prefix.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("memsearch", "memsearch.errors", "memsearch.io", "memsearch.config", "memsearch.strict_config",
+    ("foundation", ("memsearch", "memsearch.errors", "memsearch.io", "memsearch.config", "memsearch.config.strict",
                     "memsearch.devices",
-                    "memsearch.tokenizer", "memsearch.assets", "memsearch.text", "memsearch.trajectory")),
+                    "memsearch.tokenizer", "memsearch.assets", "memsearch.text", "memsearch.records")),
     ("data", ("memsearch.data",)),
     ("memory/retrieval", ("memsearch.memory", "memsearch.retrieval")),
     ("backends", ("memsearch.backends",)),
@@ -193,3 +194,58 @@ def test_the_cycle_check_finds_a_long_cycle(tmp_path):
     (pkg / "c.py").write_text("from memsearch.a import x\n")
     (pkg / "d.py").write_text("from memsearch import a\n")
     assert import_cycles(package_modules(pkg)) == [["memsearch.a", "memsearch.b", "memsearch.c"]]
+
+
+# The engine runs any backend through the protocol: it may build one through the registry
+# (``memsearch.backends``) but imports no particular backend.
+ENGINE_MAY_IMPORT = {"memsearch.backends", "memsearch.backends.base"}
+
+
+def test_the_engine_imports_no_particular_backend():
+    modules = package_modules()
+    known = set(modules)
+    engine = [name for name, prefixes in LAYERS].index("engine")
+    bad = [f"{m} -> {t}" for m, p in modules.items() if layer_of(m) == engine
+           for t in imported_modules(m, p.read_text(encoding="utf-8"), p.name == "__init__.py", known)
+           if (t == "memsearch.backends" or t.startswith("memsearch.backends.")) and t not in ENGINE_MAY_IMPORT]
+    assert not bad, f"the engine imports a particular backend (use the protocol, backends.base): {bad}"
+
+
+def test_nothing_in_the_library_imports_a_study():
+    # studies/ holds experiments on top of the library (docs/design.md §11); never the other way.
+    bad = []
+    for module, path in package_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            bad += [f"{module} -> {n}" for n in names if n == "studies" or n.startswith("studies.")]
+    assert not bad, bad
+
+
+# Keys only a trajectory, one of its events or an observation has: code under src/ reads these
+# records by attribute (memsearch.records); only the record modules read their JSON by key.
+RECORD_KEYS = (
+    "events", "policy_calls", "memory_final", "memory_sources", "memory_cited", "shown_evidence", "reader_text",
+    "invalid_citations", "answer_format", "invalid_cause", "invalid_reason", "completion_ids", "prompt_ids",
+    "constraint_id", "branches", "branch_chosen", "kept_before", "cited_before", "sources_before", "executed",
+    "memory_items", "memory_text", "budget_left", "item_texts", "sources_shown", "past_queries", "searches_left",
+    "evidence_tokens", "cut_sentences",
+)
+RECORD_KEY_READ = re.compile(r"""(?:\[|\.get\(|\.pop\(|\bin\s+)["'](%s)["']""" % "|".join(RECORD_KEYS))
+# Modules that read JSON of these names that is not a trajectory, with the reason.
+RECORD_KEY_READERS: dict[str, str] = {
+    "memsearch/records": "the records' own to_json / from_json",
+    "memsearch/train/row_selection.py": "export-sft rows (train.export) carry memory_sources: not a trajectory",
+}
+
+
+def test_no_module_reads_a_trajectory_or_an_observation_by_key():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).as_posix()
+        if any(rel.startswith(prefix) for prefix in RECORD_KEY_READERS):
+            continue
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if (match := RECORD_KEY_READ.search(line)) and not line.lstrip().startswith("#"):
+                found.append(f"{rel}:{lineno}: {match.group(0)}")
+    assert not found, "read these records by attribute (memsearch.records):\n" + "\n".join(found)

@@ -19,17 +19,10 @@ import pytest
 import torch
 
 from memsearch.backends.base import Constraint, GenerationRequest, SamplingParams
-from memsearch.backends.hf.constraint import (
-    MEMORY_OPS,
-    MEMORY_OPS_V1,
-    Automaton,
-    compile_constraint,
-    constraint_by_id,
-    memory_ops_constraint,
-    token_texts,
-)
+from memsearch.backends.hf.constraint import Automaton, compile_constraint, token_texts
 from memsearch.config import MEMORY_MAX_SOURCES, RunConfig
 from memsearch.engine import prompts
+from memsearch.memory.action_format import MEMORY_OPS, MEMORY_OPS_V1, constraint_by_id, memory_ops_constraint
 from memsearch.memory.ops import parse_ops
 
 LOGPROB_TOL = 1e-4
@@ -359,7 +352,7 @@ def test_schema_mode_needs_an_hf_memory_backend(rules_env):
 
     env, task = rules_env
     traj = run(run_episode(task, env))
-    assert [e["constraint_id"] for e in traj["events"] if e["type"] == "policy_call"] == [None, None]
+    assert [call.constraint_id for call in traj.policy_calls()] == [None, None]
     with pytest.raises(ValueError, match="backends.memory.schema_mode.*kind = 'hf'"):
         run(run_episode(task, with_memory(env, schema_mode=True)))
 
@@ -372,11 +365,11 @@ def test_schema_mode_episode_records_the_constraint(rules_env, backend):
     env = with_memory(env, kind="hf", schema_mode=True)
     env = dataclasses.replace(env, backends={**env.backends, "memory": backend})  # rules controller and reader
     traj = run(run_episode(task, env))
-    calls = [e for e in traj["events"] if e["type"] == "policy_call"]
-    assert [(e["role"], e["constraint_id"]) for e in calls] == [("memory", "memory-ops-v2-sources3"), ("reader", None)]
+    calls = traj.policy_calls()
+    assert [(e.role, e.constraint_id) for e in calls] == [("memory", "memory-ops-v2-sources3"), ("reader", None)]
     memory = calls[0]
-    assert memory["finish_reason"] == "stop", memory["text"]
-    assert isinstance(json.loads(memory["text"]), dict) and parse_ops(memory["text"]).ok
-    assert compile_constraint(MEMORY_OPS, backend.tokenizer).masks_for(memory["completion_ids"]).shape[0] == len(
-        memory["completion_ids"]
+    assert memory.finish_reason == "stop", memory.text
+    assert isinstance(json.loads(memory.text), dict) and parse_ops(memory.text).ok
+    assert compile_constraint(MEMORY_OPS, backend.tokenizer).masks_for(memory.completion_ids).shape[0] == len(
+        memory.completion_ids
     )

@@ -1,4 +1,4 @@
-"""Schema mode for the extractive memory action format (issue 42): the per-call constraint of one
+"""Schema mode for the extractive memory action format: the per-call constraint of one
 op citing evidence ids, its id round trip and its token masks with the real embedded tokenizer
 (no model needed)."""
 
@@ -11,8 +11,9 @@ import pytest
 
 from memsearch.backends.base import Constraint
 from memsearch.backends.hf import constraint as constraint_mod
-from memsearch.backends.hf.constraint import Automaton, compile_constraint, constraint_by_id, token_texts
-from memsearch.backends.hf.extractive_constraint import EXTRACT_PREFIX, extractive_ops_constraint
+from memsearch.backends.hf.constraint import Automaton, compile_constraint, token_texts
+from memsearch.memory.action_format import constraint_by_id
+from memsearch.memory.extractive_constraint import EXTRACT_PREFIX, extractive_ops_constraint
 
 ADD = [["d1:0"], ["d1:0", "d2:3"], ["d2:3"]]
 UPDATE = {"m2": [["d4:1"], ["d4:1", "d5:0"]], "m1": [["d1:2"]], "m9": []}
@@ -300,7 +301,7 @@ def test_what_the_teacher_writes_is_what_the_constraint_can_produce():
 def test_a_bounded_string_admits_no_surrogate_escape_and_unbounded_ones_are_unchanged():
     """The parser refuses a lone surrogate (``\\ud800``-``\\udfff``), so the extractive open text
     (the one bounded string) cannot sample one; the text format's strings keep their masks."""
-    from memsearch.backends.hf.constraint import MEMORY_OPS
+    from memsearch.memory.action_format import MEMORY_OPS
 
     a = Automaton(extractive_ops_constraint([], {}, [], open_chars=20))
     head = '{"ops":[{"op":"ADD","kind":"open","text":"'

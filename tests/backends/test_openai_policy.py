@@ -20,13 +20,13 @@ from tests.backends.test_openai import Action, FaultServer, chat, chat_body, mak
 
 from memsearch.backends import check_served_models
 from memsearch.backends.base import Constraint, SamplingParams
-from memsearch.backends.hf.constraint import memory_ops_constraint, memory_ops_schema
 from memsearch.backends.openai import constraint_body
 from memsearch.backends.retry_policy import backoff_s, request_error, status_retried
 from memsearch.backends.schema_check import schema_problem
 from memsearch.config import BackendConfig, load_config
 from memsearch.errors import InputError
 from memsearch.http_client import Backoff
+from memsearch.memory.action_format import memory_ops_constraint, memory_ops_schema
 
 ROOT_API = Path(__file__).resolve().parents[2] / "configs" / "api.toml"
 OPS = memory_ops_constraint(3)

@@ -22,6 +22,7 @@ from memsearch.eval.runner import run_eval
 from memsearch.io import iter_jsonl
 from memsearch.memory import Memory
 from memsearch.memory.ops import format_ops, parse_ops
+from memsearch.records.observation import Observation
 from memsearch.retrieval import BM25Retriever
 from memsearch.tokenizer import load_tokenizer
 
@@ -148,7 +149,8 @@ def _obs(dataset, task_index: int = 0, **extra) -> dict:
 
 
 def _generate(backend, role: str, obs: dict, max_tokens: int = 1024):
-    request = GenerationRequest(role=role, sampling=SamplingParams(max_tokens=max_tokens), observation=obs)
+    request = GenerationRequest(role=role, sampling=SamplingParams(max_tokens=max_tokens),
+                                observation=Observation.from_json(obs))
     (result,) = asyncio.run(backend.generate([request]))
     return result
 
@@ -191,7 +193,7 @@ def test_noop_when_no_gold_sentence_is_shown(hotpot_train):
 def test_summary_mode_and_unknown_questions_are_error_results(hotpot_train):
     dataset = load_dataset(hotpot_train)
     oracle = OracleBackend(dataset, load_tokenizer("lexical"))
-    result = _generate(oracle, "memory", {**_obs(dataset), "mode": "summary", "memory_text": ""})
+    result = _generate(oracle, "memory", {**_obs(dataset, memory_items=None), "mode": "summary", "memory_text": ""})
     assert result.finish_reason == "error" and "oracle supports decision mode only" in result.error
     unknown = {"question": "Who wrote a question that is not in the data?", "memory_items": []}
     result = _generate(oracle, "reader", unknown)

@@ -8,6 +8,7 @@ import asyncio
 
 from memsearch.backends import GenerationRequest, SamplingParams
 from memsearch.backends.rules import RulesBackend
+from memsearch.records.observation import Observation
 from memsearch.tokenizer import LexicalTokenizer
 
 QUESTION = "What nationality was the director of the 1994 film about the man who made Plan 9?"
@@ -17,7 +18,8 @@ LATER = {"id": "m3", "text": "Find: Plan 9 from Outer Space", "sources": ["d1:0"
 
 
 def _ask(role: str, obs: dict) -> str:
-    request = GenerationRequest(role=role, sampling=SamplingParams(max_tokens=64), observation=obs)
+    request = GenerationRequest(role=role, sampling=SamplingParams(max_tokens=64),
+                                observation=Observation.from_json(obs))
     (result,) = asyncio.run(RulesBackend(LexicalTokenizer()).generate([request]))
     return result.text
 

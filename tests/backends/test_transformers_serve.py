@@ -26,13 +26,13 @@ from tests.support.processes import generate_and_close
 from typer.testing import CliRunner
 
 from memsearch.backends.base import GenerationRequest, SamplingParams
-from memsearch.backends.hf.constraint import memory_ops_constraint
 from memsearch.backends.openai import OpenAIBackend
 from memsearch.cli.app import EXIT_INCOMPLETE, app
 from memsearch.config import load_config
 from memsearch.errors import InputError
 from memsearch.eval.runner import run_eval
 from memsearch.io import iter_jsonl
+from memsearch.memory.action_format import memory_ops_constraint
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["limit=2", "budgets.max_searches=1", "budgets.evidence_tokens=96", "budgets.policy_tokens=48",

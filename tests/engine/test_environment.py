@@ -10,8 +10,8 @@ from memsearch.config import RunConfig
 from memsearch.data.dataset import load_dataset
 from memsearch.engine.environment import build_shared, close_backends, close_environment
 from memsearch.engine.episode import Environment, run_episode
+from memsearch.records.trajectory import CALL_ROLES
 from memsearch.retrieval import BM25Retriever
-from memsearch.trajectory import CALL_ROLES
 
 
 def search_config(**backends) -> RunConfig:
@@ -50,7 +50,7 @@ def test_builds_tokenizer_retriever_and_one_backend_per_distinct_config(hotpot_d
     env = shared.environment(search_config(), group="A")
     assert isinstance(env, Environment) and env.group == "A" and env.retriever is shared.retriever
     traj = asyncio.run(run_episode(task, env))
-    assert traj["status"] == "ok" and traj["counts"]["searches"] > 0
+    assert traj.status == "ok" and traj.counts.searches > 0
 
 
 def test_sampling_alone_does_not_split_a_backend_but_another_kind_does(hotpot_dev_dir):
@@ -72,7 +72,7 @@ def test_left_out_roles_are_answered_by_the_caller_and_closed_once(hotpot_dev_di
     assert list(env.backends) == list(CALL_ROLES)
     assert env.backends["memory"] is policy and env.backends["reader"] is shared.backends["reader"]
     traj = asyncio.run(run_episode(dataset.tasks[1], env))
-    assert any(e["type"] == "policy_call" and e["role"] == "memory" for e in traj["events"])
+    assert traj.policy_calls(["memory"])
 
     both = {"memory": policy, "reader": policy}  # one backend in two roles is closed once
     asyncio.run(close_backends(both))

@@ -35,6 +35,8 @@ from memsearch.eval.metrics import boxed_em, exact_match, sub_em
 from memsearch.eval.runner import build_environment, data_fingerprint, software_versions, summarize
 from memsearch.eval.score import score_trajectory
 from memsearch.pipelines.config import load_run_config
+from memsearch.records.events import PolicyCall
+from memsearch.records.trajectory import Trajectory
 from memsearch.tokenizer import load_tokenizer
 
 MEMAGENT = Path(__file__).resolve().parents[2] / "configs" / "memagent.toml"
@@ -69,12 +71,12 @@ def environment(dataset, config, **backends):
     return dataclasses.replace(env, backends={**env.backends, **backends})
 
 
-def run(task, env) -> dict:
+def run(task, env) -> Trajectory:
     return asyncio.run(run_episode(task, env))
 
 
-def calls(traj: dict, role: str) -> list[dict]:
-    return [e for e in traj["events"] if e["type"] == "policy_call" and e["role"] == role]
+def calls(traj: Trajectory, role: str) -> list[PolicyCall]:
+    return traj.policy_calls([role])
 
 
 class FixedOutputs:
@@ -143,8 +145,8 @@ def test_episode_counts_the_chunks_cut_off_by_max_chunks(ruler):
     total = math.ceil(env.tokenizer.count(render_context(task.doc_ids, ruler.documents_by_id())) / 512)
     assert total > 3
     traj = run(task, env)
-    assert traj["counts"]["chunks"] == 3 and traj["counts"]["chunks_cut"] == total - 3
-    assert sum(e["type"] == "chunk" for e in traj["events"]) == len(calls(traj, "memory")) == 3
+    assert traj.counts.chunks == 3 and traj.counts.chunks_cut == total - 3
+    assert len(traj.chunks) == len(calls(traj, "memory")) == 3
     row = score_trajectory(traj, ruler.labels_by_id()[task.id])
     assert row["truncated_by_chunk_limit"] is True and row["chunks_cut"] == total - 3
 
@@ -164,16 +166,16 @@ def test_overwrite_memory_never_exceeds_its_budget(ruler, tok_name, memory_token
     outputs = lambda k: f"Note {k}: {body}"  # noqa: E731
     config = memagent_config(tok_name, "budgets.chunk_tokens=2048", f"budgets.memory_tokens={memory_tokens}")
     traj = run(ruler.tasks[0], environment(ruler, config, memory=FixedOutputs(outputs)))
-    updates = [e for e in traj["events"] if e["type"] == "memory"]
-    assert len(updates) == traj["counts"]["chunks"] == traj["counts"]["memory_truncations"] > 1
+    updates = traj.memory_events
+    assert len(updates) == traj.counts.chunks == traj.counts.memory_truncations > 1
     for k, update in enumerate(updates):
-        assert update["valid"] and update["truncated"]
-        assert tok.count(update["after"]) <= memory_tokens
-        assert update["after"] == tok.truncate(outputs(k), memory_tokens)  # overwritten, not appended
-    assert traj["memory_final"] == updates[-1]["after"]
+        assert update.valid and update.truncated
+        assert tok.count(update.after) <= memory_tokens
+        assert update.after == tok.truncate(outputs(k), memory_tokens)  # overwritten, not appended
+    assert traj.memory_final == updates[-1].after
     # The next call sees the cut memory, never the full output.
-    later = calls(traj, "memory")[1]["messages"][-1]["content"]
-    assert updates[0]["after"] in later and "END-OF-OUTPUT" not in later
+    later = calls(traj, "memory")[1].messages[-1]["content"]
+    assert updates[0].after in later and "END-OF-OUTPUT" not in later
 
 
 # --------------------------------------------------------------------------- reader isolation
@@ -187,18 +189,18 @@ def test_reader_sees_only_the_question_and_the_final_memory(ruler):
     for task in ruler.tasks:
         env = environment(dataset, config, memory=FixedOutputs(lambda k: f"memo {k}: still looking"))
         traj = run(task, env)
-        assert CANARY not in json.dumps(traj)
+        assert CANARY not in json.dumps(traj.to_json())
         (reader,) = calls(traj, "reader")
-        assert traj["events"][-1] is reader  # after the last chunk
-        n = traj["counts"]["chunks"]
-        assert traj["memory_final"] == f"memo {n - 1}: still looking"
-        assert reader["messages"] == list(
-            prompts.reader(task.question, traj["memory_final"], boxed=True, template=config.prompts.overwrite_final)
+        assert traj.events[-1] is reader  # after the last chunk
+        n = traj.counts.chunks
+        assert traj.memory_final == f"memo {n - 1}: still looking"
+        assert list(reader.messages) == list(
+            prompts.reader(task.question, traj.memory_final, boxed=True, template=config.prompts.overwrite_final)
         )
-        assert reader["messages"][1]["content"] == config.prompts.overwrite_final.format(
-            question=task.question, memory=traj["memory_final"]
+        assert reader.messages[1]["content"] == config.prompts.overwrite_final.format(
+            question=task.question, memory=traj.memory_final
         )
-        content = "\n".join(m["content"] for m in reader["messages"])
+        content = "\n".join(m["content"] for m in reader.messages)
         _, chunked = chunk_context(task.doc_ids, docs, env.tokenizer, 512, 10**6)
         lines = {ln.strip() for chunk in chunked.chunks for ln in chunk.splitlines() if len(ln.strip()) > 20}
         assert not [ln for ln in lines if ln in content]  # no chunk text
@@ -229,7 +231,7 @@ def test_boxed_em_takes_the_last_box_against_every_gold(ruler):
         assert sub_em(empty, golds) == exact_match(empty, golds) == boxed_em(empty, golds) == 0.0
     # What the engine reads as the prediction and what the reward scores agree.
     text = r"Maybe \boxed{Ambassador}. Final: \boxed{\text{Chief of Protocol}}"
-    traj = {"task_id": label.id, "status": "ok", "prediction": parse_reader(text).answer, "reader_text": text}
+    traj = Trajectory(task_id=label.id, prediction=parse_reader(text).answer, reader_text=text)
     row = score_trajectory(traj, label)
     assert (row["prediction"], row["boxed_em"], row["em"], row["sub_em"]) == ("Chief of Protocol", 1.0, 1.0, 1.0)
 
@@ -252,18 +254,13 @@ def test_a_reader_asked_for_a_box_scores_the_box_only(ruler):
     for name, (reply, expected) in replies.items():
         env = environment(ruler, config, reader=FixedOutputs(lambda k, r=reply: r))
         traj = run(ruler.tasks[1], env)
-        assert traj["answer_format"] == "boxed", name
+        assert traj.answer_format == "boxed", name
         row = score_trajectory(traj, label)
         got = tuple(row[k] for k in ("em", "f1", "sub_em", "boxed_em", "sub_em_lenient"))
         assert got == pytest.approx(expected), name
     # The same hedge from a reader that was not asked for a box keeps the tolerant parse.
-    free = {
-        "task_id": label.id,
-        "status": "ok",
-        "answer_format": "free",
-        "reader_text": replies["hedge"][0],
-        "prediction": parse_reader(replies["hedge"][0]).answer,
-    }
+    free = Trajectory(task_id=label.id, answer_format="free", reader_text=replies["hedge"][0],
+                      prediction=parse_reader(replies["hedge"][0]).answer)
     row = score_trajectory(free, label)
     assert (row["sub_em"], row["sub_em_lenient"], row["em"]) == (1.0, 1.0, 0.0)
 
@@ -279,16 +276,16 @@ def test_failed_reader_request_scores_zero_and_stays_in_the_denominator(ruler, r
     trajs = [run(ruler.tasks[0], ok_env), run(ruler.tasks[1], failing), run(ruler.tasks[2], ok_env)]
     failed = trajs[1]
     (reader,) = calls(failed, "reader")
-    assert reader["error"] == "HTTP 500: injected" and reader["valid"] is None  # not judged: no completion
-    assert reader["invalid_reason"].startswith("request failed")
-    assert failed["prediction"] is None and failed["status"] == "error" and failed["counts"]["request_errors"] == 1
-    rows = [score_trajectory(t, labels[t["task_id"]]) for t in trajs]
+    assert reader.error == "HTTP 500: injected" and reader.valid is None  # not judged: no completion
+    assert reader.invalid_reason.startswith("request failed")
+    assert failed.prediction is None and failed.status == "error" and failed.counts.request_errors == 1
+    rows = [score_trajectory(t, labels[t.task_id]) for t in trajs]
     assert all(rows[1][k] == 0.0 for k in ("em", "f1", "sub_em", "boxed_em"))
     run_info = {"data": data_fingerprint(ruler_dir, ruler), "software": software_versions()}
     summary = summarize(config, run_info, rows, len(rows), {})
     assert summary["metric_counts"]["sub_em"] == summary["metric_counts"]["boxed_em"] == 3
     assert summary["metrics"]["sub_em"] == pytest.approx((rows[0]["sub_em"] + rows[2]["sub_em"]) / 3)
-    assert summary["request_errors"] == 1 and summary["tasks"]["failed_ids"] == [failed["task_id"]]
+    assert summary["request_errors"] == 1 and summary["tasks"]["failed_ids"] == [failed.task_id]
     assert summary["usable_for_comparison"] is False and summary["note"].startswith("INCOMPLETE")
 
 
@@ -304,10 +301,10 @@ def test_configured_wording_reaches_every_prompt_and_is_versioned(ruler):
     traj = run(task, environment(ruler, config, memory=FixedOutputs(lambda k: f"memo {k}")))
     first, second = calls(traj, "memory")
     _, chunked = chunk_context(task.doc_ids, ruler.documents_by_id(), load_tokenizer("lexical"), 512, 2)
-    assert first["messages"][1]["content"] == wording.overwrite_update.format(
+    assert first.messages[1]["content"] == wording.overwrite_update.format(
         question=task.question, memory=wording.initial_memory, chunk=chunked.chunks[0]
     )
-    assert second["messages"][1]["content"] == wording.overwrite_update.format(
+    assert second.messages[1]["content"] == wording.overwrite_update.format(
         question=task.question, memory="memo 0", chunk=chunked.chunks[1]
     )
     builtin = load_run_config(

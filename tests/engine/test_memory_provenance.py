@@ -37,7 +37,7 @@ class ScriptedMemory:
 
     async def generate(self, requests):
         start = time.perf_counter()
-        return [GenerationResult(json.dumps({"ops": self.ops(r.observation["evidence"])}), "stop",
+        return [GenerationResult(json.dumps({"ops": self.ops(r.observation.evidence)}), "stop",
                                  usage=Usage(source="none"), latency_s=time.perf_counter() - start)
                 for r in requests]
 
@@ -83,12 +83,12 @@ def test_citing_every_shown_id_from_unsupported_text_scores_no_memory_recall(dev
     runs = episodes(dev, cite_all("x", "the quick brown fox"), "agent.memory_max_sources=1000")
     before = []
     for traj, row, label in runs:
-        assert traj["counts"]["invalid_actions"] == 0  # every batch was valid and applied
-        assert set(traj["memory_cited"]) == set(traj["shown_evidence"])  # the memory cites everything shown ...
-        assert traj["memory_sources"] == []  # ... from items no cited sentence supports
+        assert traj.counts.invalid_actions == 0  # every batch was valid and applied
+        assert set(traj.memory_cited) == set(traj.shown_evidence)  # the memory cites everything shown ...
+        assert traj.memory_sources == ()  # ... from items no cited sentence supports
         assert row["memory_support_recall"] == 0.0 and row["memory_support_precision"] == 0.0
         # What the old definition (every cited id) gave: the retrieval ceiling.
-        before.append(support_recall(traj["memory_cited"], label.supporting_facts))
+        before.append(support_recall(traj.memory_cited, label.supporting_facts))
         assert before[-1] == row["retrieval_support_recall"]
     assert sum(before) / len(before) == pytest.approx(31 / 36)  # 0.861 on these 12 questions
 
@@ -96,11 +96,11 @@ def test_citing_every_shown_id_from_unsupported_text_scores_no_memory_recall(dev
 def test_items_that_copy_their_sentences_keep_their_recall(dev):
     recalls = []
     for traj, row, label in episodes(dev, copy_each):
-        assert traj["memory_sources"] == traj["memory_cited"]
-        assert set(traj["memory_cited"]) == set(traj["shown_evidence"])
+        assert traj.memory_sources == traj.memory_cited
+        assert set(traj.memory_cited) == set(traj.shown_evidence)
         assert row["memory_support_recall"] == row["retrieval_support_recall"]
-        gold = set(label.supporting_facts) & set(traj["shown_evidence"])
-        assert row["memory_support_precision"] == pytest.approx(len(gold) / len(traj["shown_evidence"]))
+        gold = set(label.supporting_facts) & set(traj.shown_evidence)
+        assert row["memory_support_precision"] == pytest.approx(len(gold) / len(traj.shown_evidence))
         recalls.append(row["memory_support_recall"])
     assert sum(recalls) / len(recalls) == pytest.approx(31 / 36)  # the retrieval ceiling, as cited
 
@@ -116,22 +116,22 @@ def test_one_faithful_gold_copy_counts_and_the_unfaithful_padding_does_not(dev):
 
     traj = asyncio.run(run_episode(task, environment(dataset, policy, "agent.memory_max_sources=1000")))
     row = score_trajectory(traj, labels[task.id])
-    kept = traj["memory_sources"]
+    kept = traj.memory_sources
     assert kept and set(kept) <= set(gold)  # only the copied gold sentences count
-    assert set(traj["memory_cited"]) == set(traj["shown_evidence"])
+    assert set(traj.memory_cited) == set(traj.shown_evidence)
     assert row["memory_support_recall"] == len(set(kept)) / len(set(gold)) > 0
-    assert row["memory_support_precision"] == len(set(kept)) / len(traj["memory_cited"])
+    assert row["memory_support_precision"] == len(set(kept)) / len(traj.memory_cited)
 
 
 def test_an_item_over_the_sources_cap_is_an_invalid_action(dev):
     for traj, row, _ in episodes(dev, cite_all("x")):  # the default cap: 3 sources per item
-        memory = [e for e in traj["events"] if e["type"] == "memory"]
-        over = [e for e in memory if not e["valid"]]
-        assert over and all("over the cap of 3 per item (agent.memory_max_sources)" in e["reason"] for e in over)
-        assert traj["counts"]["invalid_actions"] == len(over)
+        memory = traj.memory_events
+        over = [e for e in memory if not e.valid]
+        assert over and all("over the cap of 3 per item (agent.memory_max_sources)" in e.reason for e in over)
+        assert traj.counts.invalid_actions == len(over)
         # Steps that showed at most 3 sentences were within the cap (and still score nothing).
-        assert all(e["valid"] for e in memory if e not in over)
-        assert row["memory_support_recall"] == 0.0 and traj["memory_sources"] == []
+        assert all(e.valid for e in memory if e not in over)
+        assert row["memory_support_recall"] == 0.0 and traj.memory_sources == ()
 
 
 def test_summary_notes_are_judged_line_by_line():

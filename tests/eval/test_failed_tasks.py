@@ -14,8 +14,9 @@ from memsearch.config import load_config
 from memsearch.data.dataset import load_dataset
 from memsearch.eval.attempts import FAILED_ATTEMPTS, supersede_failed
 from memsearch.eval.runner import read_finished, run_eval, summarize
-from memsearch.eval.score import ANSWER_KEYS, score_trajectory
+from memsearch.eval.score import answer_keys, score_trajectory
 from memsearch.io import iter_jsonl
+from memsearch.records.trajectory import Trajectory
 from memsearch.testing.agent_server import AgentServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +45,7 @@ def test_a_failed_task_scores_zero_even_when_its_reader_answered_right(hotpot_de
     failed = [r for r in rows if r["status"] != "ok"]
     answered_right = [r for r in failed if r["prediction"] in r["answers"]]
     assert answered_right, "the case this test is about did not occur"
-    assert all(r[key] in (0.0, None) for r in failed for key in ANSWER_KEYS)
+    assert all(r[key] in (0.0, None) for r in failed for key in answer_keys())
     ok_em = sum(r["em"] for r in rows if r["status"] == "ok")
     assert summary["metrics"]["em"] == pytest.approx(ok_em / len(rows)) and summary["metric_counts"]["em"] == 40
     assert summary["evaluator_version"] == "eval-5"
@@ -121,7 +122,7 @@ def test_calls_cut_by_the_server_context_make_a_run_unusable(hotpot_dev_dir, tmp
             call = next(e for e in traj["events"] if e["type"] == "policy_call" and e["role"] == role)
             call["context_truncated"] = True
         traj["counts"]["context_truncated_calls"] = len(roles)
-    rows = [score_trajectory(t, labels[t["task_id"]]) for t in trajs]
+    rows = [score_trajectory(Trajectory.from_json(t), labels[t["task_id"]]) for t in trajs]
     run_info = json.loads((out / "run.json").read_text())
     summary = summarize(cfg, run_info, rows, 3, {})
     assert summary["complete"] is True and summary["usable_for_comparison"] is False
@@ -132,5 +133,5 @@ def test_calls_cut_by_the_server_context_make_a_run_unusable(hotpot_dev_dir, tmp
     for traj in budget_cut:
         for event in traj["events"]:
             event["finish_reason"] = "length" if event["type"] == "policy_call" else event.get("finish_reason")
-    rows = [score_trajectory(t, labels[t["task_id"]]) for t in budget_cut]
+    rows = [score_trajectory(Trajectory.from_json(t), labels[t["task_id"]]) for t in budget_cut]
     assert summarize(cfg, run_info, rows, 3, {})["usable_for_comparison"] is True

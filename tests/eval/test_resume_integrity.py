@@ -97,3 +97,18 @@ def test_read_finished_names_every_bad_line_at_once(tmp_path):
         read_finished(path, ["a", "b"])
     assert [p.line for p in refused.value.problems] == [2, 3, 4, 5, 6]
     assert read_finished(path.with_name("none.jsonl"), ["a"]) == {}
+
+
+def test_read_finished_refuses_a_line_that_is_no_trajectory_record(tmp_path):
+    """A line with a task id whose events are not a trajectory's is refused, naming it, not kept."""
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text('{"task_id": "a", "status": "ok", "events": []}\n'
+                    '{"task_id": "b", "status": "ok", "events": [{"type": "thought"}]}\n')
+    with pytest.raises(InputError) as refused:
+        read_finished(path, ["a", "b"])
+    (problem,) = refused.value.problems
+    assert (problem.line, problem.field) == (2, "events")
+    assert "type 'thought'" in problem.message and "remove line 2" in problem.message
+    path.write_text('{"task_id": "a", "status": "ok", "events": []}\n')
+    (done,) = read_finished(path, ["a", "b"]).values()
+    assert (done.task_id, done.ok, done.events) == ("a", True, ())

@@ -1,5 +1,5 @@
-"""memsearch.eval.run_diff / scripts/compare_matrix_runs.py: an ablation's matrix minus its control's,
-question by question; refusals; the script reads gzip-compressed metrics (fixtures/run_diff holds
+"""memsearch.eval.run_diff / studies.memory_policy.compare_matrix_runs: an ablation's matrix minus its
+control's, question by question; refusals; the command reads gzip-compressed metrics (fixtures/run_diff holds
 real rows of the published search-cost control, one group compressed as docs/results publishes
 it); the published search-cost comparison is reproduced from its files."""
 
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.support.scripts import load_script
+from studies.memory_policy import compare_matrix_runs
 
 from memsearch.errors import InputError
 from memsearch.eval.run_diff import matrix_minus_control
@@ -21,7 +21,7 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run_diff"
 
 
 def _script():
-    return load_script("compare_matrix_runs")
+    return compare_matrix_runs
 
 
 def _read_metrics(group: Path) -> dict[str, dict]:

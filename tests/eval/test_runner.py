@@ -156,7 +156,7 @@ def test_server_faults_are_reported_not_fatal(hotpot_dev_dir, tmp_path):
     # reader the same text is a (wrong) answer.
     garbage = [e for e in calls if e["text"] == "I am not sure what to do." and e["role"] != "reader"]
     assert garbage and all(e["valid"] is False and e["invalid_reason"] for e in garbage)
-    assert all(e["invalid_cause"] == "parse" for e in garbage)  # what code reads (memsearch.trajectory)
+    assert all(e["invalid_cause"] == "parse" for e in garbage)  # what code reads (memsearch.records)
     assert all(e["invalid_cause"] is None for e in calls if e["valid"] is True)
 
 

@@ -156,10 +156,11 @@ def test_search_runs_have_no_long_context_to_read(hotpot_dev_dir, tmp_path):
 def test_a_trajectory_holding_a_non_finite_number_is_written_as_a_failed_task_in_strict_json(bad):
     # Whatever backend let a NaN through (the OpenAI backend refuses one), the line stays strict JSON.
     from memsearch.eval.runner import _trajectory_line
+    from memsearch.records.trajectory import Trajectory
 
     traj = {"task_id": "t1", "group": "B", "question": "q?", "prediction": "x", "status": "ok",
             "events": [{"type": "policy_call", "logprobs": [-0.5, bad]}], "counts": {"searches": 1}}
-    line = _trajectory_line(traj)
+    line = _trajectory_line(Trajectory.from_json(traj))
     record = json.loads(line, parse_constant=lambda name: pytest.fail(f"bare {name}"))
     assert line.endswith("\n") and record == {
         "task_id": "t1", "group": "B", "question": "q?", "prediction": None, "status": "error", "counts": {},

@@ -22,6 +22,7 @@ from memsearch.integrations.verl.config import (
 from memsearch.integrations.verl.outputs import session_outputs
 from memsearch.integrations.verl.reward import compute_score
 from memsearch.integrations.verl.session import run_session, worker_setup
+from memsearch.records.trajectory import Trajectory
 from memsearch.testing.scripted_server import ScriptedServer
 from memsearch.train.config import RewardSettings
 from memsearch.train.reward import trajectory_reward
@@ -71,8 +72,8 @@ def test_memagent_session_outputs_answer_last_and_reward(verl_case, hf_tokenizer
     gold = load_dataset(hotpot_dev_dir).labels_by_id()[task.id].answers[0]
     server, policy, traj, outputs, summary = _session(setup, task.id, hf_tokenizer, reader=f"So \\boxed{{{gold}}}")
     # 2 chunks -> 2 memory updates, then the reader: 3 outputs, the answer last.
-    assert traj["counts"]["chunks"] == 2
-    assert [e["role"] for e in traj["events"] if e["type"] == "policy_call"] == ["memory", "memory", "reader"]
+    assert traj.counts.chunks == 2
+    assert [c.role for c in traj.policy_calls()] == ["memory", "memory", "reader"]
     assert len(outputs) == 3
     _check_aligned(outputs, server.calls)
     assert hf_tokenizer.decode(outputs[-1]["response_ids"], skip_special_tokens=True) == f"So \\boxed{{{gold}}}"
@@ -105,7 +106,7 @@ def test_group_b_memory_session_untrained_reader_keeps_its_backend(verl_case, hf
     task = dataset.tasks[1]
     server, policy, traj, outputs, summary = _session(setup, task.id, hf_tokenizer)
     # Two searches, one memory decision each; the reader (rules) is not a row: 2 outputs.
-    assert traj["counts"]["searches"] == 2
+    assert traj.counts.searches == 2
     assert len(outputs) == 2 and policy.completed == {"memory": 2}
     _check_aligned(outputs, server.calls)
     assert all(json.loads(hf_tokenizer.decode(o["response_ids"], skip_special_tokens=True))["ops"] for o in outputs)
@@ -114,7 +115,7 @@ def test_group_b_memory_session_untrained_reader_keeps_its_backend(verl_case, hf
         "memsearch/hotpotqa", "", label.answers, {"memsearch": summary}, **setup.cfg.reward.model_dump()
     )
     assert got["score"] == pytest.approx(trajectory_reward(traj, label, setup.cfg.reward, "memory"))
-    assert got["answered"] == int(traj["prediction"] is not None)
+    assert got["answered"] == int(traj.prediction is not None)
 
 
 def test_group_b_session_in_the_extractive_format(verl_case, hf_tokenizer, hotpot_dev_dir):
@@ -133,8 +134,8 @@ def test_group_b_session_in_the_extractive_format(verl_case, hf_tokenizer, hotpo
     _check_aligned(outputs, server.calls)
     texts = [hf_tokenizer.decode(o["response_ids"], skip_special_tokens=True) for o in outputs]
     assert len(outputs) == 2 and all('"text"' not in t for t in texts)
-    calls = [e for e in traj["events"] if e["type"] == "policy_call" and e["role"] == "memory"]
-    assert all(c["valid"] for c in calls) and traj["memory_cited"]
+    calls = traj.policy_calls(["memory"])
+    assert all(c.valid for c in calls) and traj.memory_cited
     label = dataset.labels_by_id()[task.id]
     reward = setup.cfg.reward
     got = compute_score("memsearch/hotpotqa", "", label.answers, {"memsearch": summary}, **reward.model_dump())
@@ -150,8 +151,9 @@ def test_overlong_prompt_is_refused_and_counted_not_truncated(verl_case, hf_toke
     # the server (verl would have cut the question off); the reader's short prompt still fits.
     server, policy, traj, outputs, summary = _session(setup, task.id, hf_tokenizer, prompt_length=200)
     assert len(server.calls) == 1 and policy.overflows == 2 and policy.completed == {"reader": 1}
-    assert traj["counts"]["request_errors"] == 2 and traj["status"] == "error"
-    assert all("exceeds rollout.prompt_length = 200" in e["error"] for e in traj["events"][:4] if e.get("error"))
+    assert traj.counts.request_errors == 2 and traj.status == "error"
+    errors = [c.error for c in traj.policy_calls() if c.error]  # both memory updates, refused before the server
+    assert len(errors) == 2 and all("exceeds rollout.prompt_length = 200" in e for e in errors)
     assert len(outputs) == 1 and len(outputs[0]["prompt_ids"]) <= 200  # the reader's row only, answer last
     got = compute_score(
         "s", "", ["x"], {"memsearch": summary}, metric="boxed_em", invalid_penalty=0.0, citation_penalty=0.0
@@ -170,7 +172,7 @@ def test_outputs_refuse_a_last_call_without_tokens():
         "error": None,
     }
     with pytest.raises(ValueError, match="generated no token"):
-        session_outputs({"task_id": "t", "events": [call]}, "overwrite")
+        session_outputs(Trajectory.from_json({"task_id": "t", "status": "ok", "events": [call]}), "overwrite")
 
 
 def test_compute_score_values_and_refusal():

@@ -162,14 +162,14 @@ def test_memagent_two_chunks_on_verl(verl_case, hotpot_dev_dir, tokenizer):
     for reader in (f"\\boxed{{{gold}}}", "\\boxed{no idea}"):  # one right, one wrong: a group with variance
         loop, server, outputs, scored = _rollout(path, tokenizer, row, verl_cfg, reader)
         # 2 chunks: two memory updates then the boxed answer, the answer last
-        roles = [e["role"] for e in loop.trajectory["events"] if e["type"] == "policy_call"]
+        roles = [c.role for c in loop.trajectory.policy_calls()]
         assert roles == ["memory", "memory", "reader"]
         assert len(outputs) == 3
         _check_rows(outputs, server, tokenizer)
         assert tokenizer.decode(outputs[-1].response_ids, skip_special_tokens=True) == reader
         # verl's continuous-token builder gives the prompt ids memsearch's trainer builds
-        for o, e in zip(outputs, [e for e in loop.trajectory["events"] if e["type"] == "policy_call"], strict=True):
-            assert o.prompt_ids == chat_prompt_ids(tokenizer, e["messages"])
+        for o, c in zip(outputs, loop.trajectory.policy_calls(), strict=True):
+            assert o.prompt_ids == chat_prompt_ids(tokenizer, [dict(m) for m in c.messages])
         assert outputs[-1].extra_fields["memsearch_counts"] == {
             "rows": 3,
             "prompt_overflows": 0,
@@ -190,7 +190,7 @@ def test_group_b_memory_task_on_verl(verl_case, hotpot_dev_dir, tokenizer):
     sessions = []
     for row in rows[1:3]:  # two tasks stand in for two sessions of one group (different rewards)
         loop, server, outputs, scored = _rollout(path, tokenizer, row, verl_cfg)
-        assert loop.trajectory["counts"]["searches"] == 2 and len(outputs) == 2  # one memory row per search
+        assert loop.trajectory.counts.searches == 2 and len(outputs) == 2  # one memory row per search
         _check_rows(outputs, server, tokenizer)
         label = load_dataset(hotpot_dev_dir).labels_by_id()[row["extra_info"]["task_id"]]
         from memsearch.train.reward import trajectory_reward

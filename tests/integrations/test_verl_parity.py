@@ -15,16 +15,17 @@ from pathlib import Path
 
 import pytest
 
+from memsearch.records.trajectory import Trajectory
 from memsearch.train.rows import build_batch
 
 FIXTURE = Path(__file__).parent / "fixtures" / "verl_advantage_parity.json"
 
 
-def _trajectory(task: str, lengths: list[int]) -> dict:
+def _trajectory(task: str, lengths: list[int]) -> Trajectory:
     # A trajectory whose trained (memory) calls generated `lengths` tokens, in episode order.
     calls = [{"type": "policy_call", "role": "memory", "step": i, "completion_ids": list(range(100, 100 + n)),
               "logprobs": [-0.5] * n, "prompt_ids": [1, 2, 3], "error": None} for i, n in enumerate(lengths)]
-    return {"task_id": task, "events": calls}
+    return Trajectory.from_json({"task_id": task, "status": "ok", "events": calls})
 
 
 def _memsearch_advantages(fixture: dict, std_scale: bool) -> tuple[list[str], list[float], list[int]]:

@@ -10,8 +10,8 @@ import pytest
 from memsearch.memory import Add, Delete, Memory, Noop, Update
 from memsearch.memory.choices import fitting_choices
 from memsearch.memory.extractive import OPEN_TEXT_CHARS, fact_text, format_extractive, parse_extractive, written_text
+from memsearch.records.causes import InvalidCause
 from memsearch.tokenizer import LexicalTokenizer
-from memsearch.trajectory import InvalidCause
 
 TEXTS = {  # what an episode showed: evidence id -> "title\nsentence"
     "d1:0": "Le Havre\nLe Havre is a port city in Normandy.",

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from memsearch.memory import EMPTY_RENDER, Add, ApplyResult, Delete, Memory, MemoryItem, Noop, Update
+from memsearch.records.causes import InvalidCause, legacy_cause
 from memsearch.tokenizer import LexicalTokenizer, load_tokenizer
-from memsearch.trajectory import InvalidCause, legacy_cause
 
 SHOWN = {"d3:0", "d5:2", "d7:1", "d7:2"}
 ZERO = {"ADD": 0, "UPDATE": 0, "DELETE": 0, "NOOP": 0}

@@ -117,16 +117,23 @@ def test_comparison_sets_and_deltas_by_hand(rules_matrix, short_memory_run, hotp
 
 
 def test_token_arrays_become_lengths():
+    from memsearch.records.trajectory import Trajectory
     from memsearch.report.payload import _readable
 
-    call = {"type": "policy_call", "text": "x", "prompt_ids": [1, 2, 3], "completion_ids": [4], "logprobs": None}
-    traj = _readable({"task_id": "t", "events": [call, {"type": "search", "query": "q"}]})
+    call = {"type": "policy_call", "role": "reader", "text": "x", "prompt_ids": [1, 2, 3], "completion_ids": [4],
+            "logprobs": None}
+    record = Trajectory.from_json({"task_id": "t", "status": "ok",
+                                   "events": [call, {"type": "search", "query": "q"}]})
+    line = record.to_json()  # what trajectories.jsonl holds
+    traj = _readable(record)
     assert traj["events"][0] == {
-        "type": "policy_call",
-        "text": "x",
+        **{k: v for k, v in line["events"][0].items() if k not in ("prompt_ids", "completion_ids", "logprobs")},
         "token_counts": {"prompt_ids": 3, "completion_ids": 1, "logprobs": None},
     }
-    assert traj["events"][1] == {"type": "search", "query": "q"}
+    assert traj["events"][0]["text"] == "x" and "prompt_ids" not in traj["events"][0]
+    assert traj["events"][1] == line["events"][1] and traj["events"][1]["query"] == "q"
+    assert {k: v for k, v in traj.items() if k != "events"} == {k: v for k, v in line.items() if k != "events"}
+    assert _readable(None) == {"events": []}  # a task with no trajectory written
 
 
 @pytest.mark.parametrize("name", ["__TITLE__", "__CSS__", "__JS__", "__PAYLOAD__", "__JS__ vs __PAYLOAD__ <b>&'\"\\1"])

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from memsearch.records.train_step import TrainStep
 from memsearch.train.collapse import CollapseError, CollapseGuard
 
 
@@ -16,7 +17,7 @@ def ops(**counts):
 
 
 def feed(guard, records):
-    return [guard.observe({"step": s, **r}) for s, r in enumerate(records, start=1)]
+    return [guard.observe(TrainStep.from_json({"step": s, **r})) for s, r in enumerate(records, start=1)]
 
 
 def test_low_decision_entropy_for_patience_steps_trips_it():

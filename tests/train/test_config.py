@@ -57,8 +57,11 @@ def test_memagent_recipe_trains_like_the_reference():
 
 
 def test_files_named_by_the_shipped_configs_exist():
-    for toml in sorted((ROOT / "configs").rglob("*.toml")):
-        for name in re.findall(r"configs/[\w./-]+\.toml", toml.read_text(encoding="utf-8")):
+    shipped = [*(ROOT / "configs").rglob("*.toml"), *(ROOT / "studies").rglob("*.toml")]
+    for toml in sorted(shipped):
+        # A repository path: configs/... or studies/.../configs/... (never the tail of a longer path).
+        text = toml.read_text(encoding="utf-8")
+        for name in re.findall(r"(?<![\w/.-])(?:studies/[\w./-]*/)?configs/[\w./-]+\.toml", text):
             assert (ROOT / name).is_file(), f"{toml.relative_to(ROOT)} names {name}, which does not exist"
 
 

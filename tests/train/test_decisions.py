@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from memsearch.records.trajectory import ENGINE_VERSION, Trajectory
 from memsearch.train.decisions import (
     decision_characters,
     decision_positions,
@@ -52,29 +53,34 @@ def test_decision_positions_are_the_tokens_that_start_each_op_name(tokenizer):
 
 
 def test_invalid_causes_and_the_op_histogram():
-    def call(valid, executed=None, reason=None, role="memory", cause=None):
-        return {"role": role, "valid": valid, "invalid_reason": reason, "invalid_cause": cause,
-                "action": {"memory": {"executed": executed or {}}}}
+    def call(step, valid, executed=None, reason=None, role="memory", cause=None):
+        """A policy call and, for a judged memory call, its step's memory event (the ops it executed)."""
+        events = [{"type": "policy_call", "role": role, "step": step, "valid": valid, "invalid_reason": reason,
+                   "invalid_cause": cause}]
+        if role == "memory" and valid is not None:
+            events.append({"type": "memory", "step": step, "valid": valid, "reason": reason, "cause": cause,
+                           "executed": executed or {}})
+        return events
 
     calls = [
-        call(True, {"ADD": 2, "UPDATE": 0, "DELETE": 1, "NOOP": 0}),
-        call(True, {"ADD": 0, "UPDATE": 0, "DELETE": 0, "NOOP": 1}),
-        call(False, reason="parse error: no JSON object found", cause="parse"),
-        call(False, reason="memory after the batch would be 90 tokens, over the budget of 64 tokens",
+        call(0, True, {"ADD": 2, "UPDATE": 0, "DELETE": 1, "NOOP": 0}),
+        call(1, True, {"ADD": 0, "UPDATE": 0, "DELETE": 0, "NOOP": 1}),
+        call(2, False, reason="parse error: no JSON object found", cause="parse"),
+        call(3, False, reason="memory after the batch would be 90 tokens, over the budget of 64 tokens",
              cause="over_budget"),
-        call(False, reason="op 0 (ADD): source 'd9:9' was not shown to the agent", cause="unshown_source"),
-        call(None, reason="request failed: timeout", cause="request_failed"),  # a request error, not a decision
-        call(True, {"NOOP": 1}, role="controller"),  # not a memory call
+        call(4, False, reason="op 0 (ADD): source 'd9:9' was not shown to the agent", cause="unshown_source"),
+        call(5, None, reason="request failed: timeout", cause="request_failed"),  # a request error, not a decision
+        call(0, True, {"NOOP": 1}, role="controller"),  # not a memory call
     ]
-    assert op_histogram(calls) == {"ADD": 2, "UPDATE": 0, "DELETE": 1, "NOOP": 1, "invalid_parse": 1,
-                                   "invalid_budget": 1, "invalid_rule": 1}
+    events = [e for c in calls for e in c]
+    current = Trajectory.from_json({"task_id": "q", "engine_version": ENGINE_VERSION, "events": events})
+    assert op_histogram([current]) == {"ADD": 2, "UPDATE": 0, "DELETE": 1, "NOOP": 1, "invalid_parse": 1,
+                                       "invalid_budget": 1, "invalid_rule": 1}
+    assert op_histogram([current, current])["ADD"] == 4  # summed over trajectories
     assert histogram_bucket(None) == "invalid_rule"
-    # The codes are read, never the reasons: an old record is upgraded first (memsearch.trajectory).
-    from memsearch.trajectory import upgrade
-
-    legacy = {"events": [{"type": "policy_call", **{k: v for k, v in c.items() if k != "invalid_cause"}}
-                         for c in calls]}
-    assert op_histogram(upgrade(legacy)["events"]) == op_histogram(calls)
+    # The codes are read, never the reasons: an old record (no codes) is upgraded as it is read.
+    legacy = [{k: v for k, v in e.items() if k not in ("invalid_cause", "cause")} for e in events]
+    assert op_histogram([Trajectory.from_json({"task_id": "q", "events": legacy})]) == op_histogram([current])
 
 
 def test_the_update_logs_the_entropy_at_the_decision_tokens_only(tiny_model_dir, tiny_adapter_dir, tokenizer):

@@ -8,13 +8,14 @@ import json
 
 import pytest
 
+from memsearch.records.trajectory import Trajectory
 from memsearch.train.dynamic_sampling import has_spread, replacement_positions, sample_step
 
 
-def trajectory(task: str, calls: int) -> dict:
+def trajectory(task: str, calls: int) -> Trajectory:
     event = {"type": "policy_call", "role": "memory", "step": 0, "error": None, "completion_ids": [1, 2],
              "logprobs": [0.0, 0.0], "prompt_ids": [3]}
-    return {"task_id": task, "events": [dict(event) for _ in range(calls)]}
+    return Trajectory.from_json({"task_id": task, "status": "ok", "events": [dict(event) for _ in range(calls)]})
 
 
 # Task t's two rollouts: rewards (0, 0) for even t (no spread), (0, 1) for odd t; t rows each.
@@ -30,20 +31,20 @@ def roll(log):
 
 
 def score(groups):
-    return [[0.0, float(int(g[0]["task_id"][1:]) % 2)] for g in groups]
+    return [[0.0, float(int(g[0].task_id[1:]) % 2)] for g in groups]
 
 
 def test_groups_without_spread_are_replaced_by_untried_tasks():
     log = []
     out = sample_step([0, 1, 2], TASKS, roll(log), score, filter_groups=True, max_extra_rounds=3, seed=5, step=4,
                       rank=0, role="memory")
-    assert [g[0]["task_id"] for g in out.groups] == ["t1", *[g[0]["task_id"] for g in out.groups[1:]]]
+    assert [g[0].task_id for g in out.groups] == ["t1", *[g[0].task_id for g in out.groups[1:]]]
     assert len(out.groups) == 3 and all(has_spread(r) for r in out.rewards)
     tried = [t for _, tasks in log for t in tasks]
     assert len(tried) == len(set(tried))  # a task is rolled out at most once per step
     assert [r for r, _ in log] == list(range(out.rounds + 1))
     # accounting: every generated row is either converted (kept groups) or dropped
-    kept_rows = sum(2 * int(g[0]["task_id"][1:]) for g in out.groups)
+    kept_rows = sum(2 * int(g[0].task_id[1:]) for g in out.groups)
     assert out.generated == kept_rows + out.rows_dropped
     assert out.groups_sampled == len(tried) and out.groups_dropped == out.groups_sampled - 3
     # reproducible: the same (seed, step, rank) draws the same replacements

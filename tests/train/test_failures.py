@@ -13,6 +13,7 @@ from tests.train.test_state_credit import BEFORE, GOLD, SETTINGS, branch
 from tests.train.test_state_credit import trajectory as state_trajectory
 
 from memsearch.data.records import Label
+from memsearch.records.trajectory import Trajectory
 from memsearch.train.distributed import Dist
 from memsearch.train.dynamic_sampling import sample_step
 from memsearch.train.failures import FailedTrajectoriesError, StepFaults, check_failed_share, first_error, is_failed
@@ -22,11 +23,12 @@ from memsearch.train.state_credit import build_state_batch
 SERVER_ERROR = "HTTP 500: scripted failure"
 
 
-def failed(trajectory: dict, error: str = SERVER_ERROR) -> dict:
+def failed(trajectory: Trajectory, error: str = SERVER_ERROR) -> Trajectory:
     """``trajectory`` as the engine ends it when its reader request failed after the retries."""
+    data = trajectory.to_json()
     reader = {"type": "policy_call", "role": "reader", "step": 0, "error": error, "valid": None}
-    return {**trajectory, "events": [*trajectory["events"], reader], "status": "error",
-            "counts": {"request_errors": 1}}
+    return Trajectory.from_json({**data, "events": [*data["events"], reader], "status": "error",
+                                 "counts": {"request_errors": 1}})
 
 
 def test_a_failed_trajectory_is_no_member_of_its_group_and_gives_no_row():
@@ -80,7 +82,7 @@ def test_dynamic_sampling_judges_the_spread_of_the_successful_members_and_counts
 
     out = sample_step([0], ["t0", "t1"], roll, score, filter_groups=True, max_extra_rounds=1, seed=0, step=1, rank=0,
                       role="memory")
-    assert [g[0]["task_id"] for g in out.groups] == ["t1"] and out.groups_dropped == 1 and out.rows_dropped == 2
+    assert [g[0].task_id for g in out.groups] == ["t1"] and out.groups_dropped == 1 and out.rows_dropped == 2
     assert (out.faults.trajectories, out.faults.failed, out.faults.request_errors) == (4, 1, 1)
     assert out.faults.first_error == f"task t0, reader call at step 0: {SERVER_ERROR}"
 
@@ -101,8 +103,8 @@ def test_past_max_failed_share_the_step_stops_with_the_step_share_threshold_and_
     check_failed_share(faults, 1.0, 3, tmp_path, Dist(), lambda: None)  # 1: never stops
     # a search the retrieval service failed, and a status without an event error, are named too
     search = {"task_id": "q4", "status": "error", "events": [{"type": "search", "step": 1, "error": "HTTP 503"}]}
-    assert first_error(search) == "task q4, search at step 1: HTTP 503"
-    assert first_error({"task_id": "q5", "status": "error"}) == \
+    assert first_error(Trajectory.from_json(search)) == "task q4, search at step 1: HTTP 503"
+    assert first_error(Trajectory.from_json({"task_id": "q5", "status": "error"})) == \
         "task q5: status 'error' with no error recorded on an event"
 
 
@@ -119,7 +121,7 @@ def test_train_logs_from_before_the_fault_counts_still_read(tmp_path):
     series = training_series([tmp_path / "old" / "train_log.jsonl", tmp_path / "new" / "train_log.jsonl"])
     assert series["order"][:5] == ["reward_mean", "reward_std", "invalid_rate", "failed_trajectories", "failed_share"]
     assert series["metrics"]["failed_trajectories"] == {"steps": [1], "values": [[None, 1]]}
-    assert [r["reward_mean"] for r in curve_records(tmp_path / "old" / "train_log.jsonl")] == [0.2]
+    assert [r.reward_mean for r in curve_records(tmp_path / "old" / "train_log.jsonl")] == [0.2]
 
 
 # --- a real run: the reader served over HTTP, some of its requests failing ---------------------------
@@ -132,8 +134,9 @@ def _sets(server_url: str, model, adapter, data) -> dict:
             "episode.backends.reader.max_retries": 0}
 
 
-def _rows(trajectories) -> int:
-    return sum(len(rows_from_trajectory(tr, "memory", 0, 0)[0]) for tr in trajectories)
+def _rows(trajectories: list[dict]) -> int:
+    """The memory rows of rollout lines (trajectories as the run wrote them)."""
+    return sum(len(rows_from_trajectory(Trajectory.from_json(tr), "memory", 0, 0)[0]) for tr in trajectories)
 
 
 @pytest.mark.slow

@@ -271,9 +271,10 @@ def test_rows_generated_are_counted_by_the_policy_backend_not_from_the_trajector
     answered with a completion, "converted" the rows built from the trajectories. A trained call
     lost (or duplicated) between the backend and row building breaks the contract; when both
     were counted over the same trajectories, it could not."""
-    import copy
+    from dataclasses import replace
 
     from memsearch.data.dataset import load_dataset
+    from memsearch.records.events import PolicyCall
     from memsearch.train.grpo import Rollouts
     from memsearch.train.policy import load_policy
     from memsearch.train.rows import RowCountError, build_batch
@@ -289,10 +290,8 @@ def test_rows_generated_are_counted_by_the_policy_backend_not_from_the_trajector
         second = rollouts.generated
     finally:
         rollouts.close()
-    calls = [
-        e for grp in groups for t in grp for e in t["events"] if e["type"] == "policy_call" and e["role"] == "memory"
-    ]
-    assert all(not c["error"] for c in calls)
+    calls = [c for grp in groups for t in grp for c in t.policy_calls(["memory"])]
+    assert all(not c.error for c in calls)
     assert first == len(calls) >= 4  # 2 tasks x group 2, at least one memory call each
     assert 2 <= second < first
 
@@ -301,16 +300,22 @@ def test_rows_generated_are_counted_by_the_policy_backend_not_from_the_trajector
         batch.counts.consumed = len(batch.rows)  # as the optimizer would: every row it was given
         return batch.counts
 
+    def edited(trajectory_groups, which: tuple[int, int], edit):
+        """The groups with trajectory ``which``'s events replaced by ``edit(events)``."""
+        out = [list(grp) for grp in trajectory_groups]
+        g, k = which
+        out[g][k] = replace(out[g][k], events=tuple(edit(list(out[g][k].events))))
+        return out
+
+    def first_call(events):
+        return next(e for e in events if isinstance(e, PolicyCall))
+
     counts(groups).check()
-    lost = copy.deepcopy(groups)
-    events = lost[1][0]["events"]
-    events.remove(next(e for e in events if e["type"] == "policy_call"))
+    lost = edited(groups, (1, 0), lambda events: [e for e in events if e is not first_call(events)])
     with pytest.raises(RowCountError, match=f"generated {first}, converted {first - 1}, dropped 0, failed 0, "
                                             f"consumed {first - 1}"):
         counts(lost).check()
-    duplicated = copy.deepcopy(groups)
-    events = duplicated[0][1]["events"]
-    events.append(next(e for e in events if e["type"] == "policy_call"))
+    duplicated = edited(groups, (0, 1), lambda events: [*events, first_call(events)])
     with pytest.raises(RowCountError, match=f"generated {first}, converted {first + 1}, dropped 0, failed 0, "
                                             f"consumed {first + 1}"):
         counts(duplicated).check()

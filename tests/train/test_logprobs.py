@@ -89,7 +89,7 @@ def test_schema_mode_rollout_logprobs_equal_recomputed_with_replayed_mask(tiny_m
     import torch
 
     from memsearch.backends.hf.backend import HFBackend
-    from memsearch.backends.hf.constraint import MEMORY_OPS
+    from memsearch.memory.action_format import MEMORY_OPS
     from memsearch.train.grpo import _mask_fn
 
     policy, tokenizer, _ = load_policy(str(tiny_model_dir), str(tiny_adapter_dir), LoraSettings(), device="cpu")
@@ -145,7 +145,7 @@ def test_head_only_where_needed_equals_every_logit_with_gradients(tiny_model_dir
     import torch
 
     from memsearch.backends.hf.backend import HFBackend
-    from memsearch.backends.hf.constraint import MEMORY_OPS
+    from memsearch.memory.action_format import MEMORY_OPS
     from memsearch.train import logprobs
     from memsearch.train.grpo import _mask_fn
     from memsearch.train.policy import trainable_parameters
@@ -197,7 +197,7 @@ def test_entropy_is_that_of_the_masked_distribution(tiny_model_dir, tiny_adapter
     import torch
 
     from memsearch.backends.hf.backend import HFBackend
-    from memsearch.backends.hf.constraint import MEMORY_OPS
+    from memsearch.memory.action_format import MEMORY_OPS
     from memsearch.train.grpo import _mask_fn
 
     policy, tokenizer, _ = load_policy(str(tiny_model_dir), str(tiny_adapter_dir), LoraSettings(), device="cpu")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from memsearch.records.trajectory import Trajectory
 from memsearch.train.rows import (
     Row,
     RowCountError,
@@ -30,7 +31,7 @@ def call(role, step, n_tokens=3, error=None, valid=True, constraint=None):
 
 
 def traj(task, *calls):
-    return {"task_id": task, "events": [{"type": "search", "step": 0}, *calls]}
+    return Trajectory.from_json({"task_id": task, "status": "ok", "events": [{"type": "search", "step": 0}, *calls]})
 
 
 def test_group_advantages_hand_computed():
@@ -115,9 +116,9 @@ def test_trained_roles_are_defined_once_and_cover_call_roles_only():
     config accepts exactly the trained roles."""
     from typing import get_args
 
+    from memsearch.records.trajectory import CALL_ROLES
     from memsearch.train.config import GRPOConfig
     from memsearch.train.rows import TRAINED_CALL_ROLES, TRAINED_ROLES
-    from memsearch.trajectory import CALL_ROLES
 
     assert CALL_ROLES == ("memory", "controller", "reader")
     assert TRAINED_ROLES == tuple(TRAINED_CALL_ROLES) == ("memory", "controller", "overwrite")

@@ -7,12 +7,19 @@ from __future__ import annotations
 import pytest
 
 from memsearch.data.records import Label
+from memsearch.records.events import BranchOutcome, PolicyCall
+from memsearch.records.trajectory import Trajectory
 from memsearch.train.config import StateReward
 from memsearch.train.state_credit import build_state_batch, call_reward
 
 GOLD = {"d1:0", "d2:3"}
 BEFORE = {"kept": ["d1:0"], "cited": ["d1:0"]}
 SETTINGS = StateReward(gold_gain=1.0, junk_penalty=0.5, overflow_penalty=0.5, invalid_penalty=0.4)
+
+
+def memory_call(before):
+    """A memory call whose memory kept and cited ``before``'s ids before its branches."""
+    return PolicyCall(role="memory", step=0, kept_before=tuple(before["kept"]), cited_before=tuple(before["cited"]))
 
 
 def branch(status="applied", kept=("d1:0",), cited=("d1:0",), over=0, ids=(7, 8)):
@@ -33,20 +40,22 @@ def branch(status="applied", kept=("d1:0",), cited=("d1:0",), over=0, ids=(7, 8)
     (branch(status="parse_error"), -0.4),
 ])
 def test_call_reward_hand_computed(b, reward):
-    assert call_reward(b, BEFORE, GOLD, SETTINGS) == pytest.approx(reward)
+    assert call_reward(BranchOutcome.from_json(b), memory_call(BEFORE), GOLD, SETTINGS) == pytest.approx(reward)
 
 
 def test_no_gold_facts_only_penalties_count():
-    assert call_reward(branch(kept=("d9:0",), cited=("d9:0",)), BEFORE, set(), SETTINGS) == 0.0
-    assert call_reward(branch(status="rejected"), BEFORE, set(), SETTINGS) == -0.4
+    noop, rejected = (BranchOutcome.from_json(b) for b in (branch(kept=("d9:0",), cited=("d9:0",)),
+                                                          branch(status="rejected")))
+    assert call_reward(noop, memory_call(BEFORE), set(), SETTINGS) == 0.0
+    assert call_reward(rejected, memory_call(BEFORE), set(), SETTINGS) == -0.4
 
 
 def trajectory(task, calls):
-    return {"task_id": task, "events": [
+    return Trajectory.from_json({"task_id": task, "status": "ok", "events": [
         {"type": "policy_call", "role": "memory", "step": s, "prompt_ids": [1, 2, 3], "error": None,
          "completion_ids": [7], "logprobs": [-0.1], "branches": bs, "branch_chosen": chosen,
          "kept_before": before["kept"], "cited_before": before["cited"]}
-        for s, (bs, chosen, before) in enumerate(calls)]}
+        for s, (bs, chosen, before) in enumerate(calls)]})
 
 
 def test_every_branch_is_a_row_with_its_state_groups_advantage():
@@ -78,7 +87,8 @@ def test_a_failed_branch_has_no_row_and_a_call_without_branches_is_refused():
     labels = {"q1": Label(id="q1", answers=["x"], supporting_facts=sorted(GOLD), gold_doc_ids=["d1", "d2"])}
     batch = build_state_batch(trajs, [[0.0]], labels, SETTINGS, std_scale=False, global_weight=0.0, generated=1)
     assert len(batch.rows) == 1 and batch.counts.failed_calls == 1 and batch.rows[0].advantage == 0.0
-    plain = [[{"task_id": "q1", "events": [{"type": "policy_call", "role": "memory", "step": 0}]}]]
+    plain = [[Trajectory.from_json({"task_id": "q1", "status": "ok",
+                                    "events": [{"type": "policy_call", "role": "memory", "step": 0}]})]]
     with pytest.raises(ValueError, match="without branches"):
         build_state_batch(plain, [[0.0]], labels, SETTINGS, std_scale=False, global_weight=0.0, generated=0)
 

@@ -64,7 +64,8 @@ def read_fingerprint(folder: str | Path) -> dict[str, Any] | None:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc}); re-ship the adapter (scripts/ship_adapter.py)") from None
+        raise InputError(f"{path}: not valid JSON ({exc}); re-ship the adapter "
+                         "(python -m studies.memory_policy.ship)") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("files"), dict):
         raise InputError(f"{path}: not a memsearch adapter fingerprint "
                          f"(expected format {FORMAT!r} and a 'files' table)")
@@ -86,7 +87,7 @@ def verify_adapter(folder: str | Path, base_model: str | None = None, required: 
     if record is None:
         if required:
             raise InputError(f"{folder / FINGERPRINT}: missing; a shipped adapter must carry its fingerprint "
-                             "(write it with scripts/ship_adapter.py)")
+                             "(write it with python -m studies.memory_policy.ship)")
         return None
     where = folder / FINGERPRINT
     expected: dict[str, str] = record["files"]
@@ -104,7 +105,8 @@ def verify_adapter(folder: str | Path, base_model: str | None = None, required: 
             problems.append(f"{path}: not listed in {where} (sha256 {sha256_file(path)})")
     if problems:
         raise InputError("\n".join(problems) + f"\nrefusing adapter {folder}: its files are not the ones "
-                         "fingerprinted; restore them, or ship the new adapter with scripts/ship_adapter.py")
+                         "fingerprinted; restore them, or ship the new adapter with "
+                         "python -m studies.memory_policy.ship")
     recorded = record.get("base_model")
     if base_model is not None and recorded is not None and (recorded == "embedded") != (str(base_model) == "embedded"):
         raise InputError(f"{where}: the adapter was trained on base model {recorded!r}, not {str(base_model)!r}")

@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
+
+# Part of the protocol (a request's ``constraint``); defined at the bottom so the memory layer can
+# build the memory action format's constraints without importing a backend.
+from memsearch.records.observation import Observation
+from memsearch.text.constraint import Constraint
 
 
 @dataclass(frozen=True)
@@ -31,18 +36,6 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
-class Constraint:
-    """An output constraint: a JSON schema, or one of a fixed set of strings.
-
-    ``id`` names the constraint in training rows so the same mask can be replayed.
-    """
-
-    id: str
-    json_schema: dict[str, Any] | None = None
-    choices: tuple[str, ...] | None = None
-
-
-@dataclass(frozen=True)
 class GenerationRequest:
     """One policy call: chat ``messages`` (or raw ``prompt_ids``) plus how to decode."""
 
@@ -53,7 +46,7 @@ class GenerationRequest:
     constraint: Constraint | None = None
     # The backend may use this for things it can compute locally (the rules backend reads the
     # structured observation instead of parsing the prompt text). Never holds labels.
-    observation: dict[str, Any] | None = None
+    observation: Observation | None = None
 
 
 @dataclass(frozen=True)

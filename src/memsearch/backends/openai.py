@@ -540,3 +540,15 @@ def _env_proxy(url: str) -> str | None:
     if not parts.hostname or urllib.request.proxy_bypass_environment(parts.hostname, proxies):
         return None
     return proxies.get(parts.scheme) or proxies.get("all")
+
+
+def from_config(cfg, tokenizer: Tokenizer, dataset=None) -> OpenAIBackend:
+    """The ``openai`` kind's factory (``memsearch.registry``): an OpenAI-compatible HTTP server."""
+    from memsearch.errors import InputValueError
+
+    if not cfg.base_url:
+        raise InputValueError("backend kind 'openai' needs base_url, e.g. http://127.0.0.1:8000/v1")
+    return OpenAIBackend(base_url=cfg.base_url, model=cfg.model, max_concurrency=cfg.max_concurrency,
+                         timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, retry_window_s=cfg.retry_window_s,
+                         tokenizer=tokenizer, extra_body=cfg.extra_body, schema_style=cfg.schema_style,
+                         context_tokens=cfg.context_tokens)

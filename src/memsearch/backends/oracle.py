@@ -49,6 +49,7 @@ from memsearch.errors import InputValueError
 from memsearch.memory import Memory
 from memsearch.memory.extractive import fact_text, format_extractive, mentions_title
 from memsearch.memory.ops import Add, Delete, Noop, Op, format_ops
+from memsearch.records.observation import Observation
 from memsearch.text.actions import evidence_ids_in, parse_controller
 from memsearch.tokenizer import Tokenizer
 
@@ -105,9 +106,9 @@ class OracleBackend:
 
     # -- which task ------------------------------------------------------------------------
 
-    def _label(self, obs: dict[str, Any]) -> Label:
+    def _label(self, obs: Observation) -> Label:
         """The label of the task this observation belongs to (see module docstring)."""
-        question = obs.get("question", "")
+        question = obs.question
         tasks = self.by_question.get(question)
         if not tasks:
             raise OracleError(f"oracle: question not in the train dataset: {question[:80]!r}")
@@ -128,25 +129,25 @@ class OracleBackend:
 
     # -- roles -----------------------------------------------------------------------------
 
-    def _memory(self, obs: dict[str, Any], max_tokens: int) -> str:
-        if obs.get("mode") != "decision":
+    def _memory(self, obs: Observation, max_tokens: int) -> str:
+        if obs.memory_items is None:
             raise OracleError(
-                f"oracle supports decision mode only (memory mode is {obs.get('mode')!r}): "
+                f"oracle supports decision mode only (memory mode is {obs.mode!r}): "
                 "summary and overwrite outputs are not operation batches"
             )
         label = self._label(obs)
         gold = set(label.supporting_facts)
-        items = obs.get("memory_items", [])
-        kept = {s for item in items if item.get("kind", "fact") == "fact" for s in item.get("sources", ())}
+        items = [item.to_json() for item in obs.memory_items]
+        kept = {s for item in obs.memory_items if item.kind == "fact" for s in item.sources}
         # Scratch copy of the store with the real budget (rendered size + what is left) and the
         # same rendering (sources shown or hidden), so the batch is judged by the same accounting
         # the environment will apply.
         snapshot = {"items": items, "next_id": _next_id(items)}
-        shown = obs.get("sources_shown", True)
+        shown = obs.sources_shown
         size = Memory.from_snapshot(snapshot, self.tokenizer, _SCRATCH_BUDGET, shown).tokens()
-        scratch = Memory.from_snapshot(snapshot, self.tokenizer, size + obs.get("budget_left", 0), shown)
+        scratch = Memory.from_snapshot(snapshot, self.tokenizer, size + obs.budget_left, shown)
         ops: list[Op] = []
-        extractive = obs.get("memory_format") == "extractive"
+        extractive = obs.extractive
 
         def offer(op: Op, source: str | None = None) -> bool:
             # What would be written must fit the policy's output budget: the text batch so far, or
@@ -159,11 +160,11 @@ class OracleBackend:
             return False
 
         targets = self._open_targets(label, obs) if self.open_items else {}
-        opens = {item["text"]: item["id"] for item in items if item.get("kind") == "open"} if self.open_items else {}
+        opens = {item.text: item.id for item in obs.memory_items if item.kind == "open"} if self.open_items else {}
         for text, item_id in opens.items():
             if text not in targets:  # resolved: free its room before the new facts
                 offer(Delete(item_id))
-        for eid, sentence in obs.get("evidence", []):
+        for eid, sentence in obs.evidence:
             if eid is None or eid not in gold or eid in kept:
                 continue
             if offer(Add(text=self._fact_text(eid, sentence), sources=(eid,), kind="fact"), eid):
@@ -172,7 +173,7 @@ class OracleBackend:
             if text not in opens:
                 offer(Add(text=text, sources=(source,), kind="open"), source)
         if extractive:
-            return format_extractive(self._one_op(ops, snapshot, size + obs.get("budget_left", 0), shown, max_tokens))
+            return format_extractive(self._one_op(ops, snapshot, size + obs.budget_left, shown, max_tokens))
         return format_ops(ops or [Noop()])
 
     def _one_op(self, ops: list[Op], snapshot: dict[str, Any], budget: int, show_sources: bool,
@@ -192,24 +193,21 @@ class OracleBackend:
 
     # -- open sub-questions (open_items) -----------------------------------------------------
 
-    def _known(self, label: Label, obs: dict[str, Any]) -> list[tuple[str, str]]:
+    def _known(self, label: Label, obs: Observation) -> list[tuple[str, str]]:
         """``(evidence id, text)`` of the gold evidence the agent holds or sees now: the memory's
         facts (their first source) and this step's gold sentences, memory first."""
         gold = set(label.supporting_facts)
-        known = [
-            (item["sources"][0], item["text"])
-            for item in obs.get("memory_items", [])
-            if item.get("kind") == "fact" and item.get("sources")
-        ]
-        return known + [(eid, s) for eid, s in obs.get("evidence", []) if eid in gold]
+        items = obs.memory_items or ()
+        known = [(item.sources[0], item.text) for item in items if item.kind == "fact" and item.sources]
+        return known + [(eid, s) for eid, s in obs.evidence if eid in gold]
 
-    def _open_targets(self, label: Label, obs: dict[str, Any]) -> dict[str, str]:
+    def _open_targets(self, label: Label, obs: Observation) -> dict[str, str]:
         """The open items the memory should hold after this step: text -> the evidence id it cites."""
         known = self._known(label, obs)
         if label.decomposition:
             return self._next_subquestion(label.decomposition, known)
         seen_docs = {split[0] for split in map(split_evidence_id, _mentioned_ids(obs)) if split}
-        question = obs.get("question", "")
+        question = obs.question
         targets = {}
         for doc_id in label.gold_doc_ids:
             doc = self.documents.get(doc_id)
@@ -257,10 +255,10 @@ class OracleBackend:
         doc = self.documents.get(split[0]) if split else None
         return fact_text(doc.title if doc is not None else None, sentence)
 
-    def _controller(self, obs: dict[str, Any], max_tokens: int) -> str:
+    def _controller(self, obs: Observation, max_tokens: int) -> str:
         label = self._label(obs)
         in_memory = set(_memory_ids(obs))
-        asked = set(obs.get("past_queries", []))
+        asked = set(obs.past_queries)
         for doc_id in label.gold_doc_ids:
             facts = {f for f in label.supporting_facts if f.startswith(f"{doc_id}:")}
             if facts & in_memory or doc_id not in self.documents:
@@ -271,10 +269,10 @@ class OracleBackend:
                 return text
         return "FINISH"
 
-    def _reader(self, obs: dict[str, Any], max_tokens: int) -> str:
+    def _reader(self, obs: Observation, max_tokens: int) -> str:
         label = self._label(obs)
         answer = " ".join(label.answers[0].split())
-        if obs.get("mode") == "overwrite":  # MemAgent's reader answers in \boxed{}
+        if obs.answer_format == "boxed":  # MemAgent's reader answers in \boxed{}
             return f"\\boxed{{{answer}}}"
         gold = set(label.supporting_facts)
         cites = [eid for eid in _memory_ids(obs) if eid in gold]
@@ -293,16 +291,24 @@ def _next_id(items: list[dict[str, Any]]) -> int:
     return max(numbers, default=0) + 1
 
 
-def _memory_ids(obs: dict[str, Any]) -> list[str]:
+def _memory_ids(obs: Observation) -> list[str]:
     """Evidence ids the memory cites: item sources (decision) or ids in the notes (summary)."""
-    if "memory_items" in obs:
-        return list(dict.fromkeys(s for item in obs["memory_items"] for s in item.get("sources", ())))
-    return list(evidence_ids_in(obs.get("memory_text", "")))
+    if obs.memory_items is not None:
+        return list(dict.fromkeys(s for item in obs.memory_items for s in item.sources))
+    return list(evidence_ids_in(obs.memory_text or ""))
 
 
-def _mentioned_ids(obs: dict[str, Any]) -> list[str]:
+def _mentioned_ids(obs: Observation) -> list[str]:
     """Every evidence id the observation shows: this step's evidence and the memory's sources."""
-    return [eid for eid, _ in obs.get("evidence", []) if eid] + _memory_ids(obs)
+    return [eid for eid, _ in obs.evidence if eid] + _memory_ids(obs)
 
 
 __all__ = ["OracleBackend", "mentions_title"]
+
+
+def from_config(cfg, tokenizer: Tokenizer, dataset: Dataset | None = None) -> OracleBackend:
+    """The ``oracle`` kind's factory (``memsearch.registry``): needs the loaded dataset, whose
+    train labels it reads (``OracleBackend`` refuses any other split)."""
+    if dataset is None:
+        raise ValueError("backend kind 'oracle' needs the dataset (its train labels)")
+    return OracleBackend(dataset, tokenizer, open_items=cfg.open_items)

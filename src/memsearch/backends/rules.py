@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 
 from memsearch.backends.base import GenerationRequest, GenerationResult, Usage
+from memsearch.records.observation import Observation
 from memsearch.text.actions import parse_controller
 from memsearch.tokenizer import Tokenizer
 
@@ -54,7 +55,7 @@ class RulesBackend:
         out = []
         for request in requests:
             start = time.perf_counter()
-            obs = request.observation or {}
+            obs = request.observation or Observation(question="")
             handler = {"memory": self._memory, "controller": self._controller, "reader": self._reader}.get(request.role)
             if handler is None:
                 out.append(GenerationResult("", "error", error=f"rules backend has no rule for role {request.role!r}"))
@@ -68,28 +69,28 @@ class RulesBackend:
     async def aclose(self) -> None:
         return None
 
-    def _ranked(self, obs: dict) -> list[tuple[float, str, str]]:
-        target = content_words(obs.get("question", ""))
-        for item in obs.get("memory_items", []):
-            if item.get("kind") == "open":
-                target |= content_words(item["text"])
+    def _ranked(self, obs: Observation) -> list[tuple[float, str, str]]:
+        target = content_words(obs.question)
+        for item in obs.memory_items or ():
+            if item.kind == "open":
+                target |= content_words(item.text)
         ranked = []
-        for i, (eid, sentence) in enumerate(obs.get("evidence", [])):
+        for i, (eid, sentence) in enumerate(obs.evidence):
             overlap = len(target & content_words(sentence))
             if overlap:
                 ranked.append((overlap - i * 1e-3, eid, sentence.strip()))
         return sorted(ranked, reverse=True)
 
-    def _memory(self, obs: dict) -> str:
+    def _memory(self, obs: Observation) -> str:
         ranked = self._ranked(obs)[: self.max_facts_per_step]
-        if obs.get("mode") != "decision":
-            notes = [obs.get("memory_text", "")] + [f"{s} [{eid}]" if eid else s for _, eid, s in ranked]
+        if obs.memory_items is None:  # a rewritten memory: notes, not ops
+            notes = [obs.memory_text or ""] + [f"{s} [{eid}]" if eid else s for _, eid, s in ranked]
             return "\n".join(n for n in notes if n)
-        left = obs.get("budget_left", 0)
-        extractive = obs.get("memory_format") == "extractive"  # cite ids; the memory writes the item
+        left = obs.budget_left
+        extractive = obs.extractive  # cite ids; the memory writes the item
         ops = []
         for _, eid, sentence in ranked:
-            text = obs.get("item_texts", {}).get(eid, sentence) if extractive else sentence
+            text = obs.item_texts.get(eid, sentence) if extractive else sentence
             # An item's rendered line is "[mN] (fact; eid) text" plus a newline.
             cost = self.tokenizer.count(f"\n[m99] (fact; {eid}) {text}")
             if cost <= left:
@@ -98,39 +99,33 @@ class RulesBackend:
                 left -= cost
         return json.dumps({"ops": ops or [{"op": "NOOP"}]})
 
-    def _memory_text(self, obs: dict) -> str:
-        if "memory_items" in obs:
-            return " ".join(item["text"] for item in obs["memory_items"])
-        return obs.get("memory_text", "")
-
-    def _controller(self, obs: dict) -> str:
-        question = obs.get("question", "")
-        past = obs.get("past_queries", [])
+    def _controller(self, obs: Observation) -> str:
+        question = obs.question
+        past = obs.past_queries
         if not past:
             return f"SEARCH: {question}"
-        for item in obs.get("memory_items", []):
+        for item in obs.memory_items or ():
             # Compared as the engine records the query (the parser trims a closing parenthesis).
-            if item.get("kind") == "open" and parse_controller(f"SEARCH: {item['text']}").query not in past:
-                return f"SEARCH: {item['text']}"
+            if item.kind == "open" and parse_controller(f"SEARCH: {item.text}").query not in past:
+                return f"SEARCH: {item.text}"
         asked = content_words(question)
         for q in past:
             asked |= content_words(q)
-        spans = [s for s in _SPAN.findall(self._memory_text(obs)) if content_words(s) - asked]
+        spans = [s for s in _SPAN.findall(" ".join(obs.memory_item_texts)) if content_words(s) - asked]
         if spans:
             return f"SEARCH: {spans[0]} {question}"
         return "FINISH"
 
-    def _reader(self, obs: dict) -> str:
-        question = obs.get("question", "")
+    def _reader(self, obs: Observation) -> str:
+        question = obs.question
         if question.lower().startswith(_YES_NO):
             answer, sources = "yes", []
         else:
             q_words = content_words(question)
             # The no-sources control (sources_shown false): the reader sees no evidence ids to cite.
-            shown = obs.get("sources_shown", True)
-            facts = [(item["text"], item.get("sources", []) if shown else []) for item in obs.get("memory_items", [])]
-            if not facts and obs.get("memory_text"):
-                facts = [(line, re.findall(r"\[([^\]]+:\d+)\]", line)) for line in obs["memory_text"].splitlines()]
+            facts = [(item.text, list(item.sources) if obs.sources_shown else []) for item in obs.memory_items or ()]
+            if not facts and obs.memory_text:
+                facts = [(line, re.findall(r"\[([^\]]+:\d+)\]", line)) for line in obs.memory_text.splitlines()]
             best, answer, sources = -1.0, None, []
             for text, srcs in facts:
                 overlap = len(q_words & content_words(text))
@@ -140,7 +135,12 @@ class RulesBackend:
                         best, answer, sources = overlap, span.strip(), list(srcs)
             if answer is None:
                 answer = "unknown"
-        if obs.get("mode") == "overwrite":  # MemAgent's reader answers in \boxed{}
+        if obs.answer_format == "boxed":  # MemAgent's reader answers in \boxed{}
             return f"\\boxed{{{answer}}}"
         cites = ", ".join(f"[{s}]" for s in sources)
         return f"Answer: {answer}\nEvidence: {cites}"
+
+
+def from_config(cfg, tokenizer: Tokenizer, dataset=None) -> RulesBackend:
+    """The ``rules`` kind's factory (``memsearch.registry``): no model, no setting read."""
+    return RulesBackend(tokenizer)

@@ -28,15 +28,16 @@ Split = Annotated[str, typer.Option(
     help="train or dev (required): recorded in the manifest, which keeps dev data out of training.")]
 
 
-def _prepare(kind: str, input: Path, out: Path, split: str, limit: int | None) -> None:
-    """Check the split and convert into the new folder with ``memsearch.data.<kind>.prepare_<kind>``."""
-    import importlib
+def _prepare(converter: str, input: Path, out: Path, split: str, limit: int | None) -> None:
+    """Check the split and convert into the new folder with the converter registered as
+    ``converter`` (``memsearch.data.converters``)."""
     import sys
 
+    from memsearch.data.converters import source_converter
     from memsearch.data.source import check_split
 
+    prepare = source_converter(converter).prepare
     check_split(input, split)
-    prepare = getattr(importlib.import_module(f"memsearch.data.{kind}"), f"prepare_{kind}")
     # Written as converted (memory does not grow with the source), with a bar of the bytes read
     # (the official train file takes minutes) only on a terminal: a log or a captured stderr
     # keeps just the result and the problems.

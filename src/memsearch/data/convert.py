@@ -1,6 +1,7 @@
 """The loop every source converter shares (HotpotQA, MuSiQue): check the split, convert the
 records one by one into a shared document pool, raise all problems together, and describe the
-result in the manifest. Each converter supplies only how one record becomes a task and a label.
+result in the manifest. Each converter (``SourceConverter``) supplies only how one record becomes a
+task and a label, its format and what it reads; ``data.converters`` registers them by name.
 
 Two ends: ``convert_source`` builds the ``Dataset`` in memory (what pipelines use on slices);
 ``prepare_source`` writes a new folder as it converts and holds only ids and digests, so the
@@ -38,6 +39,29 @@ class SourceFormat:
     kind: str
     evidence_granularity: str
     converter: str
+
+
+@dataclass(frozen=True)
+class SourceConverter:
+    """One dataset converter: ``name`` (what commands and the registry call it:
+    ``data.converters``), its ``format`` (the manifest's kind, granularity and converter
+    version), ``reads`` (the source files it accepts, in words) and ``convert_record`` (how one
+    record becomes a task and a label). The loop, the checks and the writing are shared."""
+
+    name: str
+    format: SourceFormat
+    reads: str
+    convert_record: RecordConverter
+
+    def convert(self, path: str | Path, split: str = "dev", limit: int | None = None,
+                show_progress: bool = False) -> Dataset:
+        """The first ``limit`` records of ``path`` as a ``Dataset`` in memory (``convert_source``)."""
+        return convert_source(path, split, limit, self.convert_record, self.format, show_progress)
+
+    def prepare(self, path: str | Path, out: str | Path, split: str = "dev", limit: int | None = None,
+                show_progress: bool = False) -> dict[str, Any]:
+        """Convert straight into the new folder ``out`` (``prepare_source``); returns its manifest."""
+        return prepare_source(path, out, split, limit, self.convert_record, self.format, show_progress)
 
 
 def _convert(path: str | Path, split: str, limit: int | None, convert_record: RecordConverter, pool: DocumentPool,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from memsearch.data.convert import SourceFormat, convert_source, prepare_source
+from memsearch.data.convert import SourceConverter, SourceFormat
 from memsearch.data.dataset import Dataset, DocumentPool
 from memsearch.data.records import Label, Task, evidence_id, has_visible_text
 from memsearch.data.source import SourceRecord, check_unique_id
@@ -177,15 +177,21 @@ def _convert_record(record: SourceRecord, pool: DocumentPool, seen: dict[str, in
     return task, label
 
 
+# Registered as "hotpot" in data.converters (``memsearch data prepare-hotpot``).
+READS = ("HotpotQA: the original JSON list or JSON lines, or the Hugging Face hotpot_qa layout "
+         "(parquet or JSON lines; parquet needs pyarrow)")
+CONVERTER = SourceConverter("hotpot", FORMAT, READS, _convert_record)
+
+
 def convert_hotpot(path: str | Path, split: str = "dev", limit: int | None = None,
                   show_progress: bool = False) -> Dataset:
     """Convert a HotpotQA file (any layout above) into a ``Dataset`` in memory; all problems
     are raised together as one ``InputError``. ``show_progress``: a bar of the bytes read, on stderr."""
-    return convert_source(path, split, limit, _convert_record, FORMAT, show_progress)
+    return CONVERTER.convert(path, split, limit, show_progress)
 
 
 def prepare_hotpot(path: str | Path, out: str | Path, split: str = "dev", limit: int | None = None,
                   show_progress: bool = False) -> dict[str, Any]:
     """Convert like ``convert_hotpot`` straight into the new folder ``out`` (memory does not grow
     with the source: ``convert.prepare_source``); returns the folder's manifest."""
-    return prepare_source(path, out, split, limit, _convert_record, FORMAT, show_progress)
+    return CONVERTER.prepare(path, out, split, limit, show_progress)

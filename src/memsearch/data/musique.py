@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from memsearch.data.convert import SourceFormat, convert_source, prepare_source
+from memsearch.data.convert import SourceConverter, SourceFormat
 from memsearch.data.dataset import Dataset, DocumentPool
 from memsearch.data.records import Label, Task, evidence_id, has_visible_text
 from memsearch.data.source import SourceRecord, check_unique_id
@@ -145,17 +145,23 @@ def _convert_record(
     return task, label
 
 
+# Registered as "musique" in data.converters (``memsearch data prepare-musique``).
+READS = ("MuSiQue-Ans: the original JSON list or JSON lines, or a Hugging Face export "
+         "(parquet or JSON lines; parquet needs pyarrow)")
+CONVERTER = SourceConverter("musique", FORMAT, READS, _convert_record)
+
+
 def convert_musique(path: str | Path, split: str = "dev", limit: int | None = None,
                    show_progress: bool = False) -> Dataset:
     """Convert a MuSiQue-Ans file (JSON list, JSON lines or parquet) into a ``Dataset`` in memory; all problems
     are raised together as one ``InputError``.
     Records marked ``"answerable": false`` are skipped and counted (manifest ``skipped``).
     ``show_progress``: a bar of the bytes read, on stderr."""
-    return convert_source(path, split, limit, _convert_record, FORMAT, show_progress)
+    return CONVERTER.convert(path, split, limit, show_progress)
 
 
 def prepare_musique(path: str | Path, out: str | Path, split: str = "dev", limit: int | None = None,
                    show_progress: bool = False) -> dict[str, Any]:
     """Convert like ``convert_musique`` straight into the new folder ``out`` (memory does not grow
     with the source: ``convert.prepare_source``); returns the folder's manifest."""
-    return prepare_source(path, out, split, limit, _convert_record, FORMAT, show_progress)
+    return CONVERTER.prepare(path, out, split, limit, show_progress)

@@ -4,14 +4,10 @@ Used by GRPO's ``credit = "state"`` (``train.state_credit``, docs/design.md §7)
 ``Environment.branches``; evaluation never branches. At a decision-memory call the engine draws
 ``branches`` completions of the same prompt in one batch (each with its own seed, derived from the
 call's), applies each to a copy of the memory, and records every branch's outcome in the call's
-event:
-
-    "branches": [{"text", "completion_ids", "logprobs", "error", "constraint_id", "status",
-                  "reasons", "cause", "executed", "over_budget_tokens", "budget_tokens", "kept", "cited"}, ...],
-    "branch_chosen": j, "kept_before": [...], "cited_before": [...]
-
-``kept`` are the ids cited by faithful items after the branch (what memory support recall
-counts, ``memory.faithfulness``), ``cited`` every id cited; ``*_before`` the same before the call.
+event (``records.events.PolicyCall``): ``branches`` (one ``BranchOutcome`` each: the completion,
+what applying it did, ``kept``: the ids cited by faithful items after it, what memory support
+recall counts, ``memory.faithfulness``; ``cited``: every id cited), ``branch_chosen`` and
+``kept_before`` / ``cited_before`` (the same before the call).
 The episode continues from branch ``j``, drawn uniformly among the branches that got an answer
 with a seed of the call's own, so the next call sees a state the policy reaches; the event's own
 fields (text, ids, log-probs) are branch ``j``'s, so everything that reads an unbranched
@@ -21,11 +17,14 @@ trajectory reads this one the same way.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from memsearch.backends.base import Constraint, GenerationResult
 from memsearch.memory import Memory
 from memsearch.memory.faithfulness import faithful_sources
+from memsearch.records.events import BranchOutcome
+from memsearch.records.observation import Observation
 
 if TYPE_CHECKING:
     from memsearch.engine.memory_modes import DecisionMemory
@@ -37,32 +36,31 @@ def _copy(store: Memory) -> Memory:
 
 
 def _outcome(result: GenerationResult, memory: DecisionMemory, shown: set[str], texts: dict[str, str],
-             constraint: Constraint | None) -> dict[str, Any]:
+             constraint: Constraint | None) -> BranchOutcome:
     """One branch's completion and what applying it to a copy of ``store`` did."""
-    out: dict[str, Any] = {
-        "text": result.text, "error": result.error,
-        "completion_ids": list(result.completion_ids) if result.completion_ids is not None else None,
-        "logprobs": list(result.logprobs) if result.logprobs is not None else None,
-        "constraint_id": constraint.id if constraint is not None else None,
-    }
+    out = BranchOutcome(
+        text=result.text, error=result.error,
+        completion_ids=tuple(result.completion_ids) if result.completion_ids is not None else None,
+        logprobs=tuple(result.logprobs) if result.logprobs is not None else None,
+        constraint_id=constraint.id if constraint is not None else None,
+    )
     if not result.ok:
-        return {**out, "status": "request_error"}
+        return out
     store = memory.store
     copy = _copy(store)
     applied = memory.apply_text(copy, result.text, shown, texts)
     over = 0
     if applied.status == "rejected" and applied.proposed_tokens is not None:
         over = max(0, applied.proposed_tokens - store.budget_tokens)
-    return {
-        **out, "status": applied.status, "reasons": list(applied.reasons), "cause": applied.cause,
-        "executed": dict(applied.executed),
-        "over_budget_tokens": over, "budget_tokens": store.budget_tokens,
-        "kept": faithful_sources(((i.text, i.sources) for i in copy.items), texts),
-        "cited": list(dict.fromkeys(s for i in copy.items for s in i.sources)),
-    }
+    return replace(
+        out, status=applied.status, reasons=tuple(applied.reasons), cause=applied.cause,
+        executed=dict(applied.executed), over_budget_tokens=over, budget_tokens=store.budget_tokens,
+        kept=tuple(faithful_sources(((i.text, i.sources) for i in copy.items), texts)),
+        cited=tuple(dict.fromkeys(s for i in copy.items for s in i.sources)),
+    )
 
 
-async def branched_memory_call(ep: Any, memory: DecisionMemory, step: int, messages, observation: dict[str, Any],
+async def branched_memory_call(ep: Any, memory: DecisionMemory, step: int, messages, observation: Observation,
                                max_tokens: int, constraint: Constraint | None, branches: int) -> GenerationResult:
     """Draw ``branches`` completions, record them on one policy-call event, return the continued one.
 
@@ -75,6 +73,6 @@ async def branched_memory_call(ep: Any, memory: DecisionMemory, step: int, messa
     answered = [k for k, r in enumerate(results) if r.ok] or [0]
     chosen = random.Random(ep.branch_seed(step)).choice(answered)
     ep.record("memory", step, messages, results[chosen], constraint)
-    ep.events[-1].update(branches=outcomes, branch_chosen=chosen, kept_before=memory.faithful_cited(ep.texts),
-                         cited_before=memory.cited())
+    ep.events[-1] = replace(ep.events[-1], branches=tuple(outcomes), branch_chosen=chosen,
+                            kept_before=tuple(memory.faithful_cited(ep.texts)), cited_before=tuple(memory.cited()))
     return results[chosen]

@@ -33,9 +33,9 @@ from memsearch.config import RunConfig
 from memsearch.data.dataset import Dataset
 from memsearch.data.records import Document
 from memsearch.engine.episode import Environment
+from memsearch.records.trajectory import CALL_ROLES
 from memsearch.retrieval import Retriever
 from memsearch.tokenizer import Tokenizer
-from memsearch.trajectory import CALL_ROLES
 
 
 @dataclass

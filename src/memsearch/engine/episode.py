@@ -2,8 +2,8 @@
 memsearch's own trainer and those of verl (``memsearch.integrations.verl`` runs this function
 unchanged as a verl agent loop, docs/verl.md).
 
-An episode runs one agent on one task and returns its trajectory (a JSON-able dict holding
-every event). Three orthogonal choices make the agent (docs/design.md §3): the evidence source
+An episode runs one agent on one task and returns its trajectory (``records.Trajectory``,
+holding every event). Three orthogonal choices make the agent (docs/design.md §3): the evidence source
 (``search`` | ``stream``), the memory mode (``decision`` | ``summary`` | ``overwrite``) and the
 controller (``fixed`` | ``policy`` | ``exhaust``); then a reader answers from the question and
 the final memory only. Budgets are enforced here, never left to prompts. The engine never sees
@@ -19,12 +19,10 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from memsearch.backends.base import Constraint, GenerationRequest, GenerationResult, PolicyBackend, SamplingParams
-from memsearch.backends.hf.constraint import memory_ops_constraint
-from memsearch.backends.hf.extractive_constraint import extractive_ops_constraint
 from memsearch.config import RunConfig
 from memsearch.data.records import Document, Task, split_evidence_id
 from memsearch.engine import prompts
@@ -32,14 +30,21 @@ from memsearch.engine.branching import branched_memory_call
 from memsearch.engine.evidence import chunk_context, render_evidence
 from memsearch.engine.memory_modes import make_memory
 from memsearch.engine.parsing import parse_controller, parse_reader
+from memsearch.memory.action_format import memory_ops_constraint
 from memsearch.memory.choices import fitting_choices
 from memsearch.memory.extractive import written_text
+from memsearch.memory.extractive_constraint import extractive_ops_constraint
+from memsearch.records.causes import InvalidCause
+from memsearch.records.events import CallUsage, ChunkEvent, Event, MemoryEvent, PolicyCall, SearchEvent
+from memsearch.records.observation import Observation
+from memsearch.records.trajectory import ENGINE_VERSION, Counts, Trajectory
+from memsearch.registry import memory_mode
 from memsearch.retrieval import Passage, Retriever
 from memsearch.retrieval.client import RetrievalRequestError
 from memsearch.tokenizer import Tokenizer
-from memsearch.trajectory import ENGINE_VERSION, EventKind, InvalidCause
 
-__all__ = ["ENGINE_VERSION", "Environment", "derived_seed", "run_episode"]  # ENGINE_VERSION: memsearch.trajectory
+# ENGINE_VERSION is defined in memsearch.records.trajectory.
+__all__ = ["ENGINE_VERSION", "Environment", "derived_seed", "run_episode"]
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
@@ -72,7 +77,7 @@ class Environment:
 class _Episode:
     env: Environment
     task: Task
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     shown: dict[str, None] = field(default_factory=dict)  # ordered set of evidence ids
     # The text each shown id stands for (its paragraph's title and the sentence): what the
     # faithfulness of a memory item citing it is judged on.
@@ -92,7 +97,7 @@ class _Episode:
         """Seed of the choice of the continued branch at memory call ``step`` (engine.branching)."""
         return derived_seed(self._seed("memory", step), self.task.id, "continue", step)
 
-    async def sample(self, role: str, step: int, messages, observation: dict[str, Any], max_tokens: int,
+    async def sample(self, role: str, step: int, messages, observation: Observation, max_tokens: int,
                      constraint: Constraint | None, n: int = 1) -> list[GenerationResult]:
         """``n`` completions of one prompt in one batch (n > 1: each with its branch's seed)."""
         cfg = getattr(self.env.config.backends, role)
@@ -106,7 +111,7 @@ class _Episode:
         ]
         return list(await self.env.backends[role].generate(requests))
 
-    async def call(self, role: str, step: int, messages, observation: dict[str, Any], max_tokens: int,
+    async def call(self, role: str, step: int, messages, observation: Observation, max_tokens: int,
                    constraint: Constraint | None = None) -> GenerationResult:
         (result,) = await self.sample(role, step, messages, observation, max_tokens, constraint)
         self.record(role, step, messages, result, constraint)
@@ -122,40 +127,46 @@ class _Episode:
         context_truncated = bool(getattr(result, "context_truncated", False))
         self.context_truncated += context_truncated
         tok = self.env.tokenizer
-        usage = {"source": result.usage.source}
         if result.usage.source == "reported":
-            usage.update(prompt_tokens=result.usage.prompt_tokens, completion_tokens=result.usage.completion_tokens)
+            usage = CallUsage("reported", result.usage.prompt_tokens, result.usage.completion_tokens)
         else:
-            usage.update(estimated_prompt_tokens=sum(tok.count(m["content"]) for m in messages),
-                         estimated_completion_tokens=tok.count(result.text))
-        self.events.append({
-            "type": EventKind.POLICY_CALL, "role": role, "step": step, "messages": list(messages), "text": result.text,
-            "completion_ids": list(result.completion_ids) if result.completion_ids is not None else None,
-            "logprobs": list(result.logprobs) if result.logprobs is not None else None,
-            "prompt_ids": list(result.prompt_ids) if result.prompt_ids is not None else None,
-            "finish_reason": result.finish_reason, "context_truncated": context_truncated, "usage": usage,
-            "latency_s": round(result.latency_s, 4),
-            "attempts": result.attempts, "error": result.error,
+            # The backend's own source ("none": rules and oracle report nothing) as files have always held it.
+            usage = CallUsage(result.usage.source, sum(tok.count(m["content"]) for m in messages),
+                              tok.count(result.text))
+        self.events.append(PolicyCall(
+            role=role, step=step, messages=tuple(messages), text=result.text,
+            completion_ids=_tuple(result.completion_ids), logprobs=_tuple(result.logprobs),
+            prompt_ids=_tuple(result.prompt_ids), finish_reason=result.finish_reason,
+            context_truncated=context_truncated, usage=usage, latency_s=round(result.latency_s, 4),
+            attempts=result.attempts, error=result.error,
             # schema mode: training replays this constraint's masks on the completion ids
-            "constraint_id": constraint.id if constraint is not None else None,
-        })
+            constraint_id=constraint.id if constraint is not None else None,
+        ))
 
-    def judge(self, valid: bool, action: dict[str, Any], reason: str | None, cause: InvalidCause | None) -> None:
+    def judge(self, valid: bool, action: dict[str, Any] | None, reason: str | None,
+              cause: InvalidCause | None) -> None:
         """Attach the parsed action and the engine's judgement to the last policy call; count
-        invalid actions. ``reason`` is for a person, ``cause`` for code (``memsearch.trajectory``).
+        invalid actions. ``reason`` is for a person, ``cause`` for code (``records.causes``); a
+        memory call's action is its ``MemoryEvent`` (``action`` None).
 
         A call whose request failed produced no action to judge: it is recorded with
         ``valid = None`` and counted as a request error only, never as the policy's invalid
         action (a server that never answers must not read as a policy that always errs).
         """
-        if self.events[-1].get("error") is not None:
-            self.events[-1].update(action=action, valid=None, invalid_reason=reason,
-                                   invalid_cause=InvalidCause.REQUEST_FAILED)
+        call = self.events[-1]
+        assert isinstance(call, PolicyCall)
+        if call.error is not None:
+            self.events[-1] = replace(call, action=action, valid=None, invalid_reason=reason,
+                                      invalid_cause=InvalidCause.REQUEST_FAILED)
             return
-        self.events[-1].update(action=action, valid=valid, invalid_reason=None if valid else reason,
-                               invalid_cause=None if valid else cause)
+        self.events[-1] = replace(call, action=action, valid=valid, invalid_reason=None if valid else reason,
+                                  invalid_cause=None if valid else cause)
         if not valid:
             self.invalid += 1
+
+
+def _tuple(values) -> tuple | None:
+    return None if values is None else tuple(values)
 
 async def _search(retriever: Retriever, query: str, k: int, candidates) -> list[Passage]:
     """A search through the service's client (awaited: other episodes run meanwhile) or in process."""
@@ -163,6 +174,17 @@ async def _search(retriever: Retriever, query: str, k: int, candidates) -> list[
     if asearch is not None:
         return await asearch(query, k=k, candidates=candidates)
     return retriever.search(query, k=k, candidates=candidates)
+
+
+@dataclass
+class _Tally:
+    """What the engine counts as an episode runs (``records.trajectory.Counts`` documents each)."""
+
+    searches: int = 0
+    chunks: int = 0
+    chunks_cut: int = 0
+    evidence_cut_sentences: int = 0
+    memory_truncations: int = 0
 
 
 class _Run:
@@ -178,10 +200,9 @@ class _Run:
                                   extractive=cfg.agent.memory_format == "extractive")
         # Schema mode (docs/design.md §7): memory ops are sampled under the JSON constraint, masks
         # replayable (RunConfig checks that the memory backend is then a local hf model).
-        self.schema_mode = cfg.backends.memory.schema_mode and self.memory.mode == "decision"
-        self.counts = {"searches": 0, "chunks": 0, "chunks_cut": 0, "evidence_cut_sentences": 0,
-                       "memory_truncations": 0}
-        self.ops: dict[str, int] = {}
+        self.operations = memory_mode(self.memory.mode).operations  # an item store the policy edits with ops
+        self.schema_mode = cfg.backends.memory.schema_mode and self.operations
+        self.tally = _Tally()
 
     def ops_constraint(self, evidence_items) -> Constraint | None:
         """The schema constraint of a memory call (None without schema mode): the memory-ops JSON
@@ -197,28 +218,27 @@ class _Run:
     async def remember(self, step: int, evidence_text: str, evidence_items) -> None:
         """One memory call on new evidence, applied to the memory and judged."""
         ep, memory, task = self.ep, self.memory, self.task
-        obs = {"question": task.question, "evidence": evidence_items, "mode": memory.mode, **memory.observation()}
-        if memory.extractive:  # the item each id would become (rule-based backends count it)
-            obs["item_texts"] = {eid: written_text([eid], ep.texts) for eid, _ in evidence_items if eid}
+        # Extractive: the item each id would become (rule-based backends count it).
+        item_texts = ({eid: written_text([eid], ep.texts) for eid, _ in evidence_items if eid}
+                      if memory.extractive else {})
+        obs = Observation(question=task.question, mode=memory.mode, evidence=tuple(evidence_items),
+                          item_texts=item_texts, **memory.observation())
         messages = memory.messages(task.question, evidence_text)
         constraint = self.ops_constraint(evidence_items)
-        if ep.env.branches > 1 and memory.mode == "decision":
+        if ep.env.branches > 1 and self.operations:
             result = await branched_memory_call(ep, memory, step, messages, obs, self.budgets.policy_tokens,
                                                 constraint, ep.env.branches)
         else:
             result = await ep.call("memory", step, messages, obs, self.budgets.policy_tokens, constraint)
-        record = (
-            memory.update(result.text, set(ep.shown), ep.texts)
+        outcome = (
+            MemoryEvent.from_json({"step": step, **memory.update(result.text, set(ep.shown), ep.texts)})
             if result.ok
-            else {"valid": False, "reason": f"request failed: {result.error}", "cause": InvalidCause.REQUEST_FAILED,
-                  "executed": {}, "truncated": False}
+            else MemoryEvent(step=step, valid=False, reason=f"request failed: {result.error}",
+                             cause=InvalidCause.REQUEST_FAILED)
         )
-        ep.judge(record["valid"], {"memory": {k: record.get(k) for k in ("executed", "truncated")}}, record["reason"],
-                 record["cause"])
-        ep.events.append({"type": EventKind.MEMORY, "step": step, **record})
-        self.counts["memory_truncations"] += int(record["truncated"])
-        for name, n in record["executed"].items():
-            self.ops[name] = self.ops.get(name, 0) + n
+        ep.judge(outcome.valid, None, outcome.reason, outcome.cause)
+        ep.events.append(outcome)
+        self.tally.memory_truncations += int(outcome.truncated)
 
     async def next_query(self, step: int, queries: list[str]) -> str | None:
         """The query of search ``step``: the question (fixed plan) or the controller's; ``None``
@@ -226,8 +246,8 @@ class _Run:
         if self.cfg.agent.controller != "policy":
             return self.task.question
         ep, left = self.ep, self.budgets.max_searches - step
-        obs = {"question": self.task.question, "searches_left": left, "past_queries": list(queries),
-               **self.memory.observation()}
+        obs = Observation(question=self.task.question, searches_left=left, past_queries=tuple(queries),
+                          **self.memory.observation())
         messages = prompts.controller(self.task.question, self.memory.render(), left, queries)
         result = await ep.call("controller", step, messages, obs, self.budgets.policy_tokens)
         action = parse_controller(result.text) if result.ok else None
@@ -247,26 +267,25 @@ class _Run:
                 break
             queries.append(query)
             scope = self.task.doc_ids if self.cfg.agent.retrieval_scope == "candidates" else None
-            event = {"type": EventKind.SEARCH, "step": step, "query": query}
-            self.counts["searches"] += 1
+            self.tally.searches += 1
             try:
                 found = await _search(ep.env.retriever, query, budgets.passages_per_search + len(shown_docs), scope)
             except RetrievalRequestError as exc:
                 # The service failed after its retries: a request error, never a crash; nothing is shown.
                 ep.request_errors += 1
-                ep.events.append({**event, "doc_ids": [], "shown": [], "evidence_tokens": 0, "cut_sentences": 0,
-                                  "error": str(exc)})
+                ep.events.append(SearchEvent(step=step, query=query, error=str(exc)))
                 break
             fresh = [p for p in found if p.doc_id not in shown_docs][: budgets.passages_per_search]
             evidence = render_evidence(fresh, self.tok, budgets.evidence_tokens)
-            self.counts["evidence_cut_sentences"] += evidence.cut_sentences
+            self.tally.evidence_cut_sentences += evidence.cut_sentences
             shown_docs.extend(evidence.doc_ids)
             ep.shown.update(dict.fromkeys(evidence.ids))
             ids = set(evidence.ids)
             ep.texts.update((eid, f"{p.title}\n{sentence.strip()}") for p in fresh for eid, sentence in p.sentences
                             if eid in ids)
-            ep.events.append({**event, "doc_ids": list(evidence.doc_ids), "shown": list(evidence.ids),
-                              "evidence_tokens": evidence.tokens, "cut_sentences": evidence.cut_sentences})
+            ep.events.append(SearchEvent(step=step, query=query, doc_ids=tuple(evidence.doc_ids),
+                                         shown=tuple(evidence.ids), evidence_tokens=evidence.tokens,
+                                         cut_sentences=evidence.cut_sentences))
             if not evidence.ids:
                 if self.cfg.agent.controller == "fixed":
                     break  # the plan has nothing new to show
@@ -278,23 +297,24 @@ class _Run:
         ep, documents = self.ep, self.ep.env.documents
         _, chunked = chunk_context(self.task.doc_ids, documents, self.tok, self.budgets.chunk_tokens,
                                    self.budgets.max_chunks)
-        self.counts["chunks_cut"] = chunked.cut_off
+        self.tally.chunks_cut = chunked.cut_off
         for step, chunk in enumerate(chunked.chunks):
             ep.shown.update(dict.fromkeys(chunked.shown_after[step]))
             for eid in chunked.shown_after[step]:
                 if eid not in ep.texts and (split := split_evidence_id(eid)) is not None:
                     doc = documents[split[0]]
                     ep.texts[eid] = f"{doc.title}\n{doc.sentences[split[1]].strip()}"
-            self.counts["chunks"] += 1
-            ep.events.append({"type": EventKind.CHUNK, "step": step, "tokens": self.tok.count(chunk)})
+            self.tally.chunks += 1
+            ep.events.append(ChunkEvent(step=step, tokens=self.tok.count(chunk)))
             # Chunks carry no evidence ids; rule-based policies still get the sentences.
             await self.remember(step, chunk, [(None, s) for s in _SENTENCE_END.split(chunk) if s.strip()])
 
-    async def answer(self, started: float) -> dict[str, Any]:
-        """The reader's answer from the final memory, and the trajectory (``memsearch.trajectory``)."""
+    async def answer(self, started: float) -> Trajectory:
+        """The reader's answer from the final memory, and the trajectory (``records.trajectory``)."""
         ep, memory, task = self.ep, self.memory, self.task
-        boxed = self.cfg.agent.memory == "overwrite"
-        obs = {"question": task.question, "mode": memory.mode, **memory.observation()}
+        boxed = memory.answer_format == "boxed"  # the mode's registered reader format (engine.memory_modes)
+        obs = Observation(question=task.question, mode=memory.mode, answer_format="boxed" if boxed else "free",
+                          **memory.observation())
         wording = self.cfg.prompts.overwrite_final
         messages = prompts.reader(task.question, memory.render(), boxed=boxed, template=wording)
         result = await ep.call("reader", 0, messages, obs, self.budgets.answer_tokens)
@@ -303,40 +323,26 @@ class _Run:
         ep.judge(readable, answer.to_dict() if answer else {},
                  answer.error if answer else f"request failed: {result.error}",
                  None if readable else InvalidCause.PARSE)
-        citations = list(answer.citations) if answer else []
-        return {
-            "task_id": task.id,
-            "engine_version": ENGINE_VERSION,
-            "group": ep.env.group,
-            "question": task.question,
-            "prediction": answer.answer if answer else None,
-            "reader_text": result.text,
+        citations = tuple(answer.citations) if answer else ()
+        return Trajectory(
+            task_id=task.id, engine_version=ENGINE_VERSION, group=ep.env.group, question=task.question,
+            prediction=answer.answer if answer else None, reader_text=result.text,
             # The reader was asked for a \boxed{} answer: scoring then reads the box only (eval.score).
-            "answer_format": "boxed" if boxed else "free",
-            "citations": citations,
-            "invalid_citations": [c for c in citations if c not in ep.shown],
-            "shown_evidence": list(ep.shown),
-            "memory_final": memory.render(),
+            answer_format="boxed" if boxed else "free",
+            citations=citations, invalid_citations=tuple(c for c in citations if c not in ep.shown),
+            shown_evidence=tuple(ep.shown), memory_final=memory.render(),
             # What memory support recall scores: ids cited by items their cited sentences support
             # (memory.faithfulness); memory_cited is every id the final memory cites.
-            "memory_sources": memory.faithful_cited(ep.texts),
-            "memory_cited": memory.cited(),
-            "counts": {
-                **self.counts,
-                "policy_calls": ep.calls,
-                "invalid_actions": ep.invalid,
-                "request_errors": ep.request_errors,
-                "context_truncated_calls": ep.context_truncated,
-                "memory_ops": self.ops,
-            },
-            "latency_s": round(time.perf_counter() - started, 4),
-            "status": "error" if ep.request_errors else "ok",
-            "events": ep.events,
-        }
+            memory_sources=tuple(memory.faithful_cited(ep.texts)), memory_cited=tuple(memory.cited()),
+            counts=Counts(**asdict(self.tally), policy_calls=ep.calls, invalid_actions=ep.invalid,
+                          request_errors=ep.request_errors, context_truncated_calls=ep.context_truncated),
+            latency_s=round(time.perf_counter() - started, 4), status="error" if ep.request_errors else "ok",
+            events=tuple(ep.events),
+        )
 
 
-async def run_episode(task: Task, env: Environment) -> dict[str, Any]:
-    """Run one task to the end and return its trajectory (``memsearch.trajectory``)."""
+async def run_episode(task: Task, env: Environment) -> Trajectory:
+    """Run one task to the end and return its trajectory (``records.trajectory``)."""
     started = time.perf_counter()
     run = _Run(task, env)
     if env.config.agent.evidence == "search":

@@ -1,29 +1,70 @@
-"""The three memory modes of an episode, one small strategy object each.
+"""The memory modes of an episode, one small strategy object each, built by name from the
+registry (``memsearch.registry.MEMORY_MODES``: a mode's factory and properties, e.g. the reader's
+answer format).
 
 - ``decision``: the memory policy emits ADD / UPDATE / DELETE / NOOP as JSON; the store checks
   and applies the batch atomically (``memsearch.memory``).
 - ``summary``: the model rewrites free-text notes; the engine cuts them to ``memory_tokens``.
 - ``overwrite`` (MemAgent): the model's output replaces the memory and is re-tokenized and hard
-  truncated to ``memory_tokens``.
+  truncated to ``memory_tokens``; the reader answers in ``\\boxed{}``.
 
 ``update`` returns a JSON-able record of what happened (valid or not, why in words and as an
 ``InvalidCause`` code, what changed).
 ``cited`` lists every evidence id the memory cites; ``faithful_cited`` only those cited by an item
 whose text its cited sentences support (``memory.faithfulness``): what memory support recall
 counts. A summary or overwrite note is judged line by line, each line's ids being its sources.
+
+A new mode is one strategy class (``MemoryStrategy``) and one ``register_memory_mode`` call
+(tests/extension/test_add_memory_mode.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from memsearch.engine import prompts
 from memsearch.engine.parsing import evidence_ids_in
 from memsearch.memory import EMPTY_RENDER, Memory
 from memsearch.memory.faithfulness import faithful_sources
+from memsearch.records.causes import InvalidCause
+from memsearch.records.observation import MemoryItemView
+from memsearch.registry import MEMORY_MODES, MemoryMode, load_factory, memory_mode, register_memory_mode
 from memsearch.tokenizer import Tokenizer
-from memsearch.trajectory import InvalidCause
+
+__all__ = ["DecisionMemory", "MemoryMode", "MemorySettings", "MemoryStrategy", "RewriteMemory", "make_memory",
+           "memory_mode", "memory_modes", "register_memory_mode", "unregister_memory_mode"]
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """What a mode's factory may read besides the tokenizer and the budget: ``wording``
+    (``config.Prompts``: the overwrite mode's initial memory and update prompt), ``show_sources``
+    and ``max_sources`` (``agent.memory_sources``, ``agent.memory_max_sources``) and
+    ``extractive`` (``agent.memory_format``); the last three concern item stores only."""
+
+    wording: Any = None
+    show_sources: bool = True
+    max_sources: int | None = None
+    extractive: bool = False
+
+
+class MemoryStrategy(Protocol):
+    """What the episode asks of a memory. ``make_memory`` sets ``mode`` (the registered name,
+    the observation's ``mode``) and ``answer_format`` (the mode's). ``extractive``: ops name
+    evidence ids only (item stores; ``False`` for free-text notes)."""
+
+    mode: str
+    answer_format: str
+    extractive: bool
+
+    def render(self) -> str: ...
+    def observation(self) -> dict[str, Any]: ...
+    def messages(self, question: str, evidence: str) -> tuple[dict[str, str], ...]: ...
+    def update(self, text: str, shown: set[str], texts: Mapping[str, str] | None = None) -> dict[str, Any]: ...
+    def cited(self) -> list[str]: ...
+    def faithful_cited(self, texts: Mapping[str, str]) -> list[str]: ...
 
 
 class DecisionMemory:
@@ -43,13 +84,10 @@ class DecisionMemory:
         return self.store.render()
 
     def observation(self) -> dict[str, Any]:
-        obs = {
-            "memory_items": [item.to_dict() for item in self.store.items],
-            "budget_left": self.store.remaining_tokens(),
-        }
-        if self.extractive:
-            obs["memory_format"] = "extractive"
-        return obs if self.store.show_sources else {**obs, "sources_shown": False}
+        """This memory's fields of a policy call's ``records.observation.Observation``."""
+        items = tuple(MemoryItemView(item.id, item.text, tuple(item.sources), item.kind) for item in self.store.items)
+        return {"memory_items": items, "budget_left": self.store.remaining_tokens(), "extractive": self.extractive,
+                "sources_shown": self.store.show_sources}
 
     def messages(self, question: str, evidence: str) -> tuple[dict[str, str], ...]:
         prompt = prompts.memory_extractive if self.extractive else prompts.memory_decision
@@ -85,28 +123,26 @@ class DecisionMemory:
 
 
 class RewriteMemory:
-    """Summary and overwrite modes: the output replaces the memory, cut to the budget."""
+    """Summary and overwrite modes: the output replaces the memory, cut to the budget.
+    ``prompt(question, memory, evidence)``: the messages of one update (the mode's wording)."""
 
     extractive = False  # free-text notes have no action format (agent.memory_format is decision memory's)
 
-    def __init__(
-        self, mode: str, tokenizer: Tokenizer, budget: int, initial: str | None = None, template: str | None = None
-    ) -> None:
-        self.mode, self.tokenizer, self.budget = mode, tokenizer, budget
+    def __init__(self, tokenizer: Tokenizer, budget: int, prompt: Callable[[str, str, str], tuple[dict[str, str], ...]],
+                 initial: str | None = None) -> None:
+        self.tokenizer, self.budget, self.prompt = tokenizer, budget, prompt
         self.text = ""
         self.initial = initial if initial is not None else EMPTY_RENDER
-        self.template = template
 
     def render(self) -> str:
         return self.text or self.initial
 
     def observation(self) -> dict[str, Any]:
+        """This memory's fields of a policy call's ``records.observation.Observation``."""
         return {"memory_text": self.text, "budget_left": self.budget - self.tokenizer.count(self.text)}
 
     def messages(self, question: str, evidence: str) -> tuple[dict[str, str], ...]:
-        if self.mode == "overwrite":
-            return prompts.memory_overwrite(question, self.render(), evidence, self.template)
-        return prompts.memory_summary(question, self.render(), evidence, self.budget)
+        return self.prompt(question, self.render(), evidence)
 
     def update(self, text: str, shown: set[str], texts: Mapping[str, str] | None = None) -> dict[str, Any]:
         before = self.render()
@@ -147,24 +183,46 @@ class RewriteMemory:
         return faithful_sources(items, texts)
 
 
+def decision_memory(tokenizer: Tokenizer, budget: int, settings: MemorySettings) -> DecisionMemory:
+    """The ``decision`` mode's factory."""
+    return DecisionMemory(tokenizer, budget, settings.show_sources, settings.max_sources, settings.extractive)
+
+
+def summary_memory(tokenizer: Tokenizer, budget: int, settings: MemorySettings) -> RewriteMemory:
+    """The ``summary`` mode's factory."""
+    return RewriteMemory(tokenizer, budget, lambda q, memory, evidence: prompts.memory_summary(q, memory, evidence,
+                                                                                                budget))
+
+
+def overwrite_memory(tokenizer: Tokenizer, budget: int, settings: MemorySettings) -> RewriteMemory:
+    """The ``overwrite`` mode's factory: ``settings.wording`` sets the initial memory and the update prompt."""
+    template = getattr(settings.wording, "overwrite_update", None)
+    return RewriteMemory(tokenizer, budget, lambda q, memory, evidence: prompts.memory_overwrite(q, memory, evidence,
+                                                                                                  template),
+                         getattr(settings.wording, "initial_memory", None))
+
+
+def memory_modes() -> tuple[str, ...]:
+    """The registered memory modes, in registration order."""
+    return MEMORY_MODES.names()
+
+
+def unregister_memory_mode(name: str) -> MemoryMode:
+    """Remove a registered mode (a test's teardown)."""
+    return MEMORY_MODES.unregister(name)
+
+
 def make_memory(mode: str, tokenizer: Tokenizer, budget: int, wording=None, show_sources: bool = True,
-                max_sources: int | None = None, extractive: bool = False):
-    """The memory strategy for ``mode`` (``decision``, ``summary`` or ``overwrite``);
-    ``wording`` (``config.Prompts``) sets the overwrite mode's initial memory and update prompt;
-    ``show_sources`` and ``max_sources`` (decision mode only; ``agent.memory_sources``,
+                max_sources: int | None = None, extractive: bool = False) -> MemoryStrategy:
+    """The memory strategy for the registered ``mode`` (``InputValueError`` naming the registered
+    modes otherwise); ``wording`` (``config.Prompts``) sets the overwrite mode's initial memory and
+    update prompt; ``show_sources`` and ``max_sources`` (decision mode only; ``agent.memory_sources``,
     ``agent.memory_max_sources``) whether items render with their evidence ids and how many one
     item may cite; ``extractive`` its action format (``agent.memory_format``). Summary and
     overwrite notes are free text the model writes: unaffected."""
-    if mode == "decision":
-        return DecisionMemory(tokenizer, budget, show_sources, max_sources, extractive)
-    if mode == "summary":
-        return RewriteMemory(mode, tokenizer, budget)
-    if mode == "overwrite":
-        return RewriteMemory(
-            mode,
-            tokenizer,
-            budget,
-            getattr(wording, "initial_memory", None),
-            getattr(wording, "overwrite_update", None),
-        )
-    raise ValueError(f"unknown memory mode {mode!r}: expected decision, summary or overwrite")
+    spec = memory_mode(mode)
+    memory = load_factory(spec.factory)(tokenizer, budget, MemorySettings(wording, show_sources, max_sources,
+                                                                          extractive))
+    # The episode and the rule-based backends ask the memory, not a mode string, what it is.
+    memory.mode, memory.answer_format = mode, spec.answer_format
+    return memory

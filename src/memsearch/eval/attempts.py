@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from memsearch.eval.run_folder import FAILED_ATTEMPTS, replacing
+from memsearch.records.trajectory import Trajectory
 
 __all__ = ["FAILED_ATTEMPTS", "cut_torn_tail", "failed_attempt_counts", "supersede_failed"]
 
@@ -53,11 +54,11 @@ def failed_attempt_counts(out: Path) -> Counter[str]:
     return Counter(tid for line in raw.splitlines() if isinstance(tid := _task_id(line), str))
 
 
-def supersede_failed(out: Path, finished: dict[str, dict[str, Any]]) -> list[str]:
+def supersede_failed(out: Path, finished: dict[str, Trajectory]) -> list[str]:
     """Move the lines of the failed tasks among ``finished`` (``runner.read_finished`` of
     ``out/trajectories.jsonl``, already checked) to ``out/failed_attempts.jsonl`` (module doc);
     returns their task ids, in file order. Nothing is written when no task failed."""
-    failed = {tid for tid, traj in finished.items() if traj.get("status") != "ok"}
+    failed = {tid for tid, traj in finished.items() if not traj.ok}
     if not failed:
         return []
     traj_path, record = out / "trajectories.jsonl", out / FAILED_ATTEMPTS

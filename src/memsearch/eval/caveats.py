@@ -21,14 +21,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-# Where a config's agent calls a policy: role -> (agent field, value that calls it).
-_POLICY_ROLES = {"memory": ("memory", "decision"), "controller": ("controller", "policy")}
+from memsearch.registry import BACKEND_KINDS, MEMORY_MODES
+
+# Where a config's agent calls a policy: role -> whether the agent (a config as JSON) calls one
+# there: a memory mode whose policy writes operations, a policy controller.
+_POLICY_ROLES = {
+    "memory": lambda agent: agent.get("memory") in MEMORY_MODES and MEMORY_MODES.get(agent["memory"]).operations,
+    "controller": lambda agent: agent.get("controller") == "policy",
+}
 
 
 def backend_trained(backend: Mapping[str, Any]) -> bool | None:
     """True for a trained policy (an adapter, a merged checkpoint), False for a base model or a
     rule-based backend, None for a served model memsearch cannot trace (module doc)."""
-    if backend.get("kind") in ("rules", "oracle"):
+    kind = backend.get("kind")
+    if kind in BACKEND_KINDS and not BACKEND_KINDS.get(kind).runs_model:  # rules, oracle
         return False
     if backend.get("adapter"):
         return True
@@ -41,8 +48,7 @@ def backend_trained(backend: Mapping[str, Any]) -> bool | None:
 def policy_roles(config: Mapping[str, Any]) -> dict[str, bool | None]:
     """The roles a run's agent asks a policy for, each with ``backend_trained`` of its backend."""
     agent, backends = config["agent"], config["backends"]
-    return {role: backend_trained(backends[role]) for role, (field, value) in _POLICY_ROLES.items()
-            if agent.get(field) == value}
+    return {role: backend_trained(backends[role]) for role, calls in _POLICY_ROLES.items() if calls(agent)}
 
 
 def _names(names: list[str]) -> str:

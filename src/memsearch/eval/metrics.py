@@ -14,6 +14,10 @@ gold answers). Every answer metric takes ``prediction=None`` (a failed request) 
 so failed requests stay in the denominator (docs/design.md §6). ``golds`` must be a non-empty
 sequence of strings; a bare string is refused because iterating it would score characters.
 
+``register_metric`` names a per-task metric (a function of the trajectory and the label) and how it
+aggregates; every metrics row and summary lists the registered ones (``eval.score``,
+``eval.runner``).
+
 Provenance metrics compare evidence ids (``"doc_id:sentence_index"``, see
 ``memsearch.data.records``) as exact strings, as sets. They return ``None`` when the task has
 no gold supporting facts: such a task carries no provenance label, so it is left out of the
@@ -28,8 +32,10 @@ import re
 import string
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from memsearch.registry import Registry
 from memsearch.text.answers import boxed_prediction
 
 _PUNCTUATION = frozenset(string.punctuation)
@@ -148,6 +154,39 @@ def answer_metric(name: str) -> Callable[[str | None, Sequence[str]], float]:
         return ANSWER_METRICS[name]
     except KeyError:
         raise KeyError(f"unknown answer metric {name!r}; valid names: {', '.join(ANSWER_METRICS)}") from None
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A per-task metric of a run's rows and summary. ``score(trajectory, label)`` returns a
+    number, or ``None`` where the metric does not apply to the task (no gold supporting facts):
+    the summary means it over the tasks with a number (``aggregate``). ``answer``: it scores the
+    answer, so a failed task scores 0 on it and stays in the mean's denominator; the others
+    (what the episode saw and stored) are kept as measured (``eval.score``)."""
+
+    name: str
+    score: Callable[[Any, Any], float | None]
+    answer: bool = False
+
+
+METRICS: Registry[Metric] = Registry("metric")
+
+
+def register_metric(name: str, score: Callable[[Any, Any], float | None], *, answer: bool = False) -> Metric:
+    """Add a metric column to every metrics row (after those registered before it) and its mean
+    to every summary; a name already taken is refused. The built-in ones are registered by
+    ``eval.score``, which binds each to the trajectory's fields."""
+    return METRICS.register(name, Metric(name, score, answer))
+
+
+def unregister_metric(name: str) -> Metric:
+    """Remove a registered metric (a test's teardown)."""
+    return METRICS.unregister(name)
+
+
+def registered_metrics() -> tuple[Metric, ...]:
+    """The registered metrics, in registration order (a metrics row's column order)."""
+    return tuple(METRICS.get(name) for name in METRICS)
 
 
 def _id_set(ids: Iterable[str] | None) -> set[str]:

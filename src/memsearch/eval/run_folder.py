@@ -38,7 +38,8 @@ from typing import Any, Callable
 from memsearch.config import tokenizer_problem
 from memsearch.errors import InputError, StorageError
 from memsearch.io import dumps_pretty, sha256_file
-from memsearch.trajectory import CALL_ROLES
+from memsearch.records.trajectory import CALL_ROLES
+from memsearch.registry import memory_mode
 
 RECORDS = ("config.json", "run.json")
 # What a run writes besides its records: refused on --resume unless each is a plain file.
@@ -415,7 +416,7 @@ def model_identity(config) -> dict[str, Any]:
 
                 # Both refused before any run folder exists.
                 fingerprint = verify_adapter(adapter, base_model=backend.model)
-                if role == "memory" and config.agent.memory == "decision":
+                if role == "memory" and memory_mode(config.agent.memory).operations:
                     check_memory_format(adapter, fingerprint, config.agent.memory_format)
                 entry["adapter_files"] = _folder_identity(adapter)
         elif backend.kind == "openai":

@@ -18,6 +18,7 @@ import asyncio
 import platform
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from memsearch.eval.attempts import cut_torn_tail, failed_attempt_counts, supers
 from memsearch.eval.provenance import source_identity
 from memsearch.eval.run_folder import check_run_folder, claim_run_folder, model_identity, storage_error, write_record
 from memsearch.io import NonFiniteNumberError, dumps_line, first_non_finite, iter_jsonl, sha256_file, write_jsonl
-from memsearch.trajectory import CALL_ROLES
+from memsearch.records.trajectory import CALL_ROLES, Trajectory
 
 # Version of what turns trajectories into numbers (``eval.score`` + ``eval.metrics``: answer
 # normalization, sub_em / boxed_em rules, which rows enter a mean). Bump it whenever a metric's
@@ -41,14 +42,13 @@ from memsearch.trajectory import CALL_ROLES
 # eval-2: a reader asked for a box is scored on the box only; sub_em_lenient added.
 # eval-3: invalid_action_rate is over calls that returned a completion (request errors apart).
 # eval-4: memory_support_precision added (memory support recall counts faithful items: engine-5).
-# eval-5: a failed task scores 0 on every answer metric whatever text came back (eval.score.ANSWER_KEYS).
+# eval-5: a failed task scores 0 on every answer metric whatever text came back (eval.score.answer_keys).
 EVALUATOR_VERSION = "eval-5"
 
-SUMMARY_KEYS = (
-    "em", "f1", "sub_em", "boxed_em", "sub_em_lenient", "retrieval_support_recall", "memory_support_recall",
-    "memory_support_precision", "citation_precision", "citation_recall", "searches", "chunks", "chunks_cut",
-    "memory_truncations", "policy_calls", "invalid_actions", "invalid_action_rate", "request_errors",
-    "context_truncated_calls", "latency_s",
+# The episode counts a summary means, after the registered metrics (eval.metrics.registered_metrics).
+SUMMARY_COUNTS = (
+    "searches", "chunks", "chunks_cut", "memory_truncations", "policy_calls", "invalid_actions", "invalid_action_rate",
+    "request_errors", "context_truncated_calls", "latency_s",
 )
 
 
@@ -67,24 +67,25 @@ def data_fingerprint(data_dir: Path, dataset: Dataset) -> dict[str, Any]:
             "kind": dataset.manifest.get("kind"), "split": dataset.manifest.get("split")}
 
 
-def read_finished(path: Path, task_ids: list[str] | None = None) -> dict[str, dict[str, Any]]:
+def read_finished(path: Path, task_ids: list[str] | None = None) -> dict[str, Trajectory]:
     """Trajectories already written, by task id. A torn last line (a crash mid-write) is cut
     off the file so appending continues from a clean line. Every other line must be a trajectory
-    object of a task of this run (``task_ids``, when given) that no earlier line holds: anything
-    else is refused (``InputError``), naming each such line and the fix (remove that line: its task
-    runs again), never kept or dropped silently."""
+    (``Trajectory.from_json`` reads it) of a task of this run (``task_ids``, when given) that no
+    earlier line holds: anything else is refused (``InputError``), naming each such line and the
+    fix (remove that line: its task runs again), never kept or dropped silently."""
     if not path.is_file():
         return {}
     cut_torn_tail(path)
     known = set(task_ids) if task_ids is not None else None
-    done: dict[str, dict[str, Any]] = {}
+    done: dict[str, Trajectory] = {}
     first_line: dict[str, int] = {}
     problems = []
-    for lineno, traj in iter_jsonl(path):
-        if (problem := _trajectory_problem(traj, known, path, lineno)) is not None:
-            problems.append(problem)
+    for lineno, data in iter_jsonl(path):
+        traj = _read_trajectory(data, known, path, lineno)
+        if isinstance(traj, Problem):
+            problems.append(traj)
             continue
-        task_id = traj["task_id"]
+        task_id = traj.task_id
         if task_id in done:
             same = "an identical copy of" if traj == done[task_id] else "a second, different result for"
             problems.append(Problem(
@@ -101,19 +102,23 @@ def read_finished(path: Path, task_ids: list[str] | None = None) -> dict[str, di
     return done
 
 
-def _trajectory_problem(traj: Any, known: set[str] | None, path: Path, lineno: int) -> Problem | None:
-    """Why line ``lineno`` of ``trajectories.jsonl`` is no trajectory of this run, else ``None``."""
+def _read_trajectory(data: Any, known: set[str] | None, path: Path, lineno: int) -> Trajectory | Problem:
+    """Line ``lineno`` of ``trajectories.jsonl`` as a trajectory of this run, or why it is none.
+    The JSON object is checked here, before it is a record, so the problem names the field."""
     fix = f"remove line {lineno} (its task, if any, runs again) and --resume"
-    if not isinstance(traj, dict):
-        return Problem(str(path), lineno, "json", f"a JSON {type(traj).__name__}, expected a trajectory object; {fix}")
-    task_id = traj.get("task_id")
+    if not isinstance(data, dict):
+        return Problem(str(path), lineno, "json", f"a JSON {type(data).__name__}, expected a trajectory object; {fix}")
+    task_id = data.get("task_id")
     if not isinstance(task_id, str):
-        got = "no task_id" if "task_id" not in traj else f"task_id {task_id!r} ({type(task_id).__name__})"
+        got = "no task_id" if "task_id" not in data else f"task_id {task_id!r} ({type(task_id).__name__})"
         return Problem(str(path), lineno, "task_id", f"{got}, expected the id of a task (a string); {fix}")
     if known is not None and task_id not in known:
         return Problem(str(path), lineno, "task_id", f"{task_id!r} is no task of this run (data folder and limit); "
                        f"{fix}")
-    return None
+    try:
+        return Trajectory.from_json(data)
+    except (ValueError, TypeError) as exc:
+        return Problem(str(path), lineno, "events", f"not a trajectory ({exc}); {fix}")
 
 
 def build_environment(config: RunConfig, dataset: Dataset, group: str = "",
@@ -145,29 +150,18 @@ async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, des
             try:
                 return await run_episode(task, env)
             except Exception as exc:  # a bug or backend crash: keep the task, mark it failed
-                return {
-                    "task_id": task.id,
-                    "group": env.group,
-                    "question": task.question,
-                    "prediction": None,
-                    "status": "error",
-                    "error": f"{type(exc).__name__}: {exc}",
-                    "counts": {},
-                    "events": [],
-                }
+                return Trajectory.failed(task.id, task.question, env.group, f"{type(exc).__name__}: {exc}")
 
     try:
         with open(traj_path, "a", encoding="utf-8") as fh:
             for next_done in asyncio.as_completed([one(t) for t in tasks]):
                 traj = await next_done
-                traj["attempt"] = earlier_failures.get(traj["task_id"], 0) + 1
+                traj = replace(traj, attempt=earlier_failures.get(traj.task_id, 0) + 1)
                 fh.write(_trajectory_line(traj))
                 fh.flush()
-                written.append(traj["task_id"])
+                written.append(traj.task_id)
                 n += 1
-                f1_sum += score_trajectory(traj, labels[traj["task_id"]])[
-                    "f1"
-                ]  # as the summary scores it (boxed or not)
+                f1_sum += score_trajectory(traj, labels[traj.task_id])["f1"]  # as the summary scores it (boxed or not)
                 bar.set_postfix(f1=f"{f1_sum / n:.3f}")
                 bar.update(1)
     finally:
@@ -175,30 +169,22 @@ async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, des
         await close_environment(env)
 
 
-def _trajectory_line(traj: dict[str, Any]) -> str:
+def _trajectory_line(traj: Trajectory) -> str:
     """The trajectory as one JSON line, or, when it holds text that cannot be written as UTF-8
     (a lone surrogate that got past the backends) or a number JSON cannot hold (NaN, an
     infinity: ``io.NonFiniteNumberError``), a failed-task record in its place: one bad
     completion must never end the run, make every ``--resume`` crash on it, or put a line no
     strict JSON parser reads into the file."""
+    data = traj.to_json()
     try:
-        line = dumps_line(traj) + "\n"
+        line = dumps_line(data) + "\n"
         line.encode("utf-8")
     except (UnicodeEncodeError, NonFiniteNumberError) as exc:
         why = (f"not writable as UTF-8 ({exc.reason} at character {exc.start})" if isinstance(exc, UnicodeEncodeError)
-               else f"not writable as strict JSON ({exc.where} is {first_non_finite(traj)[1]!r})")
-        failed = {
-            "task_id": traj["task_id"],
-            "group": traj.get("group", ""),
-            "question": traj.get("question"),
-            "prediction": None,
-            "status": "error",
-            "counts": {},
-            "events": [],
-            "error": f"trajectory {why}; task marked failed",
-            **({"attempt": traj["attempt"]} if "attempt" in traj else {}),
-        }
-        line = dumps_line(failed) + "\n"
+               else f"not writable as strict JSON ({exc.where} is {first_non_finite(data)[1]!r})")
+        failed = Trajectory.failed(traj.task_id, traj.question, traj.group, f"trajectory {why}; task marked failed",
+                                   traj.attempt)
+        line = dumps_line(failed.to_json()) + "\n"
     return line
 
 
@@ -253,8 +239,9 @@ def summarize(
 ) -> dict[str, Any]:
     from memsearch.eval.caveats import run_caveats
     from memsearch.eval.metrics import aggregate
+    from memsearch.eval.score import registered_metrics  # through eval.score, which registers the built-in ones
 
-    agg = aggregate(rows, [k for k in SUMMARY_KEYS])
+    agg = aggregate(rows, [*(metric.name for metric in registered_metrics()), *SUMMARY_COUNTS])
     failed = [r["task_id"] for r in rows if r["status"] != "ok"]
     request_errors = sum(r["request_errors"] for r in rows)
     complete = len(rows) == expected and not failed
@@ -362,7 +349,7 @@ def run_eval(
         raise
     traj_path = out / "trajectories.jsonl"
     written: list[str] = []
-    done: dict[str, dict[str, Any]] = {}
+    done: dict[str, Trajectory] = {}
     try:
         done = read_finished(traj_path, [t.id for t in tasks])  # under the lock: no other writer can add lines now
         for task_id in supersede_failed(out, done):  # a failed task runs again (eval.attempts)

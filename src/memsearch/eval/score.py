@@ -16,7 +16,7 @@ would have scored, kept apart so it is never reported as the protocol's sub_em. 
 is exact match of the box whatever the format.
 
 A failed task (``status`` other than ``"ok"``: a request error, a crash) scores 0 on every
-metric of its answer (``ANSWER_KEYS``: em, f1, sub_em, boxed_em, sub_em_lenient and the
+metric of its answer (``answer_keys()``: em, f1, sub_em, boxed_em, sub_em_lenient and the
 answer's citation precision / recall), whatever text came back: an answer read from a memory a
 failed call left half-written is no result. It stays in every denominator. What the episode saw
 and stored (retrieval and memory support) is measured as it happened.
@@ -38,109 +38,121 @@ from memsearch.eval.metrics import (
     exact_match,
     f1,
     memory_support_precision,
+    register_metric,
+    registered_metrics,
     sub_em,
     support_recall,
 )
+from memsearch.records.trajectory import Trajectory
 from memsearch.text.answers import boxed_prediction
-from memsearch.trajectory import EventKind
 
 
-def token_costs(events: list[dict[str, Any]]) -> dict[str, int]:
-    """Tokens by role, service-reported and tokenizer-estimated kept apart (never summed)."""
+def token_costs(trajectory: Trajectory) -> dict[str, int]:
+    """Tokens by role, service-reported and tokenizer-estimated kept apart (never summed):
+    ``<role>_prompt_tokens`` when the service reported them, ``estimated_<role>_prompt_tokens``
+    when memsearch's tokenizer counted them (completion tokens likewise)."""
     out: dict[str, int] = {}
-    for event in events:
-        if event.get("type") != EventKind.POLICY_CALL:
-            continue
-        role = event["role"]
-        for key, value in event["usage"].items():
-            if key != "source" and value is not None:
-                name = (
-                    f"{key.replace('estimated_', 'estimated_' + role + '_', 1)}"
-                    if key.startswith("estimated_")
-                    else f"{role}_{key}"
-                )
-                out[name] = out.get(name, 0) + int(value)
+    for call in trajectory.policy_calls():
+        usage = call.usage
+        prefix = f"{call.role}_" if usage.source == "reported" else f"estimated_{call.role}_"
+        for name, value in (("prompt_tokens", usage.prompt_tokens), ("completion_tokens", usage.completion_tokens)):
+            if value is not None:
+                out[prefix + name] = out.get(prefix + name, 0) + int(value)
     return out
 
 
-def protocol_answer(traj: dict[str, Any]) -> str | None:
+def scored_answer(answer_format: str | None, reader_text: str | None, prediction: str | None) -> str | None:
     """The answer the protocol scores with em / f1 / sub_em: the box when the reader was asked
-    for one (``None``, scoring 0, when it gave none), else the engine's tolerant parse. The GRPO
-    reward uses this too, so training optimizes exactly what evaluation measures."""
-    if traj.get("answer_format") == "boxed":
-        return boxed_prediction(traj.get("reader_text"))
-    return traj.get("prediction")
+    for one (``answer_format`` "boxed"; ``None``, scoring 0, when it gave none), else the engine's
+    tolerant parse ``prediction``. For a record that holds these fields but is no trajectory (a
+    verl session's summary); a trajectory's is ``protocol_answer``."""
+    if answer_format == "boxed":
+        return boxed_prediction(reader_text)
+    return prediction
 
 
-# The metrics of a task's answer: 0 for a failed task (module doc); citation ones stay None
-# when the task has no gold supporting facts (nothing to judge against).
-ANSWER_KEYS = ("em", "f1", "sub_em", "boxed_em", "sub_em_lenient", "citation_precision", "citation_recall")
+def protocol_answer(traj: Trajectory) -> str | None:
+    """The answer of ``traj`` the protocol scores (``scored_answer``). The GRPO reward uses this
+    too, so training optimizes exactly what evaluation measures."""
+    return scored_answer(traj.answer_format, traj.reader_text, traj.prediction)
 
 
-def context_truncations(events: list[dict[str, Any]]) -> dict[str, int]:
+# The built-in metrics, in a row's column order. Answer metrics score 0 for a failed task (module
+# doc); provenance and citation ones stay None when the task has no gold supporting facts.
+register_metric("em", lambda t, label: exact_match(protocol_answer(t), label.answers), answer=True)
+register_metric("f1", lambda t, label: f1(protocol_answer(t), label.answers), answer=True)
+register_metric("sub_em", lambda t, label: sub_em(protocol_answer(t), label.answers), answer=True)
+register_metric("boxed_em", lambda t, label: boxed_em(t.reader_text, label.answers), answer=True)
+register_metric("sub_em_lenient", lambda t, label: sub_em(t.prediction, label.answers), answer=True)
+register_metric("retrieval_support_recall", lambda t, label: support_recall(list(t.shown_evidence),
+                                                                            label.supporting_facts))
+register_metric("memory_support_recall", lambda t, label: support_recall(list(t.memory_sources),
+                                                                         label.supporting_facts))
+# Trajectories before engine-5 have no memory_cited: records.trajectory.upgrade reads their
+# memory_sources (every cited id then) as it.
+register_metric("memory_support_precision", lambda t, label: memory_support_precision(
+    list(t.memory_cited), list(t.memory_sources), label.supporting_facts))
+register_metric("citation_precision", lambda t, label: citation_scores(list(t.citations),
+                                                                       label.supporting_facts)["precision"],
+                answer=True)
+register_metric("citation_recall", lambda t, label: citation_scores(list(t.citations),
+                                                                    label.supporting_facts)["recall"], answer=True)
+
+
+def answer_keys() -> tuple[str, ...]:
+    """The registered answer metrics (``Metric.answer``): 0 for a failed task."""
+    return tuple(metric.name for metric in registered_metrics() if metric.answer)
+
+
+def context_truncations(trajectory: Trajectory) -> dict[str, int]:
     """Policy calls whose completion the server's context cut short (``context_truncated``:
     ``finish_reason`` "length" below the requested ``max_tokens``), by role."""
     out: dict[str, int] = {}
-    for event in events:
-        if event.get("type") == EventKind.POLICY_CALL and event.get("context_truncated"):
-            out[event["role"]] = out.get(event["role"], 0) + 1
+    for call in trajectory.policy_calls():
+        if call.context_truncated:
+            out[call.role] = out.get(call.role, 0) + 1
     return out
 
 
-def score_trajectory(traj: dict[str, Any], label: Label) -> dict[str, Any]:
-    """One metrics row. A failed episode keeps its row and scores 0 on every answer metric
-    (``ANSWER_KEYS``, module doc)."""
-    pred = traj.get("prediction")
-    scored = protocol_answer(traj)
-    counts = traj.get("counts", {})
-    cites = citation_scores(traj.get("citations", []), label.supporting_facts)
-    calls = counts.get("policy_calls", 0)
-    status = traj.get("status", "error")
-    cut = context_truncations(traj.get("events", []))
+def score_trajectory(traj: Trajectory, label: Label) -> dict[str, Any]:
+    """One metrics row: the registered metrics (``eval.metrics.register_metric``) and the
+    episode's counts. A failed episode keeps its row and scores 0 on every answer metric
+    (``answer_keys``, module doc)."""
+    pred = traj.prediction
+    counts = traj.counts
+    calls = counts.policy_calls
+    cut = context_truncations(traj)
     row: dict[str, Any] = {
-        "task_id": traj["task_id"],
-        "status": status,
+        "task_id": traj.task_id,
+        "status": traj.status,
         "prediction": pred,
         "answers": label.answers,
-        "answer_format": traj.get("answer_format", "free"),
-        "em": exact_match(scored, label.answers),
-        "f1": f1(scored, label.answers),
-        "sub_em": sub_em(scored, label.answers),
-        "boxed_em": boxed_em(traj.get("reader_text"), label.answers),
-        "sub_em_lenient": sub_em(pred, label.answers),
-        "retrieval_support_recall": support_recall(traj.get("shown_evidence", []), label.supporting_facts),
-        "memory_support_recall": support_recall(traj.get("memory_sources", []), label.supporting_facts),
-        # Trajectories before engine-5 have no memory_cited: their memory_sources is every cited id.
-        "memory_support_precision": memory_support_precision(
-            traj.get("memory_cited", traj.get("memory_sources", [])), traj.get("memory_sources", []),
-            label.supporting_facts,
-        ),
-        "citation_precision": cites["precision"],
-        "citation_recall": cites["recall"],
-        "invalid_citations": len(traj.get("invalid_citations", [])),
-        "searches": counts.get("searches", 0),
-        "chunks": counts.get("chunks", 0),
-        "chunks_cut": counts.get("chunks_cut", 0),
-        "truncated_by_chunk_limit": counts.get("chunks_cut", 0) > 0,
-        "memory_truncations": counts.get("memory_truncations", 0),
+        "answer_format": traj.answer_format,
+        **{metric.name: metric.score(traj, label) for metric in registered_metrics()},
+        "invalid_citations": len(traj.invalid_citations),
+        "searches": counts.searches,
+        "chunks": counts.chunks,
+        "chunks_cut": counts.chunks_cut,
+        "truncated_by_chunk_limit": counts.chunks_cut > 0,
+        "memory_truncations": counts.memory_truncations,
         "policy_calls": calls,
-        "invalid_actions": counts.get("invalid_actions", 0),
+        "invalid_actions": counts.invalid_actions,
         # Over the calls that returned a completion: transport failures are request_errors, not
         # the policy's invalid actions (the task itself stays in every answer metric's denominator).
         "invalid_action_rate": (
-            counts.get("invalid_actions", 0) / answered
-            if (answered := calls - counts.get("request_errors", 0)) > 0
-            else None
+            counts.invalid_actions / answered if (answered := calls - counts.request_errors) > 0 else None
         ),
-        "request_errors": counts.get("request_errors", 0),
-        "context_truncated_calls": counts.get("context_truncated_calls", sum(cut.values())),
+        "request_errors": counts.request_errors,
+        # Trajectories before engine-7 have no count (read as 0): their events are counted instead.
+        "context_truncated_calls": counts.context_truncated_calls or sum(cut.values()),
         "context_truncated_by_role": cut,
-        "attempt": traj.get("attempt", 1),
-        "latency_s": traj.get("latency_s"),
+        "attempt": 1 if traj.attempt is None else traj.attempt,
+        # A task that failed without an episode has no latency on file (None, left out of the mean).
+        "latency_s": traj.latency_s if traj.ran else None,
     }
-    if status != "ok":
-        row.update({key: None if row[key] is None else 0.0 for key in ANSWER_KEYS})
-    for op, n in counts.get("memory_ops", {}).items():
+    if not traj.ok:
+        row.update({key: None if row[key] is None else 0.0 for key in answer_keys()})
+    for op, n in traj.memory_ops.items():
         row[f"ops_{op}"] = n
-    row.update(token_costs(traj.get("events", [])))
+    row.update(token_costs(traj))
     return row

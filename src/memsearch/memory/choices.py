@@ -1,6 +1,6 @@
 """What one constrained call of the extractive format may do from a given state (docs/design.md §5).
 
-``fitting_choices`` lists what the schema constraint may offer (``backends.hf.extractive_constraint``):
+``fitting_choices`` lists what the schema constraint may offer (``memory.extractive_constraint``):
 the source lists of an ADD and of an UPDATE of each item whose result fits the budget (each
 checked on a scratch copy of the store: the store's own rules and accounting), the items that may
 be deleted, and whether an open item of the longest allowed text surely fits. A state with no room

@@ -41,8 +41,8 @@ from typing import Any, Literal
 from memsearch.data.records import split_evidence_id
 from memsearch.memory.extractive import parse_extractive
 from memsearch.memory.ops import KINDS, OP_NAMES, Add, Delete, Kind, Noop, Op, Update, parse_ops
+from memsearch.records.causes import InvalidCause, first_cause
 from memsearch.tokenizer import Tokenizer
-from memsearch.trajectory import InvalidCause, first_cause
 
 EMPTY_RENDER = "(empty)"
 _ID_RE = re.compile(r"m([1-9][0-9]*)")

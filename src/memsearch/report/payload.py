@@ -23,7 +23,8 @@ from typing import Any
 
 from memsearch.errors import InputError
 from memsearch.io import iter_jsonl
-from memsearch.trajectory import EventKind, policy_calls, read_trajectories
+from memsearch.records.events import PolicyCall
+from memsearch.records.trajectory import Trajectory, read_trajectories
 
 SCHEMA = "memsearch-report/1"
 # Columns of the task table, in order; each is a key of a metrics.jsonl row (or derived below).
@@ -111,20 +112,20 @@ def _header(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, Any]]) 
     }
 
 
-def _task_row(row: dict[str, Any], traj: dict[str, Any], label: dict[str, Any] | None) -> dict[str, Any]:
-    calls = policy_calls(traj)
+def _task_row(row: dict[str, Any], traj: Trajectory | None, label: dict[str, Any] | None) -> dict[str, Any]:
+    calls = traj.policy_calls() if traj is not None else []
     out = {k: row.get(k) for k in ("task_id", "status", "prediction", "em", "f1", "sub_em", "searches", "chunks",
                                    "chunks_cut", "invalid_actions", "request_errors", "memory_truncations", "latency_s",
                                    "retrieval_support_recall", "memory_support_recall", "memory_support_precision",
                                    "citation_precision", "citation_recall", "invalid_citations",
                                    "context_truncated_calls", "attempt")}
-    out["question"] = traj.get("question", "")
+    out["question"] = traj.question if traj is not None else ""
     out["gold"] = label["answers"][0] if label else None
     out["tokens"] = _tokens(row)
     # finish_reason=length on any call: a completion cut by its token budget or, context_truncated,
     # by the server's context (a filter of the table).
-    out["length_cut"] = any(c.get("finish_reason") == "length" for c in calls)
-    out["context_cut"] = any(c.get("context_truncated") for c in calls)
+    out["length_cut"] = any(c.finish_reason == "length" for c in calls)
+    out["context_cut"] = any(c.context_truncated for c in calls)
     return out
 
 
@@ -133,36 +134,50 @@ def _task_row(row: dict[str, Any], traj: dict[str, Any], label: dict[str, Any] |
 TOKEN_ARRAYS = ("prompt_ids", "completion_ids", "logprobs")
 
 
-def _readable(traj: dict[str, Any]) -> dict[str, Any]:
+def _readable(traj: Trajectory | None) -> dict[str, Any]:
+    """The trajectory as its file line holds it (``{"events": []}`` for a task with none), each
+    policy call's token arrays replaced by their lengths (``token_counts``)."""
+    if traj is None:
+        return {"events": []}
     events = []
-    for event in traj.get("events", []):
-        if event.get("type") == EventKind.POLICY_CALL:
-            counts = {k: None if event.get(k) is None else len(event[k]) for k in TOKEN_ARRAYS}
-            event = {**{k: v for k, v in event.items() if k not in TOKEN_ARRAYS}, "token_counts": counts}
-        events.append(event)
-    return {**traj, "events": events}
+    for event in traj.events:
+        data = event.to_json(traj.memory_outcome(event)) if isinstance(event, PolicyCall) else event.to_json()
+        if isinstance(event, PolicyCall):
+            arrays = {"prompt_ids": event.prompt_ids, "completion_ids": event.completion_ids,
+                      "logprobs": event.logprobs}
+            data = {**{k: v for k, v in data.items() if k not in TOKEN_ARRAYS},
+                    "token_counts": {k: None if arrays[k] is None else len(arrays[k]) for k in TOKEN_ARRAYS}}
+        events.append(data)
+    return {**traj.to_json(), "events": events}
 
 
-def load_run(run_dir: Path, labels: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One run's header, task rows (metrics.jsonl order) and full trajectories by task id."""
+def read_episodes(run_dir: Path) -> dict[str, Trajectory]:
+    """The run's trajectories by task id."""
+    return {t.task_id: t for _, t in read_trajectories(run_dir / "trajectories.jsonl")}
+
+
+def load_run(run_dir: Path, labels: dict[str, dict[str, Any]],
+             episodes: dict[str, Trajectory] | None = None) -> dict[str, Any]:
+    """One run's header, task rows (metrics.jsonl order) and full trajectories by task id;
+    ``episodes``: the run's trajectories when already read (``read_episodes``)."""
     summary = _read_json(run_dir / "summary.json")
     rows = [row for _, row in iter_jsonl(run_dir / "metrics.jsonl")]
-    trajs = {t["task_id"]: t for _, t in read_trajectories(run_dir / "trajectories.jsonl")}
+    trajs = read_episodes(run_dir) if episodes is None else episodes
     missing = [r["task_id"] for r in rows if r["task_id"] not in labels]
     if missing:
         raise InputError(f"{run_dir}: {len(missing)} task(s) have no label in the data folder, e.g. {missing[0]!r}")
     return {"header": _header(run_dir, summary, rows),
-            "tasks": [_task_row(r, trajs.get(r["task_id"], {}), labels.get(r["task_id"])) for r in rows],
-            "episodes": {r["task_id"]: _readable(trajs.get(r["task_id"], {"events": []})) for r in rows}}
+            "tasks": [_task_row(r, trajs.get(r["task_id"]), labels.get(r["task_id"])) for r in rows],
+            "episodes": {r["task_id"]: _readable(trajs.get(r["task_id"])) for r in rows}}
 
 
-def _shown_sentences(runs: dict[str, dict[str, Any]], documents: dict[str, Any]) -> dict[str, str]:
+def _shown_sentences(episodes: list[Trajectory | None], documents: dict[str, Any]) -> dict[str, str]:
     """Text of every evidence id any episode was shown (or cites), so the page can show evidence."""
     ids: set[str] = set()
-    for run in runs.values():
-        for traj in run["episodes"].values():
-            ids.update(traj.get("shown_evidence", []))
-            ids.update(traj.get("citations", []))
+    for traj in episodes:
+        if traj is not None:
+            ids.update(traj.shown_evidence)
+            ids.update(traj.citations)
     out = {}
     for eid in sorted(ids):
         doc_id, _, index = eid.rpartition(":")
@@ -188,7 +203,8 @@ def build_payload(paths: list[Path], data_dir: Path, train_logs: list[Path] | No
     dataset = load_dataset(data_dir)
     all_labels = {lab.id: lab.model_dump(include={"answers", "supporting_facts", "gold_doc_ids", "type"})
                   for lab in dataset.labels}
-    runs = {name: load_run(folder, all_labels) for name, folder in folders.items()}
+    episodes = {name: read_episodes(folder) for name, folder in folders.items()}
+    runs = {name: load_run(folder, all_labels, episodes[name]) for name, folder in folders.items()}
     used = sorted({t["task_id"] for run in runs.values() for t in run["tasks"]})
     names = list(runs)
     comparisons = {f"{a}|{b}": compare_runs(runs[a]["tasks"], runs[b]["tasks"])
@@ -200,7 +216,8 @@ def build_payload(paths: list[Path], data_dir: Path, train_logs: list[Path] | No
         "runs": runs,
         "run_order": names,
         "labels": {tid: all_labels[tid] for tid in used},
-        "evidence": _shown_sentences(runs, dataset.documents_by_id()),
+        "evidence": _shown_sentences([episodes[name].get(t["task_id"]) for name, run in runs.items()
+                                      for t in run["tasks"]], dataset.documents_by_id()),
         "comparisons": comparisons,
         "columns": list(TABLE_COLUMNS),
         "training": training_series(train_logs) if train_logs else None,

@@ -2,6 +2,10 @@
 
 Several logs (seeds of one recipe) become one band per metric: the page draws their mean and
 the min-max range over the logs at each step.
+
+Lines are read as the JSON they are, not as ``records.train_step.TrainStep``: every numeric key
+is a curve (an SFT log's fields, or keys a newer trainer adds, too), and a null value is a gap at
+its step where an absent key is no point, a difference a ``TrainStep`` does not keep.
 """
 
 from __future__ import annotations

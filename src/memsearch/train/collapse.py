@@ -2,7 +2,7 @@
 
 A memory policy that writes NOOP in every call earns the same reward in every rollout, so every
 group has zero variance, no advantage and no gradient: nothing moves it back, and training on
-only spends time (the last CPU run did this in two seeds of three). The guard reads each step's
+only spends time (docs/results/memory_policy_cpu_v2 shows such runs). The guard reads each step's
 log record (``train_log.jsonl``: ``decision_entropy`` and the op histogram ``ops``, from
 ``train.decisions``) and stops the run when, for ``patience`` consecutive steps,
 
@@ -11,9 +11,9 @@ log record (``train_log.jsonl``: ``decision_entropy`` and the op histogram ``ops
   ``max_op_share`` of the step's ops and invalid calls (steps with fewer than ``min_ops`` of
   them are too small to judge and reset neither count).
 
-The sampled rollouts can hide a collapse that greedy decoding shows: the first CPU v2 pilot kept
-ADD at 22 % of its sampled ops while its greedy evaluation wrote NOOP in 150 of 150 calls
-(docs/results/memory_policy_cpu_v2). With ``max_eval_op_share`` set, the guard also reads the
+The sampled rollouts can hide a collapse that greedy decoding shows (a run whose sampled ops kept
+ADD at 22 % had its greedy evaluation write NOOP in 150 of 150 calls:
+docs/results/memory_policy_cpu_v2). With ``max_eval_op_share`` set, the guard also reads the
 periodic evaluation's op counts (``eval_ops`` on an evaluation step's record) and stops when one
 op holds more than that share of the evaluation's ops for ``eval_patience`` consecutive
 evaluations.
@@ -27,13 +27,14 @@ checkpoint step, e.g. its last) stops again at once instead of finishing without
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memsearch.io import write_json
+from memsearch.records.train_step import TrainStep, read_train_log
 from memsearch.train.checkpoint import checkpoints
-from memsearch.train.log import read_log
 
 if TYPE_CHECKING:
     from memsearch.train.config import CollapseGuardSettings
@@ -58,21 +59,21 @@ class CollapseGuard:
     one_op: list[dict[str, Any]] = field(default_factory=list)  # the current run of one-op steps
     eval_one_op: list[dict[str, Any]] = field(default_factory=list)  # the current run of one-op evaluations
 
-    def observe(self, record: dict[str, Any]) -> str | None:
+    def observe(self, record: TrainStep) -> str | None:
         """Feed one step's log record; the reason to stop, or None."""
-        entropy = record.get("decision_entropy")
+        entropy = record.decision_entropy
         if entropy is not None:
             if entropy < self.min_decision_entropy:
-                self.low_entropy.append({"step": record["step"], "decision_entropy": entropy})
+                self.low_entropy.append({"step": record.step, "decision_entropy": entropy})
             else:
                 self.low_entropy = []
-        ops = record.get("ops") or {}
+        ops = record.ops or {}
         if sum(ops.values()) >= self.min_ops:
-            self.one_op = _extend_one_op_run(self.one_op, record["step"], ops, self.max_op_share)
-        eval_ops = record.get("eval_ops")
+            self.one_op = _extend_one_op_run(self.one_op, record.step, ops, self.max_op_share)
+        eval_ops = record.eval_ops
         if self.max_eval_op_share is not None and eval_ops and sum(eval_ops.values()):
             # an evaluation without memory ops, or a step without an evaluation, neither counts nor resets
-            self.eval_one_op = _extend_one_op_run(self.eval_one_op, record["step"], eval_ops, self.max_eval_op_share)
+            self.eval_one_op = _extend_one_op_run(self.eval_one_op, record.step, eval_ops, self.max_eval_op_share)
         if len(self.low_entropy) >= self.patience:
             values = ", ".join(f"{r['decision_entropy']:.4f}" for r in self.low_entropy[-self.patience:])
             return (f"decision entropy below {self.min_decision_entropy} for {self.patience} steps "
@@ -99,7 +100,7 @@ class CollapseGuard:
                 "eval_one_op": self.eval_one_op[-self.eval_patience:]}
 
 
-def _extend_one_op_run(run: list[dict[str, Any]], step: int, ops: dict[str, int], max_share: float
+def _extend_one_op_run(run: list[dict[str, Any]], step: int, ops: Mapping[str, int], max_share: float
                        ) -> list[dict[str, Any]]:
     """The run of consecutive one-op records after ``ops`` (a non-empty histogram) at ``step``:
     reset when no op holds more than ``max_share``, restarted when another op took over."""
@@ -121,9 +122,9 @@ def guard_for_run(settings: CollapseGuardSettings, out: Path, start: int, dist: 
                           settings.max_eval_op_share, settings.eval_patience)
     log_path = out / "train_log.jsonl"
     if start and log_path.is_file():
-        for record in read_log(log_path):
-            if 0 < record.get("step", 0) <= start and (reason := guard.observe(record)) is not None:
-                stop_collapsed(guard, reason, record["step"], out, dist)
+        for record in read_train_log(log_path):
+            if 0 < record.step <= start and (reason := guard.observe(record)) is not None:
+                stop_collapsed(guard, reason, record.step, out, dist)
     return guard
 
 

@@ -15,8 +15,9 @@ from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_
 
 from memsearch.config import KeyProblems, RunConfig, StrictConfig, merge_tables, read_config_file
 from memsearch.devices import DeviceLayout
+from memsearch.records.trajectory import Role
+from memsearch.registry import memory_mode
 from memsearch.train.rows import TrainedRole
-from memsearch.trajectory import Role
 
 
 def _list_as_tuple(value: Any) -> Any:
@@ -56,7 +57,7 @@ class OptimSettings(TrainSettings):
     """AdamW with warm-up and a decay schedule."""
 
     # le=1: AdamW moves every weight by about lr per step, so lr > 1 is a typo (1e5 for 1e-5) that
-    # would throw a LoRA adapter out of range on its first step (issue 26)
+    # would throw a LoRA adapter out of range on its first step
     lr: float = Field(1e-5, gt=0, le=1.0, description="Peak learning rate (at most 1)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     betas: FloatPair = Field((0.9, 0.999), description="AdamW betas")
@@ -330,7 +331,7 @@ class GRPOConfig(TrainerConfig):
     @field_validator("invalid_decision_credit", mode="before")
     @classmethod
     def _credit_from_bool(cls, value: Any) -> Any:
-        # It was a bool before over_budget existed: runs and commands of pilots 5-6 say true / false.
+        # It was a bool before over_budget existed: older configs and commands say true / false.
         return {True: "all", False: "none"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="wrap")
@@ -343,7 +344,7 @@ class GRPOConfig(TrainerConfig):
     @model_validator(mode="after")
     def _role_fits_episode(self) -> GRPOConfig:
         agent = self.episode.agent
-        if self.role == "memory" and agent.memory != "decision":
+        if self.role == "memory" and not memory_mode(agent.memory).operations:
             raise KeyProblems(("role", "'memory' trains memory operations: set episode.agent.memory = 'decision'"))
         if self.role == "controller" and agent.controller != "policy":
             raise KeyProblems(("role", "'controller' needs episode.agent.controller = 'policy'"))

@@ -12,7 +12,7 @@ policy that always writes NOOP can still show a healthy mean entropy. Two views 
   The overwrite role (MemAgent's free-text memory) has no such token and logs none.
 - **op histogram** (``op_histogram``): over the trained memory calls of a step, each applied op
   counts once under its name (a call with two ADDs counts two), and each invalid call once
-  under its cause's bucket (``memsearch.trajectory.CAUSES``): ``invalid_parse`` (not readable as
+  under its cause's bucket (``records.causes.CAUSES``): ``invalid_parse`` (not readable as
   ops), ``invalid_budget`` (the batch would overflow the memory budget), ``invalid_rule`` (any
   other rule: unknown id, source not shown, ...). A call whose request failed is a request
   error, not a decision, and is not counted.
@@ -22,8 +22,8 @@ an invalid row stay in the loss: ``"all"`` (the penalty also lowers the probabil
 chosen), ``"none"`` (every invalid row's deciding tokens leave the loss: its penalty trains only
 what follows the choice) or ``"over_budget"`` (only a batch rejected for overflowing the memory
 budget keeps its op tokens, since there the choice to add at all is the error; an item's own
-errors, a source never shown or a text cut off, are masked). What each did in the CPU pilots is
-in docs/results/memory_policy_cpu_v2 (pilots 4-6).
+errors, a source never shown or a text cut off, are masked). What each does on the CPU recipe:
+docs/results/memory_policy_cpu_v2.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from memsearch.memory.ops import OP_NAMES
+from memsearch.records.causes import CAUSES, InvalidCause
+from memsearch.records.trajectory import Trajectory
 from memsearch.train.rows import Row
-from memsearch.trajectory import CAUSES, InvalidCause
 
 # Where the decision starts in a completion's text, by call role: the match's end (memory) or
 # start (controller) is the first character of the chosen name.
@@ -103,17 +104,18 @@ def histogram_bucket(cause: InvalidCause | str | None) -> str:
     return CAUSES[InvalidCause(cause) if cause is not None else InvalidCause.OTHER].histogram
 
 
-def op_histogram(calls: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """Counts of applied ops by name and of invalid calls by cause, over memory policy calls
-    (trajectory ``policy_call`` events with the engine's judgement attached)."""
+def op_histogram(trajectories: Iterable[Trajectory]) -> dict[str, int]:
+    """Counts of applied ops by name (``Trajectory.executed``) and of invalid calls by cause, over
+    the memory policy calls of ``trajectories``."""
     counts = dict.fromkeys(HISTOGRAM_KEYS, 0)
-    for call in calls:
-        if call.get("role") != "memory" or call.get("valid") is None:
-            continue
-        if call["valid"] is False:
-            counts[histogram_bucket(call.get("invalid_cause"))] += 1
-            continue
-        executed = ((call.get("action") or {}).get("memory") or {}).get("executed") or {}
-        for name in OP_NAMES:
-            counts[name] += int(executed.get(name, 0))
+    for trajectory in trajectories:
+        for call in trajectory.policy_calls(("memory",)):
+            if call.valid is None:
+                continue
+            if call.valid is False:
+                counts[histogram_bucket(call.invalid_cause)] += 1
+                continue
+            executed = trajectory.executed(call)
+            for name in OP_NAMES:
+                counts[name] += int(executed.get(name, 0))
     return counts

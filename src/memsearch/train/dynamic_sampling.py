@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memsearch.engine.episode import derived_seed
+from memsearch.records.trajectory import Trajectory
 from memsearch.train.failures import StepFaults, split_failed
 from memsearch.train.rows import rows_from_trajectory
 
-Groups = list[list[dict[str, Any]]]
+Groups = list[list[Trajectory]]
 
 
 @dataclass

@@ -59,7 +59,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from memsearch.data.dataset import validation_problems
 from memsearch.errors import InputError, Problem
 from memsearch.io import dumps_line, file_kind_problem, iter_jsonl
-from memsearch.trajectory import CALL_ROLES, EventKind, read_trajectories
+from memsearch.records.events import EventKind
+from memsearch.records.trajectory import CALL_ROLES, Trajectory
+from memsearch.registry import MEMORY_MODES
 
 SKIP_REASONS = ("task_status", "below_min_f1", "request_error", "invalid", "truncated")
 
@@ -70,6 +72,16 @@ class _Message(BaseModel):
     content: str
 
 
+# The pydantic models check the fields export reads on the line as written, so a malformed line is
+# named by file, line and field; the checked line is then read as a ``Trajectory``.
+class _Event(BaseModel):
+    """Any event: its type and role say whether export checks it as a ``_PolicyCall``."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Any = None
+    role: Any = None
+
+
 class _Trajectory(BaseModel):
     """The fields of a trajectory line that export reads (others are allowed and ignored)."""
 
@@ -78,11 +90,11 @@ class _Trajectory(BaseModel):
     status: str
     group: str = ""
     prediction: str | None = None
-    events: list[dict[str, Any]]
+    events: list[_Event]
 
 
 class _PolicyCall(BaseModel):
-    """The fields of a ``policy_call`` event that export reads."""
+    """The fields of a ``policy_call`` event of the exported role that export reads."""
 
     model_config = ConfigDict(extra="allow", strict=True)
     role: str
@@ -218,7 +230,7 @@ def export_sft(
         "(it says which memory mode produced the trajectories)",
     )
     mode = config.get("agent", {}).get("memory")
-    if role == "memory" and mode != "decision":
+    if role == "memory" and not (mode in MEMORY_MODES and MEMORY_MODES.get(mode).operations):
         raise InputError(
             f"{run_dir / 'config.json'}: agent.memory is {mode!r}; memory-role SFT rows need a "
             "decision-mode run, because summary and overwrite outputs are rewritten notes, "
@@ -243,20 +255,32 @@ def export_sft(
     problems: list[Problem] = []
     seen: dict[str, int] = {}
 
+    def checked(obj: Any, where: tuple[str, int]) -> Trajectory | None:
+        """The line as a trajectory, or ``None`` with its problems added (module doc)."""
+        line = _validate(_Trajectory, obj, *where, "", problems)
+        if line is None:
+            return None
+        before = len(problems)
+        for i, event in enumerate(line.events):
+            if event.type == EventKind.POLICY_CALL and event.role == role:
+                _validate(_PolicyCall, event.model_dump(), *where, f"events.{i}", problems)
+        if len(problems) > before:
+            return None
+        try:
+            return Trajectory.from_json(obj)
+        except (ValueError, TypeError) as exc:
+            problems.append(Problem(*where, "events", str(exc)))
+            return None
+
     def rows():
-        for lineno, obj in read_trajectories(trajectories):
+        for lineno, obj in iter_jsonl(trajectories):
             where = (str(trajectories), lineno)
-            traj = _validate(_Trajectory, obj, *where, "", problems)
+            traj = checked(obj, where)
             if traj is None:
                 continue
-            calls, held = [], {}
-            for i, event in enumerate(traj.events):
-                if isinstance(event, dict) and event.get("type") == EventKind.MEMORY and "sources_before" in event:
-                    held[event.get("step")] = event["sources_before"]
-                if isinstance(event, dict) and event.get("type") == EventKind.POLICY_CALL and event.get("role") == role:
-                    call = _validate(_PolicyCall, event, *where, f"events.{i}", problems)
-                    if call is not None:
-                        calls.append(call)
+            calls = traj.policy_calls([role])
+            # what the memory cited when each memory call was made (decision mode records it)
+            held = {e.step: list(e.sources_before) for e in traj.memory_events if e.sources_before is not None}
             task = traj.task_id
             if task in seen:
                 problems.append(Problem(*where, "task_id", f"duplicate task {task!r} (first on line {seen[task]})"))
@@ -306,7 +330,7 @@ def export_sft(
                     continue
                 report.exported += 1
                 row = {
-                    "messages": [m.model_dump() for m in call.messages],
+                    "messages": [dict(m) for m in call.messages],
                     "completion": call.text,
                     "task_id": task,
                     "role": role,
@@ -318,9 +342,9 @@ def export_sft(
                         "memory_mode": mode,
                         "split": split,
                     },
+                    # what the memory cited when the call was made (module doc); memory rows only
+                    **({"memory_sources": held[call.step]} if role == "memory" and call.step in held else {}),
                 }
-                if role == "memory" and call.step in held:
-                    row["memory_sources"] = held[call.step]
                 yield mline, dumps_line(row)
         # Checked inside the writer so that a bad line anywhere leaves no output behind.
         if problems:

@@ -37,11 +37,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from memsearch.errors import InputError
+from memsearch.records.events import PolicyCall, SearchEvent
 
 if TYPE_CHECKING:
+    from memsearch.records.trajectory import Trajectory
     from memsearch.train.distributed import Dist
 
 
@@ -51,26 +53,26 @@ class FailedTrajectoriesError(InputError):
     the remedy is outside the trainer (the service), then ``--resume``."""
 
 
-def is_failed(trajectory: dict[str, Any]) -> bool:
+def is_failed(trajectory: Trajectory) -> bool:
     """Whether the episode had a request error (module doc)."""
-    return trajectory.get("status") == "error" or bool((trajectory.get("counts") or {}).get("request_errors"))
+    return trajectory.status == "error" or bool(trajectory.counts.request_errors)
 
 
-def split_failed(trajectories: Sequence[dict[str, Any]], rewards: Sequence[float]
+def split_failed(trajectories: Sequence[Trajectory], rewards: Sequence[float]
                  ) -> tuple[list[bool], list[float]]:
     """Per trajectory whether it succeeded, and the rewards of those that did (the group's members)."""
     ok = [not is_failed(tr) for tr in trajectories]
     return ok, [r for r, good in zip(rewards, ok, strict=True) if good]
 
 
-def first_error(trajectory: dict[str, Any]) -> str:
+def first_error(trajectory: Trajectory) -> str:
     """The first error of a failed trajectory, with its task and where it happened."""
-    where = f"task {trajectory.get('task_id')}"
-    for event in trajectory.get("events") or []:
-        if event.get("error"):
-            what = f"{event['role']} call" if "role" in event else str(event.get("type", "event"))
-            return f"{where}, {what} at step {event.get('step')}: {event['error']}"
-    return f"{where}: status {trajectory.get('status')!r} with no error recorded on an event"
+    where = f"task {trajectory.task_id}"
+    for event in trajectory.events:
+        if isinstance(event, (PolicyCall, SearchEvent)) and event.error:  # the events a request fails on
+            what = f"{event.role} call" if isinstance(event, PolicyCall) else str(event.kind)
+            return f"{where}, {what} at step {event.step}: {event.error}"
+    return f"{where}: status {trajectory.status!r} with no error recorded on an event"
 
 
 @dataclass
@@ -82,11 +84,11 @@ class StepFaults:
     request_errors: int = 0
     first_error: str | None = None
 
-    def add(self, groups: Iterable[Sequence[dict[str, Any]]]) -> None:
+    def add(self, groups: Iterable[Sequence[Trajectory]]) -> None:
         for group in groups:
             for trajectory in group:
                 self.trajectories += 1
-                self.request_errors += int((trajectory.get("counts") or {}).get("request_errors", 0))
+                self.request_errors += trajectory.counts.request_errors
                 if is_failed(trajectory):
                     self.failed += 1
                     if self.first_error is None:

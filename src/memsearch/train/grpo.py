@@ -47,6 +47,8 @@ from memsearch.devices import apply_training_layout
 from memsearch.engine.episode import derived_seed
 from memsearch.errors import InputError
 from memsearch.io import write_jsonl
+from memsearch.records.train_step import TrainStep
+from memsearch.records.trajectory import Trajectory
 from memsearch.train.checkpoint import checkpoints, resume_checkpoint, save_checkpoint
 from memsearch.train.collapse import guard_for_run, stop_collapsed
 from memsearch.train.config import GRPOConfig
@@ -81,7 +83,8 @@ def step_task_positions(step: int, tasks_per_step: int, n_tasks: int, seed: int,
 
 def _mask_fn(tokenizer):
     """Replays schema-mode masks from the constraint id and the completion ids."""
-    from memsearch.backends.hf.constraint import compile_constraint, constraint_by_id
+    from memsearch.backends.hf.constraint import compile_constraint
+    from memsearch.memory.action_format import constraint_by_id
 
     def masks(row):
         return compile_constraint(constraint_by_id(row.constraint_id), tokenizer).masks_for(row.completion_ids)
@@ -140,7 +143,7 @@ class Rollouts:
             }
         return RunConfig.model_validate(data)
 
-    def run(self, tasks, step: int, round_: int = 0) -> list[list[dict[str, Any]]]:
+    def run(self, tasks, step: int, round_: int = 0) -> list[list[Trajectory]]:
         """``group_size`` trajectories per task, grouped by task (task order, then rollout index)."""
         from memsearch.engine.episode import run_episode
         from memsearch.train.policy import release_cached_memory
@@ -194,10 +197,12 @@ def trained_role_backends(cfg: GRPOConfig, data: dict[str, Any], adapter: Path |
     return data
 
 
-def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path, rollouts: Rollouts) -> dict[str, Any]:
+def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path, rollouts: Rollouts
+              ) -> tuple[dict[str, float], dict[str, int] | None]:
     """Greedy evaluation of the adapter through the eval runner (the same code path and records as
     `memsearch eval` of ``adapter``), the trained roles answered by the live policy, which holds
-    that adapter's weights now: no second model is loaded (``train.live_eval``)."""
+    that adapter's weights now: no second model is loaded (``train.live_eval``). Returns the
+    logged metrics and the executed ops (``TrainStep.with_evaluation``)."""
     from memsearch.config import RunConfig
     from memsearch.train.live_eval import evaluate_live
 
@@ -205,15 +210,15 @@ def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path, rollouts: Rollouts) -> 
     data["limit"] = cfg.eval.limit
     summary = evaluate_live(RunConfig.model_validate(data), rollouts.trained, rollouts.evaluation_model(),
                             rollouts.tokenizer, cfg.eval.data, out)
-    record = {
-        "eval_" + k: v
+    metrics = {
+        k: v
         for k, v in summary["metrics"].items()
         if k in ("f1", "em", "sub_em", "boxed_em", "invalid_action_rate", "memory_support_recall",
                  "memory_support_precision")
     }
-    if summary.get("memory_ops"):  # greedy decoding's ops: what the collapse guard's eval check reads
-        record["eval_ops"] = {k.removeprefix("ops_"): v for k, v in summary["memory_ops"].items()}
-    return record
+    # greedy decoding's ops: what the collapse guard's eval check reads
+    ops = {k.removeprefix("ops_"): v for k, v in summary["memory_ops"].items()} if summary.get("memory_ops") else None
+    return metrics, ops
 
 
 def make_batch(cfg: GRPOConfig, groups, rewards, labels, tokenizer, generated: int) -> Batch:
@@ -232,14 +237,14 @@ def make_batch(cfg: GRPOConfig, groups, rewards, labels, tokenizer, generated: i
     return batch
 
 
-def _step_line(record: dict[str, Any], steps: int) -> str:
+def _step_line(record: TrainStep, steps: int) -> str:
     """The step's line on the console; request errors only when there were some."""
-    line = (f"step {record['step']}/{steps}: reward {record['reward_mean']:.3f} (std {record['reward_std']:.3f}), "
-            f"zero-variance groups {record['zero_variance_groups']}/{record['groups']}, rows "
-            f"{record['rows_consumed']}, invalid {record['invalid_rate']:.2f}, {record['step_s']:.1f}s")
-    if record["request_errors"] or record["failed_trajectories"]:
-        line += (f"; request errors {record['request_errors']}, failed trajectories {record['failed_trajectories']} "
-                 f"({record['failed_share']:.0%}, not trained on)")
+    line = (f"step {record.step}/{steps}: reward {record.reward_mean:.3f} (std {record.reward_std:.3f}), "
+            f"zero-variance groups {record.zero_variance_groups}/{record.groups}, rows "
+            f"{record.rows_consumed}, invalid {record.invalid_rate:.2f}, {record.step_s:.1f}s")
+    if record.request_errors or record.failed_trajectories:
+        line += (f"; request errors {record.request_errors}, failed trajectories {record.failed_trajectories} "
+                 f"({record.failed_share:.0%}, not trained on)")
     return line
 
 
@@ -294,8 +299,8 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
         if cfg.eval.data and cfg.eval.at_start and start == 0:
             if dist.main:
                 save_adapter(policy, out / "adapter-step0")
-                log.write({"step": 0, **_evaluate(cfg, out / "adapter-step0", out / "eval" / "step-000000",
-                                                   rollouts)})
+                evaluation = _evaluate(cfg, out / "adapter-step0", out / "eval" / "step-000000", rollouts)
+                log.write(TrainStep(step=0).with_evaluation(*evaluation).to_json())
             dist.wait_for_main("evaluation of the starting adapter")  # bounded by eval.wait_s
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
@@ -308,7 +313,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
                 return groups, rollouts.generated
 
             def score(groups):
-                return [[trajectory_reward(tr, labels[tr["task_id"]], cfg.reward, cfg.role) for tr in grp]
+                return [[trajectory_reward(tr, labels[tr.task_id], cfg.reward, cfg.role) for tr in grp]
                         for grp in groups]
 
             sampled = sample_step(positions, dataset.tasks, roll, score, filter_groups=cfg.dynamic_sampling.enabled,
@@ -320,7 +325,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
                 (out / "rollouts").mkdir(exist_ok=True)
                 write_jsonl(
                     out / "rollouts" / f"step-{step:06d}.rank{dist.rank}.jsonl",
-                    [dict(tr, reward=r) for grp, rs in zip(groups, rewards) for tr, r in zip(grp, rs)],
+                    [{**tr.to_json(), "reward": r} for grp, rs in zip(groups, rewards) for tr, r in zip(grp, rs)],
                 )
             # too many request errors: stop before training on what is left (train.failures)
             check_failed_share(sampled.faults, cfg.max_failed_share, step, out, dist,
@@ -333,11 +338,11 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             batch.counts.consumed = stats.consumed
             record = step_record(step, batch, groups, stats, dist, lr, cfg.role, t0, t_roll, sampled)
             if (
-                record["rows_generated"] != record["rows_converted"] + record["rows_dropped"] + record["rows_failed"]
-                or record["rows_converted"] != record["rows_consumed"]
+                record.rows_generated != record.rows_converted + record.rows_dropped + record.rows_failed
+                or record.rows_converted != record.rows_consumed
             ):
-                batch.counts.check()  # this rank's view names the numbers ...
-                raise RuntimeError(f"row-count contract broken on another rank: {record}")  # ... or another rank's
+                batch.counts.check()  # this rank's view names the numbers, or the summed record another rank's
+                raise RuntimeError(f"row-count contract broken on another rank: {record.to_json()}")
             eval_due = bool(cfg.eval.data) and (
                 step == cfg.steps or bool(cfg.eval.every and step % cfg.eval.every == 0)
             )
@@ -350,14 +355,15 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
                 folder = save_checkpoint(out / "checkpoints", step, *trainer, position, cfg.keep_checkpoints)
                 if eval_due:
                     if dist.main:
-                        record.update(_evaluate(cfg, folder / "adapter", out / "eval" / f"step-{step:06d}", rollouts))
+                        record = record.with_evaluation(
+                            *_evaluate(cfg, folder / "adapter", out / "eval" / f"step-{step:06d}", rollouts))
                     dist.wait_for_main(f"evaluation at step {step}")  # bounded by eval.wait_s
-            log.write(record)
+            log.write(record.to_json())
             if dist.main:
                 echo(_step_line(record, cfg.steps))
             # Every rank holds the same summed record, so all ranks stop at the same step.
             if guard is not None and (reason := guard.observe(record)) is not None:
-                stop_collapsed(guard, reason, record["step"], out, dist)
+                stop_collapsed(guard, reason, record.step, out, dist)
         rollouts.close()
         log.close()
         return finish_run(

@@ -1,8 +1,8 @@
 """The trainers' periodic evaluation, answered by the model the trainer already holds.
 
-Until issue 51 a periodic evaluation built its ``hf`` backends from the run config, so every
-``eval.every`` steps rank 0 loaded a second copy of the base model (and merged the adapter into
-it) beside the policy on its GPU. Here the trained roles are answered by ``hf`` backends built on
+Built from the run config, the evaluation's ``hf`` backends would load a second copy of the base
+model (and merge the adapter into it) on rank 0 every ``eval.every`` steps, beside the policy on
+its GPU. Here the trained roles are answered by ``hf`` backends built on
 the loaded ``(model, tokenizer)`` (``HFBackend(loaded=...)``): the live policy in eval mode (it
 holds exactly the adapter the checkpoint saved at that step), or the GRPO trainer's merged copy
 of it refreshed to the same weights (``policy.MergedSampler``: ``W + scale * B @ A``, the very
@@ -34,7 +34,7 @@ def live_backends(config: RunConfig, roles: Collection[str], model, tokenizer) -
     model decodes in one batcher (as GRPO's rollouts do), never from two threads at once. Its
     batch holds the largest ``max_concurrency`` of those roles."""
     from memsearch.backends.hf.backend import HFBackend
-    from memsearch.trajectory import CALL_ROLES
+    from memsearch.records.trajectory import CALL_ROLES
 
     def key(role: str) -> str:
         return json.dumps(getattr(config.backends, role).model_dump(mode="json", exclude={"sampling"}), sort_keys=True)

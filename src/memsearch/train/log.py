@@ -60,5 +60,6 @@ class TrainLog:
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
-    """All records of a ``train_log.jsonl``."""
+    """All lines of a training log as JSON objects: an SFT log's (its own fields); a GRPO log reads
+    as ``TrainStep`` records through ``records.train_step.read_train_log``."""
     return [record for _, record in iter_jsonl(path)]  # the shared reader: a bad line is named file:line

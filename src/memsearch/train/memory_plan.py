@@ -1,6 +1,6 @@
 """The memory pre-flight of a training step: the per-GPU peak memory of the configured GRPO or SFT
 step, estimated from the model's ``config.json`` alone (no weights, data or tokenizer), and a
-check that refuses a step the device cannot hold, with the numbers and the fix (issue 51).
+check that refuses a step the device cannot hold, with the numbers and the fix.
 
     estimate = estimate_memory(read_model_config(cfg.model), cfg)
     print("\\n".join(estimate.lines()))
@@ -72,9 +72,9 @@ from pathlib import Path
 from typing import Any
 
 from memsearch.errors import InputError
+from memsearch.records.trajectory import CALL_ROLES
 from memsearch.train.config import GRPOConfig, SFTConfig
 from memsearch.train.rows import TRAINED_CALL_ROLES
-from memsearch.trajectory import CALL_ROLES
 
 GIB = 2**30
 # Kept free beside the estimate: the CUDA context, cuBLAS workspaces and NCCL buffers (~1 GiB
@@ -87,9 +87,8 @@ PROMPT_SLACK_TOKENS = 1024
 # ``backends.hf.backend.HFBackend`` defaults: one prefill pass and the store of shared prompts.
 MAX_PREFILL_TOKENS = 16384
 PROMPT_STORE_TOKENS = 8192
-# Periodic evaluation used to load a second model on rank 0; it now decodes with the live policy
-# (``train.live_eval``, issue 51), so it adds no weights (to be confirmed by the lead); its decode
-# cache comes and goes between steps, as the rollouts' does.
+# Periodic evaluation decodes with the live policy (``train.live_eval``), so it adds no weights;
+# its decode cache comes and goes between steps, as the rollouts' does.
 EVALUATION_BYTES = 0
 ADAPTER_BYTES = 4  # PEFT autocasts the adapter of a bf16/fp16 base to float32
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "auto": 2}

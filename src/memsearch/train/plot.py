@@ -8,18 +8,20 @@ from typing import Any
 
 from memsearch.errors import InputError, InputValueError, Problem
 from memsearch.io import iter_jsonl
+from memsearch.records.train_step import TrainStep
 
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def curve_records(log_path: Path) -> list[dict[str, Any]]:
-    """The step records of a log that have ``reward_mean``, each checked: a record that is not an
-    object, a step that is not an integer, or a reward / std / invalid rate that is not a finite
-    number raises one ``InputError`` naming every bad file, line and field (matplotlib would
-    otherwise fail with a traceback naming neither, or draw a NaN as a gap)."""
-    records, problems = [], []
+def curve_records(log_path: Path) -> list[TrainStep]:
+    """The training steps of a log (the lines that have ``reward_mean``), each line checked first:
+    a line that is not an object, a step that is not an integer, or a reward / std / invalid rate
+    that is not a finite number raises one ``InputError`` naming every bad file, line and field
+    (matplotlib would otherwise fail with a traceback naming neither, or draw a NaN as a gap)."""
+    records: list[TrainStep] = []
+    problems: list[Problem] = []
     for lineno, record in iter_jsonl(log_path):
         if not isinstance(record, dict):
             problems.append(Problem(str(log_path), lineno, "record", "expected a JSON object per step"))
@@ -33,14 +35,15 @@ def curve_records(log_path: Path) -> list[dict[str, Any]]:
             if (key in record or key == "reward_mean") and not _finite(record.get(key)):
                 problems.append(Problem(str(log_path), lineno, key,
                                         f"got {record.get(key)!r:.40}, expected a finite number"))
-        records.append(record)
+        if not problems:  # a checked line reads as a record; after a bad one only the checks go on
+            records.append(TrainStep.from_json(record))
     if problems:
         raise InputError(problems)
     return records
 
 
 def plot_rewards(log_path: str | Path, png: str | Path, title: str | None = None,
-                 records: list[dict[str, Any]] | None = None) -> Path:
+                 records: list[TrainStep] | None = None) -> Path:
     """Mean reward per step with a ±1 std band (and the invalid-action rate on a second axis);
     ``records``: the log's ``curve_records`` when the caller has read them already."""
     import matplotlib
@@ -51,9 +54,9 @@ def plot_rewards(log_path: str | Path, png: str | Path, title: str | None = None
     records = curve_records(Path(log_path)) if records is None else records
     if not records:
         raise InputValueError(f"{log_path}: no step records with reward_mean")
-    steps = [r["step"] for r in records]
-    mean = [r["reward_mean"] for r in records]
-    std = [r.get("reward_std", 0.0) for r in records]
+    steps = [r.step for r in records]
+    mean = [r.reward_mean for r in records]
+    std = [r.reward_std or 0.0 for r in records]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     ax.plot(steps, mean, marker="o", label="reward (mean over rollouts)")
     ax.fill_between(
@@ -61,10 +64,10 @@ def plot_rewards(log_path: str | Path, png: str | Path, title: str | None = None
     )
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
-    if any("invalid_rate" in r for r in records):
+    if any(r.invalid_rate is not None for r in records):
         ax2 = ax.twinx()
         ax2.plot(
-            steps, [r.get("invalid_rate", 0.0) for r in records], color="tab:red", linestyle="--", label="invalid rate"
+            steps, [r.invalid_rate or 0.0 for r in records], color="tab:red", linestyle="--", label="invalid rate"
         )
         ax2.set_ylabel("invalid-action rate", color="tab:red")
         ax2.set_ylim(0, 1)

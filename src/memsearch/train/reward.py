@@ -37,31 +37,29 @@ Defaults (``RewardSettings``): F1, both penalties 0.5, searches free (docs/desig
 
 from __future__ import annotations
 
-from typing import Any
-
 from memsearch.data.records import Label
 from memsearch.eval.metrics import answer_metric, support_recall
 from memsearch.eval.score import protocol_answer
+from memsearch.records.trajectory import Trajectory
 from memsearch.train.config import RewardSettings
 from memsearch.train.rows import trained_calls
 
 
-def trajectory_reward(trajectory: dict[str, Any], label: Label, settings: RewardSettings, role: str) -> float:
-    """The reward of one trajectory (an engine trajectory dict) for trained ``role`` (module doc)."""
+def trajectory_reward(trajectory: Trajectory, label: Label, settings: RewardSettings, role: str) -> float:
+    """The reward of one trajectory for trained ``role`` (module doc)."""
     metric = answer_metric(settings.metric)
-    text = trajectory.get("reader_text") if settings.metric == "boxed_em" else protocol_answer(trajectory)
+    text = trajectory.reader_text if settings.metric == "boxed_em" else protocol_answer(trajectory)
     reward = float(metric(text, label.answers))
     calls = trained_calls(trajectory, role)
     if calls and settings.invalid_penalty:
-        invalid = sum(1 for c in calls if c.get("valid") is False)
+        invalid = sum(1 for c in calls if c.valid is False)
         reward -= settings.invalid_penalty * invalid / len(calls)
-    citations = trajectory.get("citations") or []
-    if citations and settings.citation_penalty:
-        reward -= settings.citation_penalty * len(trajectory.get("invalid_citations") or []) / len(citations)
+    if trajectory.citations and settings.citation_penalty:
+        reward -= settings.citation_penalty * len(trajectory.invalid_citations) / len(trajectory.citations)
     if settings.search_cost:
-        reward -= settings.search_cost * trajectory.get("counts", {}).get("searches", 0)
+        reward -= settings.search_cost * trajectory.counts.searches
     if settings.memory_recall:
         reward += settings.memory_recall * (
-            support_recall(trajectory.get("memory_sources") or [], label.supporting_facts) or 0.0
+            support_recall(trajectory.memory_sources, label.supporting_facts) or 0.0
         )
     return reward

@@ -27,10 +27,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
+from memsearch.records.causes import InvalidCause
+from memsearch.records.events import PolicyCall
+from memsearch.records.trajectory import Role, Trajectory
 from memsearch.train.failures import split_failed
-from memsearch.trajectory import InvalidCause, Role, call_cause, policy_calls
 
 # What a trainer can train (a config's ``role``), not the role of one call
 # (``backends.base.CALL_ROLES``): a trained role covers one or more call roles.
@@ -94,12 +96,12 @@ class RowCountError(RuntimeError):
     """Rows were lost or duplicated between rollout and optimizer."""
 
 
-def trained_calls(trajectory: dict[str, Any], role: str) -> list[dict[str, Any]]:
-    """The policy-call events of ``trajectory`` that ``role`` trains, in episode order."""
-    return policy_calls(trajectory, TRAINED_CALL_ROLES[role])
+def trained_calls(trajectory: Trajectory, role: str) -> list[PolicyCall]:
+    """The policy calls of ``trajectory`` that ``role`` trains, in episode order."""
+    return trajectory.policy_calls(TRAINED_CALL_ROLES[role])
 
 
-def rows_from_trajectory(trajectory: dict[str, Any], role: str, index: int, group: int) -> tuple[list[Row], int]:
+def rows_from_trajectory(trajectory: Trajectory, role: str, index: int, group: int) -> tuple[list[Row], int]:
     """The rows of one trajectory and the number of its trained calls that failed (no ids).
 
     A call without completion ids but without an error means the backend cannot train (e.g. an
@@ -108,19 +110,19 @@ def rows_from_trajectory(trajectory: dict[str, Any], role: str, index: int, grou
     rows: list[Row] = []
     failed = 0
     for call in trained_calls(trajectory, role):
-        if call.get("error"):
+        if call.error:
             failed += 1
             continue
-        ids, lps, prompt = call.get("completion_ids"), call.get("logprobs"), call.get("prompt_ids")
+        ids, lps, prompt = call.completion_ids, call.logprobs, call.prompt_ids
         if ids is None or lps is None or prompt is None:
-            raise ValueError(f"task {trajectory.get('task_id')}: a {call['role']} call has no token ids or log-probs; "
+            raise ValueError(f"task {trajectory.task_id}: a {call.role} call has no token ids or log-probs; "
                              "the trained role must run on the local hf policy")
         if len(ids) != len(lps):
-            raise ValueError(f"task {trajectory.get('task_id')}: {len(ids)} completion ids but {len(lps)} log-probs")
+            raise ValueError(f"task {trajectory.task_id}: {len(ids)} completion ids but {len(lps)} log-probs")
         rows.append(Row(prompt_ids=list(prompt), completion_ids=list(ids), rollout_logprobs=[float(x) for x in lps],
-                        loss_mask=[1] * len(ids), trajectory=index, group=group, role=call["role"], step=call["step"],
-                        constraint_id=call.get("constraint_id"), valid=call.get("valid") is not False,
-                        over_budget=call.get("valid") is False and call_cause(call) == InvalidCause.OVER_BUDGET))
+                        loss_mask=[1] * len(ids), trajectory=index, group=group, role=call.role, step=call.step,
+                        constraint_id=call.constraint_id, valid=call.valid is not False,
+                        over_budget=call.valid is False and call.invalid_cause == InvalidCause.OVER_BUDGET))
     return rows, failed
 
 
@@ -167,7 +169,7 @@ class Batch:
     masked_decision_tokens: int = 0  # deciding tokens of invalid rows taken out of the loss (invalid_decision_credit)
 
 
-def build_batch(groups: Sequence[Sequence[dict[str, Any]]], rewards: Sequence[Sequence[float]], role: str,
+def build_batch(groups: Sequence[Sequence[Trajectory]], rewards: Sequence[Sequence[float]], role: str,
                 credit: str, std_scale: bool, *, generated: int) -> Batch:
     """Rows of all trajectories, grouped by task, with advantages expanded (normalize, then expand).
 

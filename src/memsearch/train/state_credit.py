@@ -34,8 +34,10 @@ followed from.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from memsearch.records.events import BranchOutcome, PolicyCall
+from memsearch.records.trajectory import Trajectory
 from memsearch.train.failures import split_failed
 from memsearch.train.rows import Batch, Row, group_advantages, trained_calls
 
@@ -44,39 +46,44 @@ if TYPE_CHECKING:
     from memsearch.train.config import StateReward
 
 
-def call_reward(branch: dict[str, Any], before: dict[str, Any], gold: set[str], settings: StateReward) -> float:
-    """The per-call reward of one branch (module doc); ``before`` holds the call's ``kept`` and
-    ``cited`` ids before any branch applied."""
-    if branch["status"] == "rejected" and branch.get("over_budget_tokens", 0) > 0:
-        over = branch["over_budget_tokens"] / max(1, branch["budget_tokens"])
+def _over_budget(branch: BranchOutcome) -> bool:
+    return branch.status == "rejected" and (branch.over_budget_tokens or 0) > 0
+
+
+def call_reward(branch: BranchOutcome, call: PolicyCall, gold: set[str], settings: StateReward) -> float:
+    """The per-call reward of one branch of ``call`` (module doc), against the ids the call's
+    memory kept and cited before any branch applied (``kept_before``, ``cited_before``)."""
+    if _over_budget(branch):
+        over = (branch.over_budget_tokens or 0) / max(1, branch.budget_tokens or 0)
         return -settings.overflow_penalty * (0.5 + 0.5 * min(1.0, over))
-    if branch["status"] != "applied":
+    if branch.status != "applied":
         return -settings.invalid_penalty
     if not gold:
         return 0.0
-    kept_gain = len(set(branch["kept"]) & gold) - len(set(before["kept"]) & gold)
-    junk = len((set(branch["cited"]) - set(before["cited"])) - gold)
+    kept_gain = len(set(branch.kept or ()) & gold) - len(set(call.kept_before or ()) & gold)
+    junk = len((set(branch.cited or ()) - set(call.cited_before or ())) - gold)
     return (settings.gold_gain * kept_gain - settings.junk_penalty * junk) / len(gold)
 
 
-def branch_rows(call: dict[str, Any], trajectory: int, group: int) -> tuple[list[Row], list[dict[str, Any]], int]:
-    """One row per branch with a completion, the branches they came from, and the failed branches."""
+def branch_rows(call: PolicyCall, trajectory: int, group: int
+                ) -> tuple[list[Row], list[tuple[BranchOutcome, bool]], int]:
+    """One row per branch with a completion, the branches they came from (each with whether the
+    episode continued from it), and the number of failed branches."""
     rows, kept, failed = [], [], 0
-    for k, branch in enumerate(call["branches"]):
-        if branch.get("error") or branch.get("completion_ids") is None:
+    for k, branch in enumerate(call.branches or ()):
+        if branch.error or branch.completion_ids is None:
             failed += 1
             continue
-        ids, lps = branch["completion_ids"], branch["logprobs"]
-        rows.append(Row(prompt_ids=list(call["prompt_ids"]), completion_ids=list(ids),
+        ids, lps = branch.completion_ids, branch.logprobs or ()
+        rows.append(Row(prompt_ids=list(call.prompt_ids or ()), completion_ids=list(ids),
                         rollout_logprobs=[float(x) for x in lps], loss_mask=[1] * len(ids), trajectory=trajectory,
-                        group=group, role=call["role"], step=call["step"], constraint_id=branch.get("constraint_id"),
-                        valid=branch["status"] == "applied",
-                        over_budget=branch["status"] == "rejected" and branch.get("over_budget_tokens", 0) > 0))
-        kept.append({**branch, "chosen": k == call["branch_chosen"]})
+                        group=group, role=call.role, step=call.step, constraint_id=branch.constraint_id,
+                        valid=branch.status == "applied", over_budget=_over_budget(branch)))
+        kept.append((branch, k == call.branch_chosen))
     return rows, kept, failed
 
 
-def build_state_batch(groups: Sequence[Sequence[dict[str, Any]]], rewards: Sequence[Sequence[float]],
+def build_state_batch(groups: Sequence[Sequence[Trajectory]], rewards: Sequence[Sequence[float]],
                       labels: dict[str, Label], settings: StateReward, *, std_scale: bool, global_weight: float,
                       generated: int) -> Batch:
     """Rows of every branch of every memory call, each with its state group's advantage.
@@ -99,18 +106,17 @@ def build_state_batch(groups: Sequence[Sequence[dict[str, Any]]], rewards: Seque
                     batch.counts.failed += len(rows)
                 continue
             traj_adv = next(member_adv)
-            gold = set(labels[traj["task_id"]].supporting_facts)
+            gold = set(labels[traj.task_id].supporting_facts)
             count = 0
             for call in _memory_calls(traj):
                 rows, branches, failed = branch_rows(call, index, call_group)
                 batch.counts.failed_calls += failed
                 if not rows:
                     continue
-                before = {"kept": call["kept_before"], "cited": call["cited_before"]}
-                scores = [call_reward(b, before, gold, settings) for b in branches]
+                scores = [call_reward(b, call, gold, settings) for b, _ in branches]
                 local = group_advantages(scores, std_scale)
-                for row, branch, adv in zip(rows, branches, local, strict=True):
-                    row.advantage = adv + (global_weight * traj_adv if branch["chosen"] else 0.0)
+                for row, (_, chosen), adv in zip(rows, branches, local, strict=True):
+                    row.advantage = adv + (global_weight * traj_adv if chosen else 0.0)
                 batch.rows.extend(rows)
                 batch.call_rewards.extend(scores)
                 batch.groups += 1
@@ -125,10 +131,10 @@ def build_state_batch(groups: Sequence[Sequence[dict[str, Any]]], rewards: Seque
     return batch
 
 
-def _memory_calls(trajectory: dict[str, Any]) -> list[dict[str, Any]]:
+def _memory_calls(trajectory: Trajectory) -> list[PolicyCall]:
     """The trajectory's memory calls, each with its branches (else ``ValueError``)."""
     calls = trained_calls(trajectory, "memory")
-    if any("branches" not in call for call in calls):
-        raise ValueError(f"task {trajectory.get('task_id')}: a memory call without branches; credit = 'state' "
+    if any(call.branches is None for call in calls):
+        raise ValueError(f"task {trajectory.task_id}: a memory call without branches; credit = 'state' "
                          "needs the engine's state groups (Environment.branches)")
     return calls

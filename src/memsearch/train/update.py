@@ -127,7 +127,7 @@ class LogprobGap:
     """|recomputed - rollout| log-probs of the sampled tokens in the loss: the largest
     (``logprob_mismatch``), their sum and count (``logprob_mismatch_mean``). Float32 sampler and
     trainer agree to round-off (< 1e-4); a bf16 base leaves a bf16 round-off gap (largest ~0.3,
-    mean ~0.005 on a v2 step: docs/results/grpo_speed.md), which the mean tells from a bug.
+    mean ~0.005 on a CPU-recipe step: docs/results/grpo_speed.md), which the mean tells from a bug.
 
     A token out of the loss (``loss_mask`` 0: ``mask_invalid_decisions``) has no recomputed
     log-prob (``masked_logprobs`` writes 0 there) and is not compared: until 2026-12 it was, and

@@ -324,3 +324,8 @@ class HFBackend:
 
 
 __all__ = ["BatchDecoder", "HFBackend"]
+
+
+def from_config(cfg, tokenizer, dataset=None) -> HFBackend:
+    """The ``hf`` kind's factory (``memsearch.registry``): a local transformers model, loaded on first use."""
+    return HFBackend(model=cfg.model, adapter=cfg.adapter, max_batch_size=cfg.max_concurrency)

@@ -1,4 +1,4 @@
-"""Schema mode: constrained decoding of JSON (or one-of-choices) output, with a replayable mask.
+"""Schema mode: a JSON automaton and the token masks it compiles to, replayable from an id.
 
 docs/design.md §7: schema mode samples each token from the model's distribution renormalized on the
 tokens the constraint allows, and training recomputes new and old log-probs under the *same*
@@ -38,25 +38,23 @@ output with all four op kinds visits 60 distinct states, and ``MEMORY_OPS`` (at 
 per item) has 330 reachable states in all (270 for the uncapped v1; so at most ~16 MB of
 memoized masks); ``masks_for`` on memoized states ~2 ms for 124 tokens.
 
-Constraints: ``memory-ops-v1`` and ``memory-ops-v2-sources<n>`` (the whole decision, any number
-of ops), and the per-call ``memory-extract-v1:<json>`` of the extractive format (one op, built
-from the episode's state: ``extractive_constraint``); ``constraint_by_id`` rebuilds each from its
-id, and ``compile_constraint`` keeps per-call ones in a bounded LRU (``PER_CALL_CACHE_SIZE``).
+This module knows no particular constraint: it compiles any ``Constraint`` it is given. The
+memory action format's constraints and their ids (``memory-ops-v1``, ``memory-ops-v2-sources<n>``,
+the per-call ``memory-extract-v1:<json>``) live in ``memsearch.memory.action_format``, whose
+``constraint_by_id`` rebuilds one from a row's id; ``compile_constraint`` keeps per-call ones in a
+bounded LRU (``PER_CALL_CACHE_SIZE``).
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import re
 import threading
 import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from memsearch.backends.base import Constraint
-from memsearch.backends.hf.extractive_constraint import EXTRACT_PREFIX, extractive_constraint_by_id
-from memsearch.config import MEMORY_MAX_SOURCES
+from memsearch.memory.extractive_constraint import EXTRACT_PREFIX
 
 if TYPE_CHECKING:
     import torch
@@ -66,75 +64,6 @@ if TYPE_CHECKING:
 MAX_WHITESPACE = 1
 _WS = frozenset(" \t\n\r")
 _HEX, _ESCAPES = frozenset("0123456789abcdefABCDEF"), frozenset('"\\/bfnrt')
-
-_ID_TEXT = {"type": "string", "minLength": 1}
-_KIND = {"enum": ["fact", "open"]}
-
-
-def _op(name: str, props: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {"type": "object", "properties": {"op": {"const": name}, **props},
-            "required": ["op", *required], "additionalProperties": False}
-
-
-def memory_ops_schema(max_sources: int | None) -> dict[str, Any]:
-    """Decision-mode output (docs/design.md §5), each item citing at most ``max_sources``
-    sources (``maxItems``; ``None``: unbounded, the v1 schema). Every text it accepts parses with
-    ``memory.ops.parse_ops``; it is stricter where that helps the memory: keys in this order, ADD
-    must cite ``sources`` and give a ``kind``, texts and ids are non-empty, at least one op, and
-    ``maxItems`` counts a repeated id twice where the store counts distinct ids. Whether ids
-    exist, sources were shown and NOOP stands alone is for the memory store (it depends on the
-    episode)."""
-    sources: dict[str, Any] = {"type": "array", "items": {"type": "string", "minLength": 1}}
-    if max_sources is not None:
-        sources["maxItems"] = max_sources
-    return {
-        "type": "object",
-        "properties": {"ops": {"type": "array", "minItems": 1, "items": {"anyOf": [
-            _op("ADD", {"text": _ID_TEXT, "sources": sources, "kind": _KIND}, ["text", "sources", "kind"]),
-            _op("UPDATE", {"id": _ID_TEXT, "text": _ID_TEXT, "sources": sources, "kind": _KIND}, ["id", "text"]),
-            _op("DELETE", {"id": _ID_TEXT}, ["id"]),
-            _op("NOOP", {}, []),
-        ]}}},
-        "required": ["ops"],
-        "additionalProperties": False,
-    }
-
-
-# v1 (no cap on sources) stays registered so rows sampled under it still replay their masks.
-MEMORY_OPS_V1 = Constraint(id="memory-ops-v1", json_schema=memory_ops_schema(None))
-_CAPPED_ID = re.compile(r"memory-ops-v2-sources([1-9][0-9]*)")
-
-
-@functools.cache
-def memory_ops_constraint(max_sources: int) -> Constraint:
-    """The memory-ops constraint of ``agent.memory_max_sources = max_sources``; its id
-    (``memory-ops-v2-sources{n}``) names the cap, so ``constraint_by_id`` rebuilds it from a row."""
-    if max_sources < 1:
-        raise ValueError(f"max_sources must be at least 1, got {max_sources}")
-    return Constraint(id=f"memory-ops-v2-sources{max_sources}", json_schema=memory_ops_schema(max_sources))
-
-
-MEMORY_OPS = memory_ops_constraint(MEMORY_MAX_SOURCES)  # the default cap
-MEMORY_OPS_SCHEMA: dict[str, Any] = MEMORY_OPS.json_schema
-
-CONSTRAINTS: dict[str, Constraint] = {c.id: c for c in (MEMORY_OPS_V1, MEMORY_OPS)}
-
-
-def constraint_by_id(constraint_id: str) -> Constraint:
-    """The registered constraint called ``constraint_id`` (training rows store only the id);
-    ``memory-ops-v2-sources{n}`` for any cap ``n``; an ``EXTRACT_PREFIX`` id rebuilt from its
-    payload (``extractive_constraint``; ``ValueError`` if malformed)."""
-    if constraint_id in CONSTRAINTS:
-        return CONSTRAINTS[constraint_id]
-    capped = _CAPPED_ID.fullmatch(constraint_id)
-    if capped:
-        return memory_ops_constraint(int(capped.group(1)))
-    if constraint_id.startswith(EXTRACT_PREFIX):
-        return extractive_constraint_by_id(constraint_id)
-    raise ValueError(
-        f"unknown constraint id {constraint_id!r}; valid ids: {', '.join(sorted(CONSTRAINTS))} "
-        f"(memory-ops-v2-sources<n> for any cap n, {EXTRACT_PREFIX}<json> for an extractive call)"
-    )
 
 
 # ---------------------------------------------------------------------------------- automaton
@@ -573,19 +502,11 @@ def compile_constraint(constraint: Constraint, hf_tokenizer: Any) -> TokenConstr
 
 
 __all__ = [
-    "CONSTRAINTS",
-    "EXTRACT_PREFIX",
     "MAX_WHITESPACE",
-    "MEMORY_OPS",
-    "MEMORY_OPS_SCHEMA",
-    "MEMORY_OPS_V1",
     "PER_CALL_CACHE_SIZE",
     "PER_CALL_PREFIXES",
     "Automaton",
     "TokenConstraint",
     "compile_constraint",
-    "constraint_by_id",
-    "memory_ops_constraint",
-    "memory_ops_schema",
     "token_texts",
 ]

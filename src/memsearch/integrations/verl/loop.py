@@ -24,6 +24,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from memsearch.integrations.verl.backend import VerlPolicyBackend
 from memsearch.integrations.verl.session import WorkerSetup, run_session, setup_for_row
+from memsearch.records.trajectory import Trajectory
 
 
 class MemsearchAgentLoop(AgentLoopBase):
@@ -38,7 +39,7 @@ class MemsearchAgentLoop(AgentLoopBase):
     def __init__(self, *args: Any, train_config: str, data: str | None = None,
                  overrides: list[str] | tuple[str, ...] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.trajectory: dict[str, Any] | None = None  # the last episode, for rollout records and tests
+        self.trajectory: Trajectory | None = None  # the last episode, for rollout records and tests
         self.setup: WorkerSetup | None = None
         self.train_config = str(train_config)
         self.data = None if data is None else str(data)
@@ -64,8 +65,8 @@ class MemsearchAgentLoop(AgentLoopBase):
         trajectory, outputs, summary = await run_session(self.setup, task_id, policy)
         self.trajectory = trajectory
         counts = {"rows": len(outputs), "prompt_overflows": policy.overflows,
-                  "request_errors": trajectory["counts"]["request_errors"],
-                  "invalid_actions": trajectory["counts"]["invalid_actions"]}
+                  "request_errors": trajectory.counts.request_errors,
+                  "invalid_actions": trajectory.counts.invalid_actions}
         # Every output gets the same extra-field keys (verl stores them column-wise); the reward
         # manager reads the last one's. The summary is small and holds no label.
         return [AgentLoopOutput(**fields, num_turns=2, metrics=AgentLoopMetrics(),

@@ -24,41 +24,43 @@ from __future__ import annotations
 
 from typing import Any
 
+from memsearch.records.events import EventKind
+from memsearch.records.trajectory import Trajectory
 from memsearch.train.rows import rows_from_trajectory, trained_calls
-from memsearch.trajectory import EventKind
 
 
-def session_outputs(trajectory: dict[str, Any], role: str) -> list[dict[str, Any]]:
+def session_outputs(trajectory: Trajectory, role: str) -> list[dict[str, Any]]:
     """The trained calls of ``trajectory`` as verl output fields, in episode order (module doc)."""
     rows, _failed = rows_from_trajectory(trajectory, role, index=0, group=0)
     outputs = [{"prompt_ids": list(r.prompt_ids), "response_ids": list(r.completion_ids),
                 "response_mask": list(r.loss_mask), "response_logprobs": list(r.rollout_logprobs)} for r in rows]
-    if outputs and not any(outputs[-1]["response_mask"]):
-        raise ValueError(f"task {trajectory.get('task_id')}: the last trained call generated no token; verl would "
+    if outputs and not any(rows[-1].loss_mask):
+        raise ValueError(f"task {trajectory.task_id}: the last trained call generated no token; verl would "
                          "read its session's advantage from an all-masked row (advantage 0 for every row)")
     return outputs
 
 
-def reward_summary(trajectory: dict[str, Any], role: str) -> dict[str, Any]:
-    """What the reward needs of a trajectory (``train.reward.trajectory_reward``), small and label-free.
+def reward_summary(trajectory: Trajectory, role: str) -> dict[str, Any]:
+    """What the reward needs of a trajectory (``train.reward.trajectory_reward``), small and label-free:
+    a trajectory line that ``Trajectory.from_json`` reads back (``reward.compute_score``), plus the
+    trained ``role``.
 
     The trained calls keep only role and validity (the invalid-action penalty); documents,
     memory and prompts stay out, because verl copies every field into every row.
     """
-    counts = trajectory.get("counts", {})
+    counts = trajectory.counts
     return {
-        "task_id": trajectory["task_id"],
+        "task_id": trajectory.task_id,
         "role": role,
-        "prediction": trajectory.get("prediction"),
-        "reader_text": trajectory.get("reader_text"),
-        "answer_format": trajectory.get("answer_format", "free"),
-        "citations": list(trajectory.get("citations") or []),
-        "invalid_citations": list(trajectory.get("invalid_citations") or []),
-        "memory_sources": list(trajectory.get("memory_sources") or []),
-        "counts": {"searches": counts.get("searches", 0), "policy_calls": counts.get("policy_calls", 0),
-                   "request_errors": counts.get("request_errors", 0)},
-        "events": [{"type": EventKind.POLICY_CALL, "role": c["role"], "valid": c.get("valid"),
-                    "invalid_cause": c.get("invalid_cause")}
+        "prediction": trajectory.prediction,
+        "reader_text": trajectory.reader_text,
+        "answer_format": trajectory.answer_format,
+        "citations": list(trajectory.citations),
+        "invalid_citations": list(trajectory.invalid_citations),
+        "memory_sources": list(trajectory.memory_sources),
+        "counts": {"searches": counts.searches, "policy_calls": counts.policy_calls,
+                   "request_errors": counts.request_errors},
+        "events": [{"type": EventKind.POLICY_CALL, "role": c.role, "valid": c.valid, "invalid_cause": c.invalid_cause}
                    for c in trained_calls(trajectory, role)],
-        "status": trajectory.get("status"),
+        "status": trajectory.status,
     }

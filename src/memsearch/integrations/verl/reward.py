@@ -24,6 +24,7 @@ from typing import Any
 from memsearch.data.records import Label
 from memsearch.eval.metrics import answer_metric
 from memsearch.eval.score import protocol_answer
+from memsearch.records.trajectory import Trajectory
 from memsearch.train.config import RewardSettings
 from memsearch.train.reward import trajectory_reward
 
@@ -48,10 +49,12 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     if hasattr(ground_truth, "tolist"):  # a parquet list column arrives as a numpy array
         ground_truth = ground_truth.tolist()
     answers = [str(a) for a in ground_truth] if isinstance(ground_truth, (list, tuple)) else [str(ground_truth)]
-    label = Label(id=summary["task_id"], answers=answers, supporting_facts=[], gold_doc_ids=[])
+    trajectory = Trajectory.from_json(summary)  # the trajectory's fields the reward reads (outputs.reward_summary)
+    role = summary["role"]  # the summary's own field beside them
+    label = Label(id=trajectory.task_id, answers=answers, supporting_facts=[], gold_doc_ids=[])
     settings = RewardSettings(metric=metric, invalid_penalty=invalid_penalty, citation_penalty=citation_penalty,
                               search_cost=search_cost)
-    score = trajectory_reward(summary, label, settings, summary["role"])
-    text = summary.get("reader_text") if metric == "boxed_em" else protocol_answer(summary)
+    score = trajectory_reward(trajectory, label, settings, role)
+    text = trajectory.reader_text if metric == "boxed_em" else protocol_answer(trajectory)
     return {"score": score, "metric": float(answer_metric(metric)(text, answers)),
-            "answered": int(summary.get("prediction") is not None)}
+            "answered": int(trajectory.prediction is not None)}

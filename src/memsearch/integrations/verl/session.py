@@ -23,6 +23,7 @@ from memsearch.data.records import Task
 from memsearch.engine.environment import SharedParts
 from memsearch.engine.episode import run_episode
 from memsearch.integrations.verl.outputs import reward_summary, session_outputs
+from memsearch.records.trajectory import Trajectory
 from memsearch.train.config import GRPOConfig
 from memsearch.train.rows import TRAINED_CALL_ROLES
 
@@ -82,7 +83,7 @@ def setup_for_row(train_config: str, extra_info: dict[str, Any], data: str | Non
     return setup
 
 
-async def run_session(setup: WorkerSetup, task_id: str, policy: Any) -> tuple[dict[str, Any], list[dict[str, Any]],
+async def run_session(setup: WorkerSetup, task_id: str, policy: Any) -> tuple[Trajectory, list[dict[str, Any]],
                                                                                 dict[str, Any]]:
     """Roll out one task: ``(trajectory, outputs in episode order, reward summary)``.
 

@@ -203,7 +203,7 @@ class MemoryPolicyPipeline(StrictConfig):
         description="What a stop of a GRPO stage's collapse guard does: 'stop' ends the pipeline (CollapseError); "
         "'score_last_checkpoint' finishes the stage with its newest checkpoint's adapter (the policy at the stop when "
         "that is a checkpoint step, e.g. the last) and records the stop in the stage record and the report, so the "
-        "collapsed seed keeps its held-out rows and the bar judges it. Not in any stage fingerprint: it decides "
+        "collapsed seed keeps its held-out rows in the comparison. Not in any stage fingerprint: it decides "
         "whether a stopped stage counts as finished, not what a stage computes",
     )
     stage1_serving: Literal["in_process", "http"] = Field(
@@ -214,12 +214,16 @@ class MemoryPolicyPipeline(StrictConfig):
         "port: the URL is part of every stage's fingerprint); `memsearch experiment run` deploys it with the "
         "engine of its config. Needs stage2.memory_serving = 'http' (whose checks apply: no schema mode)",
     )
-    bar: Literal["recall_every_seed", "pooled", "pooled_extractive"] = Field(
-        "recall_every_seed",
-        description="The held-out bar the report judges (pipelines/memory_policy/bar.py; its thresholds are "
-        "constants there, fixed before any held-out number): 'recall_every_seed' (recipe v1), 'pooled' (v2) or "
-        "'pooled_extractive' (v3: pooled, with an over-budget rate of 0 for a format that cannot overflow)",
-    )
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bar(cls, data: Any) -> Any:
+        # A bar is registered by a study before its numbers exist and applied there; a pipeline
+        # config that still names one would read as if the pipeline judged it.
+        if isinstance(data, dict) and "bar" in data:
+            raise KeyProblems(("bar", "the pipeline no longer judges a bar: it writes the held-out comparison "
+                               "only. A bar is registered and applied by its study (studies/protocols.toml; "
+                               "python -m studies.memory_policy.verdict RUN); remove `bar` from this config"))
+        return data
 
     @model_validator(mode="before")
     @classmethod

@@ -4,7 +4,7 @@ Four memory policies write the memory of the same episodes, everything else fixe
 memory, the fixed plan, the same reader, budgets and held-out dev questions):
 
     base    the untrained base model, schema mode (constrained JSON, so it can emit operations at all)
-    rules   the rules memory heuristic (``backends.rules``): the bar a trained policy must clear
+    rules   the rules memory heuristic (``backends.rules``): the baseline a trained policy is compared with
     sft     the base model with the seed's SFT adapter
     grpo    the seed's merged stage-1 model (SFT + GRPO), in process or served (``stage1_serving``)
 
@@ -19,10 +19,13 @@ eval run, resumed after a kill.
 Per seed: the paired bootstrap difference on every question of ``PAIRS`` x ``DIFF_METRICS``;
 over seeds: ``grpo - sft`` and ``grpo - rules`` on the per-question mean over seeds. The
 memory role's own calls are summarised apart from the reader's (``memory_calls``): op counts
-executed, invalid calls by cause (over the budget, cut at the token limit, a source not shown,
-other), the calls that executed each op, and the per-decision rates against the gold labels
-(``decisions``). ``summary.json`` holds it all; ``bar`` says whether the config's bar holds
-(``bar.py``: which checks, on which figures).
+executed, invalid calls per cause code (``INVALID_KEYS``: cut at the token limit, else the
+call's ``InvalidCause``), the calls that executed each op, and the per-decision rates against
+the gold labels (``decisions``). ``summary.json`` holds the comparison and nothing else: whether
+a result clears a bar is decided outside the library, by the study that registered the bar
+before the numbers existed. Older summaries also hold a ``bar`` verdict and count invalid calls
+in four groups (``over_budget``, ``truncated``, ``unshown_source``, ``other``); the report reads
+both forms.
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ from typing import Any
 
 from memsearch.eval.run_diff import paired_difference, per_task_metrics
 from memsearch.io import iter_jsonl, write_json
-from memsearch.pipelines.memory_policy import bar as bars
 from memsearch.pipelines.stages import eval_run
+from memsearch.records.causes import InvalidCause
+from memsearch.records.events import MemoryEvent, PolicyCall
+from memsearch.records.trajectory import read_trajectories
 from memsearch.train.config import RewardSettings
-from memsearch.trajectory import CAUSES, EventKind, InvalidCause, call_cause, policy_calls, read_trajectories
 
 POLICIES = ("base", "rules", "sft", "grpo")
 SHARED = ("base", "rules")
@@ -45,7 +49,9 @@ PAIRS = (("grpo", "rules"), ("grpo", "sft"), ("sft", "rules"), ("sft", "base"), 
 DIFF_METRICS = ("memory_support_recall", "f1", "em")
 METRICS = ("memory_support_recall", "memory_support_precision", "retrieval_support_recall", "f1", "em",
            "invalid_action_rate")
-INVALID_CAUSES = ("over_budget", "truncated", "unshown_source", "other")  # columns: CAUSES' heldout groups
+# ``memory_calls``' invalid counts: a call cut at its token limit, else its cause code. A failed
+# request is no action (valid None) and is never counted here.
+INVALID_KEYS = ("truncated", *(c.value for c in InvalidCause if c is not InvalidCause.REQUEST_FAILED))
 GOLD_CALL_OUTCOMES = ("kept_gold", "stored_other_only", "stored_nothing", "over_budget", "invalid_other")
 
 
@@ -70,29 +76,29 @@ def policy_config(cfg, policy: str, sft: Path | None = None, stage1: Path | None
     return RunConfig.model_validate(data)
 
 
-def _invalid_cause(call: dict[str, Any]) -> str:
-    """The column of an invalid call: cut at its token limit, whatever broke, else its cause's group."""
-    if call.get("finish_reason") == "length":
+def _invalid_key(call: PolicyCall) -> str:
+    """The count an invalid call goes to: cut at its token limit, whatever broke, else its cause code."""
+    if call.finish_reason == "length":
         return "truncated"
-    return CAUSES[call_cause(call) or InvalidCause.OTHER].heldout
+    return (call.invalid_cause or InvalidCause.OTHER).value
 
 
 def memory_calls(run: Path) -> dict[str, Any]:
     """The memory role's calls of a run: count, ops executed by kind, the calls that executed
-    each kind (``calls_with``: a call with two ADDs counts once), invalid calls by cause."""
+    each kind (``calls_with``: a call with two ADDs counts once), invalid calls per ``INVALID_KEYS``."""
     calls, ops, calls_with, invalid = 0, Counter(), Counter(), Counter()
     for _, traj in read_trajectories(run / "trajectories.jsonl"):
-        for event in policy_calls(traj, ("memory",)):
+        for call in traj.policy_calls(["memory"]):
             calls += 1
-            executed = ((event.get("action") or {}).get("memory") or {}).get("executed") or {}
+            executed = traj.executed(call)
             ops.update(executed)
             calls_with.update(op for op, n in executed.items() if n)
-            if event.get("valid") is False:
-                invalid[_invalid_cause(event)] += 1
+            if call.valid is False:
+                invalid[_invalid_key(call)] += 1
     kinds = ("ADD", "UPDATE", "DELETE", "NOOP")
     return {"calls": calls, "ops_executed": {k: ops.get(k, 0) for k in kinds},
             "calls_with": {k: calls_with.get(k, 0) for k in kinds},
-            "invalid": {k: invalid.get(k, 0) for k in INVALID_CAUSES},
+            "invalid": {k: invalid.get(k, 0) for k in INVALID_KEYS},
             "invalid_rate": round(sum(invalid.values()) / calls, 4) if calls else None}
 
 
@@ -120,22 +126,19 @@ def decision_rates(run: Path, gold: dict[str, set[str]]) -> dict[str, Any]:
     calls_of = {True: 0, False: 0}
     outcomes = Counter({outcome: 0 for outcome in GOLD_CALL_OUTCOMES})
     for _, traj in read_trajectories(run / "trajectories.jsonl"):
-        facts = gold.get(traj["task_id"], set())
-        shown: dict[Any, set[str]] = {}
-        updates = []
-        for event in traj.get("events", []):
-            if event.get("type") == EventKind.SEARCH:
-                shown.setdefault(event.get("step"), set()).update(event.get("shown") or [])
-            elif event.get("type") == EventKind.MEMORY and "sources_before" in event:
-                updates.append(event)
-        afters = [set(e["sources_before"]) for e in updates[1:]] + [set(traj.get("memory_cited") or [])]
+        facts = gold.get(traj.task_id, set())
+        shown: dict[int, set[str]] = {}
+        for search in traj.searches:
+            shown.setdefault(search.step, set()).update(search.shown)
+        updates = [e for e in traj.memory_events if e.sources_before is not None]
+        afters = [set(e.sources_before) for e in updates[1:]] + [set(traj.memory_cited)]
         for event, after in zip(updates, afters):
-            before = set(event["sources_before"])
-            new_gold = (shown.get(event.get("step"), set()) & facts) - before
+            before = set(event.sources_before)
+            new_gold = (shown.get(event.step, set()) & facts) - before
             shown_gold += len(new_gold)
             kept += len(new_gold & after)
             junk += len(after - before - facts)
-            overflow = event.get("cause") == InvalidCause.OVER_BUDGET
+            overflow = event.cause == InvalidCause.OVER_BUDGET
             overflows += overflow
             calls += 1
             gold_call = bool(new_gold)
@@ -150,10 +153,10 @@ def decision_rates(run: Path, gold: dict[str, set[str]]) -> dict[str, Any]:
             "gold_call_outcomes": dict(outcomes)}
 
 
-def _gold_call_outcome(event: dict[str, Any], overflow: bool, new_gold: set[str], added: set[str]) -> str:
+def _gold_call_outcome(event: MemoryEvent, overflow: bool, new_gold: set[str], added: set[str]) -> str:
     if overflow:
         return "over_budget"
-    if event.get("valid") is False:
+    if not event.valid:
         return "invalid_other"
     if new_gold & added:
         return "kept_gold"
@@ -220,35 +223,47 @@ def _mean_rows(runs: list[Path]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def compare(cfg, shared: dict[str, dict[str, Any]], seeds: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """Differences per seed and over seeds, and the bar; the content of ``summary.json``."""
-    r = cfg.report
-
+def paired_differences(shared: dict[str, Path], seeds: dict[Any, dict[str, Path]], usable: dict[Any, bool],
+                       resamples: int, confidence: float, seed: int) -> tuple[dict[Any, Any], dict[str, Any]]:
+    """``(per_seed, over_seeds)`` of the comparison from the runs' per-question metrics: ``shared``
+    maps base / rules to their run folders, ``seeds`` each seed's sft (unless a cold start) and
+    grpo run folders; ``usable[seed]``: whether every run of that seed's pairs is usable. A folder
+    needs ``metrics.jsonl`` (or the ``.gz`` a results folder publishes), so a published comparison
+    can be recomputed from its own records."""
     def diff(a_rows, b_rows, metric):
-        return paired_difference(b_rows, a_rows, metric, r.bootstrap_resamples, r.confidence, r.seed)
+        return paired_difference(b_rows, a_rows, metric, resamples, confidence, seed)
 
-    policies = (*SHARED, *trained_policies(cfg))
+    trained = tuple(p for p in ("sft", "grpo") if all(p in runs for runs in seeds.values()))
+    policies = (*SHARED, *trained)
     pairs = [(a, b) for a, b in PAIRS if a in policies and b in policies]
     per_seed = {}
-    for seed, rows in seeds.items():
-        runs = {**shared, **rows}
-        per_task = {p: per_task_metrics(Path(runs[p]["run"]) / "metrics.jsonl") for p in policies}
-        usable = all(runs[p]["usable_for_comparison"] for p in policies)
-        per_seed[seed] = {f"{a}-{b}": {m: {**(diff(per_task[a], per_task[b], m) or {}), "usable": usable}
-                                       for m in DIFF_METRICS} for a, b in pairs}
-    means = {p: _mean_rows([Path(rows[p]["run"]) for rows in seeds.values()]) for p in trained_policies(cfg)}
-    rules = per_task_metrics(Path(shared["rules"]["run"]) / "metrics.jsonl")
+    for s, runs in seeds.items():
+        folders = {**shared, **runs}
+        per_task = {p: per_task_metrics(Path(folders[p]) / "metrics.jsonl") for p in policies}
+        per_seed[s] = {f"{a}-{b}": {m: {**(diff(per_task[a], per_task[b], m) or {}), "usable": usable[s]}
+                                    for m in DIFF_METRICS} for a, b in pairs}
+    means = {p: _mean_rows([Path(runs[p]) for runs in seeds.values()]) for p in trained}
+    rules = per_task_metrics(Path(shared["rules"]) / "metrics.jsonl")
     over = {**({"grpo-sft": {m: diff(means["grpo"], means["sft"], m) for m in DIFF_METRICS}} if "sft" in means else {}),
             "grpo-rules": {m: diff(means["grpo"], rules, m) for m in DIFF_METRICS}}
-    bar = bars.evaluate(cfg.bar, per_seed, over, shared, seeds)
-    not_run = [p for p in POLICIES if p not in policies]
+    return per_seed, over
+
+
+def compare(cfg, shared: dict[str, dict[str, Any]], seeds: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Differences per seed and over seeds; the content of ``summary.json``."""
+    r = cfg.report
+    policies = (*SHARED, *trained_policies(cfg))
+    per_seed, over = paired_differences(
+        {p: Path(shared[p]["run"]) for p in SHARED},
+        {s: {p: Path(row["run"]) for p, row in rows.items()} for s, rows in seeds.items()},
+        {s: all({**shared, **rows}[p]["usable_for_comparison"] for p in policies) for s, rows in seeds.items()},
+        r.bootstrap_resamples, r.confidence, r.seed)
     return {
         "policies": {"shared": shared, "seeds": seeds},
         "per_seed": per_seed,
         "over_seeds": over,
-        "bar": bar,
         "grpo_start": cfg.grpo_start,
-        "not_run": not_run,
+        "not_run": [p for p in POLICIES if p not in policies],
         "reward": RewardSettings.model_validate(cfg.grpo.get("reward") or {}).model_dump(),
         "schema_mode": cfg.schema_mode,
         "questions": cfg.data.dev_questions,

@@ -67,7 +67,8 @@ def seed_section(cfg, seed: dict[str, Any]) -> dict[str, Any]:
     return {"seed": seed["seed"], "rows": rows, "diffs": diffs, "stage2": seed["stage2"], "caveats": caveats(configs)}
 
 
-def _cell(v: Any) -> str:
+def format_cell(v: Any) -> str:
+    """A table cell: "-" for none, yes / NO for a check, three decimals for a figure."""
     if v is None:
         return "-"
     if isinstance(v, bool):
@@ -89,7 +90,7 @@ def _reward(table: dict[str, Any]) -> str:
 
 def _diff_line(name: str, metric: str, d: dict[str, Any] | None, usable: bool = True) -> str:
     if not d or "diff" not in d:
-        return f"| {name} | {metric} | - | - | - | - | 0 | {_cell(usable)} |"
+        return f"| {name} | {metric} | - | - | - | - | 0 | {format_cell(usable)} |"
     return (
         f"| {name} | {metric} | {d['mean_a']:.3f} | {d['mean_b']:.3f} | {d['diff']:+.3f} | "
         f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | {d['n']} | {'yes' if usable else 'NOT USABLE'} |"
@@ -98,7 +99,7 @@ def _diff_line(name: str, metric: str, d: dict[str, Any] | None, usable: bool = 
 
 def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
     """The held-out comparison of memory policies (``pipeline.heldout``) as markdown lines."""
-    from memsearch.pipelines.memory_policy.heldout import DIFF_METRICS, INVALID_CAUSES
+    from memsearch.pipelines.memory_policy.heldout import DIFF_METRICS
 
     cols = (
         "policy",
@@ -107,7 +108,7 @@ def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
         "F1",
         "EM",
         "memory-call invalid rate",
-        *(f"invalid: {c}" for c in INVALID_CAUSES),
+        "invalid calls by cause",
         "ADD / UPDATE / DELETE / NOOP",
         "questions",
         "usable",
@@ -117,7 +118,7 @@ def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
         "",
         f"Decision memory, fixed plan, the same reader and budgets; {comparison['questions']} held-out dev questions. "
         "base = the untrained model in schema mode; rules = the rules memory heuristic; sft / grpo = the seed's SFT "
-        f"adapter / merged stage-1 model (schema mode: {_cell(comparison['schema_mode'])}). GRPO reward: "
+        f"adapter / merged stage-1 model (schema mode: {format_cell(comparison['schema_mode'])}). GRPO reward: "
         + ", ".join(f"{k} = {v}" for k, v in comparison["reward"].items())
         + ".",
         "",
@@ -139,12 +140,12 @@ def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
                 + " | ".join(
                     [
                         policy,
-                        *(_cell(r[m]) for m in ("memory_support_recall", "retrieval_support_recall", "f1", "em")),
-                        _cell(calls["invalid_rate"]),
-                        *(str(calls["invalid"][c]) for c in INVALID_CAUSES),
+                        *(format_cell(r[m]) for m in ("memory_support_recall", "retrieval_support_recall", "f1", "em")),
+                        format_cell(calls["invalid_rate"]),
+                        _invalid_cell(calls["invalid"]),
                         ops,
                         str(r["questions"]),
-                        _cell(r["usable_for_comparison"]),
+                        format_cell(r["usable_for_comparison"]),
                     ]
                 )
                 + " |"
@@ -156,7 +157,7 @@ def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
             with_op = calls.get("calls_with") or {}  # absent in summaries written before it was counted
             share = {op: with_op[op] / calls["calls"] if calls["calls"] and op in with_op else None
                      for op in ("ADD", "NOOP")}
-            lines.append(f"| {policy} | " + " | ".join(_cell(v) for v in (
+            lines.append(f"| {policy} | " + " | ".join(format_cell(v) for v in (
                 dec.get("gold_kept_share"), dec.get("junk_ids_per_call"), dec.get("overflow_rate"),
                 dec.get("store_rate_gold_calls"), dec.get("store_rate_other_calls"),
                 share["ADD"], share["NOOP"])) + " |")
@@ -173,22 +174,15 @@ def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
     ]
     for pair, metrics in comparison["over_seeds"].items():
         lines += [_diff_line(pair, m, metrics[m]) for m in DIFF_METRICS]
-    bar = comparison["bar"]
-    on_sft = "not run (no SFT)" if bar["grpo_improves_on_sft"] is None else _cell(bar["grpo_improves_on_sft"])
-    lines += [
-        "",
-        f"Bar ({bar['criterion']}): **{'holds' if bar['holds'] else 'does not hold'}** "
-        f"(per seed: {', '.join(f'{s}: {_cell(v)}' for s, v in bar['per_seed'].items())}); GRPO improves on SFT "
-        f"over seeds with a CI above 0: {on_sft}.",
-        "",
-    ]
-    if "checks" in bar:  # the pooled bar: each check and the figures it read
-        lines += ["| check | holds | figures |", "|---|---|---|"]
-        lines += [f"| {name} | {_cell(c['holds'])} | "
-                  + ", ".join(f"{k} = {_cell(v)}" for k, v in c.items() if k != "holds") + " |"
-                  for name, c in bar["checks"].items()]
-        lines.append("")
+    lines.append("")
     return lines
+
+
+def _invalid_cell(invalid: dict[str, int]) -> str:
+    """The invalid calls of a row as ``cause count`` pairs, those that occurred: a summary counts
+    them per cause code (``heldout.INVALID_KEYS``), one written before in four groups; both read."""
+    found = [f"{cause} {n}" for cause, n in invalid.items() if n]
+    return ", ".join(found) if found else "0"
 
 
 def _stage2_memory(cfg) -> str:
@@ -270,12 +264,12 @@ def render(cfg, sections: list[dict[str, Any]], comparison: dict[str, Any] | Non
                         r["group"],
                         _backend(r["memory_backend"]),
                         _backend(r["controller_backend"]),
-                        *(_cell(r[m]) for m in METRICS),
+                        *(format_cell(r[m]) for m in METRICS),
                         f"{r['questions']}/{r['expected']}",
                         str(r["request_errors"]),
                         str(r["memory_truncations"]),
-                        _cell(r["complete"]),
-                        _cell(r["usable_for_comparison"]),
+                        format_cell(r["complete"]),
+                        format_cell(r["usable_for_comparison"]),
                     ]
                 )
                 + " |"
@@ -365,7 +359,7 @@ def write_mp_report(
     report = {
         "seeds": sections,
         "stage2": cfg.stage2.enabled,
-        "heldout": comparison and {k: comparison[k] for k in ("per_seed", "over_seeds", "bar")},
+        "heldout": comparison and {k: comparison[k] for k in ("per_seed", "over_seeds")},
         "stage_times": times,
         "usable_for_comparison": heldout_usable
         and all(r["usable_for_comparison"] for s in sections for r in s["rows"]),

@@ -1,0 +1,8 @@
+"""The typed records that cross memsearch's layers, each written and read through its own
+``to_json`` / ``from_json`` (docs/design.md §3):
+
+- ``records.trajectory``: ``Trajectory`` (one episode) and ``records.events`` (its events);
+- ``records.causes``: why an action was invalid, as codes;
+- ``records.observation``: ``Observation``, what a policy backend gets beside its prompt;
+- ``records.train_step``: ``TrainStep``, one line of a GRPO training log.
+"""
