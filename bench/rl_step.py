@@ -69,12 +69,12 @@ def side(args) -> dict:
     from memsearch.data.dataset import load_dataset, save_dataset
     from memsearch.data.hotpot import convert_hotpot
     from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
-    from memsearch.train import grpo
-    from memsearch.train.decisions import mark_decisions, mask_invalid_decisions
     from memsearch.train.distributed import Dist
+    from memsearch.train.grpo import trainer as grpo
+    from memsearch.train.grpo.decisions import DecisionRule
+    from memsearch.train.grpo.reward import trajectory_reward
+    from memsearch.train.grpo.state_credit import build_state_batch
     from memsearch.train.policy import load_policy, make_optimizer
-    from memsearch.train.reward import trajectory_reward
-    from memsearch.train.state_credit import build_state_batch
 
     work = Path(args.work)
     pipe = load_config(ROOT / "studies" / "memory_policy" / "configs" / "memory_policy_cpu_v2.toml",
@@ -100,9 +100,9 @@ def side(args) -> dict:
     t_roll = time.perf_counter() - t0
     rewards = [[trajectory_reward(tr, labels[tr["task_id"]], cfg.reward, cfg.role) for tr in grp] for grp in groups]
     batch = build_state_batch(groups, rewards, labels, cfg.state_reward, std_scale=cfg.std_scale,
-                              global_weight=cfg.global_weight, generated=rollouts.generated)
-    mark_decisions(batch.rows, tokenizer)
-    masked = mask_invalid_decisions(batch.rows, keep_over_budget=cfg.invalid_decision_credit == "over_budget")
+                              global_weight=cfg.global_weight, generated=rollouts.generated,
+                              decisions=DecisionRule(tokenizer, cfg.invalid_decision_credit))
+    masked = batch.masked_decision_tokens
     # the update's parts: the reference (and old-policy) pass before the first optimizer step,
     # then the loss passes with backward and AdamW
     fixed_s = [0.0]
@@ -141,18 +141,16 @@ def side(args) -> dict:
 def eval_timing(cfg, questions: int, work: Path) -> dict:
     """Seconds per memory call of the trainer's own evaluation path on ``questions`` dev questions."""
     from memsearch.assets.samples import HOTPOT_DEV, samples_dir
-    from memsearch.config import RunConfig
     from memsearch.data.dataset import save_dataset
     from memsearch.data.hotpot import convert_hotpot
     from memsearch.eval.runner import run_eval
     from memsearch.io import iter_jsonl
-    from memsearch.train.grpo import trained_role_backends
+    from memsearch.train.grpo.trainer import trained_role_backends
 
     dev = work / "dev"
     save_dataset(convert_hotpot(samples_dir() / HOTPOT_DEV, split="dev", limit=questions), dev)
-    data = trained_role_backends(cfg, cfg.episode.model_dump(mode="json"), Path(cfg.adapter))
-    data["limit"] = questions
-    summary = run_eval(RunConfig.model_validate(data), dev, work / "eval", show_progress=False)
+    run_config = trained_role_backends(cfg, Path(cfg.adapter), limit=questions)
+    summary = run_eval(run_config, dev, work / "eval", show_progress=False)
     calls = sum(1 for _, tr in iter_jsonl(work / "eval" / "trajectories.jsonl") for e in tr["events"]
                 if e.get("type") == "policy_call" and e.get("role") == "memory")
     wall = summary["timing"]["episodes_wall_s"]

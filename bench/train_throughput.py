@@ -24,7 +24,7 @@ resident set size (``ru_maxrss`` from ``os.wait4``) and the JSON the child write
   ``HFBackend`` holding that live policy (``ignore_eos=True``: EOS does not end a row, so every
   completion is ``NEW_TOKENS`` long), ``generate_sync`` for prompts x group (a distinct seed per
   completion), rewards, ``Row``s with group advantages (``rows.group_advantages``), then
-  ``memsearch.train.grpo.update`` (micro-batched log-probs + clipped loss + backward + clip +
+  ``memsearch.train.grpo.trainer.update`` (micro-batched log-probs + clipped loss + backward + clip +
   AdamW) and the scheduler step: the code ``memsearch train grpo`` runs for one step.
   Timed: from the ``generate_sync`` call to the end of the scheduler step.
 - TRL: ``GRPOTrainer(model=<the embedded model's local HF folder>, reward_funcs=[f1 reward],
@@ -76,7 +76,7 @@ Target: ours >= TRL on samples/s and on peak memory. The last line is machine-re
     RESULT samples_per_s_ratio=<ours/trl> peak_mem_ratio=<trl/ours>
 
 ``--case shared-prompt`` (about 2 minutes) measures the update with ``share_prompts``
-(``memsearch.train.shared_prompt``) against the same update row by row, in one process on the
+(``memsearch.train.grpo.shared_prompt``) against the same update row by row, in one process on the
 same rows: one real memory-policy prompt (``engine.prompts.memory_decision`` for the first dev
 question, its gold sentences as evidence and one item in memory) shared by ``--group`` (6) rows
 whose completions are ops JSON texts of ~40 tokens, the embedded model with LoRA. Each side
@@ -166,9 +166,10 @@ def run_ours(args) -> dict:
     from memsearch.backends.hf.backend import HFBackend
     from memsearch.train.config import GRPOConfig, LoraSettings, OptimSettings
     from memsearch.train.distributed import Dist
-    from memsearch.train.grpo import update
+    from memsearch.train.grpo.batch import Batch, group_advantages
+    from memsearch.train.grpo.trainer import update
     from memsearch.train.policy import load_policy, make_optimizer
-    from memsearch.train.rows import Batch, Row, group_advantages
+    from memsearch.train.rows import Row
 
     items = tasks(args.prompts)
     lora = LoraSettings(r=LORA_R, alpha=LORA_ALPHA, dropout=0.0, target_modules=TARGETS)
@@ -216,7 +217,7 @@ def run_ours(args) -> dict:
                     rollout_logprobs=list(res.logprobs),
                     loss_mask=[1] * len(ids),
                     trajectory=p * args.group + k,
-                    group=p,
+                    group_index=p,
                     role="reader",
                     step=0,
                     advantage=adv,
@@ -425,9 +426,10 @@ def shared_prompt_case(group: int, repeats: int) -> None:
     from memsearch.engine.prompts import memory_decision
     from memsearch.train.config import GRPOConfig, LoraSettings, OptimSettings
     from memsearch.train.distributed import Dist
-    from memsearch.train.grpo import update
+    from memsearch.train.grpo.batch import Batch
+    from memsearch.train.grpo.trainer import update
     from memsearch.train.policy import load_policy, make_optimizer, trainable_parameters
-    from memsearch.train.rows import Batch, Row
+    from memsearch.train.rows import Row
 
     row = json.loads(SAMPLE.read_text())[0]
     titles = [title for title, _ in row["context"]]

@@ -5,7 +5,7 @@
 - every relative link in README.md and docs/**/*.md, and every repository path quoted in them
   (``configs/…``, ``docs/…``, ``bench/…``, ``scripts/…``, ``studies/…``, ``data/samples/…``), exists;
 - the torch version README.md quotes for the CPU-only install is the one uv.lock pins;
-- every ``src/memsearch/….py`` path, every package-relative module path (``train/grpo.py``) and
+- every ``src/memsearch/….py`` path, every package-relative module path (``train/grpo/trainer.py``) and
   every dotted ``memsearch.x.y`` name quoted in README.md or docs/ exists, so the docs follow code
   moves;
 - sizes: README.md at most 14,000 characters; the top-level docs (``docs/*.md``) at most 70,000
@@ -31,7 +31,7 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 REPO_PATH = re.compile(r"(?<![\w/.-])((?:configs|docs|bench|scripts|studies|data/samples)/[\w./-]*[\w/])")
 PACKAGE = ROOT / "src" / "memsearch"
 SOURCE_PATH = re.compile(r"(?<![\w/.-])(src/memsearch/[\w/]+\.py)\b")
-# A module path relative to the package, quoted in backticks: `train/grpo.py`, `backends/hf/model.py`.
+# A module path relative to the package, quoted in backticks: `train/grpo/trainer.py`, `backends/hf/model.py`.
 PACKAGE_PATH = re.compile(r"`([a-z_]+(?:/[a-z_]+)+\.py)`")
 DOTTED = re.compile(r"(?<![\w./-])(memsearch(?:\.[A-Za-z_]\w*)+)")
 README_MAX_CHARS = 14_000
@@ -150,7 +150,7 @@ def test_the_check_sees_a_moved_module():
     assert dotted_name_exists("memsearch.assets.adapter.verify_adapter")
     assert not dotted_name_exists("memsearch.eval.no_such_module")
     assert not dotted_name_exists("memsearch.assets.adapter.no_such_function")
-    assert PACKAGE_PATH.findall("see `train/grpo.py` and `hf.py`") == ["train/grpo.py"]
+    assert PACKAGE_PATH.findall("see `train/grpo/trainer.py` and `hf.py`") == ["train/grpo/trainer.py"]
     assert SOURCE_PATH.findall("in src/memsearch/text/answers.py:") == ["src/memsearch/text/answers.py"]
 
 

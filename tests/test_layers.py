@@ -235,7 +235,7 @@ RECORD_KEY_READ = re.compile(r"""(?:\[|\.get\(|\.pop\(|\bin\s+)["'](%s)["']""" %
 # Modules that read JSON of these names that is not a trajectory, with the reason.
 RECORD_KEY_READERS: dict[str, str] = {
     "memsearch/records": "the records' own to_json / from_json",
-    "memsearch/train/row_selection.py": "export-sft rows (train.export) carry memory_sources: not a trajectory",
+    "memsearch/train/sft/row_selection.py": "export-sft rows (train.sft.export) carry memory_sources: not a trajectory",
 }
 
 

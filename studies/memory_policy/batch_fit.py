@@ -40,7 +40,8 @@ from memsearch.errors import InputError
 from memsearch.io import iter_jsonl
 from memsearch.records.trajectory import Trajectory
 from memsearch.train.config import GRPOConfig
-from memsearch.train.rows import Batch, Row, trained_calls
+from memsearch.train.grpo.batch import Batch
+from memsearch.train.rows import Row, trained_calls
 
 
 @dataclass
@@ -63,7 +64,7 @@ class FitPoint:
 
 def replay_step(run: Path, step: int, cfg: GRPOConfig, tokenizer, labels) -> Batch:
     """The rows of ``step`` of the GRPO run in ``run``, rebuilt from ``rollouts/step-N.rank0.jsonl``."""
-    from memsearch.train.grpo import make_batch
+    from memsearch.train.grpo.trainer import make_batch
 
     path = run / "rollouts" / f"step-{step:06d}.rank0.jsonl"
     if not path.is_file():
@@ -90,7 +91,7 @@ def fit_batch(policy, optimizer, batch: Batch, cfg: GRPOConfig, pad_id: int, mas
               echo: Callable[[FitPoint], None] | None = None) -> list[FitPoint]:
     """``updates`` GRPO updates on ``batch`` (module doc); returns a point per update."""
     from memsearch.train.distributed import Dist
-    from memsearch.train.grpo import update
+    from memsearch.train.grpo.trainer import update
 
     rows = batch.rows
     advantages = torch.tensor([r.advantage for r in rows], dtype=torch.float64)
@@ -119,9 +120,9 @@ def _point(k: int, stats, adv: torch.Tensor, rows: torch.Tensor, decisions: torc
 
 def _score(policy, rows: list[Row], cfg: GRPOConfig, pad_id: int, mask_fn) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: summed log-prob of its completion tokens in the loss, and of its op-choosing tokens."""
+    from memsearch.train.grpo.shared_prompt import shared_micro_batches
+    from memsearch.train.grpo.update import _scorer
     from memsearch.train.logprobs import micro_batches
-    from memsearch.train.shared_prompt import shared_micro_batches
-    from memsearch.train.update import _scorer
 
     packer = shared_micro_batches if cfg.share_prompts else micro_batches
     total = torch.zeros(len(rows), dtype=torch.float64)
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> list[FitPoint]:
     from memsearch.data.dataset import load_dataset
-    from memsearch.train.grpo import _mask_fn
+    from memsearch.train.grpo.trainer import _mask_fn
     from memsearch.train.policy import load_policy, make_optimizer
 
     saved = args.run / "config.json"

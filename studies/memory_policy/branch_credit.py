@@ -36,8 +36,8 @@ from memsearch.pipelines.memory_policy.heldout import gold_facts
 from memsearch.records.events import BranchOutcome, PolicyCall, SearchEvent
 from memsearch.records.trajectory import read_trajectories
 from memsearch.train.config import StateReward
-from memsearch.train.rows import group_advantages
-from memsearch.train.state_credit import call_reward
+from memsearch.train.grpo.batch import group_advantages
+from memsearch.train.grpo.state_credit import call_reward
 
 _BUDGET_LEFT = re.compile(r"Memory budget left: (-?\d+) tokens")
 _STEP = re.compile(r"step-(\d+)\.")

@@ -25,8 +25,8 @@ from memsearch.integrations.verl.session import run_session, worker_setup
 from memsearch.records.trajectory import Trajectory
 from memsearch.testing.scripted_server import ScriptedServer
 from memsearch.train.config import RewardSettings
-from memsearch.train.reward import trajectory_reward
-from memsearch.train.sft import chat_prompt_ids
+from memsearch.train.grpo.reward import trajectory_reward
+from memsearch.train.sft.trainer import chat_prompt_ids
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}

@@ -36,8 +36,8 @@ from memsearch.data.dataset import load_dataset  # noqa: E402
 from memsearch.integrations.verl.config import agent_loop_yaml  # noqa: E402
 from memsearch.integrations.verl.data import parquet_rows  # noqa: E402
 from memsearch.testing.scripted_server import ScriptedServer  # noqa: E402
-from memsearch.train.rows import build_batch  # noqa: E402
-from memsearch.train.sft import chat_prompt_ids  # noqa: E402
+from memsearch.train.grpo.batch import build_batch  # noqa: E402
+from memsearch.train.sft.trainer import chat_prompt_ids  # noqa: E402
 
 pytestmark = [pytest.mark.verl, pytest.mark.slow]
 
@@ -193,7 +193,7 @@ def test_group_b_memory_task_on_verl(verl_case, hotpot_dev_dir, tokenizer):
         assert loop.trajectory.counts.searches == 2 and len(outputs) == 2  # one memory row per search
         _check_rows(outputs, server, tokenizer)
         label = load_dataset(hotpot_dev_dir).labels_by_id()[row["extra_info"]["task_id"]]
-        from memsearch.train.reward import trajectory_reward
+        from memsearch.train.grpo.reward import trajectory_reward
 
         # verl's reward manager gives memsearch's reward of the whole trajectory
         assert scored["reward_score"] == pytest.approx(

@@ -1,4 +1,4 @@
-"""memsearch's rows and advantages (``train.rows.build_batch``, ``credit = "share"``) equal verl's
+"""memsearch's rows and advantages (``train.grpo.batch.build_batch``, ``credit = "share"``) equal verl's
 ``compute_advantage_for_multi_trajectories`` on the same sessions, std-scaling on and off.
 
 The fixture was produced once by verl 0.9.1 itself (``scripts/verl/make_parity_fixture.py``, run in
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from memsearch.records.trajectory import Trajectory
-from memsearch.train.rows import build_batch
+from memsearch.train.grpo.batch import build_batch
 
 FIXTURE = Path(__file__).parent / "fixtures" / "verl_advantage_parity.json"
 

@@ -55,3 +55,40 @@ def test_every_problem_of_a_pipeline_config_is_reported_in_one_run():
     for key in ("episode.agent:", "matrix_seeds:", "seeds: [1, 1]: expected distinct seeds", "grpo_start:",
                 "sft.epochs:", "grpo.steps:"):
         assert key in problem, (key, problem)
+
+
+def test_a_trainer_table_is_typed_at_load_and_recorded_as_written():
+    # A bad value in a table names its key path at load, even in stage 2's table while stage 2 is
+    # off (it used to be checked only when the stage's config was built).
+    assert _problem(None, "grpo.optim.lr=2.0").startswith(
+        "--set grpo.optim.lr=2.0: grpo.optim.lr: Input should be less than or equal to 1")
+    assert _problem(None, "stage2.train.optim.lr=-1").startswith(
+        "--set stage2.train.optim.lr=-1: stage2.train.optim.lr: Input should be greater than 0")
+    assert "grpo: model, eval.data set by the pipeline itself; remove them" in _problem(
+        None, 'grpo.model="x"', 'grpo.eval.data="x"')
+    cfg = load_config(MP, ["grpo.optim.lr=3e-6", "grpo.invalid_decision_credit=false"], model=MemoryPolicyPipeline)
+    assert cfg.grpo.optim.lr == 3e-6 and cfg.grpo.optim.warmup_steps == 0 and cfg.grpo.reward.metric == "f1"
+    # The record keeps what the file and --set wrote, not every default (as when tables were dicts).
+    written = load_config(MP, [], model=MemoryPolicyPipeline).model_dump(mode="json")["grpo"]
+    dumped = cfg.model_dump(mode="json")["grpo"]
+    assert dumped == {**written, "optim": {**written.get("optim", {}), "lr": 3e-6}, "invalid_decision_credit": "none"}
+    assert cfg.grpo_config("t", 1, None).invalid_decision_credit == "none"
+
+
+def test_stage2_sft_is_the_sft_table_with_stage2s_keys_over_it_key_by_key():
+    cfg = load_config(MP, ["stage2.enabled=true", 'stage2.start="sft"', "sft.optim.lr=1e-4", "sft.max_tokens=512",
+                           "stage2.sft.optim.warmup_steps=2"], model=MemoryPolicyPipeline)
+    first, second = cfg.sft_config(["r"], 1), cfg.stage2_sft_config(["r"], 1)
+    assert (first.optim.lr, first.optim.warmup_steps, first.max_tokens) == (1e-4, 0, 512)
+    # [stage2.sft]'s optim table replaces [sft]'s whole: lr back at its default, [sft]'s max_tokens kept
+    assert (second.optim.lr, second.optim.warmup_steps, second.max_tokens, second.role) == (1e-5, 2, 512, "controller")
+
+
+def test_a_backend_the_pipeline_composes_is_checked_like_one_written_in_a_file():
+    # The base backend takes the episode memory backend's other settings: an openai-only one
+    # would reach an hf backend, refused at load naming where it was set.
+    served = ['episode.backends.memory.kind="openai"', 'episode.backends.memory.base_url="http://127.0.0.1:9/v1"']
+    assert load_config(MP, served, model=MemoryPolicyPipeline).base_backend().kind == "hf"
+    assert _problem(None, *served, "episode.backends.memory.extra_body={top_k=1}").startswith(
+        "--set episode.backends.memory.extra_body={top_k=1}: episode.backends.memory.extra_body: read by kind "
+        "'openai' only (an HTTP server); kind is 'hf'")

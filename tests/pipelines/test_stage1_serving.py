@@ -32,11 +32,11 @@ def test_stage1_serving_needs_stage_2_over_http_and_a_fixed_port(mp_config):
     stage1 = "OUT/seed-7/merged1"
     served = ("http://127.0.0.1:8002/v1", stage1)
     for backend in (heldout.policy_backend(cfg, "grpo", stage1=stage1, served=served),
-                    cfg.matrix_config(stage1, None, served).backends.memory.model_dump(),
-                    cfg.stage2_config("t", 7, stage1, served=served).episode.backends.memory.model_dump()):
-        assert (backend["kind"], backend["base_url"], backend["model"]) == ("openai", *served)
+                    cfg.matrix_config(stage1, None, served).backends.memory,
+                    cfg.stage2_config("t", 7, stage1, served=served).episode.backends.memory):
+        assert (backend.kind, backend.base_url, backend.model) == ("openai", *served)
     # In process the served tuple is None and the stage-1 folder loads in process, as before.
-    assert heldout.policy_backend(cfg, "grpo", stage1=stage1)["kind"] == "hf"
+    assert heldout.policy_backend(cfg, "grpo", stage1=stage1).kind == "hf"
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from tests.train.test_grpo import CONFIG
+from tests.train.grpo.test_grpo import CONFIG
 
 from memsearch.assets.samples import HOTPOT_TRAIN, samples_dir
 from memsearch.config import load_config

@@ -220,7 +220,7 @@ def test_demo_ends_by_naming_its_report(tmp_path):
 
 
 def test_training_view_shows_decision_entropy_and_op_shares(tmp_path):
-    """A log with the decision view (train.decisions): decision entropy and each op's share of a
+    """A log with the decision view (train.grpo.decisions): decision entropy and each op's share of a
     step's ops and invalid calls come right after the reward, as band-able series."""
     log = tmp_path / "run" / "train_log.jsonl"
     log.parent.mkdir()

@@ -17,7 +17,7 @@ from memsearch.data.records import Label
 from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
 from memsearch.pipelines.stages import version1_dump
 from memsearch.records.trajectory import Trajectory
-from memsearch.train.reward import trajectory_reward
+from memsearch.train.grpo.reward import trajectory_reward
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = ROOT / "configs" / "memory_policy_cpu.toml"
@@ -94,7 +94,7 @@ def test_open_items_teacher_writes_open_items_and_stage2_reads_them():
 
 def test_search_cost_reaches_the_stage2_reward():
     """The stage-2 GRPO config the pipeline builds carries the search cost, and the reward it
-    computes subtracts it per search (the term itself: tests/train/test_reward.py::
+    computes subtracts it per search (the term itself: tests/train/grpo/test_reward.py::
     test_search_cost_is_subtracted_per_search)."""
     priced = ablation("search_cost").stage2_config("<train>", 1, "<stage 1>").reward
     free = ablation("stage2_control").stage2_config("<train>", 1, "<stage 1>").reward

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.train.test_grpo import grpo_config
+from tests.train.grpo.test_grpo import grpo_config
 
 from memsearch.errors import InputError
-from memsearch.train.grpo import train_grpo
+from memsearch.train.grpo.trainer import train_grpo
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_replayed_rows_are_the_trained_rows_and_the_update_follows_their_advanta
     from studies.memory_policy.batch_fit import fit_batch, replay_step
 
     from memsearch.data.dataset import load_dataset
-    from memsearch.train.grpo import _mask_fn
+    from memsearch.train.grpo.trainer import _mask_fn
     from memsearch.train.policy import load_policy, make_optimizer
 
     cfg, run = one_step_run

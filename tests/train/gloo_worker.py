@@ -13,9 +13,10 @@ import torch
 
 from memsearch.train.config import GRPOConfig, OptimSettings
 from memsearch.train.distributed import Dist
-from memsearch.train.grpo import update
+from memsearch.train.grpo.batch import Batch
+from memsearch.train.grpo.trainer import update
 from memsearch.train.policy import load_policy, make_optimizer, trainable_parameters
-from memsearch.train.rows import Batch, Row
+from memsearch.train.rows import Row
 
 # (trajectory, prompt length, completion length, advantage); trajectories 0-1 go to rank 0,
 # 2-4 to rank 1: the ranks hold different numbers of rows and tokens.
@@ -29,9 +30,7 @@ def make_rows(vocab: int) -> list[Row]:
     rows = []
     for traj, p, c, adv in ROWS:
         ids = torch.randint(0, vocab, (p + c,), generator=gen).tolist()
-        row = Row(ids[:p], ids[p:], [0.0] * c, [1] * c, traj, traj, "memory", 0)
-        row.advantage = adv
-        rows.append(row)
+        rows.append(Row(ids[:p], ids[p:], [0.0] * c, [1] * c, traj, traj, "memory", 0, advantage=adv))
     return rows
 
 

@@ -10,16 +10,16 @@ from safetensors.torch import load_file
 
 from memsearch.train.checkpointing import decoder_layers, enable_checkpointing, is_checkpointed
 from memsearch.train.config import LoraSettings
+from memsearch.train.grpo.batch import Batch
+from memsearch.train.grpo.loss import policy_loss
+from memsearch.train.grpo.shared_prompt import shared_completion_logprobs
 from memsearch.train.logprobs import completion_logprobs
-from memsearch.train.loss import policy_loss
-from memsearch.train.rows import Batch, Row
-from memsearch.train.shared_prompt import shared_completion_logprobs
+from memsearch.train.rows import Row
 
 
 def make_row(prompt: list[int], completion: list[int], advantage: float) -> Row:
     return Row(prompt_ids=prompt, completion_ids=completion, rollout_logprobs=[0.0] * len(completion),
-               loss_mask=[1] * len(completion), trajectory=0, group=0, role="memory", step=0, advantage=advantage,
-               weight=1.0)
+               loss_mask=[1] * len(completion), trajectory=0, group_index=0, role="memory", step=0, advantage=advantage)
 
 
 def rows_of(vocab: int, prompt_len: int, completion_len: int) -> list[Row]:
@@ -171,10 +171,10 @@ def test_a_checkpointed_grpo_update_is_the_same_update(tiny_model_dir, tiny_adap
     """Two GRPO updates (2 epochs x 2 mini-batches, KL to the starting adapter) with and without
     checkpointing leave the same weights; with LoRA dropout trained in train mode too (the
     recomputation replays the dropout masks: non-reentrant checkpoints restore the RNG state)."""
-    from tests.train.test_update import config, make_rows
+    from tests.train.grpo.test_update import config, make_rows
 
     from memsearch.train.distributed import Dist
-    from memsearch.train.grpo import update
+    from memsearch.train.grpo.trainer import update
     from memsearch.train.policy import load_policy, make_optimizer, trainable_named_parameters
 
     cfg = config(epochs=2, mini_batches_per_step=2, kl_coef=0.1, disable_dropout=dropout == 0.0,
@@ -197,7 +197,7 @@ def test_a_checkpointed_grpo_update_is_the_same_update(tiny_model_dir, tiny_adap
 
 def test_a_checkpointed_sft_run_trains_the_same_adapter(tiny_model_dir, short_sft_rows, short_sft_config, tmp_path):
     """SFT (6 steps from a fresh LoRA) ends with the same adapter with checkpointing on or off."""
-    from memsearch.train.sft import train_sft
+    from memsearch.train.sft.trainer import train_sft
 
     for checkpointing in (False, True):
         train_sft(short_sft_config(tiny_model_dir, short_sft_rows, gradient_checkpointing=checkpointing),

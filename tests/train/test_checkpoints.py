@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from memsearch.train.log import read_log
-from memsearch.train.sft import train_sft
+from memsearch.train.sft.trainer import train_sft
 
 CHECKSUMS = "checksums.json"  # beside the checkpoint's files: part of its format
 STEPS = 6  # 12 rows, 2 per step, one epoch; checkpoints at 2 and 4 when a run stops after step 5

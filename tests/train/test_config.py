@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from memsearch.config import load_config
 from memsearch.train.config import GRPOConfig
-from memsearch.train.grpo import trained_role_backends
+from memsearch.train.grpo.trainer import trained_role_backends
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_schema_mode_has_one_source_of_truth():
     cfg = GRPOConfig(data="x", schema_mode=True)
     assert cfg.episode.backends.memory.schema_mode is True  # the episode (used by periodic eval) follows
-    run = trained_role_backends(cfg, cfg.episode.model_dump(mode="json"))
-    assert run["backends"]["memory"]["schema_mode"] is True and run["backends"]["memory"]["kind"] == "hf"
+    run = trained_role_backends(cfg)
+    assert run.backends.memory.schema_mode is True and run.backends.memory.kind == "hf"
     assert GRPOConfig(data="x").episode.backends.memory.schema_mode is False
 
 
@@ -100,3 +100,19 @@ def test_grpo_fields_beyond_the_optimiser_refuse_non_finite_numbers():
     for setting in ("reward.search_cost=inf", "kl_coef=nan", "clip_high=inf", "temperature=inf"):
         with pytest.raises(InputError, match="finite"):
             load_config(None, ['data="x"', setting], model=GRPOConfig)
+
+
+def test_rollouts_and_evaluation_sample_the_trained_role_from_the_trainers_own_fields(monkeypatch):
+    from memsearch.config import RunConfig, Sampling
+
+    cfg = GRPOConfig(data="x", schema_mode=True, temperature=0.7, top_p=0.9)
+    # Built from the validated episode by copies: nothing is validated again per rollout.
+    monkeypatch.setattr(RunConfig, "model_validate", lambda *a, **k: pytest.fail("validated again"))
+    seeded = Sampling(temperature=0.7, top_p=0.9, seed=11)
+    rollout = trained_role_backends(cfg, sampling=seeded)
+    memory = rollout.backends.memory
+    assert (memory.kind, memory.schema_mode, memory.sampling) == ("hf", True, seeded)
+    assert rollout.backends.reader == cfg.episode.backends.reader
+    evaluation = trained_role_backends(cfg, Path("run/adapter"), limit=3)
+    assert (evaluation.backends.memory.adapter, evaluation.backends.memory.sampling.temperature) == ("run/adapter", 0.0)
+    assert evaluation.limit == 3 and cfg.episode.limit is None and cfg.episode.backends.memory.adapter is None

@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from memsearch.errors import InputError
-from memsearch.train.sft import train_sft
+from memsearch.train.sft.trainer import train_sft
 
 
 def grpo_rows(vocab: int):
@@ -92,9 +92,9 @@ def test_grpo_update_stops_at_a_non_finite_weight(tiny_model_dir, tiny_adapter_d
     older memsearch could carry): the step writes a NaN weight, and training stops right there."""
     from memsearch.train.config import GRPOConfig, LoraSettings
     from memsearch.train.distributed import Dist
-    from memsearch.train.grpo import update
+    from memsearch.train.grpo.batch import Batch
+    from memsearch.train.grpo.trainer import update
     from memsearch.train.policy import load_policy, make_optimizer, trainable_parameters
-    from memsearch.train.rows import Batch
 
     cfg = GRPOConfig(data="unused", micro_batch_tokens=64,
                      lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
@@ -111,9 +111,9 @@ def test_grpo_update_stops_at_a_non_finite_gradient_before_the_optimizer_step(ti
     """NaN weights (as a damaged start would hold) give a NaN gradient norm: no step is taken."""
     from memsearch.train.config import GRPOConfig, LoraSettings
     from memsearch.train.distributed import Dist
-    from memsearch.train.grpo import update
+    from memsearch.train.grpo.batch import Batch
+    from memsearch.train.grpo.trainer import update
     from memsearch.train.policy import load_policy, make_optimizer, trainable_parameters
-    from memsearch.train.rows import Batch
 
     cfg = GRPOConfig(data="unused", micro_batch_tokens=64,
                      lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
@@ -138,7 +138,7 @@ def test_bad_target_modules_are_refused_before_the_run_folder_exists(
     "output folder already exists"."""
     from memsearch.config import load_config
     from memsearch.train.config import GRPOConfig
-    from memsearch.train.grpo import train_grpo
+    from memsearch.train.grpo.trainer import train_grpo
 
     out = tmp_path / "run"
     if trainer == "sft":

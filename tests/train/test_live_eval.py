@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.train.test_grpo import grpo_config
+from tests.train.grpo.test_grpo import grpo_config
 
 from memsearch.config import RunConfig
 from memsearch.eval.runner import run_eval
@@ -47,7 +47,7 @@ def test_grpo_evaluates_the_live_policy_as_memsearch_eval_evaluates_the_checkpoi
     two loads of the run); each one's config.json names the checkpoint's adapter, and
     ``memsearch eval`` of that config afterwards (a fresh model, the adapter merged from disk)
     writes the same memory completions and metrics."""
-    from memsearch.train.grpo import train_grpo
+    from memsearch.train.grpo.trainer import train_grpo
 
     cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, steps=2, keep_checkpoints=10,
                       **{"eval.data": str(hotpot_dev_dir), "eval.every": 1, "eval.limit": 3, "eval.at_start": True})
@@ -87,7 +87,7 @@ def test_sft_evaluation_through_the_live_embedded_policy_equals_memsearch_eval(h
 
     from memsearch.train.config import LoraSettings
     from memsearch.train.policy import load_policy, save_adapter
-    from memsearch.train.sft import evaluate_adapter
+    from memsearch.train.sft.trainer import evaluate_adapter
 
     policy, tokenizer, _ = load_policy("embedded", None, LoraSettings(r=4, alpha=8), device="cpu", seed=0)
     gen = torch.Generator().manual_seed(3)

@@ -5,6 +5,8 @@ Tolerance: 1e-4 absolute per token (observed differences are float round-off, ~1
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from memsearch.backends.base import GenerationRequest, SamplingParams
@@ -90,7 +92,7 @@ def test_schema_mode_rollout_logprobs_equal_recomputed_with_replayed_mask(tiny_m
 
     from memsearch.backends.hf.backend import HFBackend
     from memsearch.memory.action_format import MEMORY_OPS
-    from memsearch.train.grpo import _mask_fn
+    from memsearch.train.grpo.trainer import _mask_fn
 
     policy, tokenizer, _ = load_policy(str(tiny_model_dir), str(tiny_adapter_dir), LoraSettings(), device="cpu")
     backend = HFBackend(model="tiny", loaded=(policy, tokenizer), max_batch_size=4)
@@ -105,9 +107,7 @@ def test_schema_mode_rollout_logprobs_equal_recomputed_with_replayed_mask(tiny_m
     ]
     results = backend.generate_sync(requests)
     assert all(r.ok and r.constraint_id == MEMORY_OPS.id for r in results)
-    rows = rows_from(results)
-    for row in rows:
-        row.constraint_id = MEMORY_OPS.id
+    rows = [replace(row, constraint_id=MEMORY_OPS.id) for row in rows_from(results)]
     pad = tokenizer.eos_token_id
     with torch.no_grad():
         masked = completion_logprobs(policy, rows, pad, mask_fn=_mask_fn(tokenizer))
@@ -147,9 +147,9 @@ def test_head_only_where_needed_equals_every_logit_with_gradients(tiny_model_dir
     from memsearch.backends.hf.backend import HFBackend
     from memsearch.memory.action_format import MEMORY_OPS
     from memsearch.train import logprobs
-    from memsearch.train.grpo import _mask_fn
+    from memsearch.train.grpo.shared_prompt import shared_completion_logprobs
+    from memsearch.train.grpo.trainer import _mask_fn
     from memsearch.train.policy import trainable_parameters
-    from memsearch.train.shared_prompt import shared_completion_logprobs
 
     policy, tokenizer, _ = load_policy(str(tiny_model_dir), str(tiny_adapter_dir), LoraSettings(), device="cpu")
     backend = HFBackend(model="tiny", loaded=(policy, tokenizer), max_batch_size=4)
@@ -157,11 +157,9 @@ def test_head_only_where_needed_equals_every_logit_with_gradients(tiny_model_dir
                                   constraint=MEMORY_OPS,
                                   sampling=SamplingParams(temperature=0.8, max_tokens=24, seed=i))
                 for i in range(4)]  # two prompts, two completions each: packed groups of two
-    rows = rows_from(backend.generate_sync(requests))
+    rows = [replace(row, constraint_id=MEMORY_OPS.id) for row in rows_from(backend.generate_sync(requests))]
     mask_fn = _mask_fn(tokenizer)
-    for row in rows:
-        row.constraint_id = MEMORY_OPS.id
-    rows[1].loss_mask[2] = 0  # a token out of the loss (mask_invalid_decisions)
+    rows[1].loss_mask[2] = 0  # a token out of the loss (decisions.DecisionRule)
     forced = sum(int((mask_fn(r).sum(-1) == 1).sum()) for r in rows)
     assert forced > 0  # the schema forces tokens here: the skipped path is exercised
     params = trainable_parameters(policy)
@@ -198,7 +196,7 @@ def test_entropy_is_that_of_the_masked_distribution(tiny_model_dir, tiny_adapter
 
     from memsearch.backends.hf.backend import HFBackend
     from memsearch.memory.action_format import MEMORY_OPS
-    from memsearch.train.grpo import _mask_fn
+    from memsearch.train.grpo.trainer import _mask_fn
 
     policy, tokenizer, _ = load_policy(str(tiny_model_dir), str(tiny_adapter_dir), LoraSettings(), device="cpu")
     backend = HFBackend(model="tiny", loaded=(policy, tokenizer), max_batch_size=4)
@@ -206,10 +204,8 @@ def test_entropy_is_that_of_the_masked_distribution(tiny_model_dir, tiny_adapter
                                   constraint=MEMORY_OPS,
                                   sampling=SamplingParams(temperature=1.0, max_tokens=24, seed=i))
                 for i in range(2)]
-    rows = rows_from(backend.generate_sync(requests))
+    rows = [replace(row, constraint_id=MEMORY_OPS.id) for row in rows_from(backend.generate_sync(requests))]
     mask_fn = _mask_fn(tokenizer)
-    for row in rows:
-        row.constraint_id = MEMORY_OPS.id
     with torch.no_grad():
         scored = completion_logprobs(policy, rows, tokenizer.eos_token_id, 1.0, mask_fn, with_entropy=True)
         c_max = scored.entropy.shape[1]

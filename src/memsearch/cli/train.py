@@ -31,7 +31,7 @@ def export_sft(
     min_f1: Annotated[Optional[float], typer.Option(help="Keep only tasks whose metrics row has f1 >= this.")] = None,
 ) -> None:
     """Chat-format SFT rows (messages, completion) from the valid policy calls of one role."""
-    from memsearch.train.export import export_sft as export
+    from memsearch.train.sft.export import export_sft as export
 
     for line in export(trajectories, metrics, role, out, min_f1=min_f1).lines():
         typer.echo(line)
@@ -39,7 +39,7 @@ def export_sft(
 
 def _train(kind: str, config: Path, out: Path, resume: bool, adapter: Path | None, overrides: list[str] | None,
            dry_run: bool = False, gpu_memory: float | None = None) -> None:
-    """Load the trainer config (file, --set, --adapter) and run ``memsearch.train.<kind>``, or
+    """Load the trainer config (file, --set, --adapter) and run ``memsearch.train.<kind>.trainer``, or
     with ``dry_run`` only its memory pre-flight."""
     import importlib
     import json
@@ -56,7 +56,7 @@ def _train(kind: str, config: Path, out: Path, resume: bool, adapter: Path | Non
         from memsearch.errors import InputError
 
         raise InputError("--gpu-memory is for --dry-run; a run checks the memory of the GPU it gets")
-    train = getattr(importlib.import_module(f"memsearch.train.{kind}"), f"train_{kind}")
+    train = getattr(importlib.import_module(f"memsearch.train.{kind}.trainer"), f"train_{kind}")
     summary = train(cfg, out, resume=resume, echo=typer.echo)
     if "adapter" in summary:
         typer.echo(f"adapter: {summary['adapter']}")

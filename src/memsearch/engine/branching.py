@@ -1,6 +1,6 @@
 """State groups at a memory call: several completions from one state, one of them continued.
 
-Used by GRPO's ``credit = "state"`` (``train.state_credit``, docs/design.md §7) through
+Used by GRPO's ``credit = "state"`` (``train.grpo.state_credit``, docs/design.md §7) through
 ``Environment.branches``; evaluation never branches. At a decision-memory call the engine draws
 ``branches`` completions of the same prompt in one batch (each with its own seed, derived from the
 call's), applies each to a copy of the memory, and records every branch's outcome in the call's

@@ -54,7 +54,7 @@ class SharedParts:
         """An ``Environment`` for ``config``; ``answered_by`` gives the roles that were left out
         (e.g. the trained roles, answered by the live policy: the only roles whose calls ask for
         log-probs); ``branches`` > 1 draws that many completions at every memory call (GRPO's
-        state groups, ``train.state_credit``)."""
+        state groups, ``train.grpo.state_credit``)."""
         backends = self.backends_with(answered_by or {})
         return Environment(config, self.tokenizer, self.documents, backends, self.retriever, group, branches,
                            logprob_roles=frozenset(answered_by or ()))

@@ -1,15 +1,17 @@
 """What every pipeline config shares: its ``[episode]`` table is a run config (``memsearch eval``
 and ``matrix`` accept a pipeline config as one: ``load_run_config``) whose budgets are counted
-with the model's tokenizer (``check_episode_tokenizer``), its trainer tables are
-validated with their place in the pipeline config (``validated``), and its report has paired
-bootstrap settings (``PipelineReport``). The configs of the pipelines themselves are
-``memsearch.pipelines.memagent.config`` and ``memsearch.pipelines.memory_policy.config``.
+with the model's tokenizer (``check_episode_tokenizer``); its trainer tables are typed
+(``train.config.trainer_table``) and composed with what the pipeline sets into trainer configs
+named by their place in the pipeline config (``trainer_config``); validated parts are replaced
+without a dump (``updated``); its report has paired bootstrap settings (``PipelineReport``).
+The configs of the pipelines themselves are ``memsearch.pipelines.memagent.config`` and
+``memsearch.pipelines.memory_policy.config``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -22,6 +24,9 @@ from memsearch.config import (
     read_config_file,
     validation_problems,
 )
+from memsearch.train.config import TrainerTable
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def episode_table(data: dict[str, Any]) -> dict[str, Any]:
@@ -60,14 +65,59 @@ def run_config_tables(path: str | Path) -> dict[str, Any]:
     return episode_table(data) if "pipeline" in data else data
 
 
-def validated(model: type[BaseModel], fields: dict[str, Any], table: str) -> Any:
-    """``model`` validated from ``fields`` (a trainer table of a pipeline config); problems are
-    named by their place in the pipeline config (``table.field``), not the trainer's, as
-    ``KeyProblems``: raised in the pipeline config's validator, they keep those key paths."""
+def every_problem(data: Any, validate: Any, tables: tuple[str, ...]) -> Any:
+    """``validate(data)`` (a pipeline config's validation: a wrap validator's handler) that names
+    every problem in one run: a bad value in a trainer table (``tables``: dotted keys) is a field
+    error, which would hide the pipeline's checks across its fields, so when only tables have
+    errors the config is validated once more without them and both runs' problems are raised."""
     try:
-        return model.model_validate(fields)
+        return validate(data)
     except ValidationError as exc:
-        raise KeyProblems(*validation_problems(exc, table)) from None
+        places = [".".join(map(str, err["loc"])) + "." for err in exc.errors()]
+        bad = {t for t in tables for place in places if place.startswith(t + ".")}
+        if not isinstance(data, dict) or not all(any(p.startswith(t + ".") for t in bad) for p in places):
+            raise
+        problems = validation_problems(exc)
+    for table in bad:
+        data = _emptied(data, table.split("."))
+    try:
+        validate(data)
+    except ValidationError as exc:
+        problems += [p for p in validation_problems(exc) if p not in problems]
+    raise KeyProblems(*problems)
+
+
+def _emptied(data: dict[str, Any], key: list[str]) -> dict[str, Any]:
+    """A copy of ``data`` with an empty table at ``key`` (the tables above it copied, not changed)."""
+    head, *rest = key
+    below = data.get(head)
+    return {**data, head: _emptied(below, rest) if rest and isinstance(below, dict) else {}}
+
+
+def trainer_config(trainer: type[M], key: str, /, *tables: TrainerTable, **owned: Any) -> M:
+    """The trainer config (``trainer``) of a pipeline stage: the fields its ``tables`` set (a later
+    table's field replaces an earlier one's whole) and the ``owned`` fields the pipeline sets, all
+    validated values (models, not dumps), composed. The trainer's checks across fields (role
+    against episode, schema mode...) run on the result; their problems are named by their place
+    in the pipeline config (``key.field``) as ``KeyProblems``: raised in the pipeline config's
+    validator, they keep those key paths."""
+    given = {name: value for table in tables for name, value in table.given().items()}
+    try:
+        return trainer.model_validate({**given, **owned})
+    except ValidationError as exc:
+        raise KeyProblems(*validation_problems(exc, key)) from None
+
+
+def updated(config: M, where: str = "", /, **fields: Any) -> M:
+    """``config`` with ``fields`` (validated values: models, not dumps) replaced, its own checks
+    across fields run on the result, so a composed config is refused where one written in a file
+    would be (an hf backend given an openai-only field), as ``KeyProblems`` under ``where`` (the
+    key of ``config`` in the pipeline config). Nothing is dumped to JSON and read back: the fields
+    not replaced are the validated objects themselves."""
+    try:
+        return type(config).model_validate({**dict(config), **fields})
+    except ValidationError as exc:
+        raise KeyProblems(*validation_problems(exc, where)) from None
 
 
 class PipelineReport(StrictConfig):

@@ -246,8 +246,8 @@ def grpo_stage(folder: Path, record: Path, grpo: Any, upstream: dict[str, Any], 
     nothing). ``on_collapse``: what a stop of the collapse guard does; ``"stop"`` raises
     (``CollapseError``), ``"score_last_checkpoint"`` finishes the stage with the newest checkpoint's
     adapter and records the stop in the stage's outputs (``finish_stopped_by_guard``)."""
-    from memsearch.train.collapse import CollapseError
-    from memsearch.train.grpo import train_grpo
+    from memsearch.train.grpo.collapse import CollapseError
+    from memsearch.train.grpo.trainer import train_grpo
 
     label = f"GRPO role={grpo.role}, {grpo.steps} steps x {grpo.tasks_per_step} questions x group {grpo.group_size}"
     try:
@@ -285,7 +285,7 @@ def finish_stopped_by_guard(folder: Path, stage: Stage, echo=print) -> Path:
 
 def sft_stage(folder: Path, record: Path, sft: Any, upstream: dict[str, Any], echo=print) -> Path:
     """A fingerprinted ``train_sft`` run into ``folder`` (resumed after a crash); returns the adapter."""
-    from memsearch.train.sft import train_sft
+    from memsearch.train.sft.trainer import train_sft
 
     return _trainer_stage(folder, record, "sft", sft, upstream, train_sft, "LoRA SFT", echo)
 
@@ -332,7 +332,7 @@ def _train_under_torchrun(folder: Path, kind: str, cfg: Any, resume: bool, ranks
     import subprocess
 
     from memsearch.serving.process import stop_process
-    from memsearch.train.collapse import CollapseError
+    from memsearch.train.grpo.collapse import CollapseError
     from memsearch.train.launch import launch_command, launch_environment, write_config
 
     config = folder.with_name(f"{folder.name}.launch.json")

@@ -3,7 +3,7 @@
 A rejected memory batch can break several rules at once; its cause is the first of them in
 ``InvalidCause``'s order (the enum is written in precedence order, so a batch that overflows the
 budget *and* cites an unshown source is an overflow, as the GRPO loss mask needs). ``CAUSES`` is
-the one table of how each cause is counted in the op histogram (``train.decisions``).
+the one table of how each cause is counted in the op histogram (``train.grpo.decisions``).
 
 Trajectories written before engine-6 carry reasons in words, no codes: ``legacy_cause`` maps that
 wording to a code (the only code that reads a reason; ``records.trajectory.upgrade`` applies it).
@@ -46,7 +46,7 @@ def first_cause(causes: Iterable[InvalidCause]) -> InvalidCause | None:
 class CauseGroups:
     """How one cause is counted where invalid calls are summarised."""
 
-    histogram: Literal["invalid_parse", "invalid_budget", "invalid_rule"]  # train.decisions.op_histogram
+    histogram: Literal["invalid_parse", "invalid_budget", "invalid_rule"]  # train.grpo.decisions.op_histogram
 
 
 _RULE = CauseGroups("invalid_rule")

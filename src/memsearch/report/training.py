@@ -18,7 +18,7 @@ from memsearch.errors import InputError, Problem
 from memsearch.io import iter_jsonl
 
 # What a researcher looks at first, in this order; any other numeric key follows, sorted.
-# failed_trajectories: episodes with a request error, left out of the update (train.failures).
+# failed_trajectories: episodes with a request error, left out of the update (train.grpo.failures).
 PREFERRED = ("reward_mean", "reward_std", "zero_variance_groups", "invalid_rate", "failed_trajectories",
              "decision_entropy", "op_share/ADD", "op_share/UPDATE", "op_share/DELETE", "op_share/NOOP",
              "op_share/invalid_parse", "op_share/invalid_budget", "op_share/invalid_rule", "kl", "clip_fraction",
@@ -26,7 +26,7 @@ PREFERRED = ("reward_mean", "reward_std", "zero_variance_groups", "invalid_rate"
 
 
 def with_op_shares(record: dict[str, Any]) -> dict[str, Any]:
-    """``record`` plus ``op_share/NAME``: each bucket of its op histogram (``ops``, train.decisions)
+    """``record`` plus ``op_share/NAME``: each bucket of its op histogram (``ops``, train.grpo.decisions)
     as a share of the step's ops and invalid calls (absent when the step has none)."""
     ops = record.get("ops")
     if not isinstance(ops, dict):

@@ -1,7 +1,9 @@
 """Typed configs of the trainers (``memsearch train sft`` / ``memsearch train grpo``), from TOML.
 
 Every field is documented where it is declared; the resolved config is saved in the run folder
-(``config.json``) and ``--resume`` refuses a different one.
+(``config.json``) and ``--resume`` refuses a different one. A pipeline's trainer table (its
+``[grpo]``, ``[sft]``...) is a model of the same fields but those the pipeline sets
+(``trainer_table``).
 
     cfg = load_config("configs/train/grpo_cpu.toml", overrides=["steps=4"], model=GRPOConfig)
 """
@@ -9,9 +11,9 @@ Every field is documented where it is declared; the resolved config is saved in 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, PlainSerializer, create_model, field_validator, model_validator
 
 from memsearch.config import KeyProblems, RunConfig, StrictConfig, merge_tables, read_config_file
 from memsearch.devices import DeviceLayout
@@ -27,6 +29,15 @@ def _list_as_tuple(value: Any) -> Any:
 
 
 FloatPair = Annotated[tuple[float, float], BeforeValidator(_list_as_tuple)]
+
+
+def _credit_from_bool(value: Any) -> Any:
+    # It was a bool before over_budget existed: older configs and commands say true / false.
+    return {True: "all", False: "none"}.get(value, value) if isinstance(value, bool) else value
+
+
+# Declared on the type, not as a validator of GRPOConfig, so a pipeline's GRPO table reads it too.
+InvalidDecisionCredit = Annotated[Literal["all", "over_budget", "none"], BeforeValidator(_credit_from_bool)]
 
 
 class TrainSettings(StrictConfig):
@@ -247,8 +258,8 @@ class GRPOConfig(TrainerConfig):
     schema_mode: bool = Field(
         False,
         description="Memory role: sample under the ops JSON schema; the mask is replayed in the loss. The one "
-        "source of truth for rollouts and periodic evaluation: episode.backends.memory.schema_mode follows it, and a "
-        "config where the two disagree is refused",
+        "source of truth for rollouts and periodic evaluation: episode.backends.memory.schema_mode follows it when "
+        "unset, and a config where the two disagree is refused",
     )
     credit: Literal["share", "split", "state"] = Field(
         "share", description="share: every row gets the trajectory's advantage; split: advantage / rows; state: "
@@ -259,7 +270,7 @@ class GRPOConfig(TrainerConfig):
     global_weight: float = Field(
         0.0, ge=0, description="credit = 'state': the continued branch also gets this x its trajectory's group "
         "advantage (0: local credit only)")
-    invalid_decision_credit: Literal["all", "over_budget", "none"] = Field(
+    invalid_decision_credit: InvalidDecisionCredit = Field(
         "all", description="Which invalid calls' op-choosing tokens (train.decisions) get gradient: all; none (their "
         "penalty trains only what follows the choice: the item's length, its sources); over_budget (only the "
         "batches rejected for overflowing the memory budget, where choosing to add is the error). true / false "
@@ -328,18 +339,12 @@ class GRPOConfig(TrainerConfig):
     max_batch_size: int = Field(16, ge=1, description="Rollout decoder: most rows decoded together")
     save_rollouts: bool = Field(True, description="Write every step's trajectories to rollouts/")
 
-    @field_validator("invalid_decision_credit", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _credit_from_bool(cls, value: Any) -> Any:
-        # It was a bool before over_budget existed: older configs and commands say true / false.
-        return {True: "all", False: "none"}.get(value, value) if isinstance(value, bool) else value
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _episode_from_config_file_and_schema_mode(cls, data: Any, handler) -> GRPOConfig:
-        # One validator, so the order is explicit: the episode file under [episode], then the
-        # schema-mode rule around validation (it fills raw data and checks the validated config).
-        return schema_mode_rule(_with_episode_config(data), handler)
+    def _episode_as_trained(cls, data: Any) -> Any:
+        # Raw [episode] tables are completed before they are validated, in this order: the run
+        # config file `episode_config` under them, then the trained memory role's schema mode.
+        return _memory_follows_schema_mode(_with_episode_config(data))
 
     @model_validator(mode="after")
     def _role_fits_episode(self) -> GRPOConfig:
@@ -358,6 +363,18 @@ class GRPOConfig(TrainerConfig):
                                    "credit = 'state' the groups are the state groups of each call: set it to false"))
         if 0 < self.dual_clip <= 1:
             raise KeyProblems(("dual_clip", f"{self.dual_clip}: the dual-clip bound must be > 1 (or 0 to disable it)"))
+        if self.schema_mode and self.role != "memory":
+            raise KeyProblems(("schema_mode", "applies to the memory role (decision mode) only"))
+        episode_mode = self.episode.backends.memory.schema_mode
+        if self.role in ("memory", "overwrite") and episode_mode != self.schema_mode:
+            # Rollouts would sample the trained memory calls one way and periodic evaluation (and
+            # `memsearch eval` of this episode) the other: the evaluated policy would not be the trained one.
+            raise KeyProblems((
+                "schema_mode",
+                f"schema_mode = {str(self.schema_mode).lower()} and episode.backends.memory.schema_mode = "
+                f"{str(episode_mode).lower()} disagree: training and evaluation must sample the memory role "
+                "the same way; set schema_mode (the episode follows it) and leave the episode's unset",
+            ))
         return self
 
 
@@ -376,48 +393,27 @@ def _with_episode_config(data: Any) -> Any:
     return {**data, "episode": merge_tables(base, episode) if isinstance(episode, dict) else episode}
 
 
-def schema_mode_rule(data: Any, validate) -> GRPOConfig:
-    """The schema-mode rule of a GRPO config, in one place: the top-level ``schema_mode`` drives
-    how the memory role samples in rollouts and in periodic evaluation (``episode.backends.memory``).
-
-    Before validation (``data``: raw fields; ``validate``: the model's validation of them), a
-    top-level ``schema_mode`` that is given is copied into ``episode.backends.memory`` when the
-    episode does not set it and the trained role writes the memory (memory, overwrite), with
-    ``kind = "hf"`` when it is true (the trained role runs on the policy); an episode given as a
-    validated ``RunConfig`` says what it says. After validation it refuses
-    ``schema_mode`` for a role other than memory, and, for the roles that write the memory, a
-    top-level value and an episode value that disagree: rollouts would sample the trained memory
-    calls one way and periodic evaluation (and ``memsearch eval`` of this episode) the other, so
-    the evaluated policy would not be the trained one. A controller run keeps its frozen memory
-    backend's own schema mode."""
-    fills = (
-        isinstance(data, dict)
-        and isinstance(data.get("schema_mode"), bool)
-        and data.get("role", "memory") in ("memory", "overwrite")
-        and not isinstance(data.get("episode"), RunConfig)
-    )
-    if fills:
-        episode = dict(data.get("episode") or {})
-        backends = dict(episode.get("backends") or {})
-        memory = dict(backends.get("memory") or {})
-        memory.setdefault("schema_mode", data["schema_mode"])
-        if memory["schema_mode"] is True:
-            # The trainer runs the trained memory role on its hf policy (grpo.trained_role_backends);
-            # saying so keeps the episode a valid run config (schema mode samples in a local model).
-            memory["kind"] = "hf"
-        data = {**data, "episode": {**episode, "backends": {**backends, "memory": memory}}}
-    cfg = validate(data)
-    if cfg.schema_mode and cfg.role != "memory":
-        raise KeyProblems(("schema_mode", "applies to the memory role (decision mode) only"))
-    episode_mode = cfg.episode.backends.memory.schema_mode
-    if cfg.role in ("memory", "overwrite") and episode_mode != cfg.schema_mode:
-        raise KeyProblems((
-            "schema_mode",
-            f"schema_mode = {str(cfg.schema_mode).lower()} and episode.backends.memory.schema_mode = "
-            f"{str(episode_mode).lower()} disagree: training and evaluation must sample the memory role "
-            "the same way; set schema_mode (the episode follows it) and leave the episode's unset",
-        ))
-    return cfg
+def _memory_follows_schema_mode(data: Any) -> Any:
+    """Raw GRPO fields whose ``[episode]`` memory backend samples as the trainer samples it: a
+    top-level ``schema_mode`` that is given fills ``episode.backends.memory.schema_mode`` where the
+    episode leaves it unset and the trained role writes the memory (memory, overwrite), with
+    ``kind = "hf"`` when true (the trainer answers those calls with its hf policy,
+    ``grpo.trainer.trained_role_backends``, and a run config samples in schema mode only in a
+    local model). A controller run keeps its frozen memory backend's own mode, and a validated
+    ``RunConfig`` is taken as it is (a pipeline sets its memory backend from the same field).
+    Whether the two then agree is checked after validation (``GRPOConfig._role_fits_episode``)."""
+    if not (isinstance(data, dict) and isinstance(data.get("schema_mode"), bool)
+            and data.get("role", "memory") in ("memory", "overwrite")):
+        return data
+    episode = data.get("episode") or {}
+    backends = episode.get("backends") or {} if isinstance(episode, dict) else None
+    memory = backends.get("memory") or {} if isinstance(backends, dict) else None
+    if not isinstance(memory, dict):
+        return data  # not tables (a RunConfig, or a value of the wrong type that validation names)
+    memory = {"schema_mode": data["schema_mode"], **memory}
+    if memory["schema_mode"] is True:
+        memory["kind"] = "hf"
+    return {**data, "episode": {**episode, "backends": {**backends, "memory": memory}}}
 
 
 class SFTConfig(TrainerConfig):
@@ -452,3 +448,60 @@ class SFTConfig(TrainerConfig):
                 ("eval_config", "eval.data is set: also set eval_config (the run config used for evaluation)")
             )
         return self
+
+
+# Fields of a trainer config that every pipeline sets itself: what is trained, on which data, in
+# which episode, on which GPUs. A pipeline's trainer table never holds them (``trainer_table``).
+PIPELINE_FIELDS = ("role", "model", "data", "episode", "episode_config", "devices")
+
+
+class TrainerTable(TrainSettings):
+    """The base of a pipeline's trainer table (``trainer_table``): the fields of a trainer config
+    that the pipeline leaves to its user, each validated and documented as the trainer's own, at
+    the pipeline config's load. ``OWNED`` (keys) and ``OWNED_EVAL`` (keys of its ``eval`` table)
+    are what this pipeline sets itself: they are refused, naming them, not called unknown."""
+
+    OWNED: ClassVar[tuple[str, ...]] = ()
+    OWNED_EVAL: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_the_pipelines(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        evals = data.get("eval")
+        bad = sorted(set(data) & set(cls.OWNED)) + sorted(
+            f"eval.{k}" for k in (set(evals) & set(cls.OWNED_EVAL) if isinstance(evals, dict) else ()))
+        if bad:
+            raise KeyProblems(("", f"{', '.join(bad)} set by the pipeline itself; remove them"))
+        return data
+
+    def given(self) -> dict[str, Any]:
+        """The fields the table sets, as validated values (models, not dumps): what a pipeline
+        puts under the fields it owns to build the trainer config, the trainer's defaults for the rest."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
+
+
+def _as_written(table: TrainerTable) -> dict[str, Any]:
+    # A pipeline config's record (invocations.jsonl, pipeline.json) keeps each trainer table as the
+    # user wrote it, as it did when tables were plain dicts: the fields set, not every default.
+    return table.model_dump(mode="json", exclude_unset=True)
+
+
+def trainer_table(config: type[TrainerConfig], name: str, module: str, owned: tuple[str, ...],
+                  owned_eval: tuple[str, ...] = (), doc: str = "") -> type[TrainerTable]:
+    """A pipeline's table of ``config`` (``GRPOConfig`` / ``SFTConfig``): a model of its fields but
+    ``PIPELINE_FIELDS`` and ``owned``, with their declarations (types, bounds, defaults,
+    descriptions), so ``grpo.optim.lr = 2`` is refused at load as ``grpo.optim.lr``; ``name`` and
+    ``module`` (the pipeline config's) are the model's. ``.given()`` feeds the trainer config."""
+    skipped = set(PIPELINE_FIELDS) | set(owned)
+    fields = {key: (info.annotation, info) for key, info in config.model_fields.items() if key not in skipped}
+    table = create_model(name, __base__=TrainerTable, __doc__=doc or TrainerTable.__doc__,
+                         __module__=module, **fields)
+    table.OWNED, table.OWNED_EVAL = tuple(dict.fromkeys((*PIPELINE_FIELDS, *owned))), tuple(owned_eval)
+    return table
+
+
+def as_written(table: type[TrainerTable]) -> Any:
+    """The type of a pipeline config field holding ``table``: dumped as written (``_as_written``)."""
+    return Annotated[table, PlainSerializer(_as_written)]

@@ -18,7 +18,7 @@ rank 0 works alone (periodic evaluation), instead of waiting inside the next gra
 all-reduce under ``timeout_s``.
 
 Each rank rolls out its own tasks and builds its own rows, so ranks hold different numbers of
-rows and tokens. The loss is written as ``sum(w_t * loss_t) / D`` (``train.loss``): each rank
+rows and tokens. The loss is written as ``sum(w_t * loss_t) / D`` (``train.grpo.loss``): each rank
 backpropagates its local sum, then ``reduce_gradients`` all-reduces the gradient sums and the
 denominators and divides. The update equals one process training on the union of the rows.
 """

@@ -54,7 +54,7 @@ def launch_environment(cfg: Any, environ: dict[str, str] | None = None) -> dict[
 def main(argv: list[str] | None = None) -> int:
     """``KIND CONFIG_JSON OUT [--resume]``: one rank of a trainer run; returns the exit status."""
     from memsearch.errors import InputError
-    from memsearch.train.collapse import CollapseError
+    from memsearch.train.grpo.collapse import CollapseError
 
     args = list(sys.argv[1:] if argv is None else argv)
     resume = "--resume" in args
@@ -67,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if kind == "grpo":
             from memsearch.train.config import GRPOConfig
-            from memsearch.train.grpo import train_grpo as train
+            from memsearch.train.grpo.trainer import train_grpo as train
 
             cfg: Any = GRPOConfig.model_validate_json(Path(config).read_text(encoding="utf-8"))
         else:
             from memsearch.train.config import SFTConfig
-            from memsearch.train.sft import train_sft as train
+            from memsearch.train.sft.trainer import train_sft as train
 
             cfg = SFTConfig.model_validate_json(Path(config).read_text(encoding="utf-8"))
         train(cfg, out, resume=resume, echo=lambda line: print(line, flush=True))

@@ -330,7 +330,7 @@ def _update_tokens(shape: ModelShape, cfg: GRPOConfig | SFTConfig) -> tuple[int,
         return cfg.micro_batch_rows * cfg.max_tokens, cfg.max_tokens, False
     prompt, response = call_tokens(cfg)
     width = prompt + response
-    if cfg.share_prompts:  # a prompt once, then every completion that shares it (train.shared_prompt)
+    if cfg.share_prompts:  # a prompt once, then every completion that shares it (train.grpo.shared_prompt)
         width = prompt + response * max(cfg.group_size, cfg.state_group_size if cfg.credit == "state" else 0)
     return max(cfg.micro_batch_tokens, width), width, cfg.share_prompts
 

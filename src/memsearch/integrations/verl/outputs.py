@@ -4,7 +4,7 @@ One trained policy call is one verl output (``AgentLoopOutput`` fields, as plain
 module needs no verl): the prompt ids the server saw, the raw completion ids it sampled, a
 response mask of ones (memsearch puts observations in the next call's *prompt*, never in a
 response, so every response token is generated) and the rollout log-probs. The calls are the
-ones ``memsearch.train.rows`` turns into rows (``rows_from_trajectory``: failed calls dropped,
+ones ``memsearch.train.grpo.batch`` turns into rows (``rows_from_trajectory``: failed calls dropped,
 missing ids refused), in episode order, so the last output is the last trained call: the
 reader's answer when the reader is trained (``overwrite``), the last memory update otherwise.
 
@@ -16,7 +16,7 @@ generated token instead of silently giving the whole session advantage 0.
 The summary travels in the last output's ``extra_fields["memsearch"]`` (in verl 0.9.1 the
 reward-loop managers ``naive``, the default, ``rate_limited`` and ``remote`` merge it into
 ``extra_info``; the legacy ``verl.workers.reward_manager`` classes and reward-loop ``dapo``/``gdpo``
-do not: ``reward.py``): exactly the trajectory fields ``train.reward.trajectory_reward`` reads, and no
+do not: ``reward.py``): exactly the trajectory fields ``train.grpo.reward.trajectory_reward`` reads, and no
 label.
 """
 
@@ -26,12 +26,13 @@ from typing import Any
 
 from memsearch.records.events import EventKind
 from memsearch.records.trajectory import Trajectory
-from memsearch.train.rows import rows_from_trajectory, trained_calls
+from memsearch.train.grpo.batch import rows_from_trajectory
+from memsearch.train.rows import trained_calls
 
 
 def session_outputs(trajectory: Trajectory, role: str) -> list[dict[str, Any]]:
     """The trained calls of ``trajectory`` as verl output fields, in episode order (module doc)."""
-    rows, _failed = rows_from_trajectory(trajectory, role, index=0, group=0)
+    rows, _failed = rows_from_trajectory(trajectory, role, index=0, group_index=0)
     outputs = [{"prompt_ids": list(r.prompt_ids), "response_ids": list(r.completion_ids),
                 "response_mask": list(r.loss_mask), "response_logprobs": list(r.rollout_logprobs)} for r in rows]
     if outputs and not any(rows[-1].loss_mask):
@@ -41,7 +42,7 @@ def session_outputs(trajectory: Trajectory, role: str) -> list[dict[str, Any]]:
 
 
 def reward_summary(trajectory: Trajectory, role: str) -> dict[str, Any]:
-    """What the reward needs of a trajectory (``train.reward.trajectory_reward``), small and label-free:
+    """What the reward needs of a trajectory (``train.grpo.reward.trajectory_reward``), small and label-free:
     a trajectory line that ``Trajectory.from_json`` reads back (``reward.compute_score``), plus the
     trained ``role``.
 

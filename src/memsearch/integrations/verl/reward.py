@@ -1,6 +1,6 @@
 """``compute_score`` for verl's ``reward.custom_reward_function`` (path ``pkg://memsearch.integrations.verl.reward``).
 
-It computes memsearch's own trajectory reward (``memsearch.train.reward.trajectory_reward``:
+It computes memsearch's own trajectory reward (``memsearch.train.grpo.reward.trajectory_reward``:
 the configured answer metric of ``memsearch.eval`` minus the invalid-action, invalid-citation and
 search penalties) from the episode summary the agent loop puts in the last output's
 ``extra_fields["memsearch"]``. In verl 0.9.1 only the reward-loop managers
@@ -26,7 +26,7 @@ from memsearch.eval.metrics import answer_metric
 from memsearch.eval.score import protocol_answer
 from memsearch.records.trajectory import Trajectory
 from memsearch.train.config import RewardSettings
-from memsearch.train.reward import trajectory_reward
+from memsearch.train.grpo.reward import trajectory_reward
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None,

@@ -52,11 +52,11 @@ def worker_setup(train_config: str, data: str | None = None, overrides: tuple[st
     from memsearch.engine.environment import build_shared
     from memsearch.integrations.verl.config import load_grpo_config
     from memsearch.io import sha256_file
-    from memsearch.train.grpo import trained_role_backends
+    from memsearch.train.grpo.trainer import trained_role_backends
 
     cfg = load_grpo_config(Path(train_config), list(overrides), data)
     dataset = load_dataset(cfg.data)
-    episode = RunConfig.model_validate(trained_role_backends(cfg, cfg.episode.model_dump(mode="json")))
+    episode = trained_role_backends(cfg)
     # The episode's [retrieval] table, as in `memsearch eval` and GRPO; the shared service
     # (`retrieval.url`) lets hundreds of rollout workers on many nodes search one index.
     shared = build_shared(episode, dataset, leave_out=TRAINED_CALL_ROLES[cfg.role])

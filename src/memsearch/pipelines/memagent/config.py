@@ -15,11 +15,22 @@ from pydantic import Field, model_validator
 
 from memsearch.config import KeyProblems, RunConfig, StrictConfig, config_check
 from memsearch.devices import DeviceLayout
-from memsearch.pipelines.config import PipelineReport, check_episode_tokenizer, episode_table, validated
-from memsearch.train.config import GRPOConfig
+from memsearch.pipelines.config import (
+    PipelineReport,
+    check_episode_tokenizer,
+    episode_table,
+    every_problem,
+    trainer_config,
+    updated,
+)
+from memsearch.train.config import GRPOConfig, as_written, trainer_table
 
-# [train] fields the pipeline sets itself (from model, data and episode).
-_PIPELINE_OWNED = ("role", "model", "data", "episode", "episode_config", "eval", "devices")
+# [train]: the GRPO fields but those the pipeline sets from model, data, episode and devices, and
+# periodic evaluation (the pipeline evaluates the base and the trained model itself).
+TrainTable = trainer_table(
+    GRPOConfig, "TrainTable", __name__, owned=("eval",),
+    doc="[train] of the MemAgent pipeline: memsearch train grpo fields but role, model, data, episode, "
+    "episode_config, eval and devices, which the pipeline sets (role = 'overwrite')")
 
 
 class PipelineData(StrictConfig):
@@ -65,14 +76,19 @@ class MemAgentPipeline(StrictConfig):
     report: PipelineReport = Field(
         default_factory=PipelineReport, description="Paired bootstrap settings of the report"
     )
-    train: dict[str, Any] = Field(
-        default_factory=dict,
+    train: as_written(TrainTable) = Field(
+        default_factory=TrainTable,
         description="GRPO settings (memsearch train grpo fields but role/model/data/episode, which the pipeline sets)",
     )
     devices: DeviceLayout = Field(
         default_factory=DeviceLayout,
         description="GPUs of the trainer (memsearch.devices); the pipeline's evaluations run on the trainer's GPUs",
     )
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _every_problem(cls, data: Any, handler) -> MemAgentPipeline:
+        return every_problem(data, handler, ("train",))
 
     @model_validator(mode="before")
     @classmethod
@@ -111,36 +127,22 @@ class MemAgentPipeline(StrictConfig):
 
     @config_check
     def _train_table(self, context: dict[str, Any]) -> None:
-        problems = []
-        if bad := sorted(set(self.train) & set(_PIPELINE_OWNED)):
-            problems.append(("train", f"{', '.join(bad)} set by the pipeline itself; remove them from [train]"))
-        try:
-            self.grpo_config("<train-data>")  # validates [train] now, with its field names
-        except KeyProblems as exc:
-            problems += exc.keyed
-        if problems:
-            raise KeyProblems(*problems)
+        # [train]'s own values were checked as its fields; this checks them with what the pipeline
+        # sets (role against episode, schema mode), now, with their field names.
+        self.grpo_config("<train-data>")
 
     def grpo_config(self, train_data: str) -> GRPOConfig:
         """The ``memsearch train grpo`` config of the training stage."""
-        fields = {
-            **self.train,
-            "role": "overwrite",
-            "model": self.model,
-            "data": train_data,
-            "episode": self.episode.model_dump(mode="json"),
-            "devices": self.devices.model_dump(mode="json"),
-        }
-        return validated(GRPOConfig, fields, "train")
+        return trainer_config(GRPOConfig, "train", self.train, role="overwrite", model=self.model, data=train_data,
+                              episode=self.episode, devices=self.devices)
 
     def eval_config(self, model: str, limit: int | None = None) -> RunConfig:
         """The run config evaluating ``model`` (the base, or a merged checkpoint): the episode
         with only the memory and reader models replaced, so base and trained share every other
         setting, the budget tokenizer included. ``limit``: evaluate the first questions only
         (the plain HotpotQA set, whose prepared folder holds the whole dev file)."""
-        data = self.episode.model_dump(mode="json")
-        for role in ("memory", "reader"):
-            data["backends"][role]["model"] = model
-        if limit is not None:
-            data["limit"] = limit
-        return RunConfig.model_validate(data)
+        backends = self.episode.backends
+        swapped = {role: updated(getattr(backends, role), f"episode.backends.{role}", model=model)
+                   for role in ("memory", "reader")}
+        limited = {"limit": limit} if limit is not None else {}
+        return updated(self.episode, "episode", backends=updated(backends, "episode.backends", **swapped), **limited)

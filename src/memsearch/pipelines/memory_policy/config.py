@@ -15,17 +15,23 @@ from pydantic import Field, model_validator
 
 from memsearch.config import BackendConfig, KeyProblems, Matrix, RunConfig, StrictConfig, config_check
 from memsearch.devices import DeviceLayout
-from memsearch.pipelines.config import PipelineReport, check_episode_tokenizer, validated
+from memsearch.pipelines.config import PipelineReport, check_episode_tokenizer, every_problem, trainer_config, updated
 from memsearch.pipelines.stages import OnCollapse
-from memsearch.train.config import GRPOConfig, SFTConfig
+from memsearch.train.config import EvalSettings, GRPOConfig, SFTConfig, as_written, trainer_table
 
-# Trainer fields the pipeline sets itself: the model, data, role, seed and episode come from the
-# pipeline; periodic evaluation reads only the validation split (data.val_questions), never the
-# final comparison's questions, which must not steer training, early stopping or tuning. SFT
-# has no periodic evaluation here.
-_OWNED = ("role", "model", "data", "episode", "episode_config", "eval", "eval_config", "adapter", "seed", "devices")
-# The pipeline sets eval.data itself (the validation split); the rest of a GRPO eval table is the user's.
-_OWNED_EVAL = ("data",)
+# Trainer fields the pipeline sets itself besides the model, data, role, episode and devices
+# (``train.config.PIPELINE_FIELDS``): the adapter each stage starts from and the seed. Periodic
+# evaluation reads only the validation split (data.val_questions), never the final comparison's
+# questions, which must not steer training, early stopping or tuning: GRPO's eval.data is the
+# pipeline's, the rest of its eval table the user's; SFT has no periodic evaluation here.
+SFTTable = trainer_table(
+    SFTConfig, "SFTTable", __name__, owned=("episode", "episode_config", "eval", "eval_config", "adapter", "seed"),
+    doc="[sft] / [stage2.sft] of the memory-policy pipeline: memsearch train sft fields but model, data, role, "
+    "adapter, seed, eval, eval_config and devices, which the pipeline sets")
+GRPOTable = trainer_table(
+    GRPOConfig, "GRPOTable", __name__, owned=("eval_config", "adapter", "seed"), owned_eval=("data",),
+    doc="[grpo] / [stage2.train] of the memory-policy pipeline: memsearch train grpo fields but role, model, data, "
+    "episode, adapter, seed, eval.data and devices, which the pipeline sets")
 
 
 
@@ -60,7 +66,7 @@ class MPData(StrictConfig):
 
 
 class TeacherRows(StrictConfig):
-    """Which teacher rows SFT trains on (``train.row_selection``): every operation row, every
+    """Which teacher rows SFT trains on (``train.sft.row_selection``): every operation row, every
     NOOP row where a gold sentence was shown but not kept, and a share of the other NOOP rows."""
 
     other_noop_share: float | None = Field(
@@ -88,10 +94,10 @@ class Stage2(StrictConfig):
     teacher: BackendConfig = oracle_teacher(
         "start = 'sft': the controller backend of the teacher run (oracle: SEARCH the title of the first gold "
         "paragraph the memory has no supporting fact of, then FINISH; rules: the question, then open items)")
-    sft: dict[str, Any] = Field(
-        default_factory=dict,
+    sft: as_written(SFTTable) = Field(
+        default_factory=SFTTable,
         description="start = 'sft': memsearch train sft fields of the controller's SFT, over the "
-        "pipeline's [sft] table (model, data, role, seed are set by the pipeline)",
+        "pipeline's [sft] table key by key (model, data, role, seed are set by the pipeline)",
     )
     memory_serving: Literal["in_process", "http"] = Field(
         "in_process",
@@ -130,8 +136,8 @@ class Stage2(StrictConfig):
         description="http, launched server: how long to wait for its /health before giving up "
         "(the error shows the end of its log)",
     )
-    train: dict[str, Any] = Field(
-        default_factory=dict,
+    train: as_written(GRPOTable) = Field(
+        default_factory=GRPOTable,
         description="memsearch train grpo fields of stage 2 (role, model, data, episode, seed are set by the pipeline)",
     )
 
@@ -181,11 +187,11 @@ class MemoryPolicyPipeline(StrictConfig):
         "seed regardless",
     )
     teacher: BackendConfig = oracle_teacher("Memory backend of the teacher trajectories on train (oracle by default)")
-    sft: dict[str, Any] = Field(
-        default_factory=dict, description="memsearch train sft fields (model, data, role, seed set by the pipeline)"
+    sft: as_written(SFTTable) = Field(
+        default_factory=SFTTable, description="memsearch train sft fields (model, data, role, seed set by the pipeline)"
     )
-    grpo: dict[str, Any] = Field(
-        default_factory=dict, description="memsearch train grpo fields of stage 1 (memory role)"
+    grpo: as_written(GRPOTable) = Field(
+        default_factory=GRPOTable, description="memsearch train grpo fields of stage 1 (memory role)"
     )
     stage2: Stage2 = Field(default_factory=Stage2, description="Optional GRPO of the controller")
     merge_dtype: str = Field("float32", description="dtype of the merged checkpoints (bfloat16 on a GPU)")
@@ -214,6 +220,12 @@ class MemoryPolicyPipeline(StrictConfig):
         "port: the URL is part of every stage's fingerprint); `memsearch experiment run` deploys it with the "
         "engine of its config. Needs stage2.memory_serving = 'http' (whose checks apply: no schema mode)",
     )
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _every_problem(cls, data: Any, handler) -> MemoryPolicyPipeline:
+        return every_problem(data, handler, ("sft", "grpo", "stage2.train", "stage2.sft"))
+
     @model_validator(mode="before")
     @classmethod
     def _no_bar(cls, data: Any) -> Any:
@@ -292,7 +304,7 @@ class MemoryPolicyPipeline(StrictConfig):
                 "grpo_start = 'base' needs schema_mode = true: without SFT the untrained base model "
                 "hardly ever writes a readable operation batch, so GRPO would have nothing to compare",
             ))
-        if "schema_mode" in self.grpo:
+        if "schema_mode" in self.grpo.model_fields_set:
             problems.append((
                 "grpo.schema_mode",
                 "set the pipeline's top-level schema_mode (it also sets the held-out "
@@ -303,37 +315,24 @@ class MemoryPolicyPipeline(StrictConfig):
                 "stage2.start",
                 "stage2.start = 'sft' needs stage2.enabled = true (it is where stage 2's controller starts)",
             ))
-        elif self.stage2.start != "sft" and self.stage2.sft:
+        elif self.stage2.start != "sft" and self.stage2.sft.model_fields_set:
             problems.append(("stage2.sft", "only used with stage2.start = 'sft'"))
         if problems:
             raise KeyProblems(*problems)
 
     @config_check
     def _trainer_tables(self, context: dict[str, Any]) -> None:
-        problems = []
-        tables = (
-            ("sft", self.sft),
-            ("grpo", self.grpo),
-            ("stage2.train", self.stage2.train),
-            ("stage2.sft", self.stage2.sft),
-        )
-        for table, fields in tables:
-            owned = _OWNED if table.endswith("sft") else tuple(k for k in _OWNED if k != "eval")
-            bad = sorted(set(fields) & set(owned)) + sorted(
-                f"eval.{k}" for k in set(fields.get("eval") or {}) & set(_OWNED_EVAL)
-            )
-            if not table.endswith("sft") and (fields.get("eval") or {}).get("every") and not self.data.val_questions:
-                problems.append((
-                    f"{table}.eval.every",
-                    f"{table}.eval.every needs data.val_questions > 0: periodic evaluation reads the "
-                    "validation split only, never the held-out comparison questions",
-                ))
-            if bad:
-                problems.append((table, f"{', '.join(bad)} set by the pipeline itself; remove them"))
+        problems = [
+            (f"{table}.eval.every", f"{table}.eval.every needs data.val_questions > 0: periodic evaluation reads the "
+             "validation split only, never the held-out comparison questions")
+            for table, grpo in (("grpo", self.grpo), ("stage2.train", self.stage2.train))
+            if grpo.eval.every and not self.data.val_questions
+        ]
         if problems:
             raise KeyProblems(*problems)
-        # Validate every trainer table now, with its field names, before any stage runs; each
-        # table's problems are collected, so one run names them all.
+        # Each table's values were checked as its fields; check them with what the pipeline sets
+        # (role against episode, schema mode...) now, before any stage runs. Each table's problems
+        # are collected, so one run names them all.
         builders = [lambda: self.sft_config(["<rows>"], self.seeds[0]),
                     lambda: self.grpo_config("<train>", self.seeds[0], None)]
         if self.stage2.enabled:
@@ -403,106 +402,73 @@ class MemoryPolicyPipeline(StrictConfig):
 
     def _episode(
         self,
-        memory: dict[str, Any] | None = None,
-        controller: dict[str, Any] | None = None,
+        memory: BackendConfig | None = None,
+        controller: BackendConfig | None = None,
         agent_controller: str | None = None,
-    ) -> dict[str, Any]:
-        data = self.episode.model_dump(mode="json")
-        if memory is not None:
-            data["backends"]["memory"] = memory
-        if controller is not None:
-            data["backends"]["controller"] = controller
+        **fields: Any,
+    ) -> RunConfig:
+        """The pipeline's episode with the stage's memory / controller backends, agent controller
+        and other run-config ``fields`` (``limit``, ``matrix``) replaced."""
+        backends = {role: b for role, b in (("memory", memory), ("controller", controller)) if b is not None}
+        if backends:
+            fields["backends"] = updated(self.episode.backends, "episode.backends", **backends)
         if agent_controller is not None:
-            data["agent"]["controller"] = agent_controller
-        return data
+            fields["agent"] = updated(self.episode.agent, "episode.agent", controller=agent_controller)
+        return updated(self.episode, "episode", **fields)
 
-    def base_backend(self, model: str | None = None, schema_mode: bool | None = None) -> dict[str, Any]:
+    def base_backend(self, model: str | None = None, schema_mode: bool | None = None) -> BackendConfig:
         """An hf backend on ``model`` (the base by default), with the episode memory backend's other
         settings; decoding in ``schema_mode`` (the pipeline's by default; summary memory and the
         controller decode freely)."""
-        data = self.episode.backends.memory.model_dump(mode="json")
-        data.update(
-            kind="hf",
-            model=model or self.model,
-            adapter=None,
-            schema_mode=self.schema_mode if schema_mode is None else schema_mode,
-        )
-        return data
+        return updated(self.episode.backends.memory, "episode.backends.memory", kind="hf", model=model or self.model,
+                       adapter=None, schema_mode=self.schema_mode if schema_mode is None else schema_mode)
 
     def teacher_config(self) -> RunConfig:
         """The run config of the teacher trajectories on train."""
-        return RunConfig.model_validate(self._episode(memory=self.teacher.model_dump(mode="json")))
+        return self._episode(memory=self.teacher)
 
     def sft_config(self, rows: list[str], seed: int) -> SFTConfig:
         """The ``memsearch train sft`` config of one seed."""
-        return validated(
-            SFTConfig, {**self.sft, "model": self.model, "data": rows, "role": "memory", "seed": seed,
-                        "devices": self._devices()}, "sft"
-        )
+        return trainer_config(SFTConfig, "sft", self.sft, model=self.model, data=rows, role="memory", seed=seed,
+                              devices=self.devices)
 
     def controller_teacher_config(self) -> RunConfig:
         """The run config of the controller's teacher trajectories on train (``stage2.start =
         'sft'``): the policy controller answered by ``stage2.teacher``, the memory by ``[teacher]``."""
-        return RunConfig.model_validate(
-            self._episode(
-                memory=self.teacher.model_dump(mode="json"),
-                controller=self.stage2.teacher.model_dump(mode="json"),
-                agent_controller="policy",
-            )
-        )
+        return self._episode(memory=self.teacher, controller=self.stage2.teacher, agent_controller="policy")
 
     def stage2_sft_config(self, rows: list[str], seed: int) -> SFTConfig:
-        """The ``memsearch train sft`` config of the controller's SFT of one seed (``stage2.start = 'sft'``)."""
-        return validated(
-            SFTConfig,
-            {**self.sft, **self.stage2.sft, "model": self.model, "data": rows, "role": "controller", "seed": seed,
-             "devices": self._devices()},
-            "stage2.sft",
-        )
+        """The ``memsearch train sft`` config of the controller's SFT of one seed (``stage2.start =
+        'sft'``): ``[stage2.sft]`` over ``[sft]`` key by key (a table given there replaces [sft]'s)."""
+        return trainer_config(SFTConfig, "stage2.sft", self.sft, self.stage2.sft, model=self.model, data=rows,
+                              role="controller", seed=seed, devices=self.devices)
 
-    def _devices(self) -> dict[str, Any]:
-        """The node's layout, the same in every stage's trainer config (one source of truth)."""
-        return self.devices.model_dump(mode="json")
-
-    def _eval(self, table: dict[str, Any], val: str | None) -> dict[str, Any]:
-        return {**(table.get("eval") or {}), "data": val if self.data.val_questions else None}
+    def _eval(self, table: GRPOTable, val: str | None) -> EvalSettings:
+        return table.eval.model_copy(update={"data": val if self.data.val_questions else None})
 
     def grpo_config(self, train: str, seed: int, adapter: str | None, val: str | None = None) -> GRPOConfig:
         """Stage 1: GRPO of the memory role from the SFT adapter (``adapter``; None: from the base
         model, ``grpo_start = 'base'``); periodic evaluation on ``val``."""
-        episode = self._episode(memory=self.base_backend())
-        return validated(
-            GRPOConfig,
-            {
-                **self.grpo,
-                "role": "memory",
-                "model": self.model,
-                "data": train,
-                "seed": seed,
-                "schema_mode": self.schema_mode,
-                "adapter": adapter,
-                "episode": episode,
-                "eval": self._eval(self.grpo, val),
-                "devices": self._devices(),
-            },
-            "grpo",
+        return trainer_config(
+            GRPOConfig, "grpo", self.grpo, role="memory", model=self.model, data=train, seed=seed,
+            schema_mode=self.schema_mode, adapter=adapter, episode=self._episode(memory=self.base_backend()),
+            eval=self._eval(self.grpo, val), devices=self.devices,
         )
 
-    def served_backend(self, url: str, name: str) -> dict[str, Any]:
+    def served_backend(self, url: str, name: str) -> BackendConfig:
         """An openai backend on ``url`` serving ``name``, with the episode memory backend's
         concurrency, timeout, retries and sampling; free decoding (no schema mode over HTTP)."""
-        data = self.episode.backends.memory.model_dump(mode="json")
-        data.update(kind="openai", model=name, base_url=url, adapter=None, schema_mode=False)
-        return data
+        return updated(self.episode.backends.memory, "episode.backends.memory", kind="openai", model=name, base_url=url,
+                       adapter=None, schema_mode=False)
 
-    def stage1_backend(self, stage1: str, served: tuple[str, str] | None = None) -> dict[str, Any]:
+    def stage1_backend(self, stage1: str, served: tuple[str, str] | None = None) -> BackendConfig:
         """The stage-1 model as memory backend: ``served`` (API root, served name: the seed's server,
         ``stage1_serving = 'http'``) over HTTP, else the folder ``stage1`` in process."""
         return self.served_backend(*served) if served else self.base_backend(stage1)
 
     def stage2_memory(
         self, stage1: str, launched_url: str | None = None, served: tuple[str, str] | None = None
-    ) -> dict[str, Any]:
+    ) -> BackendConfig:
         """Stage 2's memory backend: the seed's server (``served``), merged1 in process, or over
         HTTP (``stage2.memory_url`` or the launched server's ``launched_url``; it serves merged1
         under its folder path)."""
@@ -532,20 +498,9 @@ class MemoryPolicyPipeline(StrictConfig):
             controller=self.base_backend(schema_mode=False),
             agent_controller="policy",
         )
-        return validated(
-            GRPOConfig,
-            {
-                **self.stage2.train,
-                "role": "controller",
-                "model": self.model,
-                "data": train,
-                "seed": seed,
-                "adapter": adapter,
-                "episode": episode,
-                "eval": self._eval(self.stage2.train, val),
-                "devices": self._devices(),
-            },
-            "stage2.train",
+        return trainer_config(
+            GRPOConfig, "stage2.train", self.stage2.train, role="controller", model=self.model, data=train,
+            seed=seed, adapter=adapter, episode=episode, eval=self._eval(self.stage2.train, val), devices=self.devices,
         )
 
     def matrix_config(self, stage1: str, controller: str | None, served: tuple[str, str] | None = None) -> RunConfig:
@@ -553,11 +508,9 @@ class MemoryPolicyPipeline(StrictConfig):
         set explicitly so a stage-1 checkpoint can never reach them), B/D with the stage-1
         model (in process, or ``served``: ``stage1_backend``), C/D with the stage-2 controller
         (``controller``; None = the base model)."""
-        data = self._episode(
-            memory=self.stage1_backend(stage1, served), controller=self.base_backend(controller, schema_mode=False)
-        )
         # Summary mode has no operations to constrain: the baseline decodes freely.
-        data["backends"]["baseline_memory"] = self.base_backend(schema_mode=False)
-        data["limit"] = None
-        data["matrix"] = {"groups": ["A", "B", "C", "D"], "bootstrap_resamples": self.report.bootstrap_resamples}
-        return RunConfig.model_validate(data)
+        backends = updated(self.episode.backends, "episode.backends", memory=self.stage1_backend(stage1, served),
+                           controller=self.base_backend(controller, schema_mode=False),
+                           baseline_memory=self.base_backend(schema_mode=False))
+        matrix = Matrix(groups=["A", "B", "C", "D"], bootstrap_resamples=self.report.bootstrap_resamples)
+        return updated(self.episode, "episode", backends=backends, limit=None, matrix=matrix)

@@ -41,7 +41,6 @@ from memsearch.pipelines.stages import eval_run
 from memsearch.records.causes import InvalidCause
 from memsearch.records.events import MemoryEvent, PolicyCall
 from memsearch.records.trajectory import read_trajectories
-from memsearch.train.config import RewardSettings
 
 POLICIES = ("base", "rules", "sft", "grpo")
 SHARED = ("base", "rules")
@@ -56,24 +55,23 @@ GOLD_CALL_OUTCOMES = ("kept_gold", "stored_other_only", "stored_nothing", "over_
 
 
 def policy_backend(cfg, policy: str, sft: Path | None = None, stage1: Path | None = None,
-                   served: tuple[str, str] | None = None) -> dict[str, Any]:
+                   served: tuple[str, str] | None = None):
     """The memory backend of ``policy`` (module docstring); ``served``: the seed's stage-1 server."""
+    from memsearch.config import BackendConfig
+    from memsearch.pipelines.config import updated
+
     if policy == "rules":
-        return {"kind": "rules"}
+        return BackendConfig(kind="rules")
     if policy == "base":
         return cfg.base_backend(schema_mode=True)
     if policy == "sft":
-        return {**cfg.base_backend(), "adapter": str(sft)}
+        return updated(cfg.base_backend(), "episode.backends.memory", adapter=str(sft))
     return cfg.stage1_backend(str(stage1), served)
 
 
 def policy_config(cfg, policy: str, sft: Path | None = None, stage1: Path | None = None,
                   served: tuple[str, str] | None = None):
-    from memsearch.config import RunConfig
-
-    data = cfg._episode(memory=policy_backend(cfg, policy, sft, stage1, served))
-    data["limit"] = None
-    return RunConfig.model_validate(data)
+    return cfg._episode(memory=policy_backend(cfg, policy, sft, stage1, served), limit=None)
 
 
 def _invalid_key(call: PolicyCall) -> str:
@@ -264,7 +262,7 @@ def compare(cfg, shared: dict[str, dict[str, Any]], seeds: dict[int, dict[str, d
         "over_seeds": over,
         "grpo_start": cfg.grpo_start,
         "not_run": [p for p in POLICIES if p not in policies],
-        "reward": RewardSettings.model_validate(cfg.grpo.get("reward") or {}).model_dump(),
+        "reward": cfg.grpo.reward.model_dump(),
         "schema_mode": cfg.schema_mode,
         "questions": cfg.data.dev_questions,
         "confidence": r.confidence,

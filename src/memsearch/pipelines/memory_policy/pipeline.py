@@ -150,7 +150,7 @@ def controller_teacher_stage(
 
 def _teacher_rows(out: Path, folder: Path, run_config, role: str, paths: dict[str, Any], echo) -> tuple[Path, str]:
     """A teacher run on train into ``folder/run`` and its ``role`` SFT rows (``folder/sft.jsonl``)."""
-    from memsearch.train.export import export_sft
+    from memsearch.train.sft.export import export_sft
 
     run = folder / "run"
     summary = eval_run(
@@ -183,9 +183,9 @@ def _teacher_rows(out: Path, folder: Path, run_config, role: str, paths: dict[st
 def select_stage(
     cfg: MemoryPolicyPipeline, folder: Path, rows: Path, rows_fp: str, paths: dict[str, Any], echo=print
 ) -> tuple[Path, str]:
-    """``teacher/selected.jsonl``: the rows SFT trains on (``train.row_selection``)."""
+    """``teacher/selected.jsonl``: the rows SFT trains on (``train.sft.row_selection``)."""
     from memsearch.data.dataset import load_dataset
-    from memsearch.train.row_selection import describe, select_memory_rows
+    from memsearch.train.sft.row_selection import describe, select_memory_rows
 
     selected = folder / "selected.jsonl"
     stage = Stage(
@@ -453,7 +453,7 @@ def run_validation_only(cfg: MemoryPolicyPipeline, out: str | Path, echo=print) 
     stages when the recipe is unchanged. Returns, per seed, the stage-1 validation evaluations."""
     from memsearch.io import iter_jsonl
 
-    if not cfg.data.val_questions or not (cfg.grpo.get("eval") or {}).get("every"):
+    if not cfg.data.val_questions or not cfg.grpo.eval.every:
         raise InputError(
             "a validation-only run reads GRPO's periodic evaluation: set data.val_questions > 0 and grpo.eval.every"
         )

@@ -80,12 +80,9 @@ def _backend(b: dict[str, Any]) -> str:
     return b["kind"] if b["kind"] in ("rules", "oracle", "fixed") else f"{b['kind']}:{Path(b['model']).name}"
 
 
-def _reward(table: dict[str, Any]) -> str:
-    from memsearch.train.config import RewardSettings
-
-    return ", ".join(
-        f"{k} = {v}" for k, v in RewardSettings.model_validate(table.get("reward") or {}).model_dump().items()
-    )
+def _reward(table) -> str:
+    """The reward settings of a GRPO table (``config.GRPOTable``), defaults included."""
+    return ", ".join(f"{k} = {v}" for k, v in table.reward.model_dump().items())
 
 
 def _diff_line(name: str, metric: str, d: dict[str, Any] | None, usable: bool = True) -> str:
@@ -341,7 +338,7 @@ def write_mp_report(
         for n in [n for n in panels if n.startswith("grpo")]:
             for key in ("eval_memory_support_recall", "eval_f1"):
                 panels[f"{n}:{key}"] = panels[n]
-    # The decision view of the memory stage (train.decisions), where its logs have it.
+    # The decision view of the memory stage (train.grpo.decisions), where its logs have it.
     from memsearch.train.log import read_log
 
     for n in [n for n in panels if n == "grpo1"]:

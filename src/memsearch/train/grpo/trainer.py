@@ -16,7 +16,7 @@ One step, top to bottom (``train_grpo``):
 3. reward each trajectory (``reward.trajectory_reward``); with ``dynamic_sampling``, groups whose
    rewards are all equal are replaced by other tasks (``dynamic_sampling``); advantage per
    trajectory inside its group (of its successful members), expanded to its rows without dropping
-   any (``rows.build_batch``);
+   any (``batch.build_batch``);
 4. recompute log-probs (the schema mask replayed), clipped policy loss (+ k3 KL to the
    reference: the frozen starting adapter, or the base), micro-batched backward, gradients
    summed over ranks and divided by the global denominator, clip, AdamW step and LR-schedule
@@ -30,7 +30,7 @@ than ``max_failed_share`` of them failed stops the run before its update (``fail
 ``--resume`` continues from the newest intact checkpoint exactly (weights, optimizer,
 scheduler, RNG, data position are functions of the step; a damaged one is named and skipped:
 ``train.checkpoint``). A non-finite loss, gradient norm or weight stops the run
-(``train.finite``). The update itself, with the old log-probs of the ratio: ``train.update``.
+(``train.finite``). The update itself, with the old log-probs of the ratio: ``train.grpo.update``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from memsearch.config import RunConfig, Sampling
 from memsearch.devices import apply_training_layout
 from memsearch.engine.episode import derived_seed
 from memsearch.errors import InputError
@@ -50,19 +51,20 @@ from memsearch.io import write_jsonl
 from memsearch.records.train_step import TrainStep
 from memsearch.records.trajectory import Trajectory
 from memsearch.train.checkpoint import checkpoints, resume_checkpoint, save_checkpoint
-from memsearch.train.collapse import guard_for_run, stop_collapsed
 from memsearch.train.config import GRPOConfig
-from memsearch.train.decisions import mark_decisions, mask_invalid_decisions
 from memsearch.train.distributed import Dist
-from memsearch.train.dynamic_sampling import sample_step
-from memsearch.train.failures import check_failed_share
 from memsearch.train.finite import require_finite
+from memsearch.train.grpo.batch import Batch, build_batch
+from memsearch.train.grpo.collapse import guard_for_run, stop_collapsed
+from memsearch.train.grpo.decisions import DecisionRule
+from memsearch.train.grpo.dynamic_sampling import sample_step
+from memsearch.train.grpo.failures import check_failed_share
+from memsearch.train.grpo.state_credit import build_state_batch
+from memsearch.train.grpo.step_record import step_record
+from memsearch.train.grpo.update import update
 from memsearch.train.log import TrainLog
-from memsearch.train.rows import TRAINED_CALL_ROLES, Batch, build_batch
+from memsearch.train.rows import TRAINED_CALL_ROLES
 from memsearch.train.run_folder import check_run_folder, drop_lost_steps, finish_run, prepare_run_folder
-from memsearch.train.state_credit import build_state_batch
-from memsearch.train.step_record import step_record
-from memsearch.train.update import update
 
 __all__ = ["Rollouts", "make_batch", "step_task_positions", "train_grpo", "trained_role_backends", "update"]
 
@@ -127,21 +129,15 @@ class Rollouts:
             share_prompts=fast,
         )
         self.backends = self.shared.backends_with({role: self.policy_backend for role in self.trained})
+        # The trained roles' sampling, built once; each rollout copies it with a seed of its own.
+        self.sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p)
 
     def config_for(self, step: int, k: int, round_: int = 0):
         """The episode config of rollout ``k`` at ``step``: trained roles sample at T with their own
         seed (an extra round of dynamic sampling has seeds of its own)."""
-        from memsearch.config import RunConfig
-
-        data = trained_role_backends(self.cfg, self.cfg.episode.model_dump(mode="json"))
         seed_parts = (self.cfg.seed, "rollout", step, k) + (("round", round_) if round_ else ())
-        for role in self.trained:
-            data["backends"][role]["sampling"] = {
-                "temperature": self.cfg.temperature,
-                "top_p": self.cfg.top_p,
-                "seed": derived_seed(*seed_parts),
-            }
-        return RunConfig.model_validate(data)
+        seeded = self.sampling.model_copy(update={"seed": derived_seed(*seed_parts)})
+        return trained_role_backends(self.cfg, sampling=seeded)
 
     def run(self, tasks, step: int, round_: int = 0) -> list[list[Trajectory]]:
         """``group_size`` trajectories per task, grouped by task (task order, then rollout index)."""
@@ -186,15 +182,25 @@ class Rollouts:
         asyncio.run(close_backends(self.backends))
 
 
-def trained_role_backends(cfg: GRPOConfig, data: dict[str, Any], adapter: Path | None = None) -> dict[str, Any]:
-    """``data`` (a dumped episode config) with the trained roles on the hf policy, sampled the
-    way training samples them: the one place rollouts and periodic evaluation take it from, so
-    the evaluated policy is the trained one (``schema_mode`` included)."""
+def trained_role_backends(cfg: GRPOConfig, adapter: Path | None = None, sampling: Sampling | None = None,
+                          **fields: Any) -> RunConfig:
+    """``cfg.episode`` with the trained roles on the hf policy, sampled the way training samples
+    them: the one place rollouts, periodic evaluation and the verl lane take it from, so the
+    evaluated policy is the trained one. Their schema mode is ``cfg.schema_mode`` (memory role
+    only); ``sampling`` (rollouts: temperature, top_p, a seed per rollout) replaces their own
+    (evaluation: the episode's, greedy by default); ``adapter``: they load it on ``cfg.model``;
+    ``fields``: other run-config fields (``limit``). Copies of the validated episode's parts
+    (``model_copy``): nothing is dumped and validated again per rollout."""
+    backends = cfg.episode.backends
+    roles = {}
     for role in TRAINED_CALL_ROLES[cfg.role]:
-        data["backends"][role].update(kind="hf", schema_mode=cfg.schema_mode and role == "memory")
+        update = {"kind": "hf", "schema_mode": cfg.schema_mode and role == "memory"}
         if adapter is not None:
-            data["backends"][role].update(model=cfg.model, adapter=str(adapter))
-    return data
+            update.update(model=cfg.model, adapter=str(adapter))
+        if sampling is not None:
+            update["sampling"] = sampling
+        roles[role] = getattr(backends, role).model_copy(update=update)
+    return cfg.episode.model_copy(update={"backends": backends.model_copy(update=roles), **fields})
 
 
 def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path, rollouts: Rollouts
@@ -203,13 +209,11 @@ def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path, rollouts: Rollouts
     `memsearch eval` of ``adapter``), the trained roles answered by the live policy, which holds
     that adapter's weights now: no second model is loaded (``train.live_eval``). Returns the
     logged metrics and the executed ops (``TrainStep.with_evaluation``)."""
-    from memsearch.config import RunConfig
     from memsearch.train.live_eval import evaluate_live
 
-    data = trained_role_backends(cfg, cfg.episode.model_dump(mode="json"), adapter)
-    data["limit"] = cfg.eval.limit
-    summary = evaluate_live(RunConfig.model_validate(data), rollouts.trained, rollouts.evaluation_model(),
-                            rollouts.tokenizer, cfg.eval.data, out)
+    run_config = trained_role_backends(cfg, adapter, limit=cfg.eval.limit)
+    summary = evaluate_live(run_config, rollouts.trained, rollouts.evaluation_model(), rollouts.tokenizer,
+                            cfg.eval.data, out)
     metrics = {
         k: v
         for k, v in summary["metrics"].items()
@@ -225,16 +229,11 @@ def make_batch(cfg: GRPOConfig, groups, rewards, labels, tokenizer, generated: i
     """A step's training rows from its trajectories (by task) and their rewards: advantages by
     ``cfg.credit``, decision tokens marked, invalid decisions masked by
     ``cfg.invalid_decision_credit``. ``generated``: completions the policy backend returned."""
+    decisions = DecisionRule(tokenizer, cfg.invalid_decision_credit)
     if cfg.credit == "state":
-        batch = build_state_batch(groups, rewards, labels, cfg.state_reward, std_scale=cfg.std_scale,
-                                  global_weight=cfg.global_weight, generated=generated)
-    else:
-        batch = build_batch(groups, rewards, cfg.role, cfg.credit, cfg.std_scale, generated=generated)
-    mark_decisions(batch.rows, tokenizer)
-    if cfg.invalid_decision_credit != "all":
-        batch.masked_decision_tokens = mask_invalid_decisions(
-            batch.rows, keep_over_budget=cfg.invalid_decision_credit == "over_budget")
-    return batch
+        return build_state_batch(groups, rewards, labels, cfg.state_reward, std_scale=cfg.std_scale,
+                                 global_weight=cfg.global_weight, generated=generated, decisions=decisions)
+    return build_batch(groups, rewards, cfg.role, cfg.credit, cfg.std_scale, generated=generated, decisions=decisions)
 
 
 def _step_line(record: TrainStep, steps: int) -> str:
@@ -254,9 +253,9 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
     off samples from the PEFT policy itself with every prompt prefilled (``Rollouts``): slower,
     the same run up to float round-off, kept to check that claim."""
     from memsearch.data.dataset import load_dataset
+    from memsearch.train.grpo.reward import trajectory_reward
     from memsearch.train.memory_plan import check_device_memory
     from memsearch.train.policy import load_policy, make_optimizer, save_adapter
-    from memsearch.train.reward import trajectory_reward
 
     out = Path(out)
     apply_training_layout(cfg.devices)  # before CUDA reads CUDA_VISIBLE_DEVICES (memsearch.devices)
@@ -327,7 +326,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
                     out / "rollouts" / f"step-{step:06d}.rank{dist.rank}.jsonl",
                     [{**tr.to_json(), "reward": r} for grp, rs in zip(groups, rewards) for tr, r in zip(grp, rs)],
                 )
-            # too many request errors: stop before training on what is left (train.failures)
+            # too many request errors: stop before training on what is left (train.grpo.failures)
             check_failed_share(sampled.faults, cfg.max_failed_share, step, out, dist,
                                lambda: next(reversed(checkpoints(out / "checkpoints")), None))
             batch = make_batch(cfg, groups, rewards, labels, tokenizer, sampled.generated)

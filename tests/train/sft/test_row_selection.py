@@ -1,4 +1,4 @@
-"""NOOP row selection for memory-role SFT (``train.row_selection``) on a real oracle teacher run
+"""NOOP row selection for memory-role SFT (``train.sft.row_selection``) on a real oracle teacher run
 over the shipped HotpotQA train sample, at the CPU recipe's budgets (where the teacher answers
 NOOP in most calls and some gold sentences do not fit)."""
 
@@ -13,7 +13,7 @@ from memsearch.config import load_config
 from memsearch.data.dataset import load_dataset
 from memsearch.errors import InputError
 from memsearch.memory.ops import Noop, parse_ops
-from memsearch.train.row_selection import row_kind, select_memory_rows
+from memsearch.train.sft.row_selection import row_kind, select_memory_rows
 
 CPU_EPISODE = [
     'tokenizer="embedded"',
@@ -34,7 +34,7 @@ CPU_EPISODE = [
 @pytest.fixture(scope="module")
 def teacher_rows(hotpot_train_dir, tmp_path_factory) -> Path:
     from memsearch.eval.runner import run_eval
-    from memsearch.train.export import export_sft
+    from memsearch.train.sft.export import export_sft
 
     out = tmp_path_factory.mktemp("select")
     run_eval(load_config(None, CPU_EPISODE), hotpot_train_dir, out / "run", show_progress=False)
@@ -47,7 +47,7 @@ def hidden_rows(hotpot_train_dir, tmp_path_factory) -> Path:
     """The same teacher with ``agent.memory_sources = "hidden"`` (the no-sources control): the
     prompts show the memory without evidence ids."""
     from memsearch.eval.runner import run_eval
-    from memsearch.train.export import export_sft
+    from memsearch.train.sft.export import export_sft
 
     out = tmp_path_factory.mktemp("hidden")
     run_eval(
@@ -155,7 +155,7 @@ def test_extractive_teacher_rows_are_classified_like_text_ones(hotpot_train_dir,
     """The oracle writing the extractive format (``agent.memory_format``): its rows get the same
     kinds, read from ``{"op": "ADD", "sources": [...]}`` completions, and a NOOP is a NOOP."""
     from memsearch.eval.runner import run_eval
-    from memsearch.train.export import export_sft
+    from memsearch.train.sft.export import export_sft
 
     run_eval(load_config(None, CPU_EPISODE + ['agent.memory_format="extractive"']), hotpot_train_dir,
              tmp_path / "run", show_progress=False)

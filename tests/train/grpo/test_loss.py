@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from memsearch.train.loss import assign_weights, policy_loss
+from memsearch.train.grpo.loss import aggregation_weights, policy_loss
 from memsearch.train.rows import Row
 
 
@@ -17,14 +17,16 @@ def row(traj, n):
 
 def test_aggregation_weights_and_denominators():
     rows = [row(0, 2), row(0, 4), row(1, 3)]
-    assert assign_weights(rows, "token") == 9 and [r.weight for r in rows] == [1, 1, 1]
-    assert assign_weights(rows, "sequence") == 3 and [r.weight for r in rows] == pytest.approx([1 / 2, 1 / 4, 1 / 3])
-    assert assign_weights(rows, "trajectory") == 2 and [r.weight for r in rows] == pytest.approx([1 / 6, 1 / 6, 1 / 3])
-    assert assign_weights(rows, "constant", constant_tokens=8) == 2 and [r.weight for r in rows] == [1 / 8] * 3
+    assert aggregation_weights(rows, "token") == ([1, 1, 1], 9)
+    weights, d = aggregation_weights(rows, "sequence")
+    assert d == 3 and weights == pytest.approx([1 / 2, 1 / 4, 1 / 3])
+    weights, d = aggregation_weights(rows, "trajectory")
+    assert d == 2 and weights == pytest.approx([1 / 6, 1 / 6, 1 / 3])
+    assert aggregation_weights(rows, "constant", constant_tokens=8) == ([1 / 8] * 3, 2)
     # a trajectory whose rows generated nothing does not count in D
-    assert assign_weights([*rows, row(2, 0)], "constant", constant_tokens=8) == 2
+    assert aggregation_weights([*rows, row(2, 0)], "constant", constant_tokens=8)[1] == 2
     with pytest.raises(ValueError, match="aggregation"):
-        assign_weights(rows, "batch")
+        aggregation_weights(rows, "batch")
 
 
 @pytest.mark.parametrize("aggregation, ratio", [("trajectory", 3.0), ("constant", 1.0)])
@@ -33,11 +35,11 @@ def test_constant_aggregation_pushes_the_same_token_equally_in_short_and_long_tr
     6-token one, same advantage. ``trajectory`` weights it by 1 / tokens (6 / 2 = 3x harder in
     the short one); ``constant`` weights every token 1 / L."""
     rows = [row(0, 2), row(1, 6)]
-    d = assign_weights(rows, aggregation, constant_tokens=8)
+    weights, d = aggregation_weights(rows, aggregation, constant_tokens=8)
     new = torch.zeros((2, 6), requires_grad=True)
     mask = torch.tensor([[1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]])
     loss, _ = policy_loss(new, new.detach(), torch.tensor([1.0, 1.0]), mask,
-                          torch.tensor([r.weight for r in rows]), clip_low=0.2, clip_high=0.2)
+                          torch.tensor(weights), clip_low=0.2, clip_high=0.2)
     (loss / d).backward()
     short, long = float(new.grad[0, 0]), float(new.grad[1, 0])
     assert short / long == pytest.approx(ratio)

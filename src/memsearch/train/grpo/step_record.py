@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING
 
 from memsearch.records.train_step import TrainStep
 from memsearch.records.trajectory import Trajectory
-from memsearch.train.decisions import HISTOGRAM_KEYS, op_histogram
 from memsearch.train.distributed import Dist
-from memsearch.train.failures import failed_share
-from memsearch.train.rows import TRAINED_CALL_ROLES, Batch, trained_calls
+from memsearch.train.grpo.batch import Batch
+from memsearch.train.grpo.decisions import HISTOGRAM_KEYS, op_histogram
+from memsearch.train.grpo.failures import failed_share
+from memsearch.train.rows import TRAINED_CALL_ROLES, trained_calls
 
 if TYPE_CHECKING:
-    from memsearch.train.dynamic_sampling import SampledStep
+    from memsearch.train.grpo.dynamic_sampling import SampledStep
 
 
 @dataclass
@@ -36,7 +37,7 @@ class UpdateStats:
     logprob_mismatch_mean: float = 0.0  # their mean
     denominator: float = 0.0
     skipped_steps: int = 0  # optimizer steps skipped: no row with a non-zero advantage (or no token)
-    decision_entropy: float | None = None  # mean entropy at the tokens that choose (train.decisions)
+    decision_entropy: float | None = None  # mean entropy at the tokens that choose (train.grpo.decisions)
 
 
 def step_record(
@@ -47,7 +48,7 @@ def step_record(
     ``sampled``: what dynamic sampling rolled out and dropped, and the failed requests of all of
     it). ``trajectories`` and the reward figures are those of the trajectories trained on."""
     counts = step_counts(batch, groups, role)
-    faults = sampled.faults  # every trajectory rolled out, dropped groups' too (train.failures)
+    faults = sampled.faults  # every trajectory rolled out, dropped groups' too (train.grpo.failures)
     counts.update(call_reward_sum=sum(batch.call_rewards), call_rewards=float(len(batch.call_rewards)),
                   rows_dropped=float(batch.counts.dropped), rows_failed=float(batch.counts.failed),
                   request_errors=float(faults.request_errors), failed_trajectories=float(faults.failed),

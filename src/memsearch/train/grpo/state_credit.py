@@ -22,11 +22,11 @@ question's gold supporting facts:
   token over costs half of it;
 - any other rejected or unreadable batch: - ``invalid_penalty``;
 - a branch whose request failed has no completion: no row, no part of the group;
-- a trajectory with a request error (``train.failures``) gives no row; the global term below is
+- a trajectory with a request error (``train.grpo.failures``) gives no row; the global term below is
   taken over its task's successful trajectories.
 
 With ``global_weight`` > 0 the continued branch's rows also get ``global_weight`` x the
-trajectory's own group advantage (the trajectory reward, ``train.reward``, inside its task's
+trajectory's own group advantage (the trajectory reward, ``train.grpo.reward``, inside its task's
 group): the local-plus-global sum of LoGo-GRPO, for the decisions the trajectory's outcome
 followed from.
 """
@@ -38,8 +38,10 @@ from typing import TYPE_CHECKING
 
 from memsearch.records.events import BranchOutcome, PolicyCall
 from memsearch.records.trajectory import Trajectory
-from memsearch.train.failures import split_failed
-from memsearch.train.rows import Batch, Row, group_advantages, trained_calls
+from memsearch.train.grpo.batch import Batch, group_advantages, grpo_row
+from memsearch.train.grpo.decisions import DecisionRule
+from memsearch.train.grpo.failures import split_failed
+from memsearch.train.rows import Row, trained_calls
 
 if TYPE_CHECKING:
     from memsearch.data.records import Label
@@ -65,32 +67,37 @@ def call_reward(branch: BranchOutcome, call: PolicyCall, gold: set[str], setting
     return (settings.gold_gain * kept_gain - settings.junk_penalty * junk) / len(gold)
 
 
-def branch_rows(call: PolicyCall, trajectory: int, group: int
-                ) -> tuple[list[Row], list[tuple[BranchOutcome, bool]], int]:
-    """One row per branch with a completion, the branches they came from (each with whether the
-    episode continued from it), and the number of failed branches."""
-    rows, kept, failed = [], [], 0
+def call_branches(call: PolicyCall) -> tuple[list[tuple[BranchOutcome, bool]], int]:
+    """The branches of ``call`` with a completion, each with whether the episode continued from
+    it, and the number of failed branches."""
+    kept, failed = [], 0
     for k, branch in enumerate(call.branches or ()):
         if branch.error or branch.completion_ids is None:
             failed += 1
             continue
-        ids, lps = branch.completion_ids, branch.logprobs or ()
-        rows.append(Row(prompt_ids=list(call.prompt_ids or ()), completion_ids=list(ids),
-                        rollout_logprobs=[float(x) for x in lps], loss_mask=[1] * len(ids), trajectory=trajectory,
-                        group=group, role=call.role, step=call.step, constraint_id=branch.constraint_id,
-                        valid=branch.status == "applied", over_budget=_over_budget(branch)))
         kept.append((branch, k == call.branch_chosen))
-    return rows, kept, failed
+    return kept, failed
+
+
+def branch_rows(call: PolicyCall, branches: Sequence[tuple[BranchOutcome, bool]], advantages: Sequence[float],
+                trajectory: int, group_index: int, decisions: DecisionRule | None = None) -> list[Row]:
+    """One complete row per branch (``call_branches``), with its advantage."""
+    return [grpo_row(prompt_ids=call.prompt_ids or (), completion_ids=branch.completion_ids or (),
+                     logprobs=branch.logprobs or (), trajectory=trajectory, group_index=group_index, role=call.role,
+                     step=call.step, constraint_id=branch.constraint_id, valid=branch.status == "applied",
+                     over_budget=_over_budget(branch), advantage=adv, decisions=decisions)
+            for (branch, _), adv in zip(branches, advantages, strict=True)]
 
 
 def build_state_batch(groups: Sequence[Sequence[Trajectory]], rewards: Sequence[Sequence[float]],
                       labels: dict[str, Label], settings: StateReward, *, std_scale: bool, global_weight: float,
-                      generated: int) -> Batch:
+                      generated: int, decisions: DecisionRule | None = None) -> Batch:
     """Rows of every branch of every memory call, each with its state group's advantage.
 
     ``groups`` / ``rewards``: the step's trajectories by task and their trajectory rewards (for
     the log, and for ``global_weight``). ``batch.groups`` and ``zero_variance_groups`` count the
-    state groups; ``call_rewards`` (on the batch) keeps every branch's reward for the log."""
+    state groups; ``call_rewards`` (on the batch) keeps every branch's reward for the log.
+    ``decisions``: the rows' deciding tokens and their loss mask (none without it)."""
     batch = Batch()
     batch.counts.generated = generated
     index = call_group = 0
@@ -99,24 +106,25 @@ def build_state_batch(groups: Sequence[Sequence[Trajectory]], rewards: Sequence[
         global_adv = group_advantages(members, std_scale) if global_weight else [0.0] * len(members)
         member_adv = iter(global_adv)
         for traj, good in zip(trajs, ok, strict=True):
-            if not good:  # a request failed (train.failures): none of its rows is trained on
+            if not good:  # a request failed (train.grpo.failures): none of its rows is trained on
                 for call in _memory_calls(traj):
-                    rows, _, failed = branch_rows(call, index, call_group)
+                    branches, failed = call_branches(call)
                     batch.counts.failed_calls += failed
-                    batch.counts.failed += len(rows)
+                    batch.counts.failed += len(branches)
                 continue
             traj_adv = next(member_adv)
             gold = set(labels[traj.task_id].supporting_facts)
             count = 0
             for call in _memory_calls(traj):
-                rows, branches, failed = branch_rows(call, index, call_group)
+                branches, failed = call_branches(call)
                 batch.counts.failed_calls += failed
-                if not rows:
+                if not branches:
                     continue
                 scores = [call_reward(b, call, gold, settings) for b, _ in branches]
                 local = group_advantages(scores, std_scale)
-                for row, (_, chosen), adv in zip(rows, branches, local, strict=True):
-                    row.advantage = adv + (global_weight * traj_adv if chosen else 0.0)
+                advs = [adv + (global_weight * traj_adv if chosen else 0.0)
+                        for (_, chosen), adv in zip(branches, local, strict=True)]
+                rows = branch_rows(call, branches, advs, index, call_group, decisions)
                 batch.rows.extend(rows)
                 batch.call_rewards.extend(scores)
                 batch.groups += 1

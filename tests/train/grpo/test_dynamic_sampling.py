@@ -1,4 +1,4 @@
-"""Dynamic sampling (``train.dynamic_sampling``): zero-variance groups are dropped and replaced by
+"""Dynamic sampling (``train.grpo.dynamic_sampling``): zero-variance groups are dropped and replaced by
 tasks not yet tried at the step, drawn reproducibly; the row accounting keeps the dropped rows;
 and a real GRPO step on the tiny Llama logs what the filter did."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from memsearch.records.trajectory import Trajectory
-from memsearch.train.dynamic_sampling import has_spread, replacement_positions, sample_step
+from memsearch.train.grpo.dynamic_sampling import has_spread, replacement_positions, sample_step
 
 
 def trajectory(task: str, calls: int) -> Trajectory:
@@ -80,9 +80,9 @@ def test_a_grpo_step_logs_the_groups_sampled_and_dropped(tiny_model_dir, tiny_ad
     """The tiny random model writes no valid op in 12 tokens, so every rollout of a task earns the
     same reward: each group is dropped, two extra rounds are rolled out, and the row accounting
     still closes (generated = converted + dropped)."""
-    from tests.train.test_grpo import grpo_config
+    from tests.train.grpo.test_grpo import grpo_config
 
-    from memsearch.train.grpo import train_grpo
+    from memsearch.train.grpo.trainer import train_grpo
 
     cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, steps=1,
                       **{"dynamic_sampling.enabled": True, "dynamic_sampling.max_extra_rounds": 2})

@@ -1,16 +1,23 @@
-"""Rows that share a prompt, scored with the prompt once (``train.shared_prompt``): log-probs,
+"""Rows that share a prompt, scored with the prompt once (``train.grpo.shared_prompt``): log-probs,
 entropies and the gradient of the GRPO loss equal the row-by-row computation (to 1e-5) on the
 tiny real Llama with a non-zero LoRA, in schema mode too, and the micro-batches keep prompt
 groups whole."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from memsearch.train.grpo.loss import policy_loss
+from memsearch.train.grpo.shared_prompt import (
+    packed_length,
+    prompt_groups,
+    shared_completion_logprobs,
+    shared_micro_batches,
+)
 from memsearch.train.logprobs import completion_logprobs
-from memsearch.train.loss import policy_loss
 from memsearch.train.rows import Row
-from memsearch.train.shared_prompt import packed_length, prompt_groups, shared_completion_logprobs, shared_micro_batches
 
 
 def make_rows(vocab: int) -> list[Row]:
@@ -74,8 +81,7 @@ def test_shared_scoring_replays_schema_masks(tiny_model_dir, nonzero_lora):
             m[j, [t, 1, 2, 3]] = True
         return m
 
-    for r in rows[::2]:
-        r.constraint_id = "test"
+    rows = [replace(r, constraint_id="test") if k % 2 == 0 else r for k, r in enumerate(rows)]
     with torch.no_grad():
         alone = completion_logprobs(policy, rows, tokenizer.eos_token_id, 1.0, masks)
         shared = shared_completion_logprobs(policy, rows, tokenizer.eos_token_id, 1.0, masks)

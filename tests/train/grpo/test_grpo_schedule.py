@@ -11,7 +11,7 @@ import torch
 
 from memsearch.config import load_config
 from memsearch.train.config import GRPOConfig
-from memsearch.train.grpo import train_grpo
+from memsearch.train.grpo.trainer import train_grpo
 from memsearch.train.policy import lr_factor
 
 CONFIG = """

@@ -5,15 +5,18 @@ optimizer step each (docs/design.md §7)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from memsearch.train.config import GRPOConfig, LoraSettings, OptimSettings
 from memsearch.train.distributed import Dist
-from memsearch.train.grpo import update
-from memsearch.train.loss import split_mini_batches
+from memsearch.train.grpo.batch import Batch
+from memsearch.train.grpo.loss import split_mini_batches
+from memsearch.train.grpo.trainer import update
 from memsearch.train.policy import REFERENCE_ADAPTER, load_policy, lr_factor, make_optimizer, trainable_parameters
-from memsearch.train.rows import Batch, Row
+from memsearch.train.rows import Row
 
 TARGETS = ["q_proj", "v_proj"]
 # (trajectory, prompt length, completion length, advantage): 4 trajectories, 6 rows
@@ -167,8 +170,7 @@ def test_a_step_whose_advantages_are_all_zero_changes_no_weight_and_no_optimizer
     weights = [p.detach().clone() for p in params]
     state = {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in optimizer.state[p].items()}
              for i, p in enumerate(params)}
-    for r in rows:
-        r.advantage = 0.0
+    rows = [replace(r, advantage=0.0) for r in rows]
     stats = update(policy, optimizer, Batch(rows=rows), cfg, Dist(), tokenizer.eos_token_id, scheduler=scheduler)
     assert stats.skipped_steps == 2 and stats.grad_norm == 0.0
     assert all(torch.equal(p.detach(), w) for p, w in zip(params, weights, strict=True))
@@ -177,8 +179,7 @@ def test_a_step_whose_advantages_are_all_zero_changes_no_weight_and_no_optimizer
                    for k, v in state[i].items())
     assert scheduler.last_epoch == 4  # the schedule counted both skipped steps
     # One mini-batch with signal and one without: only the one without is skipped.
-    for r in rows:
-        r.advantage = 0.5 if r.trajectory == 0 else 0.0
+    rows = [replace(r, advantage=0.5 if r.trajectory == 0 else 0.0) for r in rows]
     mixed = update(policy, optimizer, Batch(rows=rows), cfg, Dist(), tokenizer.eos_token_id, scheduler=scheduler)
     assert mixed.skipped_steps == 1 and not all(torch.equal(p.detach(), w) for p, w in zip(params, weights,
                                                                                              strict=True))

@@ -17,7 +17,7 @@ policy that always writes NOOP can still show a healthy mean entropy. Two views 
   other rule: unknown id, source not shown, ...). A call whose request failed is a request
   error, not a decision, and is not counted.
 
-``invalid_decision_credit`` (``mask_invalid_decisions``) decides whether the deciding tokens of
+``invalid_decision_credit`` (``DecisionRule``) decides whether the deciding tokens of
 an invalid row stay in the loss: ``"all"`` (the penalty also lowers the probability of the op
 chosen), ``"none"`` (every invalid row's deciding tokens leave the loss: its penalty trains only
 what follows the choice) or ``"over_budget"`` (only a batch rejected for overflowing the memory
@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from memsearch.memory.ops import OP_NAMES
 from memsearch.records.causes import CAUSES, InvalidCause
 from memsearch.records.trajectory import Trajectory
-from memsearch.train.rows import Row
 
 # Where the decision starts in a completion's text, by call role: the match's end (memory) or
 # start (controller) is the first character of the chosen name.
@@ -78,24 +78,24 @@ def decision_positions(completion_ids: Sequence[int], tokenizer: Any, role: str)
     return positions
 
 
-def mark_decisions(rows: Iterable[Row], tokenizer: Any) -> None:
-    """Set every row's ``decision_positions`` from its own completion ids and call role."""
-    for row in rows:
-        row.decision_positions = decision_positions(row.completion_ids, tokenizer, row.role)
+@dataclass(frozen=True)
+class DecisionRule:
+    """How a GRPO row's deciding tokens are found (``tokenizer``) and whether an invalid row keeps
+    them in the loss (``invalid_decision_credit``: module doc); ``train.grpo.batch`` applies it as
+    it builds each row."""
 
+    tokenizer: Any
+    invalid_decision_credit: str = "all"
 
-def mask_invalid_decisions(rows: Iterable[Row], *, keep_over_budget: bool = False) -> int:
-    """Take the deciding tokens of invalid rows out of the loss (module doc), all of them or, with
-    ``keep_over_budget``, all but the over-budget ones; call after ``mark_decisions``. Returns how
-    many tokens were masked."""
-    masked = 0
-    for row in rows:
-        if row.valid or (keep_over_budget and row.over_budget):
-            continue
-        for pos in row.decision_positions:
-            masked += row.loss_mask[pos]
-            row.loss_mask[pos] = 0
-    return masked
+    def positions(self, completion_ids: Sequence[int], role: str) -> list[int]:
+        """The deciding tokens of a completion of call ``role`` (``decision_positions``)."""
+        return decision_positions(completion_ids, self.tokenizer, role)
+
+    def keeps(self, valid: bool, over_budget: bool) -> bool:
+        """Whether a row with this verdict keeps its deciding tokens in the loss."""
+        if valid or self.invalid_decision_credit == "all":
+            return True
+        return self.invalid_decision_credit == "over_budget" and over_budget
 
 
 def histogram_bucket(cause: InvalidCause | str | None) -> str:

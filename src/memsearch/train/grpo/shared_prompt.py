@@ -1,6 +1,6 @@
 """Log-probs of rows that share a prompt, with the prompt computed once (``share_prompts``).
 
-The rows of a state group (``train.state_credit``), and the first memory calls of a task's
+The rows of a state group (``train.grpo.state_credit``), and the first memory calls of a task's
 rollouts, have the same ~330-token prompt and differ in a ~40-token completion. Scoring them one
 row at a time runs the prompt through the model G times. Here each set of rows with one prompt
 is *packed* into one sequence ``prompt, completion_1, ..., completion_G`` with a block attention
@@ -8,7 +8,7 @@ mask: every completion attends to the prompt and, causally, to itself, never to 
 completion; its position ids continue the prompt's (``P, P+1, ...``), exactly the positions it
 has when scored alone. A packed sequence of P + sum(c_i) tokens replaces G sequences of P + c_i,
 and the log-probs (and gradients) equal the unshared computation up to float round-off
-(``tests/train/test_shared_prompt.py`` checks gradients to 1e-5).
+(``tests/train/grpo/test_shared_prompt.py`` checks gradients to 1e-5).
 
 The result has the layout of ``logprobs.completion_logprobs`` (rows, C), right-aligned, in the
 order of the rows given, so the loss code does not know which path computed it.

@@ -1,4 +1,4 @@
-"""State groups (``credit = "state"``, ``train.state_credit``): the per-call reward on hand-made
+"""State groups (``credit = "state"``, ``train.grpo.state_credit``): the per-call reward on hand-made
 branches, every branch a row with its own group-relative advantage, and the global term only on
 the branch the episode continued from."""
 
@@ -10,7 +10,7 @@ from memsearch.data.records import Label
 from memsearch.records.events import BranchOutcome, PolicyCall
 from memsearch.records.trajectory import Trajectory
 from memsearch.train.config import StateReward
-from memsearch.train.state_credit import build_state_batch, call_reward
+from memsearch.train.grpo.state_credit import build_state_batch, call_reward
 
 GOLD = {"d1:0", "d2:3"}
 BEFORE = {"kept": ["d1:0"], "cited": ["d1:0"]}
@@ -71,7 +71,7 @@ def test_every_branch_is_a_row_with_its_state_groups_advantage():
     assert batch.groups == 3 and batch.zero_variance_groups == 1
     assert [r.advantage for r in batch.rows] == pytest.approx([0.0, 0.5, -0.5, 0.0, 0.0, 0.0, 0.5, -0.5])
     assert [r.trajectory for r in batch.rows] == [0] * 5 + [1] * 3
-    assert len({r.group for r in batch.rows}) == 3
+    assert len({r.group_index for r in batch.rows}) == 3
     assert [r.valid for r in batch.rows] == [True, True, False, True, True] * 1 + [True, True, False]
     assert [r.over_budget for r in batch.rows] == [False, False, True, False, False, False, False, True]
     assert batch.rows_per_trajectory == [5, 3] and batch.call_rewards[:3] == pytest.approx([0.0, 0.5, -0.5])
@@ -100,9 +100,9 @@ def test_a_grpo_step_with_state_groups_on_the_tiny_llama(tiny_model_dir, tiny_ad
     the branch it names (the memory after the call is that branch's)."""
     import json
 
-    from tests.train.test_grpo import grpo_config
+    from tests.train.grpo.test_grpo import grpo_config
 
-    from memsearch.train.grpo import train_grpo
+    from memsearch.train.grpo.trainer import train_grpo
 
     cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, steps=1, group_size=2,
                       credit="state", state_group_size=3, schema_mode=True, invalid_decision_credit=False,
@@ -125,7 +125,7 @@ def test_a_grpo_step_with_state_groups_on_the_tiny_llama(tiny_model_dir, tiny_ad
     # invalid_decision_credit = false: the op-choosing tokens of every invalid branch left the loss
     from transformers import AutoTokenizer
 
-    from memsearch.train.decisions import decision_positions
+    from memsearch.train.grpo.decisions import decision_positions
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     invalid = [b for c in calls for b in c["branches"] if b["status"] != "applied"]
@@ -142,9 +142,9 @@ def test_extractive_state_groups_sample_only_valid_ops_and_replay_their_per_call
     each constraint from the row's id: the recomputed log-probs equal the sampled ones."""
     import json
 
-    from tests.train.test_grpo import grpo_config
+    from tests.train.grpo.test_grpo import grpo_config
 
-    from memsearch.train.grpo import train_grpo
+    from memsearch.train.grpo.trainer import train_grpo
 
     cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, steps=1, group_size=2,
                       credit="state", state_group_size=3, schema_mode=True,

@@ -14,9 +14,10 @@ import torch
 
 from memsearch.train.config import GRPOConfig, OptimSettings
 from memsearch.train.distributed import Dist
-from memsearch.train.grpo import update
+from memsearch.train.grpo.batch import Batch
+from memsearch.train.grpo.trainer import update
 from memsearch.train.policy import load_policy, make_optimizer, trainable_parameters
-from memsearch.train.rows import Batch, Row
+from memsearch.train.rows import Row
 
 # (trajectory, prompt length, completion length, advantage). Rank 0 holds trajectory 0 only, so
 # its second mini-batch is empty; rank 1 holds 1-4. Split in order into 2 mini-batches, the

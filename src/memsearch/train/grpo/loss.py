@@ -73,29 +73,25 @@ def split_mini_batches(rows: Sequence[Row], count: int) -> list[list[int]]:
     return out
 
 
-def assign_weights(rows: Sequence[Row], aggregation: str, constant_tokens: int = 256) -> float:
-    """Set ``row.weight`` (the per-token weight) for ``aggregation``; return this rank's denominator.
+def aggregation_weights(rows: Sequence[Row], aggregation: str, constant_tokens: int = 256
+                        ) -> tuple[list[float], float]:
+    """Each row's per-token weight for ``aggregation`` (in ``rows`` order) and this rank's denominator.
 
-    ``constant_tokens`` is L of the ``constant`` aggregation (unused by the others)."""
+    ``constant_tokens`` is L of the ``constant`` aggregation (unused by the others). The weights
+    belong to one mini-batch's deal of rows, not to a row, so they are returned, not stored."""
     if aggregation == "constant":
-        for row in rows:
-            row.weight = 1.0 / constant_tokens
-        return float(len({r.trajectory for r in rows if r.completion_tokens}))
+        return [1.0 / constant_tokens] * len(rows), float(len({r.trajectory for r in rows if r.completion_tokens}))
     if aggregation == "token":
-        for row in rows:
-            row.weight = 1.0
-        return float(sum(r.completion_tokens for r in rows))
+        return [1.0] * len(rows), float(sum(r.completion_tokens for r in rows))
     if aggregation == "sequence":
-        for row in rows:
-            row.weight = 1.0 / row.completion_tokens if row.completion_tokens else 0.0
-        return float(sum(1 for r in rows if r.completion_tokens))
+        return ([1.0 / r.completion_tokens if r.completion_tokens else 0.0 for r in rows],
+                float(sum(1 for r in rows if r.completion_tokens)))
     if aggregation == "trajectory":
         tokens: dict[int, int] = {}
         for row in rows:
             tokens[row.trajectory] = tokens.get(row.trajectory, 0) + row.completion_tokens
-        for row in rows:
-            row.weight = 1.0 / tokens[row.trajectory] if tokens[row.trajectory] else 0.0
-        return float(sum(1 for n in tokens.values() if n))
+        return ([1.0 / tokens[r.trajectory] if tokens[r.trajectory] else 0.0 for r in rows],
+                float(sum(1 for n in tokens.values() if n)))
     raise ValueError(f"unknown aggregation {aggregation!r}: expected one of {', '.join(AGGREGATIONS)}")
 
 
@@ -118,7 +114,7 @@ def policy_loss(
         old_logprobs: (B, T) log-probs of the policy that sampled (no grad).
         advantages: (B,) one advantage per row.
         mask: (B, T) 1 for completion tokens in the loss, 0 for padding.
-        weights: (B,) per-token weight of each row (``assign_weights``).
+        weights: (B,) per-token weight of each row (``aggregation_weights``).
         ref_logprobs: (B, T) reference log-probs, needed when ``kl_coef > 0``.
         dual_clip: the dual-clip bound c > 1 for negative advantages (None or 0: no dual clip).
 

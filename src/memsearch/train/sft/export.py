@@ -20,7 +20,7 @@ the kind of backend that answered the role in that run, ``memory_mode`` the run'
 ``split`` its data split (always ``train``: `train sft` checks it). Memory-role rows of a
 decision-mode run also carry ``"memory_sources"``: the evidence ids the memory held when the call
 was made (the step's ``memory`` event, ``sources_before``), which the prompt does not show under
-``agent.memory_sources = "hidden"``; ``train.row_selection`` reads them. Not shown to the model.
+``agent.memory_sources = "hidden"``; ``train.sft.row_selection`` reads them. Not shown to the model.
 
 Task order is the order of ``metrics.jsonl`` (the data's task order), not the order of
 ``trajectories.jsonl``, which an eval appends as episodes finish and so differs from run to run

@@ -20,9 +20,9 @@ from memsearch.eval.runner import run_eval
 from memsearch.io import iter_jsonl, write_jsonl
 from memsearch.memory.ops import parse_ops
 from memsearch.text.actions import evidence_ids_in
-from memsearch.train.export import export_sft
+from memsearch.train.sft.export import export_sft
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RULES = ROOT / "configs" / "rules.toml"
 ORACLE = ['backends.memory.kind="oracle"', 'backends.reader.kind="oracle"', "budgets.memory_tokens=4096",
           "budgets.policy_tokens=1024"]

@@ -11,7 +11,7 @@ import torch
 from memsearch.config import load_config
 from memsearch.errors import InputError
 from memsearch.train.config import GRPOConfig
-from memsearch.train.grpo import step_task_positions, train_grpo
+from memsearch.train.grpo.trainer import step_task_positions, train_grpo
 
 CONFIG = """
 role = "memory"
@@ -275,9 +275,9 @@ def test_rows_generated_are_counted_by_the_policy_backend_not_from_the_trajector
 
     from memsearch.data.dataset import load_dataset
     from memsearch.records.events import PolicyCall
-    from memsearch.train.grpo import Rollouts
+    from memsearch.train.grpo.batch import RowCountError, build_batch
+    from memsearch.train.grpo.trainer import Rollouts
     from memsearch.train.policy import load_policy
-    from memsearch.train.rows import RowCountError, build_batch
 
     cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir)
     dataset = load_dataset(hotpot_train_dir)
@@ -433,7 +433,7 @@ def test_a_bfloat16_base_samples_from_the_unmerged_policy_and_trains(tiny_model_
     differ from the trainer's by bf16 round-off only (another batch and a KV cache), far from
     the float32 1e-4 but well under a nat."""
     from memsearch.data.dataset import load_dataset
-    from memsearch.train.grpo import Rollouts
+    from memsearch.train.grpo.trainer import Rollouts
     from memsearch.train.policy import load_policy
 
     cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, steps=2, schema_mode=True,

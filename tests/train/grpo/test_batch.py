@@ -1,16 +1,15 @@
-"""Advantages, credit assignment and the row-count contract, against hand-computed values."""
+"""A GRPO step's rows (``train.grpo.batch``): advantages, credit assignment and the row-count
+contract, against hand-computed values."""
 
 from __future__ import annotations
 
 import pytest
 
 from memsearch.records.trajectory import Trajectory
-from memsearch.train.rows import (
-    Row,
+from memsearch.train.grpo.batch import (
     RowCountError,
     RowCounts,
     build_batch,
-    expand_advantages,
     group_advantages,
     rows_from_trajectory,
 )
@@ -43,13 +42,20 @@ def test_group_advantages_hand_computed():
 
 
 def test_share_and_split_credit():
-    rows = [[Row([1], [2], [-1.0], [1], 0, 0, "memory", s) for s in range(n)] for n in (1, 2, 4)]
-    expand_advantages(rows, [0.6, -0.4, 0.8], "share")
-    assert [[r.advantage for r in rs] for rs in rows] == [[0.6], [-0.4, -0.4], [0.8] * 4]
-    expand_advantages(rows, [0.6, -0.4, 0.8], "split")
-    assert [[r.advantage for r in rs] for rs in rows] == [[0.6], [-0.2, -0.2], [0.2] * 4]
+    """A trajectory's advantage reaches its rows whole (``share``) or in equal parts (``split``),
+    set when each row is built."""
+    trajs = [traj("t", *(call("memory", s) for s in range(n))) for n in (1, 2, 4)]
+
+    def advantages(credit):
+        return [[r.advantage for r in rows_from_trajectory(t, "memory", i, 0, advantage=a, credit=credit)[0]]
+                for i, (t, a) in enumerate(zip(trajs, [0.6, -0.4, 0.8], strict=True))]
+
+    assert advantages("share") == [[0.6], [-0.4, -0.4], [0.8] * 4]
+    assert advantages("split") == [[0.6], [-0.2, -0.2], [0.2] * 4]
     with pytest.raises(ValueError, match="credit"):
-        expand_advantages(rows, [0.0, 0.0, 0.0], "spread")
+        advantages("spread")
+    with pytest.raises(ValueError, match="credit"):
+        build_batch([trajs[:2]], [[1.0, 0.0]], role="memory", credit="spread", std_scale=False, generated=3)
 
 
 def test_normalize_then_expand_drops_nothing():
@@ -68,8 +74,8 @@ def test_normalize_then_expand_drops_nothing():
 
 def test_overwrite_role_trains_update_turns_and_final_answer():
     t = traj("t", call("memory", 0), call("memory", 1), call("reader", 0))
-    rows, failed = rows_from_trajectory(t, "overwrite", index=5, group=2)
-    assert [(r.role, r.step, r.trajectory, r.group) for r in rows] == [
+    rows, failed = rows_from_trajectory(t, "overwrite", index=5, group_index=2)
+    assert [(r.role, r.step, r.trajectory, r.group_index) for r in rows] == [
         ("memory", 0, 5, 2),
         ("memory", 1, 5, 2),
         ("reader", 0, 5, 2),
@@ -105,7 +111,7 @@ def test_row_count_contract():
     RowCounts(generated=6, converted=4, consumed=4, dropped=2).check()
     with pytest.raises(RowCountError, match="generated 6, converted 4, dropped 1, failed 0, consumed 4"):
         RowCounts(generated=6, converted=4, consumed=4, dropped=1).check()
-    # so were the rows failed trajectories left out (train.failures)
+    # so were the rows failed trajectories left out (train.grpo.failures)
     RowCounts(generated=7, converted=4, consumed=4, dropped=2, failed=1).check()
     with pytest.raises(RowCountError, match="generated 7, converted 4, dropped 2, failed 0, consumed 4"):
         RowCounts(generated=7, converted=4, consumed=4, dropped=2).check()

@@ -1,4 +1,4 @@
-"""Failed trajectories (``train.failures``): a trajectory with a request error is no member of its
+"""Failed trajectories (``train.grpo.failures``): a trajectory with a request error is no member of its
 group and none of its rows is trained on; the step counts what failed and stops past
 ``max_failed_share``. Hand-made trajectories for the arithmetic, then a real GRPO run whose
 reader is served over HTTP by the fault server (``memsearch.testing.agent_server``)."""
@@ -8,17 +8,23 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.train.test_rows import call, traj
-from tests.train.test_state_credit import BEFORE, GOLD, SETTINGS, branch
-from tests.train.test_state_credit import trajectory as state_trajectory
+from tests.train.grpo.test_batch import call, traj
+from tests.train.grpo.test_state_credit import BEFORE, GOLD, SETTINGS, branch
+from tests.train.grpo.test_state_credit import trajectory as state_trajectory
 
 from memsearch.data.records import Label
 from memsearch.records.trajectory import Trajectory
 from memsearch.train.distributed import Dist
-from memsearch.train.dynamic_sampling import sample_step
-from memsearch.train.failures import FailedTrajectoriesError, StepFaults, check_failed_share, first_error, is_failed
-from memsearch.train.rows import build_batch, rows_from_trajectory
-from memsearch.train.state_credit import build_state_batch
+from memsearch.train.grpo.batch import build_batch, rows_from_trajectory
+from memsearch.train.grpo.dynamic_sampling import sample_step
+from memsearch.train.grpo.failures import (
+    FailedTrajectoriesError,
+    StepFaults,
+    check_failed_share,
+    first_error,
+    is_failed,
+)
+from memsearch.train.grpo.state_credit import build_state_batch
 
 SERVER_ERROR = "HTTP 500: scripted failure"
 
@@ -42,7 +48,7 @@ def test_a_failed_trajectory_is_no_member_of_its_group_and_gives_no_row():
     ]
     batch = build_batch(groups, [[1.0, 0.0, 0.0], [0.5, 0.0]], "memory", "share", False, generated=9)
     assert [r.advantage for r in batch.rows] == pytest.approx([0.5, 0.5, -0.5])
-    assert [r.trajectory for r in batch.rows] == [0, 0, 1] and {r.group for r in batch.rows} == {0}
+    assert [r.trajectory for r in batch.rows] == [0, 0, 1] and {r.group_index for r in batch.rows} == {0}
     assert batch.groups == 1 and batch.zero_variance_groups == 0
     assert batch.rewards == [1.0, 0.0] and batch.advantages == pytest.approx([0.5, -0.5])
     assert batch.rows_per_trajectory == [2, 1]
@@ -148,12 +154,12 @@ def test_a_grpo_run_trains_on_the_trajectories_that_ran_and_stops_when_the_reade
     counted, echoed and not trained on. Then it fails every 2nd (50 % > 0.25): step 3 stops
     before its update, and again on --resume (exit 2 through the CLI, the message on stderr);
     once the server is healthy, --resume finishes the run from the step-2 checkpoint."""
-    from tests.train.test_grpo import CONFIG, grpo_config
+    from tests.train.grpo.test_grpo import CONFIG, grpo_config
     from typer.testing import CliRunner
 
     from memsearch.cli.app import app
     from memsearch.testing.agent_server import AgentServer
-    from memsearch.train.grpo import train_grpo
+    from memsearch.train.grpo.trainer import train_grpo
 
     out = tmp_path / "run"
     with AgentServer(delay_s=0.0, fail_every=6, lifetime_s=240) as server:

@@ -1,4 +1,4 @@
-"""The decision view of a GRPO step (``train.decisions``): the tokens that choose an op, found in
+"""The decision view of a GRPO step (``train.grpo.decisions``): the tokens that choose an op, found in
 real token ids of the embedded tokenizer; the entropy the update logs at exactly those tokens; the
 op histogram with invalid calls by cause."""
 
@@ -8,15 +8,14 @@ import pytest
 import torch
 
 from memsearch.records.trajectory import ENGINE_VERSION, Trajectory
-from memsearch.train.decisions import (
+from memsearch.train.grpo.batch import Batch, grpo_row
+from memsearch.train.grpo.decisions import (
+    DecisionRule,
     decision_characters,
     decision_positions,
     histogram_bucket,
-    mark_decisions,
-    mask_invalid_decisions,
     op_histogram,
 )
-from memsearch.train.rows import Row
 
 OPS = ('{"ops": [{"op": "ADD", "text": "Paris is in France", "sources": ["d1:0"], "kind": "fact"}, '
        '{"op":"NOOP"}]}')
@@ -29,6 +28,14 @@ def tokenizer():
     from memsearch.assets.embedded import tokenizer_dir
 
     return AutoTokenizer.from_pretrained(str(tokenizer_dir()))
+
+
+def row(tokenizer, prompt, text, k, *, advantage=0.0, valid=True, over_budget=False, credit="all"):
+    """A complete GRPO row of ``text`` (trajectory ``k``) as the trainer builds it."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return grpo_row(prompt_ids=prompt, completion_ids=ids, logprobs=[0.0] * len(ids), trajectory=k, group_index=0,
+                    role="memory", step=0, constraint_id=None, valid=valid, over_budget=over_budget,
+                    advantage=advantage, decisions=DecisionRule(tokenizer, credit))
 
 
 def test_decision_characters_by_role():
@@ -88,18 +95,13 @@ def test_the_update_logs_the_entropy_at_the_decision_tokens_only(tiny_model_dir,
     same forward pass, and not the mean at the tokens next to them."""
     from memsearch.train.config import GRPOConfig, LoraSettings, OptimSettings
     from memsearch.train.distributed import Dist
-    from memsearch.train.grpo import update
+    from memsearch.train.grpo.trainer import update
     from memsearch.train.logprobs import completion_logprobs
     from memsearch.train.policy import load_policy
-    from memsearch.train.rows import Batch
 
     prompt = tokenizer.encode("Decide the memory ops.", add_special_tokens=False)
     texts = [OPS, '{"ops": [{"op": "NOOP"}]}']
-    rows = [Row(prompt, tokenizer.encode(t, add_special_tokens=False), [], [], k, 0, "memory", 0, advantage=a)
-            for k, (t, a) in enumerate(zip(texts, (0.5, -0.5), strict=True))]
-    for r in rows:
-        r.rollout_logprobs, r.loss_mask = [0.0] * len(r.completion_ids), [1] * len(r.completion_ids)
-    mark_decisions(rows, tokenizer)
+    rows = [row(tokenizer, prompt, t, k, advantage=a) for k, (t, a) in enumerate(zip(texts, (0.5, -0.5), strict=True))]
     assert [len(r.decision_positions) for r in rows] == [2, 1]
     cfg = GRPOConfig(data="unused", lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
                      optim=OptimSettings(lr=1e-2, max_grad_norm=None))
@@ -123,19 +125,16 @@ def test_invalid_rows_lose_their_deciding_tokens_only(tiny_model_dir, tiny_adapt
     deciding tokens, not diluted by the masked ones."""
     from memsearch.train.config import GRPOConfig, LoraSettings, OptimSettings
     from memsearch.train.distributed import Dist
-    from memsearch.train.grpo import update
+    from memsearch.train.grpo.trainer import update
     from memsearch.train.logprobs import completion_logprobs
     from memsearch.train.policy import load_policy
-    from memsearch.train.rows import Batch
 
     prompt = tokenizer.encode("Decide the memory ops.", add_special_tokens=False)
     texts = [OPS, OPS, '{"ops": [{"op": "NOOP"}]}']
-    rows = [Row(prompt, tokenizer.encode(t, add_special_tokens=False), [], [], k, 0, "memory", 0, advantage=a,
-                valid=v) for k, (t, a, v) in enumerate(zip(texts, (0.5, -0.5, 0.2), (True, False, False), strict=True))]
-    for r in rows:
-        r.rollout_logprobs, r.loss_mask = [0.0] * len(r.completion_ids), [1] * len(r.completion_ids)
-    mark_decisions(rows, tokenizer)
-    assert mask_invalid_decisions(rows) == 3  # two op names in the invalid ADD row, one in the invalid NOOP
+    rows = [row(tokenizer, prompt, t, k, advantage=a, valid=v, credit="none")
+            for k, (t, a, v) in enumerate(zip(texts, (0.5, -0.5, 0.2), (True, False, False), strict=True))]
+    assert Batch(rows=rows).masked_decision_tokens == 3  # two op names in the invalid ADD row, one in the invalid NOOP
+    assert [len(r.decision_positions) for r in rows] == [2, 2, 1]  # found in invalid rows too
     for r in rows:
         expected = [1] * len(r.completion_ids)
         for p in ([] if r.valid else r.decision_positions):
@@ -143,7 +142,8 @@ def test_invalid_rows_lose_their_deciding_tokens_only(tiny_model_dir, tiny_adapt
         assert r.loss_mask == expected
     assert rows[0].completion_tokens == len(rows[0].completion_ids)
     assert rows[1].completion_tokens == len(rows[1].completion_ids) - 2
-    assert mask_invalid_decisions(rows) == 0  # already masked: nothing more
+    kept = [row(tokenizer, prompt, t, k, valid=False, credit="all") for k, t in enumerate(texts)]
+    assert Batch(rows=kept).masked_decision_tokens == 0  # credit "all": an invalid row keeps them
 
     cfg = GRPOConfig(data="unused", lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
                      optim=OptimSettings(lr=1e-2, max_grad_norm=None), invalid_decision_credit=False)
@@ -168,12 +168,21 @@ def test_over_budget_rows_keep_their_deciding_tokens_when_asked(tokenizer):
     """``invalid_decision_credit = "over_budget"``: an item error (cut off, unshown source) loses
     its op tokens, an over-budget batch keeps them (the choice to add is its error)."""
     prompt = tokenizer.encode("Decide the memory ops.", add_special_tokens=False)
-    ids = tokenizer.encode(OPS, add_special_tokens=False)
+    n = len(tokenizer.encode(OPS, add_special_tokens=False))
     flags = [(False, True), (False, False), (True, False)]  # (valid, over_budget)
-    rows = [Row(prompt, list(ids), [0.0] * len(ids), [1] * len(ids), k, 0, "memory", 0, valid=v, over_budget=o)
+    rows = [row(tokenizer, prompt, OPS, k, valid=v, over_budget=o, credit="over_budget")
             for k, (v, o) in enumerate(flags)]
-    mark_decisions(rows, tokenizer)
-    assert mask_invalid_decisions(rows, keep_over_budget=True) == 2  # the item error's two op names only
-    assert [r.completion_tokens for r in rows] == [len(ids), len(ids) - 2, len(ids)]
-    assert mask_invalid_decisions(rows) == 2  # without the exception the over-budget row loses its two too
-    assert [r.completion_tokens for r in rows] == [len(ids) - 2, len(ids) - 2, len(ids)]
+    assert Batch(rows=rows).masked_decision_tokens == 2  # the item error's two op names only
+    assert [r.completion_tokens for r in rows] == [n, n - 2, n]
+    rows = [row(tokenizer, prompt, OPS, k, valid=v, over_budget=o, credit="none") for k, (v, o) in enumerate(flags)]
+    assert Batch(rows=rows).masked_decision_tokens == 4  # without the exception the over-budget row loses its two too
+    assert [r.completion_tokens for r in rows] == [n - 2, n - 2, n]
+
+
+def test_a_row_is_frozen_once_built(tokenizer):
+    """Nothing finishes a row after ``grpo_row``: its fields cannot be reassigned."""
+    import dataclasses
+
+    r = row(tokenizer, tokenizer.encode("Decide.", add_special_tokens=False), OPS, 0, advantage=0.5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.advantage = 1.0  # type: ignore[misc]

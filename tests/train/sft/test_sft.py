@@ -12,14 +12,14 @@ from memsearch.errors import InputError
 from memsearch.train.config import SFTConfig
 from memsearch.train.log import read_log
 from memsearch.train.merge import merge_adapter
-from memsearch.train.sft import chat_prompt_ids, load_sft_rows, train_sft
+from memsearch.train.sft.trainer import chat_prompt_ids, load_sft_rows, train_sft
 
 
 @pytest.fixture(scope="module")
 def sft_rows_file(hotpot_train_dir, tmp_path_factory):
     """Memory-role rows exported from a real oracle run on the train sample."""
     from memsearch.eval.runner import run_eval
-    from memsearch.train.export import export_sft
+    from memsearch.train.sft.export import export_sft
 
     root = tmp_path_factory.mktemp("sft")
     cfg = load_config(None, [

@@ -1,4 +1,4 @@
-"""The collapse guard (``train.collapse``): which sequences of steps trip it, and a real GRPO run on
+"""The collapse guard (``train.grpo.collapse``): which sequences of steps trip it, and a real GRPO run on
 the tiny Llama that it stops with a record and a non-zero end instead of training on."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from memsearch.records.train_step import TrainStep
-from memsearch.train.collapse import CollapseError, CollapseGuard
+from memsearch.train.grpo.collapse import CollapseError, CollapseGuard
 
 
 def ops(**counts):
@@ -78,9 +78,9 @@ def test_a_run_stuck_in_one_bucket_stops_with_collapse_json(tiny_model_dir, tiny
                                                             tmp_path):
     """The tiny random model cannot write ops in 12 tokens: every memory call is unparsable, one
     bucket holds 100 % of every step. With patience 2 the run stops after step 2 of 4."""
-    from tests.train.test_grpo import grpo_config
+    from tests.train.grpo.test_grpo import grpo_config
 
-    from memsearch.train.grpo import train_grpo
+    from memsearch.train.grpo.trainer import train_grpo
 
     cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir,
                       **{"collapse_guard.enabled": True, "collapse_guard.patience": 2, "collapse_guard.min_ops": 1})
@@ -99,9 +99,9 @@ def test_a_resume_whose_kept_steps_already_trip_the_guard_stops_at_once(tmp_path
     """Seed 2 of CPU v2 was stopped at step 8 of 8 with a checkpoint at 8: resuming from it ran
     no step and would have finished the run as if never stopped. Now the kept records trip the
     guard again before any step."""
-    from memsearch.train.collapse import guard_for_run
     from memsearch.train.config import CollapseGuardSettings
     from memsearch.train.distributed import Dist
+    from memsearch.train.grpo.collapse import guard_for_run
 
     settings = CollapseGuardSettings(enabled=True, min_decision_entropy=0.05, max_op_share=0.95, patience=3,
                                      max_eval_op_share=0.95, eval_patience=2)
@@ -125,7 +125,7 @@ def test_a_grpo_stage_the_collapse_guard_stopped_stops_or_is_scored_at_its_newes
     of 4. By default the stage stays unfinished, also when run again (the resume trips at once
     instead of training past the stop); with on_collapse = "score_last_checkpoint" it finishes with
     the step-2 checkpoint's adapter, and its record and the report say so."""
-    from tests.train.test_grpo import grpo_config
+    from tests.train.grpo.test_grpo import grpo_config
 
     from memsearch.pipelines.memory_policy.report import render_stage_times, stage_times
     from memsearch.pipelines.stages import folder_sha256, grpo_stage

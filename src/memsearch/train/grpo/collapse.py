@@ -4,7 +4,7 @@ A memory policy that writes NOOP in every call earns the same reward in every ro
 group has zero variance, no advantage and no gradient: nothing moves it back, and training on
 only spends time (docs/results/memory_policy_cpu_v2 shows such runs). The guard reads each step's
 log record (``train_log.jsonl``: ``decision_entropy`` and the op histogram ``ops``, from
-``train.decisions``) and stops the run when, for ``patience`` consecutive steps,
+``train.grpo.decisions``) and stops the run when, for ``patience`` consecutive steps,
 
 - the decision entropy is below ``min_decision_entropy`` (the choice has become deterministic), or
 - one bucket of the op histogram (an op, or invalid calls of one cause) holds more than

@@ -16,9 +16,9 @@ from memsearch.config import load_config
 from memsearch.data.dataset import load_dataset
 from memsearch.records.trajectory import Trajectory, read_trajectories
 from memsearch.train.config import RewardSettings
-from memsearch.train.reward import trajectory_reward
+from memsearch.train.grpo.reward import trajectory_reward
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 NO_PENALTY = RewardSettings(invalid_penalty=0.0, citation_penalty=0.0, search_cost=0.0)
 
 

@@ -11,7 +11,7 @@ per-rollout seeds (``Rollouts.config_for``).
 The row-count contract still holds, with one more term: rows generated = rows converted (kept
 groups) + rows dropped (the dropped groups' rows, counted from their trajectories) + the rows
 of failed trajectories left out. A group's spread is that of its successful members, so a group
-that request errors left without two of them is dropped and replaced (``train.failures``).
+that request errors left without two of them is dropped and replaced (``train.grpo.failures``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 
 from memsearch.engine.episode import derived_seed
 from memsearch.records.trajectory import Trajectory
-from memsearch.train.failures import StepFaults, split_failed
-from memsearch.train.rows import rows_from_trajectory
+from memsearch.train.grpo.batch import trainable_calls
+from memsearch.train.grpo.failures import StepFaults, split_failed
 
 Groups = list[list[Trajectory]]
 
@@ -40,11 +40,11 @@ class SampledStep:
     groups_sampled: int = 0  # groups rolled out over every round
     groups_dropped: int = 0  # zero-variance groups left out (and groups over the step's share)
     rows_dropped: int = 0
-    faults: StepFaults = field(default_factory=StepFaults)  # failed requests over every round (train.failures)
+    faults: StepFaults = field(default_factory=StepFaults)  # failed requests over every round (train.grpo.failures)
 
 
 def has_spread(rewards: Sequence[float]) -> bool:
-    """Whether a group's rewards differ (the same test as ``rows.build_batch``'s zero-variance count)."""
+    """Whether a group's rewards differ (the same test as ``batch.build_batch``'s zero-variance count)."""
     return bool(rewards) and max(rewards) - min(rewards) >= 1e-12
 
 
@@ -72,13 +72,13 @@ def sample_step(positions: list[int], tasks: Sequence[Any], roll: Callable[[list
     def keep(new_groups: Groups, new_rewards: list[list[float]]) -> None:
         out.faults.add(new_groups)
         for grp, rs in zip(new_groups, new_rewards, strict=True):
-            # the spread of the successful members: a failed trajectory is no member (train.failures)
+            # the spread of the successful members: a failed trajectory is no member (train.grpo.failures)
             if (has_spread(split_failed(grp, rs)[1]) or not filter_groups) and len(out.groups) < want:
                 out.groups.append(grp)
                 out.rewards.append(rs)
             else:
                 out.groups_dropped += 1
-                out.rows_dropped += sum(len(rows_from_trajectory(tr, role, 0, 0)[0]) for tr in grp)
+                out.rows_dropped += sum(len(trainable_calls(tr, role)[0]) for tr in grp)
 
     keep(groups, rewards)
     while filter_groups and len(out.groups) < want and out.rounds < max_extra_rounds:

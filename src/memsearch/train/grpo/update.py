@@ -5,7 +5,7 @@ Old log-probs of the ratio are the trainer's own dropout-free forward pass befor
 optimizer step (with one step per batch, the detached new log-probs: the ratio is exactly 1);
 the rollout log-probs are kept and their largest deviation from that recomputation, over the
 tokens in the loss, is logged (``logprob_mismatch``: float round-off, < 1e-4 in float32, when
-sampler and trainer agree). ``train.grpo`` runs the step around it.
+sampler and trainer agree). ``train.grpo.trainer`` runs the step around it.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import torch
 from memsearch.train.config import GRPOConfig
 from memsearch.train.distributed import Dist
 from memsearch.train.finite import require_finite, require_finite_weights
+from memsearch.train.grpo.batch import Batch
+from memsearch.train.grpo.loss import aggregation_weights, policy_loss, split_mini_batches
+from memsearch.train.grpo.shared_prompt import shared_completion_logprobs, shared_micro_batches
+from memsearch.train.grpo.step_record import UpdateStats
 from memsearch.train.logprobs import completion_logprobs, micro_batches
-from memsearch.train.loss import assign_weights, policy_loss, split_mini_batches
-from memsearch.train.rows import Batch, Row
-from memsearch.train.shared_prompt import shared_completion_logprobs, shared_micro_batches
-from memsearch.train.step_record import UpdateStats
+from memsearch.train.rows import Row
 
 
 def update(
@@ -67,7 +68,8 @@ def update(
             optimizer.zero_grad(set_to_none=False)
             for g, idx in enumerate(part.micro_batches):
                 sub = [rows[i] for i in idx]
-                _backward(model, sub, fixed, (k, g), cfg, pad_id, mask_fn, off_policy, tally)
+                weights = [part.weights[i] for i in idx]
+                _backward(model, sub, weights, fixed, (k, g), cfg, pad_id, mask_fn, off_policy, tally)
             denominator = dist.reduce_gradients(params, part.local_denominator)
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or float("inf"))
             # the all-reduced gradients are the same on every rank: all ranks stop together
@@ -107,6 +109,7 @@ class _MiniBatch:
 
     local_denominator: float  # this rank's part of the aggregation's D
     micro_batches: list[list[int]]  # indices into the batch's rows
+    weights: dict[int, float]  # per-token weight of each of its rows (by index into the batch's rows)
 
 
 def _plan_mini_batches(rows: list[Row], cfg: GRPOConfig) -> list[_MiniBatch]:
@@ -115,10 +118,10 @@ def _plan_mini_batches(rows: list[Row], cfg: GRPOConfig) -> list[_MiniBatch]:
     plan = []
     for part in split_mini_batches(rows, cfg.mini_batches_per_step):
         sub = [rows[i] for i in part]
-        local_denominator = assign_weights(sub, cfg.aggregation, cfg.aggregation_tokens)
+        weights, local_denominator = aggregation_weights(sub, cfg.aggregation, cfg.aggregation_tokens)
         packer = shared_micro_batches if cfg.share_prompts else micro_batches
         micros = [[part[j] for j in idx] for idx in packer(sub, cfg.micro_batch_tokens)]
-        plan.append(_MiniBatch(local_denominator, micros))
+        plan.append(_MiniBatch(local_denominator, micros, dict(zip(part, weights, strict=True))))
     return plan
 
 
@@ -129,7 +132,7 @@ class LogprobGap:
     trainer agree to round-off (< 1e-4); a bf16 base leaves a bf16 round-off gap (largest ~0.3,
     mean ~0.005 on a CPU-recipe step: docs/results/grpo_speed.md), which the mean tells from a bug.
 
-    A token out of the loss (``loss_mask`` 0: ``mask_invalid_decisions``) has no recomputed
+    A token out of the loss (``loss_mask`` 0: ``decisions.DecisionRule``) has no recomputed
     log-prob (``masked_logprobs`` writes 0 there) and is not compared: until 2026-12 it was, and
     the logged figure was the size of a masked token's rollout log-prob, not a gap between sampler
     and trainer (docs/training.md, "logprob_mismatch")."""
@@ -187,15 +190,15 @@ def _scorer(cfg: GRPOConfig):
     return shared_completion_logprobs if cfg.share_prompts else completion_logprobs
 
 
-def _backward(model, sub, fixed: _FixedLogprobs, key: tuple[int, int], cfg: GRPOConfig, pad_id: int, mask_fn,
-              off_policy: bool, tally: _FirstEpoch | None) -> None:
-    """Backpropagate one micro-batch's weighted loss sum; ``tally`` (first epoch only) adds its
-    statistics."""
+def _backward(model, sub, weights: list[float], fixed: _FixedLogprobs, key: tuple[int, int], cfg: GRPOConfig,
+              pad_id: int, mask_fn, off_policy: bool, tally: _FirstEpoch | None) -> None:
+    """Backpropagate one micro-batch's weighted loss sum (``weights``: its rows' aggregation
+    weights); ``tally`` (first epoch only) adds its statistics."""
     scored = _scorer(cfg)(model, sub, pad_id, cfg.temperature, mask_fn, with_entropy=tally is not None)
     old_lp = fixed.old[key] if off_policy else scored.logprobs.detach()
     adv = torch.tensor([r.advantage for r in sub], device=scored.logprobs.device)
-    weights = torch.tensor([r.weight for r in sub], device=scored.logprobs.device)
-    loss_sum, st = policy_loss(scored.logprobs, old_lp, adv, scored.mask, weights, cfg.clip_low, cfg.clip_high,
+    loss_sum, st = policy_loss(scored.logprobs, old_lp, adv, scored.mask,
+                               torch.tensor(weights, device=scored.logprobs.device), cfg.clip_low, cfg.clip_high,
                                fixed.ref.get(key), cfg.kl_coef, cfg.dual_clip)
     if loss_sum.requires_grad:  # else every token is forced by the schema or out of the loss: no gradient
         loss_sum.backward()
@@ -210,7 +213,7 @@ def _backward(model, sub, fixed: _FixedLogprobs, key: tuple[int, int], cfg: GRPO
     for k, row in enumerate(sub):
         first_column = c_max - len(row.completion_ids)
         for pos in row.decision_positions:
-            if not row.loss_mask[pos]:  # masked (mask_invalid_decisions): its entropy reads 0, not the policy's
+            if not row.loss_mask[pos]:  # masked (decisions.DecisionRule): its entropy reads 0, not the policy's
                 continue
             tally.sums["decision_entropy"] += float(scored.entropy[k, first_column + pos])
             tally.sums["decisions"] += 1

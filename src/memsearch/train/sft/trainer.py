@@ -81,7 +81,7 @@ def load_sft_rows(paths: list[str], tokenizer, max_tokens: int) -> list[Row]:
                     rollout_logprobs=[0.0] * len(ids),
                     loss_mask=[1] * len(ids),
                     trajectory=len(rows),
-                    group=len(rows),
+                    group_index=len(rows),
                     role=str(record.get("role", "")),
                     step=int(record.get("step", 0)),
                 )
