@@ -10,7 +10,7 @@
   ``config.json`` and ``run.json`` are written atomically (temp file + rename).
 - ``create_marked_folder`` / ``check_made_by``: the marker (``MARKER``) a command writes into a
   folder the moment it creates it, and the check that a later ``--resume`` (or pipeline re-run)
-  writes only into a folder whose marker names that command (issue 26).
+  writes only into a folder whose marker names that command.
 - ``replacing``: a file written whole under a temporary name, then renamed onto its own (records,
   and the report's page and plots).
 - ``model_identity``: what answered each role, by content: SHA-256 of the embedded GGUF file,

@@ -1,7 +1,7 @@
 """The retrieval service's answer cache: an LRU bounded in bytes as well as entries, keyed by digests.
 
 A GRPO group sends the same query n times, so the service (``server.py``) answers repeats from
-here. Two things make a cache a memory leak under a hostile client, and both happened (issue 26):
+here. Two things make a cache a memory leak under a hostile client, and both were measured here:
 bounded in entries only, a cache of long queries kept ~15 MB per request and never gave it back
 (725 MB after 40 requests); and keyed by the query text, every entry held its query. So an entry is
 keyed by a 16-byte ``digest`` of ``(query, k, candidates)`` and holds only ``(doc id, score)``

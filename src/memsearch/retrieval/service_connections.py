@@ -1,7 +1,7 @@
 """Connections of the retrieval service: a cap below the open-file limit, and a listener that survives reaching it.
 
 A client that opens connections and never completes a request must neither lock the other clients
-out nor run the process out of file descriptors. Before issue 26, at the descriptor limit normal
+out nor run the process out of file descriptors. Without this, at the descriptor limit normal
 clients waited ~29 s and the log grew 70 MB a minute: CPython 3.11's asyncio logs a traceback for
 every accept refused for want of descriptors, and retries every one. So the service
 (``server.py``) caps its open connections (``connection_limits``: what the open-file limit leaves
@@ -10,7 +10,7 @@ that is not being answered (idle kept-alive, or still sending its request) and a
 when every connection is being answered. A connection younger than ``GRACE_S`` is closed only
 when the cap is passed by more than a listen backlog: a flood of sockets that never finish a
 request (slowloris) arrives in bursts larger than a small cap, and closing the oldest of a burst
-closed the plain clients in it before they could send their request (issue 54: cap 50 and 300
+closed the plain clients in it before they could send their request (measured: cap 50 and 300
 such sockets reset 97 % of plain requests); given their grace, they are answered while the
 flood's sockets, old by then, give way. And the listening socket (``listening_socket``) rests
 for a moment after a refused accept instead of letting asyncio retry the whole burst. How long a

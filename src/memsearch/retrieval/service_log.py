@@ -1,7 +1,7 @@
 """Rate-limited log lines for the retrieval service: one misbehaving client must not fill the disk.
 
 At the open-file limit asyncio logged a traceback for every refused accept, 70 MB a minute
-(issue 26); a client repeating one bad request can make aiohttp log the same error as often.
+(measured); a client repeating one bad request can make aiohttp log the same error as often.
 ``RepeatLimiter`` lets the first record of a kind through, then at most one a window, with the
 count of those dropped meanwhile, so the log of a service under attack stays readable and small.
 ``install_log_limits`` puts it on the loggers a serving process writes to (``server.py``).

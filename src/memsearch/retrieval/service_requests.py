@@ -5,7 +5,7 @@ retrieval serve``; ``parse_request`` checks a body against them and refuses it (
 400, naming the field or the limit and the value sent) before any search is queued. Each limit
 bounds what one client's request can cost the others: a 15 MB query kept every other search
 waiting for ~47 s, and 1,024 queries x topk 1,000 (each within its own limit) returned 384 MB and
-held /health for 16 s (issue 26). The check is stricter than Search-R1's own server (a pydantic
+held /health for 16 s (measured). The check is stricter than Search-R1's own server (a pydantic
 model): that one reads a null or 0 ``topk`` as its ``--topk``, ``"3"`` as 3, and ignores unknown
 fields; here each is a 400 naming the field, since a typo must not silently run another search.
 
