@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from memsearch.io import iter_jsonl
-from memsearch.records.causes import InvalidCause, legacy_cause
+from memsearch.records.causes import legacy_cause
 from memsearch.records.events import (
     ChunkEvent,
     Event,
@@ -113,10 +113,6 @@ class Trajectory:
         return cls(task_id=task_id, question=question, group=group, status="error", error=error, attempt=attempt)
 
     # ------------------------------------------------------------------------------- reading
-    def events_of(self, kind: EventKind) -> list[Event]:
-        """The events of one kind, in order."""
-        return [e for e in self.events if e.kind == kind]
-
     def policy_calls(self, roles: Iterable[str] | None = None) -> list[PolicyCall]:
         """The policy calls, in order; of ``roles`` only when given."""
         wanted = None if roles is None else set(roles)
@@ -244,8 +240,3 @@ def read_trajectories(path: str | Path) -> Iterator[tuple[int, Trajectory]]:
             yield lineno, Trajectory.from_json(data)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{path}:{lineno}: {exc}") from None
-
-
-def call_cause(call: PolicyCall) -> InvalidCause | None:
-    """The ``InvalidCause`` of a judged policy call (``None`` when it was valid or not judged)."""
-    return call.invalid_cause
