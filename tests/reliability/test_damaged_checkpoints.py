@@ -1,10 +1,10 @@
 """Damaged checkpoints through the real CLI (issue 26): a `memsearch train sft` process is killed
-after step 5 (checkpoints every 2 steps, at least at 2 and 4), the newest checkpoint is damaged on
-disk (bytes overwritten in place, same size; or the file truncated), and ``--resume`` must name
-the damaged file, fall back to the newest intact checkpoint (to step 0 when none is left), exit
-0 and end with the finite adapter of an uninterrupted run. Before, an overwritten checkpoint
-trained on with NaN loss and exit 0; a truncated one stopped with a raw SafetensorError naming
-no file."""
+after step 5 (checkpoints every 2 steps, at least at 2 and 4; killed once, each case works on a
+copy), the newest checkpoint is damaged on disk (bytes overwritten in place, same size; or the file
+truncated), and ``--resume`` must name the damaged file, fall back to the newest intact
+checkpoint (to step 0 when none is left), exit 0 and end with the finite adapter of an
+uninterrupted run. Before, an overwritten checkpoint trained on with NaN loss and exit 0; a
+truncated one stopped with a raw SafetensorError naming no file."""
 
 from __future__ import annotations
 
@@ -103,32 +103,43 @@ def damage_plan(case: str, saved: list[str]) -> tuple[list[tuple[object, str]], 
 CASES = ("overwritten in place", "truncated", "all damaged")
 
 
+@pytest.fixture(scope="module")
+def killed(rel, tiny_model_dir, short_sft_rows, tmp_path_factory):
+    """One run killed after step 5, made once: each case damages its own copy of it (the kill and
+    the checkpoints it leaves are the same for every case; only the damage and the resume differ)."""
+    out = tmp_path_factory.mktemp("sft-killed") / "run"
+    (out.parent / "sft.toml").write_text("")
+    started = time.perf_counter()
+    status = killed_after_step(sft_args(rel, tiny_model_dir, short_sft_rows, out), 5)
+    saved = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
+    # it must still have been running at step 5, with the checkpoints of steps 2 and 4 complete
+    rel.LEDGER.record(SCENARIO, runs=1, wrong_exit=int(status is not None), seconds=time.perf_counter() - started)
+    if status is not None or saved[:2] != ["step-000002", "step-000004"]:
+        pytest.fail(f"the first run was not killed after step 5: status {status}, checkpoints {saved}")
+    return out, saved
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_newest_intact_one(
-    case, rel, reference, tiny_model_dir, short_sft_rows, tmp_path
+    case, rel, reference, killed, tiny_model_dir, short_sft_rows, tmp_path
 ):
+    import shutil
+
     out = tmp_path / "run"
     (tmp_path / "sft.toml").write_text("")
+    shutil.copytree(killed[0], out)
     before = outside(rel, out, tmp_path, tiny_model_dir, short_sft_rows.parent)
-    started, runs, wrong = time.perf_counter(), 0, 0
-    status = killed_after_step(sft_args(rel, tiny_model_dir, short_sft_rows, out), 5)
-    runs += 1
-    wrong += status is not None  # it must still have been running at step 5
-    saved = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
-    if status is not None or saved[:2] != ["step-000002", "step-000004"]:
-        rel.LEDGER.record(SCENARIO, runs=runs, wrong_exit=wrong, seconds=time.perf_counter() - started)
-        pytest.fail(f"the first run was not killed after step 5: status {status}, checkpoints {saved}")
+    started, saved = time.perf_counter(), killed[1]
     damages, resumed_at = damage_plan(case, saved)
     for damage, name in damages:
         damage(out / "checkpoints" / name)
     final = rel.run_cli(sft_args(rel, tiny_model_dir, short_sft_rows, out, resume=True), timeout=300, env=ENV)
-    runs += 1
-    wrong += final.returncode != 0
+    wrong = int(final.returncode != 0)
     steps = [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()]
     lost = len(set(range(1, STEPS + 1)) - set(steps))
     duplicated = len(steps) - len(set(steps))
     touched = len(rel.changed_paths(before, outside(rel, out, tmp_path, tiny_model_dir, short_sft_rows.parent)))
-    rel.LEDGER.record(SCENARIO, runs=runs, lost=lost, duplicated=duplicated, wrong_exit=wrong, outside=touched,
+    rel.LEDGER.record(SCENARIO, runs=1, lost=lost, duplicated=duplicated, wrong_exit=wrong, outside=touched,
                       seconds=time.perf_counter() - started)
 
     assert final.returncode == 0, final.stderr[-2000:]

@@ -10,11 +10,10 @@ file's bytes, never its name.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from memsearch.data.convert import SourceConverter, SourceFormat
-from memsearch.data.dataset import Dataset, DocumentPool
+from memsearch.data.dataset import DocumentPool
 from memsearch.data.records import Label, Task, evidence_id, has_visible_text
 from memsearch.data.source import SourceRecord, check_unique_id
 
@@ -183,15 +182,7 @@ READS = ("HotpotQA: the original JSON list or JSON lines, or the Hugging Face ho
 CONVERTER = SourceConverter("hotpot", FORMAT, READS, _convert_record)
 
 
-def convert_hotpot(path: str | Path, split: str = "dev", limit: int | None = None,
-                  show_progress: bool = False) -> Dataset:
-    """Convert a HotpotQA file (any layout above) into a ``Dataset`` in memory; all problems
-    are raised together as one ``InputError``. ``show_progress``: a bar of the bytes read, on stderr."""
-    return CONVERTER.convert(path, split, limit, show_progress)
-
-
-def prepare_hotpot(path: str | Path, out: str | Path, split: str = "dev", limit: int | None = None,
-                  show_progress: bool = False) -> dict[str, Any]:
-    """Convert like ``convert_hotpot`` straight into the new folder ``out`` (memory does not grow
-    with the source: ``convert.prepare_source``); returns the folder's manifest."""
-    return CONVERTER.prepare(path, out, split, limit, show_progress)
+# ``convert_hotpot(path, split, limit, show_progress)``: the file as a ``Dataset`` in memory, every
+# problem raised together as one ``InputError``; ``prepare_hotpot(path, out, ...)``: straight into the new
+# folder ``out`` (memory does not grow with the source) and its manifest returned.
+convert_hotpot, prepare_hotpot = CONVERTER.convert, CONVERTER.prepare

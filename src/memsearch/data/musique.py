@@ -13,11 +13,10 @@ parallel lists instead (``paragraphs = {title: [...], paragraph_text: [...], ...
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from memsearch.data.convert import SourceConverter, SourceFormat
-from memsearch.data.dataset import Dataset, DocumentPool
+from memsearch.data.dataset import DocumentPool
 from memsearch.data.records import Label, Task, evidence_id, has_visible_text
 from memsearch.data.source import SourceRecord, check_unique_id
 
@@ -151,17 +150,8 @@ READS = ("MuSiQue-Ans: the original JSON list or JSON lines, or a Hugging Face e
 CONVERTER = SourceConverter("musique", FORMAT, READS, _convert_record)
 
 
-def convert_musique(path: str | Path, split: str = "dev", limit: int | None = None,
-                   show_progress: bool = False) -> Dataset:
-    """Convert a MuSiQue-Ans file (JSON list, JSON lines or parquet) into a ``Dataset`` in memory; all problems
-    are raised together as one ``InputError``.
-    Records marked ``"answerable": false`` are skipped and counted (manifest ``skipped``).
-    ``show_progress``: a bar of the bytes read, on stderr."""
-    return CONVERTER.convert(path, split, limit, show_progress)
-
-
-def prepare_musique(path: str | Path, out: str | Path, split: str = "dev", limit: int | None = None,
-                   show_progress: bool = False) -> dict[str, Any]:
-    """Convert like ``convert_musique`` straight into the new folder ``out`` (memory does not grow
-    with the source: ``convert.prepare_source``); returns the folder's manifest."""
-    return CONVERTER.prepare(path, out, split, limit, show_progress)
+# ``convert_musique(path, split, limit, show_progress)``: the file as a ``Dataset`` in memory, every
+# problem raised together as one ``InputError``; ``prepare_musique(path, out, ...)``: straight into the new
+# folder ``out`` (memory does not grow with the source) and its manifest returned. Records marked
+# ``"answerable": false`` are skipped and counted (manifest ``skipped``).
+convert_musique, prepare_musique = CONVERTER.convert, CONVERTER.prepare

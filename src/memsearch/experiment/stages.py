@@ -152,14 +152,14 @@ def service_url(spec: ServiceSpec) -> str:
 def reader_spec(cfg: ExperimentConfig, models: dict[str, Any] | None = None) -> ServiceSpec:
     """``[services.reader]`` on the reader model (its configured ``model``, else the resolved
     reader folder; before the models stage, the configured source)."""
-    table = cfg.services.reader.model_dump(mode="json")
-    model = table.get("model") or (models["reader"]["path"] if models else _local_or_source(cfg.models.reader))
-    return ServiceSpec.model_validate({**table, "model": model})
+    reader = cfg.services.reader
+    model = reader.model or (models["reader"]["path"] if models else _local_or_source(cfg.models.reader))
+    return reader.model_copy(update={"model": model})
 
 
 def stage1_spec(cfg: ExperimentConfig, merged1: Path | str) -> ServiceSpec:
     """``[services.stage1]`` on one seed's merged stage-1 folder."""
-    return ServiceSpec.model_validate({**cfg.services.stage1.model_dump(mode="json"), "model": str(merged1)})
+    return cfg.services.stage1.model_copy(update={"model": str(merged1)})
 
 
 def _local_or_source(source: str) -> str:
