@@ -301,10 +301,10 @@ def part_grpo(opts, record: dict[str, Any], shape: str) -> None:
     cfg = ours_config(args, model, data, work / "ours",
                       overrides=[f"micro_batch_tokens={MICRO_BATCH_TOKENS}", "gradient_checkpointing=true"])
     record["run"] = {
-        "steps": cfg.steps, "tasks_per_step": cfg.tasks_per_step, "group_size": cfg.group_size,
-        "micro_batch_tokens": cfg.micro_batch_tokens, "gradient_checkpointing": cfg.gradient_checkpointing,
-        "max_batch_size": cfg.max_batch_size, "lora_r": cfg.lora.r, "lora_alpha": cfg.lora.alpha,
-        "kl_coef": cfg.kl_coef, "schema_mode": cfg.schema_mode, "device": cfg.device, "dtype": cfg.dtype,
+        "steps": cfg.steps, "tasks_per_step": cfg.rollout.tasks_per_step, "group_size": cfg.rollout.group_size,
+        "micro_batch_tokens": cfg.update.micro_batch_tokens, "gradient_checkpointing": cfg.gradient_checkpointing,
+        "max_batch_size": cfg.rollout.max_batch_size, "lora_r": cfg.lora.r, "lora_alpha": cfg.lora.alpha,
+        "kl_coef": cfg.loss.kl_coef, "schema_mode": cfg.rollout.schema_mode, "device": cfg.device, "dtype": cfg.dtype,
         "rollout_backend": cfg.episode.backends.memory.kind,
     }
     try:  # a failing estimate is recorded; the run is still measured

@@ -329,8 +329,8 @@ def run_ours(args, model: Path, data: Path, out: Path, cfg=None) -> dict:
         "total_s": total,
         "prompts": prompts,
         "lora": cfg.lora,
-        "group": cfg.group_size,
-        "micro_batch_tokens": cfg.micro_batch_tokens,
+        "group": cfg.rollout.group_size,
+        "micro_batch_tokens": cfg.update.micro_batch_tokens,
     }
 
 

@@ -88,7 +88,7 @@ def measure(cfg, adapter: str | None, dataset) -> list[float]:
         groups = rollouts.run(dataset.tasks, MEASURE_STEP)
     finally:
         rollouts.close()
-    return per_trajectory_call_reward(groups, dataset.labels_by_id(), cfg.state_reward)
+    return per_trajectory_call_reward(groups, dataset.labels_by_id(), cfg.credit.state_reward)
 
 
 def main() -> None:

@@ -88,20 +88,20 @@ def side(args) -> dict:
     dataset = load_dataset(cfg.data)
     labels = dataset.labels_by_id()
     policy, tokenizer, _ = load_policy(cfg.model, cfg.adapter, cfg.lora, "cpu", cfg.dtype, cfg.seed,
-                                       keep_reference=cfg.kl_coef > 0 and cfg.kl_reference == "start")
+                                       keep_reference=cfg.loss.kl_coef > 0 and cfg.loss.kl_reference == "start")
     optimizer, scheduler = make_optimizer(policy, cfg.optim, cfg.steps)
     dist = Dist.from_env(60, 60)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     rollouts = grpo.Rollouts(cfg, dataset, policy, tokenizer)
-    tasks = [dataset.tasks[i] for i in grpo.step_task_positions(args.step, cfg.tasks_per_step, len(dataset.tasks),
-                                                                  cfg.seed, 0, 1)]
+    tasks = [dataset.tasks[i] for i in grpo.step_task_positions(args.step, cfg.rollout.tasks_per_step,
+                                                                  len(dataset.tasks), cfg.seed, 0, 1)]
     t0 = time.perf_counter()
     groups = rollouts.run(tasks, args.step)
     t_roll = time.perf_counter() - t0
     rewards = [[trajectory_reward(tr, labels[tr["task_id"]], cfg.reward, cfg.role) for tr in grp] for grp in groups]
-    batch = build_state_batch(groups, rewards, labels, cfg.state_reward, std_scale=cfg.std_scale,
-                              global_weight=cfg.global_weight, generated=rollouts.generated,
-                              decisions=DecisionRule(tokenizer, cfg.invalid_decision_credit))
+    batch = build_state_batch(groups, rewards, labels, cfg.credit.state_reward, std_scale=cfg.credit.std_scale,
+                              global_weight=cfg.credit.global_weight, generated=rollouts.generated,
+                              decisions=DecisionRule(tokenizer, cfg.credit.invalid_decision_credit))
     masked = batch.masked_decision_tokens
     # the update's parts: the reference (and old-policy) pass before the first optimizer step,
     # then the loss passes with backward and AdamW

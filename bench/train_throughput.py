@@ -179,7 +179,8 @@ def run_ours(args) -> dict:
                      max_batch_size=16, device="cpu", dtype="float32", seed=SEED)
     policy, tokenizer, note = load_policy("embedded", None, lora, device="cpu", dtype="float32", seed=SEED)
     backend = HFBackend(
-        model="embedded", loaded=(policy, tokenizer), ignore_eos=True, max_batch_size=cfg.max_batch_size, seed=SEED
+        model="embedded", loaded=(policy, tokenizer), ignore_eos=True, max_batch_size=cfg.rollout.max_batch_size,
+        seed=SEED,
     )
     optimizer, scheduler = make_optimizer(policy, cfg.optim, 1)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

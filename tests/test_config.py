@@ -35,7 +35,7 @@ def test_every_config_model_is_a_strict_config_and_documents_every_field():
 
 
 @pytest.mark.parametrize("model, fields", [
-    (GRPOConfig, {"steps": True}), (GRPOConfig, {"temperature": "1.0"}), (GRPOConfig, {"save_rollouts": 1}),
+    (GRPOConfig, {"steps": True}), (GRPOConfig, {"max_failed_share": "0.5"}), (GRPOConfig, {"save_rollouts": 1}),
     (SFTConfig, {"checkpoint_every": True}), (RunConfig, {"concurrency": True}),
 ])
 def test_a_value_of_the_wrong_type_is_refused_not_coerced(model, fields):
@@ -61,13 +61,15 @@ def test_ints_for_floats_and_arrays_for_tuples_validate_and_a_saved_config_reads
 def test_a_dump_writes_every_field_the_defaults_included():
     dump = RunConfig().model_dump(mode="json")
     assert dump["agent"]["memory_sources"] == "shown"
-    assert all(dump["backends"][role]["open_items"] is False for role in ("memory", "controller", "reader"))
+    rules = {"kind": "rules", "sampling": {"temperature": 0.0, "top_p": 1.0, "seed": 0}, "schema_mode": False}
+    assert all(dump["backends"][role] == rules for role in ("memory", "controller", "reader"))
 
 
 def test_a_non_bool_schema_mode_is_refused_once_not_copied_into_the_episode():
-    with pytest.raises(ValidationError) as exc:
-        GRPOConfig.model_validate({"data": "x", "schema_mode": "true"})
-    assert [e["loc"] for e in exc.value.errors()] == [("schema_mode",)]
+    for fields in ({"rollout": {"schema_mode": "true"}}, {"schema_mode": "true"}):  # the earlier spelling too
+        with pytest.raises(ValidationError) as exc:
+            GRPOConfig.model_validate({"data": "x", **fields})
+        assert [e["loc"] for e in exc.value.errors()] == [("rollout", "schema_mode")]
 
 
 def test_merge_tables_merges_tables_and_replaces_other_values_without_changing_its_arguments():

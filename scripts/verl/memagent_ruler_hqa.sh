@@ -17,7 +17,7 @@ CONFIG=${CONFIG:-configs/memagent.toml}
 
 # verl broadcasts one advantage to every row of a session: credit "share" (the recipe's
 # "split" has no verl equivalent and is refused).
-read -r -a SETS <<< "--set model=$MODEL --set train.credit=share ${SET:-}"
+read -r -a SETS <<< "--set model=$MODEL --set grpo.credit.mode=share ${SET:-}"
 
 # The layout's training GPUs are verl's (a --gpus other than their number is refused); a config
 # without devices.train is refused by `memsearch devices --for train`: GPUS then.

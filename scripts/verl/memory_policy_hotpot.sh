@@ -20,7 +20,7 @@ set -euo pipefail
 MODEL=${MODEL:?set MODEL to a local Hugging Face model folder}
 OUT=${OUT:-runs/verl-memory}
 CONFIG=${CONFIG:-configs/train/grpo_gpu.toml}
-read -r -a SETS <<< "--set model=$MODEL --set episode.tokenizer=$MODEL --set aggregation=token ${SET:-}"
+read -r -a SETS <<< "--set model=$MODEL --set episode.tokenizer=$MODEL --set loss.aggregation=token ${SET:-}"
 
 # The layout's training GPUs are verl's (a --gpus other than their number is refused); a config
 # without devices.train is refused by `memsearch devices --for train`: GPUS then.

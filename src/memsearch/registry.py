@@ -11,8 +11,8 @@ factory only when it builds one, so checking a config or ``memsearch --help`` lo
 
     from memsearch.registry import BackendKind, register_backend_kind
     register_backend_kind("noop", BackendKind(factory=lambda cfg, tokenizer, dataset: NoopBackend(),
-                                              runs_model=False))
-    # configs may now say  [backends.memory] kind = "noop"
+                                              runs_model=False, settings=NoopSettings))
+    # configs may now say  [backends.memory] kind = "noop", with the keys NoopSettings declares
 """
 
 from __future__ import annotations
@@ -110,14 +110,18 @@ class BackendKind:
     """A backend kind (``backends.<role>.kind``).
 
     ``factory(cfg, tokenizer, dataset)`` returns a ``backends.base.PolicyBackend`` for one
-    ``BackendConfig`` (``dataset``: the loaded ``Dataset``, or ``None`` where a caller has none).
-    ``runs_model``: it runs a model, so ``model``, ``adapter`` and ``base_url`` mean something
-    (a kind that runs none refuses them set). ``schema_mode``: it can constrain memory
+    role's settings ``cfg`` (``dataset``: the loaded ``Dataset``, or ``None`` where a caller has
+    none). ``settings``: the kind's settings model, a subclass of ``config.BackendConfig`` (or
+    ``"module:attribute"``) holding the keys the kind reads, its ``kind`` field a ``Literal`` of
+    the name; the default is ``BackendConfig`` itself (the keys every kind shares). ``runs_model``:
+    it runs a model (a rule-based kind does not: the record of what produced a run says so, and a
+    model setting given it is refused as never read). ``schema_mode``: it can constrain memory
     operations to their JSON schema (``backends.memory.schema_mode``)."""
 
     factory: Callable[..., Any] | str
     runs_model: bool = True
     schema_mode: bool = False
+    settings: type | str = "memsearch.config.backend:BackendConfig"
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,11 @@ def register_backend_kind(kind: str, spec: BackendKind) -> BackendKind:
     return BACKEND_KINDS.register(kind, spec)
 
 
+def backend_settings(kind: str) -> Any:
+    """The settings model of the registered ``kind`` (imported now when named as a string)."""
+    return load_factory(BACKEND_KINDS.get(kind).settings)
+
+
 def register_memory_mode(name: str, spec: MemoryMode) -> MemoryMode:
     """Make ``name`` a memory mode configs may name (``agent.memory``)."""
     return MEMORY_MODES.register(name, spec)
@@ -166,10 +175,15 @@ MemoryModeName = Annotated[str, AfterValidator(lambda name: MEMORY_MODES.check(n
 
 # The built-in kinds and modes: one registration each. Their factories are imported by name when
 # a run builds one (module doc), so these lines import nothing.
-register_backend_kind("rules", BackendKind("memsearch.backends.rules:from_config", runs_model=False))
-register_backend_kind("hf", BackendKind("memsearch.backends.hf.backend:from_config", schema_mode=True))
-register_backend_kind("openai", BackendKind("memsearch.backends.openai:from_config", schema_mode=True))
-register_backend_kind("oracle", BackendKind("memsearch.backends.oracle:from_config", runs_model=False))
+_SETTINGS = "memsearch.config.backend:"
+register_backend_kind("rules", BackendKind("memsearch.backends.rules:from_config", runs_model=False,
+                                           settings=_SETTINGS + "RulesSettings"))
+register_backend_kind("hf", BackendKind("memsearch.backends.hf.backend:from_config", schema_mode=True,
+                                        settings=_SETTINGS + "HFSettings"))
+register_backend_kind("openai", BackendKind("memsearch.backends.openai:from_config", schema_mode=True,
+                                            settings=_SETTINGS + "OpenAISettings"))
+register_backend_kind("oracle", BackendKind("memsearch.backends.oracle:from_config", runs_model=False,
+                                            settings=_SETTINGS + "OracleSettings"))
 
 register_memory_mode("summary", MemoryMode("memsearch.engine.memory_modes:summary_memory"))
 register_memory_mode("decision", MemoryMode("memsearch.engine.memory_modes:decision_memory", operations=True,

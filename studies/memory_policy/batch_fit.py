@@ -124,14 +124,14 @@ def _score(policy, rows: list[Row], cfg: GRPOConfig, pad_id: int, mask_fn) -> tu
     from memsearch.train.grpo.update import _scorer
     from memsearch.train.logprobs import micro_batches
 
-    packer = shared_micro_batches if cfg.share_prompts else micro_batches
+    packer = shared_micro_batches if cfg.update.share_prompts else micro_batches
     total = torch.zeros(len(rows), dtype=torch.float64)
     decisions = torch.zeros(len(rows), dtype=torch.float64)
     policy.eval()
     with torch.no_grad():
-        for idx in packer(rows, cfg.micro_batch_tokens):
+        for idx in packer(rows, cfg.update.micro_batch_tokens):
             sub = [rows[i] for i in idx]
-            logprobs = _scorer(cfg)(policy, sub, pad_id, cfg.temperature, mask_fn).logprobs.double().cpu()
+            logprobs = _scorer(cfg)(policy, sub, pad_id, cfg.rollout.temperature, mask_fn).logprobs.double().cpu()
             width = logprobs.shape[1]
             for k, i in enumerate(idx):
                 row_lp = logprobs[k, width - len(rows[i].completion_ids):]
@@ -180,7 +180,7 @@ def _run(args) -> list[FitPoint]:
     cfg = GRPOConfig.model_validate(data)
     labels = load_dataset(cfg.data).labels_by_id()
     policy, tokenizer, _ = load_policy(cfg.model, cfg.adapter, cfg.lora, cfg.device, cfg.dtype, cfg.seed,
-                                       keep_reference=cfg.kl_coef > 0 and cfg.kl_reference == "start")
+                                       keep_reference=cfg.loss.kl_coef > 0 and cfg.loss.kl_reference == "start")
     optimizer, _ = make_optimizer(policy, cfg.optim, cfg.steps)
     batch = replay_step(args.run, args.step, cfg, tokenizer, labels)
     adv = [r.advantage for r in batch.rows]
@@ -195,7 +195,7 @@ def _run(args) -> list[FitPoint]:
         print(f"| {p.update} | {p.row_pos:+.3f} / {p.row_neg:+.3f} | {p.decision_pos:+.3f} / {p.decision_neg:+.3f} | "
               f"{p.corr:+.3f} | {p.surrogate:+.3f} | {p.grad_norm:.3f} | {p.kl:.4f} |", flush=True)
 
-    mask_fn = _mask_fn(tokenizer) if cfg.schema_mode else None
+    mask_fn = _mask_fn(tokenizer) if cfg.rollout.schema_mode else None
     return fit_batch(policy, optimizer, batch, cfg, pad, mask_fn, args.updates, echo=echo)
 
 

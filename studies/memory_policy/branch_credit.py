@@ -36,6 +36,7 @@ from memsearch.pipelines.memory_policy.heldout import gold_facts
 from memsearch.records.events import BranchOutcome, PolicyCall, SearchEvent
 from memsearch.records.trajectory import read_trajectories
 from memsearch.train.config import StateReward
+from memsearch.train.config_keys import upgrade_grpo_keys
 from memsearch.train.grpo.batch import group_advantages
 from memsearch.train.grpo.state_credit import call_reward
 
@@ -68,10 +69,11 @@ def branch_credit(stage: Path, data: Path, *, steps: tuple[int, int] | None = No
     config_path = stage / "config.json"
     if not config_path.is_file():
         raise InputError(f"{stage}: no config.json (not a GRPO stage folder)")
-    config = json.loads(config_path.read_text())
-    if config.get("credit") != "state":
-        raise InputError(f"{config_path}: credit is {config.get('credit')!r}; only 'state' saves branches")
-    settings, std_scale = StateReward(**config["state_reward"]), bool(config.get("std_scale"))
+    # a run's config.json in the grouped layout or the earlier flat one
+    credit = upgrade_grpo_keys(json.loads(config_path.read_text())).get("credit") or {}
+    if credit.get("mode") != "state":
+        raise InputError(f"{config_path}: credit is {credit.get('mode')!r}; only 'state' saves branches")
+    settings, std_scale = StateReward(**credit["state_reward"]), bool(credit.get("std_scale"))
     files = [p for p in sorted((stage / "rollouts").glob("step-*.jsonl"))
              if steps is None or steps[0] <= int(_STEP.search(p.name).group(1)) <= steps[1]]
     if not files:

@@ -354,7 +354,8 @@ def test_open_items_on_musique_train_are_the_next_decomposition_subquestions(mus
 
 
 def test_open_items_is_an_oracle_option():
-    with pytest.raises(Exception, match="open_items is an option of the oracle teacher"):
+    with pytest.raises(Exception, match=r"backends\.memory\.open_items: read by kind 'oracle' only \(the gold teacher: "
+                       r"it reads labels\); kind is 'rules'"):
         load_config(RULES, ["backends.memory.open_items=true"])
 
 

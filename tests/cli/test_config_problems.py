@@ -26,7 +26,8 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from memsearch.cli.app import app
-from memsearch.config import MAX_BOOTSTRAP_RESAMPLES, RunConfig, load_config
+from memsearch.config import MAX_BOOTSTRAP_RESAMPLES, BackendConfig, RunConfig, load_config
+from memsearch.registry import BACKEND_KINDS, backend_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "configs" / "rules.toml"
@@ -34,18 +35,26 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 
 
 def _float_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
-    """Dotted paths of every float field of ``model`` and the models it holds."""
+    """Dotted paths of every float field of ``model`` and the models it holds; a backend table's
+    are those of every kind's settings (``BACKEND_OF``: the kind a path's table must name)."""
     paths = []
     for name, field in model.model_fields.items():
         kinds = [field.annotation, *typing.get_args(field.annotation)]
         if float in kinds:
             paths.append(f"{prefix}{name}")
         for kind in kinds:
-            if isinstance(kind, type) and issubclass(kind, BaseModel):
+            if kind is BackendConfig:
+                paths += _float_fields(BackendConfig, f"{prefix}{name}.")  # every kind's
+                for backend in BACKEND_KINDS.names():
+                    own = [p for p in _float_fields(backend_settings(backend), f"{prefix}{name}.") if p not in paths]
+                    BACKEND_OF.update(dict.fromkeys(own, (f"{prefix}{name}", backend)))
+                    paths += own
+            elif isinstance(kind, type) and issubclass(kind, BaseModel):
                 paths += _float_fields(kind, f"{prefix}{name}.")
     return paths
 
 
+BACKEND_OF: dict[str, tuple[str, str]] = {}
 FLOAT_FIELDS = _float_fields(RunConfig)
 
 
@@ -65,7 +74,8 @@ def _eval(config: Path, out: Path, data: Path, *sets: str, command: str = "run")
 
 def _as_table(dotted: str, value: str) -> str:
     *tables, key = dotted.split(".")
-    return (f"[{'.'.join(tables)}]\n" if tables else "") + f"{key} = {value}\n"
+    kind = f'kind = "{BACKEND_OF[dotted][1]}"\n' if dotted in BACKEND_OF else ""
+    return (f"[{'.'.join(tables)}]\n" if tables else "") + kind + f"{key} = {value}\n"
 
 
 def test_every_float_field_of_a_run_config_is_found():
@@ -84,7 +94,8 @@ def test_a_non_finite_number_is_refused_in_every_float_field(hotpot_dev_dir, tmp
         stderr = _refused(_eval(config, out, hotpot_dev_dir, command=command), out)
         assert stderr.startswith(f"error: {config}: {field}: Input should be a finite number")
     else:
-        stderr = _refused(_eval(RULES, out, hotpot_dev_dir, f"{field}={value}", command=command), out)
+        kind = [f'{BACKEND_OF[field][0]}.kind="{BACKEND_OF[field][1]}"'] if field in BACKEND_OF else []
+        stderr = _refused(_eval(RULES, out, hotpot_dev_dir, *kind, f"{field}={value}", command=command), out)
         assert stderr.startswith(f"error: --set {field}={value}: {field}: Input should be a finite number")
 
 
@@ -198,4 +209,5 @@ def test_the_model_a_pipeline_fills_into_a_rules_role_is_let_be(tmp_path):
     (tmp_path / "model").mkdir()
     for model in ("embedded", str(tmp_path / "model")):
         cfg = load_config(RULES, [f"backends.reader.model={json.dumps(model)}"])
-        assert (cfg.backends.reader.kind, cfg.backends.reader.model) == ("rules", model)
+        assert cfg.model_dump(mode="json")["backends"]["reader"]["kind"] == "rules"
+        assert "model" not in cfg.model_dump(mode="json")["backends"]["reader"]  # dropped: rules reads none

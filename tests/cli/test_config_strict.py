@@ -20,7 +20,8 @@ CASES = [
     (["pipeline", "memagent"], ROOT / "configs" / "memagent.toml", "data.train_docs=true", "data.train_docs"),
     (["pipeline", "memory-policy"], ROOT / "configs" / "memory_policy_cpu.toml", "data.dev_questions=true",
      "data.dev_questions"),
-    (["train", "grpo"], ROOT / "configs" / "train" / "grpo_cpu.toml", 'temperature="1.0"', "temperature"),
+    (["train", "grpo"], ROOT / "configs" / "train" / "grpo_cpu.toml", 'rollout.temperature="1.0"',
+     "rollout.temperature"),
 ]
 
 
@@ -48,7 +49,7 @@ SOURCES = [
     (["pipeline", "memory-policy"], MP, "sft.lora.r=0", "sft.lora.r: Input should be greater than or equal to 1"),
     (["pipeline", "memory-policy"], MP, "grpo.steps=true", "grpo.steps: Input should be a valid integer"),
     (["pipeline", "memory-policy"], MP, "seeds=[1, 1]", "seeds: [1, 1]: expected distinct seeds"),
-    (["pipeline", "memagent"], MEMAGENT, "train.nosuch=1", "train.nosuch: unknown field"),
+    (["pipeline", "memagent"], MEMAGENT, "grpo.nosuch=1", "grpo.nosuch: unknown field"),
     (["pipeline", "memagent"], MEMAGENT, "data.docs=[1]", "data.docs: [1]: expected distinct numbers of documents"),
 ]
 
@@ -83,8 +84,8 @@ def _edited(tmp_path: Path, config: Path, old: str, new: str) -> Path:
      "sft.lora.r: Input should be greater than or equal to 1"),
     (["pipeline", "memory-policy"], MP, 'controller = "fixed"', 'controller = "policy"',
      "episode.agent: the memory-policy pipeline trains decision memory on a fixed plan"),
-    (["pipeline", "memagent"], MEMAGENT, "[train]\nsteps", "[train]\nrole = \"memory\"\nsteps",
-     "train: role set by the pipeline itself"),
+    (["pipeline", "memagent"], MEMAGENT, "[grpo]\nsteps", "[grpo]\nrole = \"memory\"\nsteps",
+     "grpo: role set by the pipeline itself"),
 ])
 def test_a_problem_in_the_file_names_the_file_and_the_full_key_path(tmp_path, command, config, old, new, problem):
     path = _edited(tmp_path, config, old, new)

@@ -32,11 +32,11 @@ def test_grpo_recipe_fits_an_80_gb_gpu_and_creates_nothing(tmp_path):
 def test_refuses_qwen_7b_at_16384_tokens_without_checkpointing(tmp_path):
     out = tmp_path / "run"
     result = dry_run("grpo", ROOT / "configs/train/grpo_gpu.toml", out, "--set", f"model={QWEN_7B}",
-                     "--set", "micro_batch_tokens=16384", "--set", "gradient_checkpointing=false",
+                     "--set", "update.micro_batch_tokens=16384", "--set", "gradient_checkpointing=false",
                      "--gpu-memory", "79.6")
     assert result.exit_code == 2, result.output
     assert "error: --gpu-memory 79.6: the step needs about" in result.stderr
-    assert "gradient_checkpointing = true" in result.stderr and "lower micro_batch_tokens to" in result.stderr
+    assert "gradient_checkpointing = true" in result.stderr and "lower update.micro_batch_tokens to" in result.stderr
     assert "activations" in result.stdout  # the estimate was printed before the refusal
     assert not out.exists()
 

@@ -53,11 +53,11 @@ def test_builds_tokenizer_retriever_and_one_backend_per_distinct_config(hotpot_d
     assert traj.status == "ok" and traj.counts.searches > 0
 
 
-def test_sampling_alone_does_not_split_a_backend_but_another_kind_does(hotpot_dev_dir):
+def test_sampling_alone_does_not_split_a_backend_but_another_setting_does(hotpot_dev_dir):
     dataset = load_dataset(hotpot_dev_dir)
     shared = build_shared(search_config(reader={"sampling": {"temperature": 0.7}}), dataset)
     assert shared.backends["reader"] is shared.backends["memory"]
-    shared = build_shared(search_config(reader={"max_concurrency": 4}), dataset)
+    shared = build_shared(search_config(reader={"schema_mode": True}), dataset)  # a setting rules has besides sampling
     assert shared.backends["reader"] is not shared.backends["memory"]
     assert shared.backends["controller"] is shared.backends["memory"]
 

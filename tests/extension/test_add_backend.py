@@ -1,10 +1,11 @@
-"""Adding a backend kind: one class answering the ``PolicyBackend`` protocol, one
-``register_backend`` call. Configs may then name the kind, and a real eval runs through it.
+"""Adding a backend kind: one class answering the ``PolicyBackend`` protocol, its settings model
+(the keys it reads), one ``register_backend`` call. Configs may then name the kind and set its
+keys, and a real eval runs through it.
 
-The kind here abstains: every memory call keeps nothing (NOOP), every reader call answers
-"unknown" and cites nothing. Through the real engine and scorer on real dev questions that must
-give a run with no invalid action, an empty memory and zero on every answer metric, while the
-retrieval (the fixed plan, no model) is the rules run's.
+The kind here abstains: every memory call keeps nothing (NOOP), every reader call answers its
+``answer`` setting ("unknown" unless set) and cites nothing. Through the real engine and scorer
+on real dev questions that must give a run with no invalid action, an empty memory and zero on
+every answer metric, while the retrieval (the fixed plan, no model) is the rules run's.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import pytest
+from pydantic import Field
 
 from memsearch.backends import (
     GenerationRequest,
@@ -24,7 +27,7 @@ from memsearch.backends import (
     register_backend,
     unregister_backend,
 )
-from memsearch.config import load_config
+from memsearch.config import BackendConfig, load_config
 from memsearch.errors import InputError
 from memsearch.eval.runner import run_eval
 from memsearch.tokenizer import LexicalTokenizer
@@ -33,14 +36,24 @@ RULES = Path(__file__).resolve().parents[2] / "configs" / "rules.toml"
 ROLES = ("memory", "controller", "reader")
 
 
+class AbstainSettings(BackendConfig):
+    """The abstain kind's keys: the common ones and what its reader answers."""
+
+    kind: Literal["abstain"] = Field("abstain", description="abstain: keeps nothing, answers `answer`")
+    answer: str = Field("unknown", description="What every reader call answers")
+
+
 class AbstainBackend:
     """Keeps nothing, asks nothing, knows nothing."""
 
     name = "abstain"
 
+    def __init__(self, answer: str = "unknown") -> None:
+        self.answer = answer
+
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         answers = {"memory": '{"ops": [{"op": "NOOP"}]}', "controller": "FINISH",
-                   "reader": "Answer: unknown\nEvidence:"}
+                   "reader": f"Answer: {self.answer}\nEvidence:"}
         return [GenerationResult(answers[r.role], usage=Usage(source="none")) for r in requests]
 
     async def aclose(self) -> None:
@@ -49,7 +62,8 @@ class AbstainBackend:
 
 @pytest.fixture
 def abstain():
-    register_backend("abstain", lambda cfg, tokenizer, dataset: AbstainBackend(), runs_model=False)
+    register_backend("abstain", lambda cfg, tokenizer, dataset: AbstainBackend(cfg.answer), settings=AbstainSettings,
+                     runs_model=False)
     yield "abstain"
     unregister_backend("abstain")
 
@@ -65,7 +79,12 @@ def test_a_registered_backend_runs_a_real_eval(abstain, hotpot_dev_dir, tmp_path
     rules = run_eval(load_config(RULES, ["limit=6"]), hotpot_dev_dir, tmp_path / "rules", show_progress=False)
     metrics = summary["metrics"]
     assert summary["tasks"]["scored"] == 6 and summary["complete"]
-    assert summary["config"]["backends"]["memory"]["kind"] == "abstain"
+    assert summary["config"]["backends"]["memory"] == {
+        "kind": "abstain", "sampling": {"temperature": 0.0, "top_p": 1.0, "seed": 0}, "schema_mode": False,
+        "answer": "unknown"}
+    assert summary["memory_backend"] | {"served_identity": None} == {
+        "kind": "abstain", "model": "embedded", "adapter": None, "base_url": None, "name": "abstain",
+        "served_identity": None}
     # 3 searches, a NOOP after each, then the reader: 4 valid calls per task, nothing kept.
     assert metrics["policy_calls"] == 4.0 and metrics["invalid_actions"] == 0.0
     assert summary["memory_ops"] == {"ops_ADD": 0, "ops_DELETE": 0, "ops_NOOP": 18, "ops_UPDATE": 0}
@@ -76,10 +95,23 @@ def test_a_registered_backend_runs_a_real_eval(abstain, hotpot_dev_dir, tmp_path
     assert {t["prediction"] for t in trajectories} == {"unknown"}
 
 
-def test_the_kind_is_checked_like_a_built_in_one(abstain, tmp_path):
-    # It runs no model: a model folder that is not there is refused, as for rules and oracle.
-    with pytest.raises(InputError, match="kind 'abstain' runs no model, so model is never read"):
+def test_the_kind_reads_its_own_keys_and_refuses_the_others(abstain, tmp_path, hotpot_dev_dir):
+    cfg = _abstaining('backends.reader.answer="Paris"')
+    assert isinstance(cfg.backends.reader, AbstainSettings) and cfg.backends.reader.answer == "Paris"
+    assert cfg.backends.memory.answer == "unknown"
+    summary = run_eval(_abstaining('backends.reader.answer="Paris"', "limit=2"), hotpot_dev_dir, tmp_path / "paris",
+                       show_progress=False)
+    trajectories = (tmp_path / "paris" / "trajectories.jsonl").read_text().splitlines()
+    assert summary["tasks"]["scored"] == 2 and {json.loads(t)["prediction"] for t in trajectories} == {"Paris"}
+    # Its key is no other kind's, and theirs are not its: each refusal names the key, its kind and this one.
+    with pytest.raises(InputError, match=r"backends\.reader\.answer: read by kind 'abstain' only; kind is 'rules'"):
+        load_config(RULES, ['backends.reader.answer="Paris"'])
+    with pytest.raises(InputError, match="kind 'abstain' runs no model, so model is never read; remove it, or "
+                       "set kind = 'hf' or 'openai'"):
         _abstaining('backends.reader.model="no/such/folder"')
+    with pytest.raises(InputError, match=r"backends\.reader\.timeout_s: read by kind 'openai' only \(an HTTP "
+                       r"server\); kind is 'abstain'"):
+        _abstaining("backends.reader.timeout_s=5")
     # It cannot constrain memory operations.
     with pytest.raises(InputError, match="schema_mode = true needs backends.memory.kind = 'hf' or 'openai'"):
         _abstaining("backends.memory.schema_mode=true")

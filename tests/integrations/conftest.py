@@ -1,5 +1,5 @@
 """Fixtures of the verl integration tests (main environment and verl lane alike): two real sessions,
-a 2-chunk MemAgent task (role ``overwrite``: memory updates + boxed answer trained) and a
+a 2-chunk MemAgent task (role ``memagent``: memory updates + boxed answer trained) and a
 group-B task (role ``memory``: decision memory over one BM25 search, reader on the rules backend).
 Written as GRPO TOML files, the way a user hands them to ``memsearch verl config``."""
 
@@ -12,16 +12,19 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 MEMAGENT = """
-role = "overwrite"
+role = "memagent"
 model = "embedded"
 data = "{data}"
+[rollout]
 group_size = 2
 tasks_per_step = 2
-credit = "share"
+[credit]
+mode = "share"
+[loss]
 aggregation = "token"
 [reward]
 metric = "boxed_em"
-invalid_penalty = 0.0
+invalid_call_penalty = 0.0
 citation_penalty = 0.0
 [episode]
 tokenizer = "embedded"
@@ -42,9 +45,12 @@ role = "memory"
 model = "embedded"
 data = "{data}"
 episode_config = "{repo}/configs/train/group_b_cpu.toml"
+[rollout]
 group_size = 2
 tasks_per_step = 2
-credit = "share"
+[credit]
+mode = "share"
+[loss]
 aggregation = "token"
 [episode.budgets]
 max_searches = 2

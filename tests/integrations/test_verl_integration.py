@@ -86,7 +86,7 @@ def test_memagent_session_outputs_answer_last_and_reward(verl_case, hf_tokenizer
     got = compute_score("memsearch/hotpotqa", "ignored", [gold], {"memsearch": summary}, **settings.model_dump())
     assert got == {"score": 1.0, "metric": 1.0, "answered": 1}
     assert got["score"] == trajectory_reward(traj, load_dataset(hotpot_dev_dir).labels_by_id()[task.id], settings,
-                                             "overwrite")
+                                             "memagent")
     # The memory-recall term needs supporting facts, which verl rows do not carry: refused, not dropped.
     recall = settings.model_copy(update={"memory_recall": 0.5})
     with pytest.raises(ValueError, match="memory_recall > 0: verl rows carry the gold answers only"):
@@ -172,7 +172,7 @@ def test_outputs_refuse_a_last_call_without_tokens():
         "error": None,
     }
     with pytest.raises(ValueError, match="generated no token"):
-        session_outputs(Trajectory.from_json({"task_id": "t", "status": "ok", "events": [call]}), "overwrite")
+        session_outputs(Trajectory.from_json({"task_id": "t", "status": "ok", "events": [call]}), "memagent")
 
 
 def test_compute_score_values_and_refusal():
@@ -263,6 +263,9 @@ def test_a_row_reads_its_own_folder_and_a_changed_folder_is_refused(verl_case, h
     with pytest.raises(ValueError, match="role 'overwrite'"):
         setup_for_row(path, parquet_rows(hotpot_dev_dir, role="overwrite")[0]["extra_info"])
     assert setup_for_row(path, parquet_rows(hotpot_dev_dir, role="memory")[0]["extra_info"]).cfg.role == "memory"
+    # a parquet exported before the MemAgent role was renamed still fits a MemAgent config
+    row = parquet_rows(hotpot_dev_dir, role="overwrite")[0]["extra_info"]
+    assert setup_for_row(str(verl_case("memagent")), row).cfg.role == "memagent"
 
 
 def _overrides(cfg, **launch):
@@ -274,8 +277,8 @@ def test_config_maps_the_gpu_recipe_and_refuses_what_verl_cannot_run():
     gpu = REPO / "configs/train/grpo_gpu.toml"
     with pytest.raises(VerlMappingError) as err:
         verl_overrides(load_grpo_config(gpu), "loops.yaml", "train.parquet")
-    assert [r.split(":")[0] for r in err.value.reasons] == ["aggregation = 'trajectory'"]
-    cfg = load_grpo_config(gpu, ["aggregation=token", "std_scale=true"])
+    assert [r.split(":")[0] for r in err.value.reasons] == ["loss.aggregation = 'trajectory'"]
+    cfg = load_grpo_config(gpu, ["loss.aggregation=token", "credit.std_scale=true"])
     got, notes = _overrides(cfg)
     expected = {
         "algorithm.adv_estimator": "grpo",
@@ -322,8 +325,8 @@ def test_config_refusals_each_with_a_reason(tmp_path, hotpot_dev_dir):
         load_grpo_config(memagent)
     cfg = load_grpo_config(memagent, None, str(hotpot_dev_dir))
     # the MemAgent recipe: split credit, the embedded model
-    assert [r.split(":")[0] for r in refusals(cfg)] == ["credit = 'split'", "model = 'embedded'"]
-    fixed = load_grpo_config(memagent, ["train.credit=share", "model=/models/qwen"], str(hotpot_dev_dir))
+    assert [r.split(":")[0] for r in refusals(cfg)] == ["credit.mode = 'split'", "model = 'embedded'"]
+    fixed = load_grpo_config(memagent, ["grpo.credit.mode=share", "model=/models/qwen"], str(hotpot_dev_dir))
     with pytest.raises(ValueError, match="cannot count the chunks.*give --rows-per-session"):
         _overrides(fixed)  # the budget tokenizer (the model's) is not here: stated, not guessed
     got, notes = _overrides(fixed, rows=5.0)
@@ -337,10 +340,10 @@ def test_config_refusals_each_with_a_reason(tmp_path, hotpot_dev_dir):
     bad = load_grpo_config(
         cpu,
         [
-            "schema_mode=true",
-            "credit=split",
+            "rollout.schema_mode=true",
+            "credit.mode=split",
             "adapter=runs/sft/adapter",
-            "dual_clip=0",
+            "loss.dual_clip=0",
             "lora.dropout=0.1",
             "optim.schedule=linear",
             "reward.memory_recall=1.0",
@@ -349,14 +352,14 @@ def test_config_refusals_each_with_a_reason(tmp_path, hotpot_dev_dir):
     bad = bad.model_copy(update={"optim": bad.optim.model_copy(update={"max_grad_norm": None})})  # no TOML null
     reasons = refusals(bad)
     assert [r.split(" ")[0].rstrip(":") for r in reasons] == [
-        "credit",
-        "aggregation",
-        "schema_mode",
+        "credit.mode",
+        "loss.aggregation",
+        "rollout.schema_mode",
         "model",
         "adapter",
         "optim.schedule",
         "optim.max_grad_norm",
-        "dual_clip",
+        "loss.dual_clip",
         "lora.dropout",
         "reward.memory_recall",
     ]
@@ -397,7 +400,8 @@ def test_cli_export_data_and_config(tmp_path, hotpot_dev_dir):
     loops = tmp_path / "loops.yaml"
     refused = runner.invoke(app, ["verl", "config", "--config", gpu, "--agent-loops", str(loops)])
     # refused with the reason as an `error:` line and status 2, nothing written
-    assert refused.exit_code == 2 and "error: - aggregation = 'trajectory'" in refused.output and not loops.exists()
+    assert refused.exit_code == 2 and not loops.exists()
+    assert "error: - loss.aggregation = 'trajectory'" in refused.output
     ok = runner.invoke(
         app,
         [
@@ -406,7 +410,7 @@ def test_cli_export_data_and_config(tmp_path, hotpot_dev_dir):
             "--config",
             gpu,
             "--set",
-            "aggregation=token",
+            "loss.aggregation=token",
             "--rollout-tp",  # the recipe's layout trains on one GPU (devices.train = [0])
             "1",
             "--data",
@@ -421,7 +425,7 @@ def test_cli_export_data_and_config(tmp_path, hotpot_dev_dir):
     lines = [ln for ln in ok.stdout.splitlines() if not ln.startswith("#")]
     assert "actor_rollout_ref.actor.loss_agg_mode=token-mean" in lines
     assert f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops.resolve()}" in lines
-    assert yaml.safe_load(loops.read_text())[0]["overrides"] == ["aggregation=token"]
+    assert yaml.safe_load(loops.read_text())[0]["overrides"] == ["loss.aggregation=token"]
 
 
 def _config_cli(*args):
@@ -455,7 +459,7 @@ def test_cli_logger_is_console_unless_asked(tmp_path):
     from memsearch.integrations.verl.config import VERL_ROLLOUT_TP
 
     gpu = REPO / "configs/train/grpo_gpu.toml"
-    base = ["--config", gpu, "--set", "aggregation=token", "--agent-loops", tmp_path / "loops.yaml", "--gpus", 2,
+    base = ["--config", gpu, "--set", "loss.aggregation=token", "--agent-loops", tmp_path / "loops.yaml", "--gpus", 2,
             "--set", "devices.train=[0,1]", "--set", "devices.services.reader=[2]"]
     plain = _config_cli(*base)
     assert plain.exit_code == 0, plain.output
@@ -472,7 +476,7 @@ def test_cli_logger_is_console_unless_asked(tmp_path):
 
 def test_cli_gpus_follow_the_device_layout(tmp_path):
     gpu = REPO / "configs/train/grpo_gpu.toml"
-    base = ["--config", gpu, "--set", "aggregation=token", "--agent-loops", tmp_path / "loops.yaml"]
+    base = ["--config", gpu, "--set", "loss.aggregation=token", "--agent-loops", tmp_path / "loops.yaml"]
     # the recipe's own layout: one training GPU, so verl's default TP 2 is refused and TP 1 runs
     assert "with 1 GPU(s) per node use --rollout-tp 1;" in _config_cli(*base).output
     assert "trainer.n_gpus_per_node=1" in _config_cli(*base, "--rollout-tp", 1).stdout.splitlines()
@@ -504,12 +508,13 @@ def test_mini_batch_counts_the_rows_of_a_session(verl_case, hf_tokenizer, hotpot
     assert len(set(made)) > 1 and rows == pytest.approx(sum(made) / 4)
     assert source.startswith(f"{rows - 1:.2f} chunks read (of at most 8) on average over the first 4 tasks")
     # sized for mini_batches_per_step optimizer steps: 16 tasks x 8 sessions x 5 rows in 16 mini-batches of 40 rows
-    memagent = load_grpo_config(REPO / "configs/memagent.toml", ["train.credit=share"], str(hotpot_dev_dir))
-    assert (memagent.tasks_per_step, memagent.group_size, memagent.mini_batches_per_step) == (16, 8, 16)
+    memagent = load_grpo_config(REPO / "configs/memagent.toml", ["grpo.credit.mode=share"], str(hotpot_dev_dir))
+    assert (memagent.rollout.tasks_per_step, memagent.rollout.group_size, memagent.update.mini_batches_per_step) == \
+        (16, 8, 16)
     assert mini_batch(memagent, 5.0, 8) == (5, 16)
     # 2.05 rows: 2 tasks a mini-batch (17 steps) is nearer 16 than 3 (11 steps)
     assert mini_batch(memagent, 2.05, 8) == (2, 17)
     # 6 GPUs: size x 8 rows must divide among 6 ranks, so the size is a multiple of 3: 6 (14 steps), not 3 (27)
     assert mini_batch(memagent, 5.0, 6) == (6, 14)
-    two_epochs = memagent.model_copy(update={"epochs": 2})
+    two_epochs = memagent.model_copy(update={"update": memagent.update.model_copy(update={"epochs": 2})})
     assert mini_batch(two_epochs, 5.0, 8) == (5, 32)

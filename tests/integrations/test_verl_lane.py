@@ -180,7 +180,7 @@ def test_memagent_two_chunks_on_verl(verl_case, hotpot_dev_dir, tokenizer):
     assert loop.setup.cfg.steps == 3  # the YAML's overrides were applied
     assert [s[2]["reward_score"] for s in sessions] == [1.0, 0.0]
     assert sessions[0][2]["reward_extra_info"] == {"score": 1.0, "metric": 1.0, "answered": 1}
-    _check_advantages(sessions, "overwrite")
+    _check_advantages(sessions, "memagent")
 
 
 def test_group_b_memory_task_on_verl(verl_case, hotpot_dev_dir, tokenizer):
@@ -297,12 +297,12 @@ def test_shipped_recipes_compose_with_verls_trainer_config_and_pass_its_validate
     files = ["--data", hotpot_dev_dir, "--train-files", tmp_path / "train.parquet", "--val-files",
              tmp_path / "dev.parquet", "--agent-loops", tmp_path / "loops.yaml"]
     model = tokenizer_dir()  # a real Hugging Face tokenizer folder: MemAgent counts its chunks with it
-    memory = ["--set", f"model={model}", "--set", f"episode.tokenizer={model}", "--set", "aggregation=token"]
+    memory = ["--set", f"model={model}", "--set", f"episode.tokenizer={model}", "--set", "loss.aggregation=token"]
     recipes = [  # (config, its --set, the launch options), each as its script gives them
         ("configs/train/grpo_gpu.toml", memory, ["--rollout-tp", 1]),  # its layout: one training GPU
         ("configs/train/grpo_gpu.toml", [*memory, "--set", "devices.train=[0,1,2,3,4,5]", "--set",
                                          "devices.services.reader=[7]"], []),  # an 8-GPU node, verl's TP 2
-        ("configs/memagent.toml", ["--set", f"model={model}", "--set", "train.credit=share"], []),
+        ("configs/memagent.toml", ["--set", f"model={model}", "--set", "grpo.credit.mode=share"], []),
     ]
     default = _compose([])
     # why the logger is written: verl's default adds wandb; the TP written is verl's default
@@ -314,9 +314,9 @@ def test_shipped_recipes_compose_with_verls_trainer_config_and_pass_its_validate
         cfg = load_grpo_config(repo / path, sets[1::2], str(hotpot_dev_dir))
         composed = _compose(overrides)
         assert list(composed.trainer.logger) == ["console"]
-        assert composed.algorithm.norm_adv_by_std_in_grpo is cfg.std_scale and composed.trainer.use_v1 is True
+        assert composed.algorithm.norm_adv_by_std_in_grpo is cfg.credit.std_scale and composed.trainer.use_v1 is True
         rollout, actor = composed.actor_rollout_ref.rollout, composed.actor_rollout_ref.actor
-        assert rollout.n == cfg.group_size
+        assert rollout.n == cfg.rollout.group_size
         assert rollout.tensor_model_parallel_size == (launch[1] if launch else VERL_ROLLOUT_TP)
         world = composed.trainer.n_gpus_per_node * composed.trainer.nnodes
         assert composed.trainer.n_gpus_per_node == (len(cfg.devices.train) or 8)
@@ -324,8 +324,11 @@ def test_shipped_recipes_compose_with_verls_trainer_config_and_pass_its_validate
         # verl's engine worker asserts a mini-batch's rows divide among the data-parallel ranks
         assert actor.ppo_mini_batch_size * rollout.n % world == 0
         assert list(composed.actor_rollout_ref.model.target_modules) == cfg.lora.target_modules
-        assert actor.use_kl_loss is (cfg.kl_coef > 0)
-        assert dict(composed.reward.custom_reward_function.reward_kwargs) == cfg.reward.model_dump()
+        assert actor.use_kl_loss is (cfg.loss.kl_coef > 0)
+        # the reward function's keyword for the invalid-call penalty kept its earlier name (reward.compute_score)
+        kwargs = {("invalid_call_penalty" if k == "invalid_penalty" else k): v
+                  for k, v in composed.reward.custom_reward_function.reward_kwargs.items()}
+        assert kwargs == cfg.reward.model_dump()
         assert rollout.prompt_length == composed.data.max_prompt_length
         _validate(composed)
     # verl's validate_config passes 7 GPUs with TP 2 (3 replicas, one rank in none): memsearch refuses it

@@ -79,7 +79,10 @@ def test_the_rules_row_is_group_b_with_only_the_memory_backend_changed():
     config = load_config(ROOT / "configs" / "demo.toml", ["limit=4"])
     rules = rules_group_config(config).model_dump(mode="json")
     b = group_config(config, "B").model_dump(mode="json")
-    assert rules["backends"]["memory"] == {**b["backends"]["memory"], "kind": "rules"}
+    # the rules kind keeps what every kind shares and holds no model settings
+    assert rules["backends"]["memory"] == {"kind": "rules", "sampling": b["backends"]["memory"]["sampling"],
+                                           "schema_mode": False}
+    assert b["backends"]["memory"]["kind"] == "hf" and b["backends"]["memory"]["schema_mode"] is False
     rules["backends"]["memory"] = b["backends"]["memory"]
     assert rules == b  # same budgets, reader, controller, retrieval, limit
 

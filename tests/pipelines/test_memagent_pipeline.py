@@ -1,6 +1,6 @@
 """``memsearch pipeline memagent`` end to end on a tiny real Llama (random weights, the embedded
 tokenizer) and the shipped HotpotQA samples: every stage runs for real (prepare, GRPO with the
-overwrite role, merge, eval of base and trained at two N, report); a re-run skips every stage,
+memagent role, merge, eval of base and trained at two N, report); a re-run skips every stage,
 a crashed eval resumes with only its missing task, and changed inputs are refused."""
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ def tiny_settings(model: Path, *extra: str) -> list[str]:
         "episode.budgets.memory_tokens=32",
         "episode.budgets.policy_tokens=16",
         "episode.budgets.answer_tokens=8",
-        "train.steps=2",
-        "train.tasks_per_step=1",
-        "train.group_size=2",
-        'train.dtype="float32"',
-        "train.micro_batch_tokens=2048",
-        "train.checkpoint_every=1",
-        "train.optim.lr=1e-3",
+        "grpo.steps=2",
+        "grpo.rollout.tasks_per_step=1",
+        "grpo.rollout.group_size=2",
+        'grpo.dtype="float32"',
+        "grpo.update.micro_batch_tokens=2048",
+        "grpo.checkpoint_every=1",
+        "grpo.optim.lr=1e-3",
         *extra,
     ]
 
@@ -127,8 +127,8 @@ def test_training_used_the_overwrite_role_and_kept_the_row_contract(finished):
         assert record["rows_generated"] == record["rows_converted"] == record["rows_consumed"]
         assert record["rows_per_trajectory"] == 4  # 3 chunk updates (max_chunks) + the final answer
     config = json.loads((out / "train" / "config.json").read_text())
-    assert config["role"] == "overwrite" and config["credit"] == "split" and config["kl_coef"] == 0.001
-    assert config["group_size"] == 2 and Path(config["data"]).parts[-2:] == ("train-long", "docs12")
+    assert config["role"] == "memagent" and config["credit"]["mode"] == "split" and config["loss"]["kl_coef"] == 0.001
+    assert config["rollout"]["group_size"] == 2 and Path(config["data"]).parts[-2:] == ("train-long", "docs12")
     assert json.loads((out / "prepare" / "train-long" / "docs12" / "manifest.json").read_text())["split"] == "train"
     step_rows = [line for line in (out / "rewards.md").read_text().splitlines() if line[:3] in ("| 1", "| 2")]
     assert [line.split(" | ")[0] for line in step_rows] == ["| 1", "| 2"]
@@ -217,7 +217,7 @@ def test_changed_inputs_are_refused_not_mixed(finished, tiny_model_dir):
     out, _, _ = finished
     record = (out / "train.stage.json").read_text()
     with pytest.raises(InputError, match=r"stage 'train' was made from different inputs \(changed: grpo.steps\)"):
-        run_memagent_pipeline(pipeline_config(tiny_model_dir, "train.steps=3"), out, echo=lambda m: None)
+        run_memagent_pipeline(pipeline_config(tiny_model_dir, "grpo.steps=3"), out, echo=lambda m: None)
     with pytest.raises(InputError, match=r"stage 'prepare' was made from different inputs \(changed: data.questions\)"):
         run_memagent_pipeline(pipeline_config(tiny_model_dir, "data.questions=3"), out, echo=lambda m: None)
     assert (out / "train.stage.json").read_text() == record
@@ -237,15 +237,16 @@ def test_recipe_config_holds_the_memagent_settings():
     b = cfg.episode.budgets
     assert (b.chunk_tokens, b.memory_tokens, b.answer_tokens, b.max_chunks) == (2048, 1024, 256, 64)
     grpo = cfg.grpo_config("train-folder")
-    assert (grpo.role, grpo.group_size, grpo.optim.lr, grpo.kl_coef, grpo.credit) == (
-        "overwrite",
+    assert (grpo.role, grpo.rollout.group_size, grpo.optim.lr, grpo.loss.kl_coef, grpo.credit.mode) == (
+        "memagent",
         8,
         1e-6,
         0.001,
         "split",
     )
     assert grpo.reward.metric == "boxed_em"
-    assert load_config(MEMAGENT, ['train.credit="share"'], model=MemAgentPipeline).grpo_config("x").credit == "share"
+    share = load_config(MEMAGENT, ['grpo.credit.mode="share"'], model=MemAgentPipeline).grpo_config("x")
+    assert share.credit.mode == "share"
     p = cfg.episode.prompts
     assert p.initial_memory and "{chunk}" in p.overwrite_update and "\\boxed{{answer}}" in p.overwrite_final
     # `memsearch eval run --config configs/memagent.toml` runs the recipe's agent: the [episode] tables
@@ -259,9 +260,11 @@ def test_recipe_config_holds_the_memagent_settings():
     [
         ('episode.agent.memory="summary"', "needs evidence 'stream', memory 'overwrite'"),
         ('episode.tokenizer="lexical"', "budgets must be counted with the model's own tokenizer"),
-        ('train.role="memory"', "train: role set by the pipeline itself"),
-        ("train.group_sise=8", "train.group_sise: unknown field"),
-        ("train.group_size=1", "train.group_size: Input should be greater than or equal to 2"),
+        ('grpo.role="memory"', "grpo: role set by the pipeline itself"),
+        ("grpo.rollout.group_sise=8", "grpo.rollout.group_sise: unknown field"),
+        ("grpo.rollout.group_size=1", "grpo.rollout.group_size: Input should be greater than or equal to 2"),
+        # the earlier table name and flat key, over the recipe's [grpo.rollout]: one setting given twice
+        ("train.group_size=4", "grpo.group_size: group_size and rollout.group_size are one setting"),
         (
             'episode.prompts.overwrite_final="{question} only"',
             "overwrite_final: uses {question} but must use exactly {memory}, {question}",
@@ -289,11 +292,11 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path):
             "--out",
             str(tmp_path / "p"),
             "--set",
-            "train.group_sise=8",
+            "grpo.rollout.group_sise=8",
         ],
     )
     assert result.exit_code == 2
-    assert "error: " in result.output and "train.group_sise: unknown field" in result.output
+    assert "error: " in result.output and "grpo.rollout.group_sise: unknown field" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "p").exists()
 
 

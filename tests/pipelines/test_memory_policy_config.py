@@ -62,17 +62,19 @@ def test_a_trainer_table_is_typed_at_load_and_recorded_as_written():
     # off (it used to be checked only when the stage's config was built).
     assert _problem(None, "grpo.optim.lr=2.0").startswith(
         "--set grpo.optim.lr=2.0: grpo.optim.lr: Input should be less than or equal to 1")
-    assert _problem(None, "stage2.train.optim.lr=-1").startswith(
-        "--set stage2.train.optim.lr=-1: stage2.train.optim.lr: Input should be greater than 0")
+    assert _problem(None, "stage2.grpo.optim.lr=-1").startswith(
+        "--set stage2.grpo.optim.lr=-1: stage2.grpo.optim.lr: Input should be greater than 0")
     assert "grpo: model, eval.data set by the pipeline itself; remove them" in _problem(
         None, 'grpo.model="x"', 'grpo.eval.data="x"')
-    cfg = load_config(MP, ["grpo.optim.lr=3e-6", "grpo.invalid_decision_credit=false"], model=MemoryPolicyPipeline)
+    cfg = load_config(MP, ["grpo.optim.lr=3e-6", "grpo.credit.invalid_decision_credit=false"],
+                      model=MemoryPolicyPipeline)
     assert cfg.grpo.optim.lr == 3e-6 and cfg.grpo.optim.warmup_steps == 0 and cfg.grpo.reward.metric == "f1"
     # The record keeps what the file and --set wrote, not every default (as when tables were dicts).
     written = load_config(MP, [], model=MemoryPolicyPipeline).model_dump(mode="json")["grpo"]
     dumped = cfg.model_dump(mode="json")["grpo"]
-    assert dumped == {**written, "optim": {**written.get("optim", {}), "lr": 3e-6}, "invalid_decision_credit": "none"}
-    assert cfg.grpo_config("t", 1, None).invalid_decision_credit == "none"
+    assert dumped == {**written, "optim": {**written.get("optim", {}), "lr": 3e-6},
+                      "credit": {**written.get("credit", {}), "invalid_decision_credit": "none"}}
+    assert cfg.grpo_config("t", 1, None).credit.invalid_decision_credit == "none"
 
 
 def test_stage2_sft_is_the_sft_table_with_stage2s_keys_over_it_key_by_key():

@@ -286,8 +286,8 @@ def test_owned_fields_are_refused(mp_config):
         mp_config("grpo.eval.every=1")
     with pytest.raises(Exception, match="sft: eval set by the pipeline"):
         mp_config("sft.eval.every=1")
-    with pytest.raises(Exception, match="grpo.schema_mode: set the pipeline's top-level schema_mode"):
-        mp_config("grpo.schema_mode=true")
+    with pytest.raises(Exception, match="grpo.rollout.schema_mode: set the pipeline's top-level schema_mode"):
+        mp_config("grpo.rollout.schema_mode=true")
     with pytest.raises(Exception, match="stage2.start = 'sft' needs stage2.enabled = true"):
         mp_config('stage2.start="sft"')
     with pytest.raises(Exception, match="stage2.sft: only used with stage2.start = 'sft'"):
@@ -308,7 +308,7 @@ def test_cold_start_trains_stage1_from_the_base_without_teacher_or_sft(tmp_path,
     assert not (out / "teacher").exists() and not (seed / "sft").exists() and not (seed / "heldout" / "sft").exists()
     assert "seed 7 sft: skipped (grpo_start = 'base'" in "\n".join(lines)
     grpo1 = record(seed / "grpo1" / "config.json")
-    assert grpo1["adapter"] is None and grpo1["schema_mode"] is True
+    assert grpo1["adapter"] is None and grpo1["rollout"]["schema_mode"] is True
     assert record(seed / "grpo1.stage.json")["complete"] is True and (seed / "merged1" / "config.json").is_file()
     summary = record(out / "heldout" / "summary.json")
     assert summary["grpo_start"] == "base" and summary["not_run"] == ["sft"]

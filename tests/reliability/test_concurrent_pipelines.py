@@ -28,9 +28,10 @@ def _tiny_recipe(model: Path) -> list[str]:
         f"data.dev={json.dumps(str(SAMPLES / 'dev_distractor_sample.json'))}",
         "data.train_questions=3", "data.dev_questions=3", "data.val_questions=0", "grpo.eval.every=0",
         "episode.budgets.policy_tokens=12", "episode.budgets.max_searches=2", "sft.epochs=1.0",
-        "sft.micro_batch_rows=8", "sft.grad_accumulation=1", "grpo.steps=1", "grpo.tasks_per_step=1",
-        "grpo.group_size=2", "grpo.checkpoint_every=1", "stage2.train.steps=1", "stage2.train.tasks_per_step=1",
-        "stage2.train.group_size=2", "report.bootstrap_resamples=200",
+        "sft.micro_batch_rows=8", "sft.grad_accumulation=1", "grpo.steps=1", "grpo.rollout.tasks_per_step=1",
+        "grpo.rollout.group_size=2", "grpo.checkpoint_every=1", "stage2.grpo.steps=1",
+        "stage2.grpo.rollout.tasks_per_step=1",
+        "stage2.grpo.rollout.group_size=2", "report.bootstrap_resamples=200",
     ]
     return [arg for s in sets for arg in ("--set", s)]
 

@@ -15,7 +15,7 @@ import pytest
 from memsearch.config import load_config, read_config_file
 from memsearch.data.records import Label
 from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
-from memsearch.pipelines.stages import version1_dump
+from memsearch.pipelines.stages import version1_dump, version2_dump
 from memsearch.records.trajectory import Trajectory
 from memsearch.train.grpo.reward import trajectory_reward
 
@@ -29,7 +29,7 @@ DIFFERS = {
     "no_sources": {"episode.agent.memory_sources": "hidden"},
     "open_items": {"teacher.open_items": True, "stage2.enabled": True, "stage2.start": "sft", "stage2.sft.epochs": 2.0},
     "search_cost": {"stage2.enabled": True, "stage2.start": "sft", "stage2.sft.epochs": 2.0,
-                    "stage2.train.reward.search_cost": 0.05},
+                    "stage2.grpo.reward.search_cost": 0.05},
     "stage2_control": {"stage2.enabled": True, "stage2.start": "sft", "stage2.sft.epochs": 2.0},
 }
 
@@ -42,6 +42,19 @@ def flat(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def current_spelling(tables: dict[str, Any]) -> dict[str, Any]:
+    """Raw pipeline tables with the trainer tables in the current spelling: the published
+    ablations keep the layout they were registered in ([stage2.train], flat GRPO keys), the recipe
+    is written the current way, and the pipeline reads both the same."""
+    from memsearch.pipelines.config import renamed_tables
+    from memsearch.train.config_keys import upgrade_grpo_keys
+
+    tables = renamed_tables(tables, {"stage2.train": "stage2.grpo"})
+    stage2 = tables.get("stage2", {})
+    return {**tables, "grpo": upgrade_grpo_keys(tables.get("grpo", {})),
+            "stage2": {**stage2, "grpo": upgrade_grpo_keys(stage2.get("grpo", {}))}}
 
 
 def ablation(name: str) -> MemoryPolicyPipeline:
@@ -57,7 +70,7 @@ def test_every_ablation_config_loads_and_is_listed():
 
 @pytest.mark.parametrize("name", sorted(DIFFERS))
 def test_ablation_differs_from_the_cpu_recipe_only_in_its_fields(name):
-    base, ours = flat(read_config_file(CPU)), flat(read_config_file(ABLATIONS / f"{name}.toml"))
+    base, ours = (flat(current_spelling(read_config_file(path))) for path in (CPU, ABLATIONS / f"{name}.toml"))
     changed = {k: ours.get(k) for k in set(base) | set(ours) if base.get(k) != ours.get(k)}
     assert changed == {"seeds": [1], **DIFFERS[name]}
     # Validated, too: the resolved configs differ in the same fields (defaults filled in).
@@ -69,7 +82,7 @@ def test_ablation_differs_from_the_cpu_recipe_only_in_its_fields(name):
 def test_cold_start_trains_stage1_from_the_base_in_schema_mode():
     cfg = ablation("cold_start")
     grpo = cfg.grpo_config("<train>", 1, None)
-    assert cfg.grpo_start == "base" and grpo.adapter is None and grpo.schema_mode is True
+    assert cfg.grpo_start == "base" and grpo.adapter is None and grpo.rollout.schema_mode is True
     with pytest.raises(Exception, match="grpo_start = 'base' needs schema_mode = true"):
         load_config(ABLATIONS / "cold_start.toml", ["schema_mode=false"], model=MemoryPolicyPipeline)
 
@@ -110,16 +123,17 @@ def test_search_cost_reaches_the_stage2_reward():
 
 
 def test_the_recipe_records_every_field_and_its_version1_form_has_no_control_field():
-    """Dumps write every field, the control fields at their defaults included. Version-1 stage
-    records (pipelines.stages.upgrade_version1_record) fingerprinted the dumps with the control
+    """Dumps write every field, the control fields at their defaults included (open_items in the
+    earlier flat backend tables, ``version2_dump``). Version-1 stage records fingerprinted the dumps with the control
     fields left out at their defaults: the recipe's stage configs in that form are the ones
     recorded before the controls existed, so those records are still recognised."""
     cfg = load_config(CPU, ["stage2.enabled=true"], model=MemoryPolicyPipeline)
     dumps = [cfg.teacher_config(), cfg.grpo_config("t", 1, "a").episode, cfg.stage2_config("t", 1, "m").episode,
              cfg.matrix_config("m", None)]
     for run in dumps:
-        assert "memory_sources" in run.model_dump_json() and "open_items" in run.model_dump_json()
-        text = json.dumps(version1_dump(run.model_dump(mode="json")))
+        flat = version2_dump(run.model_dump(mode="json"))  # flat backend tables, as versions 1 and 2 dumped them
+        assert "memory_sources" in json.dumps(flat) and "open_items" in json.dumps(flat)
+        text = json.dumps(version1_dump(flat))
         assert "memory_sources" not in text and "open_items" not in text
         assert type(run).model_validate(run.model_dump(mode="json")) == run
         assert type(run).model_validate(json.loads(text)) == run

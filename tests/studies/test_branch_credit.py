@@ -61,6 +61,10 @@ def test_branches_are_rescored_by_state_and_outcome(stage):
         assert row["reward_mean"] == pytest.approx(reward) and row["advantage_mean"] == pytest.approx(adv)
     assert all(r["branches"] == 2 for r in branch_credit(grpo, data))  # both saved steps
     assert [r["room"] for r in branch_credit(grpo, data, room_tokens=10)] == ["room"] * 5
+    # The fixture's config.json is in the flat layout of earlier runs; a run saved now groups it.
+    (grpo / "config.json").write_text(json.dumps({"credit": {"mode": "state", "std_scale": False, "state_reward": {
+        "gold_gain": 1.0, "junk_penalty": 0.25, "overflow_penalty": 0.5, "rejected_batch_penalty": 0.5}}}))
+    assert branch_credit(grpo, data, steps=(1, 1)) == rows
 
 
 def test_the_script_prints_the_table(stage, capsys):

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_schema_mode_has_one_source_of_truth():
-    cfg = GRPOConfig(data="x", schema_mode=True)
+    cfg = GRPOConfig(data="x", rollout={"schema_mode": True})
     assert cfg.episode.backends.memory.schema_mode is True  # the episode (used by periodic eval) follows
     run = trained_role_backends(cfg)
     assert run.backends.memory.schema_mode is True and run.backends.memory.kind == "hf"
@@ -28,7 +28,7 @@ def test_schema_mode_has_one_source_of_truth():
 def test_schema_mode_disagreement_is_refused(top, episode):
     fields = {"data": "x", "episode": {"backends": {"memory": {"kind": "hf", "schema_mode": episode}}}}
     if top is not None:
-        fields["schema_mode"] = top
+        fields["rollout"] = {"schema_mode": top}
     with pytest.raises(ValidationError, match="schema_mode .* disagree"):
         GRPOConfig.model_validate(fields)
 
@@ -37,23 +37,25 @@ def test_schema_mode_of_an_untrained_memory_backend_is_its_own():
     """Stage 2 trains the controller; a frozen memory model may sample under the schema."""
     cfg = GRPOConfig(data="x", role="controller", episode={"agent": {"controller": "policy"},
                                                            "backends": {"memory": {"kind": "hf", "schema_mode": True}}})
-    assert cfg.schema_mode is False and cfg.episode.backends.memory.schema_mode is True
+    assert cfg.rollout.schema_mode is False and cfg.episode.backends.memory.schema_mode is True
 
 
 def test_dual_clip_bound_is_above_one_or_off():
-    assert GRPOConfig(data="x").dual_clip == 3.0 and GRPOConfig(data="x", dual_clip=0).dual_clip == 0
+    assert GRPOConfig(data="x").loss.dual_clip == 3.0
+    off = GRPOConfig(data="x", loss={"dual_clip": 0})
+    assert off.loss.dual_clip == 0 and off == GRPOConfig(data="x", dual_clip=0)  # the flat spelling too
     with pytest.raises(ValidationError, match="dual-clip bound must be > 1"):
-        GRPOConfig(data="x", dual_clip=0.5)
+        GRPOConfig(data="x", loss={"dual_clip": 0.5})
 
 
 def test_memagent_recipe_trains_like_the_reference():
     from memsearch.pipelines.memagent.config import MemAgentPipeline
 
     cfg = load_config(ROOT / "configs" / "memagent.toml", [], model=MemAgentPipeline).grpo_config("x")
-    assert cfg.mini_batches_per_step == 16  # MemAgent: train_batch_size / ppo_mini_batch_size = 128 / 8
-    assert (cfg.credit, cfg.aggregation) == ("split", "sequence")  # VIME's mem_agent pairing
-    assert cfg.optim.lr == 1e-6 and cfg.kl_coef == 0.001 and cfg.clip_low == cfg.clip_high == 0.2
-    assert cfg.optim.warmup_steps == 20 * cfg.mini_batches_per_step  # verl warms up over 20 rollout steps
+    assert cfg.update.mini_batches_per_step == 16  # MemAgent: train_batch_size / ppo_mini_batch_size = 128 / 8
+    assert (cfg.credit.mode, cfg.loss.aggregation) == ("split", "sequence")  # VIME's mem_agent pairing
+    assert cfg.optim.lr == 1e-6 and cfg.loss.kl_coef == 0.001 and cfg.loss.clip_low == cfg.loss.clip_high == 0.2
+    assert cfg.optim.warmup_steps == 20 * cfg.update.mini_batches_per_step  # verl warms up over 20 rollout steps
 
 
 def test_files_named_by_the_shipped_configs_exist():
@@ -97,7 +99,8 @@ def test_absurd_optimiser_and_trainer_numbers_are_refused_at_load_naming_the_fie
 def test_grpo_fields_beyond_the_optimiser_refuse_non_finite_numbers():
     from memsearch.errors import InputError
 
-    for setting in ("reward.search_cost=inf", "kl_coef=nan", "clip_high=inf", "temperature=inf"):
+    for setting in ("reward.search_cost=inf", "loss.kl_coef=nan", "loss.clip_high=inf", "rollout.temperature=inf",
+                    "kl_coef=nan"):  # the flat spelling of earlier configs too
         with pytest.raises(InputError, match="finite"):
             load_config(None, ['data="x"', setting], model=GRPOConfig)
 
@@ -105,7 +108,7 @@ def test_grpo_fields_beyond_the_optimiser_refuse_non_finite_numbers():
 def test_rollouts_and_evaluation_sample_the_trained_role_from_the_trainers_own_fields(monkeypatch):
     from memsearch.config import RunConfig, Sampling
 
-    cfg = GRPOConfig(data="x", schema_mode=True, temperature=0.7, top_p=0.9)
+    cfg = GRPOConfig(data="x", rollout={"schema_mode": True, "temperature": 0.7, "top_p": 0.9})
     # Built from the validated episode by copies: nothing is validated again per rollout.
     monkeypatch.setattr(RunConfig, "model_validate", lambda *a, **k: pytest.fail("validated again"))
     seeded = Sampling(temperature=0.7, top_p=0.9, seed=11)

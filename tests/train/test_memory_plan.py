@@ -141,7 +141,7 @@ def grpo_gpu(*overrides: str):
 def test_refuses_qwen_7b_at_16384_tokens_without_checkpointing_with_a_fix_that_fits():
     from memsearch.train.memory_plan import check_memory, estimate_memory, read_model_config
 
-    cfg = grpo_gpu("micro_batch_tokens=16384", "gradient_checkpointing=false")
+    cfg = grpo_gpu("update.micro_batch_tokens=16384", "gradient_checkpointing=false")
     estimate = estimate_memory(read_model_config(cfg.model), cfg)
     parts = {p.name: p.bytes for p in estimate.parts}
     assert parts["activations"] > 100 * 2**30  # 28 layers x ~330 KiB x 16,384 tokens
@@ -150,12 +150,15 @@ def test_refuses_qwen_7b_at_16384_tokens_without_checkpointing_with_a_fix_that_f
         check_memory(estimate, H100_BYTES, "an H100")
     message = str(refused.value)
     assert "gradient_checkpointing = true" in message and "micro_batch_tokens" in message
-    tokens = int(re.search(r"lower micro_batch_tokens to (\d+)", message).group(1))
-    smaller = cfg.model_copy(update={"micro_batch_tokens": tokens})
+    tokens = int(re.search(r"lower update\.micro_batch_tokens to (\d+)", message).group(1))
+
+    def tokens_of(n):
+        return cfg.model_copy(update={"update": cfg.update.model_copy(update={"micro_batch_tokens": n})})
+
+    smaller = tokens_of(tokens)
     check_memory(estimate_memory(read_model_config(cfg.model), smaller), H100_BYTES, "an H100")  # the fix fits
     with pytest.raises(InputError):  # and it is the largest multiple of 256 that does
-        check_memory(estimate_memory(read_model_config(cfg.model), cfg.model_copy(
-            update={"micro_batch_tokens": tokens + 256})), H100_BYTES, "an H100")
+        check_memory(estimate_memory(read_model_config(cfg.model), tokens_of(tokens + 256)), H100_BYTES, "an H100")
 
 
 def test_sft_fix_keeps_the_rows_per_step():
@@ -201,7 +204,7 @@ def shipped_gpu_configs(model: Path) -> dict:
         "train/grpo_gpu.toml": grpo_gpu(*at),
         "memory_policy_gpu.toml [sft]": policy.sft_config(["rows.jsonl"], seed=1),
         "memory_policy_gpu.toml [grpo]": policy.grpo_config("train", seed=1, adapter=None),
-        "memory_policy_gpu.toml [stage2.train]": policy.stage2_config("train", seed=1, stage1="runs/stage1/merged"),
+        "memory_policy_gpu.toml [stage2.grpo]": policy.stage2_config("train", seed=1, stage1="runs/stage1/merged"),
         "memagent.toml [train]": memagent.grpo_config("train"),
     }
 
@@ -221,7 +224,7 @@ def test_stage2_counts_its_frozen_memory_model(qwen_7b_folder):
 
     configs = shipped_gpu_configs(qwen_7b_folder)
     stage1 = {p.name: p for p in estimate_for_run(configs["memory_policy_gpu.toml [grpo]"]).parts}
-    stage2 = {p.name: p for p in estimate_for_run(configs["memory_policy_gpu.toml [stage2.train]"]).parts}
+    stage2 = {p.name: p for p in estimate_for_run(configs["memory_policy_gpu.toml [stage2.grpo]"]).parts}
     assert "frozen merged" not in stage1 and stage2["frozen merged"].bytes == stage2["weights"].bytes
     assert stage2["its KV cache"].phase == "rollouts" and stage2["its KV cache"].bytes > 0
 

@@ -58,6 +58,7 @@ from memsearch.backends.response_limits import OversizedResponse, describe_limit
 from memsearch.backends.retry_policy import RETRY_AFTER_STATUSES, backoff_s, retry_after_s, status_retried
 from memsearch.backends.schema_check import schema_problem
 from memsearch.backends.served_model import identity_from_models, listed_context, unverified
+from memsearch.config.backend import OpenAISettings
 from memsearch.errors import InputError
 from memsearch.http_client import Backoff, LoopSession
 from memsearch.tokenizer import Tokenizer
@@ -542,7 +543,7 @@ def _env_proxy(url: str) -> str | None:
     return proxies.get(parts.scheme) or proxies.get("all")
 
 
-def from_config(cfg, tokenizer: Tokenizer, dataset=None) -> OpenAIBackend:
+def from_config(cfg: OpenAISettings, tokenizer: Tokenizer, dataset=None) -> OpenAIBackend:
     """The ``openai`` kind's factory (``memsearch.registry``): an OpenAI-compatible HTTP server."""
     from memsearch.errors import InputValueError
 

@@ -12,7 +12,7 @@ data (docs/design.md §9): the backend refuses any dataset whose manifest split 
   of the store, the same accounting the environment uses) or the completion over
   ``max_tokens`` are dropped; ``{"ops": [{"op": "NOOP"}]}`` when nothing is left. Summary and
   overwrite modes are not supported (error result): their outputs are not operation batches.
-  With ``open_items`` (``BackendConfig.open_items``) it also keeps the open sub-questions the
+  With ``open_items`` (``OracleSettings.open_items``) it also keeps the open sub-questions the
   labels imply, as items of kind ``open`` citing the shown evidence they were inferred from:
   HotpotQA, ``Find: <title>`` for a gold paragraph the question does not name and no evidence of
   which was shown yet, once a shown gold sentence names its title (the bridge entity); MuSiQue,
@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from memsearch.backends.base import GenerationRequest, GenerationResult, Usage
+from memsearch.config.backend import OracleSettings
 from memsearch.data.dataset import Dataset
 from memsearch.data.records import Document, Label, Task, split_evidence_id
 from memsearch.errors import InputValueError
@@ -306,7 +307,7 @@ def _mentioned_ids(obs: Observation) -> list[str]:
 __all__ = ["OracleBackend", "mentions_title"]
 
 
-def from_config(cfg, tokenizer: Tokenizer, dataset: Dataset | None = None) -> OracleBackend:
+def from_config(cfg: OracleSettings, tokenizer: Tokenizer, dataset: Dataset | None = None) -> OracleBackend:
     """The ``oracle`` kind's factory (``memsearch.registry``): needs the loaded dataset, whose
     train labels it reads (``OracleBackend`` refuses any other split)."""
     if dataset is None:

@@ -44,7 +44,7 @@ def _run_pipeline(kind: str, config: Path, out: Path, overrides: list[str] | Non
 @pipeline_app.command("memagent")
 @friendly
 def memagent(config: PipelineConfig, out: PipelineOut, set_: Overrides = None) -> None:
-    """MemAgent: RULER-HQA sets, GRPO (overwrite role), merge, base vs trained at every N, report."""
+    """MemAgent: RULER-HQA sets, GRPO (memagent role), merge, base vs trained at every N, report."""
     _run_pipeline("memagent", config, out, set_)
 
 

@@ -109,7 +109,7 @@ def sft(config: SFTConfigFile, out: TrainOut, resume: TrainResume = False, adapt
 @friendly
 def grpo(config: GRPOConfigFile, out: TrainOut, resume: TrainResume = False, adapter: StartAdapter = None,
          set_: Overrides = None, dry_run: DryRun = False, gpu_memory: GpuMemory = None) -> None:
-    """Multi-turn GRPO through the episode engine (role memory, controller or overwrite)."""
+    """Multi-turn GRPO through the episode engine (role memory, controller or memagent)."""
     _train("grpo", config, out, resume, adapter, set_, dry_run, gpu_memory)
 
 

@@ -14,6 +14,8 @@ import typer
 from memsearch.cli.common import DataDir, Overrides, command_group, friendly, out_file
 
 verl_app = command_group("Scale out on upstream verl: export the parquet, print the Hydra overrides (docs/verl.md).")
+GRPOOrPipelineConfigFile = Annotated[Path, typer.Option(
+    "--config", help="GRPO config (configs/train/*.toml) or a MemAgent pipeline config.")]
 
 
 @verl_app.command("export-data")
@@ -22,7 +24,7 @@ def export_data(
     data: DataDir,
     out: Annotated[Path, typer.Option("--out", help="The parquet file to write (data.train_files / val_files).",
                                       callback=out_file)],
-    role: Annotated[Optional[str], typer.Option(help="Record the trained role (memory, controller, overwrite); the "
+    role: Annotated[Optional[str], typer.Option(help="Record the trained role (memory, controller, memagent); the "
                                                      "loop refuses a config that trains another.")] = None,
 ) -> None:
     """The parquet verl reads: the question as prompt, labels only in reward_model, no documents."""
@@ -38,8 +40,7 @@ def export_data(
 @verl_app.command("config")
 @friendly
 def hydra_config(
-    config: Annotated[Path, typer.Option(
-        "--config", help="GRPO config (configs/train/*.toml) or a MemAgent pipeline config.")],
+    config: GRPOOrPipelineConfigFile,
     train_files: Annotated[str, typer.Option(
         "--train-files", help="The train parquet (export-data).")] = "train.parquet",
     val_files: Annotated[Optional[str], typer.Option("--val-files", help="The validation parquet.")] = None,

@@ -1,9 +1,17 @@
 """Run configuration (docs/design.md §11): ``run`` holds the run config's models and loaders,
-``backend`` one role's backend settings, ``strict`` the base every config model shares
+``backend`` one role's backend settings (one model per kind), ``strict`` the base every config model shares
 (``StrictConfig``: extra keys refused, no coercion) and the one ``--set`` merge. The names code
 uses are re-exported here: ``from memsearch.config import RunConfig, load_config``."""
 
-from memsearch.config.backend import BackendConfig, Sampling
+from memsearch.config.backend import (
+    BackendConfig,
+    HFSettings,
+    OpenAISettings,
+    OracleSettings,
+    RulesSettings,
+    Sampling,
+    legacy_backend_dump,
+)
 from memsearch.config.run import (
     GROUP_DESIGNS,
     MAX_BOOTSTRAP_RESAMPLES,
@@ -35,7 +43,8 @@ from memsearch.config.strict import (
 
 __all__ = [
     "GROUP_DESIGNS", "MAX_BOOTSTRAP_RESAMPLES", "MEMORY_MAX_SOURCES", "TOKENIZER_FILES", "Agent", "BackendConfig",
-    "Backends", "Budgets", "KeyProblems", "Matrix", "Prompts", "Retrieval", "RunConfig", "Sampling", "StrictConfig",
-    "apply_overrides", "baseline_memory_backend", "config_check", "config_from_tables", "defaulted_sections",
-    "group_config", "load_config", "merge_tables", "read_config_file", "tokenizer_problem", "validation_problems",
+    "Backends", "Budgets", "HFSettings", "KeyProblems", "Matrix", "OpenAISettings", "OracleSettings", "Prompts",
+    "Retrieval", "RulesSettings", "RunConfig", "Sampling", "StrictConfig", "apply_overrides", "baseline_memory_backend",
+    "config_check", "config_from_tables", "defaulted_sections", "group_config", "legacy_backend_dump", "load_config",
+    "merge_tables", "read_config_file", "tokenizer_problem", "validation_problems",
 ]

@@ -1,18 +1,28 @@
 """The settings of one role's backend (``RunConfig.backends.<role>``): which kind answers its
-calls and what that kind reads. Kept beside ``memsearch.config`` (which re-exports
-``BackendConfig`` and ``Sampling``); ``kind`` is any kind registered in ``memsearch.registry``.
+calls and what that kind reads. ``BackendConfig`` holds what every kind shares (``kind``,
+``sampling``, ``schema_mode``); each kind has a settings model of its own with only the keys it
+reads (``RulesSettings``, ``OracleSettings``, ``HFSettings``, ``OpenAISettings``, or the model a
+kind registered in ``memsearch.registry`` names). A field typed ``BackendConfig`` holds the model
+its ``kind`` picks, validated by it and dumped with its keys. Kept beside ``memsearch.config``,
+which re-exports these names.
+
+A key of another kind is refused naming it, its kind and the configured kind. A config.json of
+an earlier version holds every kind's keys (the flat form, ``legacy_backend_dump``): a key of
+another kind at the value that form wrote when it was unset is dropped on read, so those run
+folders still read.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ModelWrapValidatorHandler, ValidationError, ValidationInfo, model_validator
+from pydantic_core import core_schema
 
-from memsearch.config.strict import KeyProblems, StrictConfig, config_check
-from memsearch.registry import BACKEND_KINDS, BackendKindName
+from memsearch.config.strict import KeyProblems, StrictConfig, config_check, validation_problems
+from memsearch.registry import BACKEND_KINDS, BackendKindName, backend_settings, either
 
 
 class Sampling(StrictConfig):
@@ -23,7 +33,7 @@ class Sampling(StrictConfig):
     seed: int | None = Field(0, description="Sampling seed (per request it is combined with the task id)")
 
 
-# Requests in flight of an openai backend unless set (``BackendConfig.max_concurrency``).
+# Requests in flight of an openai backend unless set (``OpenAISettings.max_concurrency``).
 OPENAI_MAX_CONCURRENCY = 8
 # Request-body fields memsearch sets itself, which ``extra_body`` may not replace, and where to set each.
 _OWNED_BODY_FIELDS = {
@@ -37,63 +47,82 @@ _OWNED_BODY_FIELDS = {
 }
 
 
+# The flat form every backend table was dumped in before each kind had its own settings: every
+# key, in this order, at the value written when unset (openai's max_concurrency: 8).
+_LEGACY_FIELDS: tuple[tuple[str, Any], ...] = (
+    ("kind", "rules"), ("model", "embedded"), ("adapter", None), ("base_url", None), ("max_concurrency", 16),
+    ("timeout_s", 120.0), ("max_retries", 8), ("retry_window_s", 60.0), ("extra_body", None),
+    ("schema_style", "response_format"), ("context_tokens", None),
+    ("sampling", {"temperature": 0.0, "top_p": 1.0, "seed": 0}), ("schema_mode", False), ("open_items", False),
+)
+
+
+# What earlier flat forms wrote for an unset key besides the values above (max_retries was 4
+# until the retry window came): their run folders hold it in every role's table.
+_EARLIER_UNSET: dict[str, tuple[Any, ...]] = {"max_retries": (4,)}
+
+
+def _legacy_default(kind: str, key: str) -> Any:
+    return OPENAI_MAX_CONCURRENCY if (kind, key) == ("openai", "max_concurrency") else dict(_LEGACY_FIELDS)[key]
+
+
+def _unset_in_flat_form(key: str, value: Any) -> bool:
+    """Whether ``value`` of ``key``, held by a kind that does not read it, is what the flat form
+    wrote for an unset key. ``model`` also: a local folder, which pipelines filled into every
+    role whatever its kind."""
+    if key == "model" and isinstance(value, str) and (value == "embedded" or Path(value).is_dir()):
+        return True
+    if key not in dict(_LEGACY_FIELDS) or key == "model":
+        return False
+    return value == dict(_LEGACY_FIELDS)[key] or value in _EARLIER_UNSET.get(key, ())
+
+
+def legacy_backend_dump(dump: dict[str, Any]) -> dict[str, Any]:
+    """A backend table as this version dumps it (its kind's keys) turned into the flat form of
+    earlier versions: every key of that form in its order, a key the kind lacks at the value the
+    flat form wrote for it unset. A registered kind's own keys follow (the flat form never had
+    them). Records written before the split (a pipeline's stage records) compare in this form."""
+    kind = dump.get("kind", "rules")
+    out = {key: dump.get(key, _legacy_default(kind, key)) for key, _ in _LEGACY_FIELDS}
+    return {**out, **{key: value for key, value in dump.items() if key not in out}}
+
+
+
+def legacy_backend_form(dump: dict[str, Any]) -> dict[str, Any]:
+    """``legacy_backend_dump`` of a backend table found in a larger dump (a dict holding ``kind``,
+    ``sampling`` and ``schema_mode``); any other dict as it is."""
+    if isinstance(dump.get("kind"), str) and {"sampling", "schema_mode"} <= dump.keys():
+        return legacy_backend_dump(dump)
+    return dump
+
+
+def legacy_pipeline_run_form(dump: dict[str, Any], roles: tuple[str, ...]) -> dict[str, Any]:
+    """A run config dump as a pipeline's stage may have recorded it before each kind had its own
+    settings: a pipeline filled its model (the run's ``tokenizer``) into the memory and reader
+    roles of its ``[episode]`` whatever their kind, so a rules or oracle role there held it
+    (``pipelines.config.episode_table``); the configs it built itself (a teacher's) did not.
+    ``roles``: the roles filled. Any other dict as it is."""
+    backends, model = dump.get("backends"), dump.get("tokenizer")
+    if not isinstance(backends, dict) or not isinstance(model, str):
+        return dump
+    filled = {role: {**table, "model": model} if isinstance(table, dict) and "model" not in table else table
+              for role, table in backends.items() if role in roles}
+    return {**dump, "backends": {**backends, **filled}}
+
 class BackendConfig(StrictConfig):
-    """Which backend answers one role's calls."""
+    """Which backend answers one role's calls: what every kind shares. As a field's type it
+    holds the settings model of its ``kind`` (``memsearch.registry.BackendKind.settings``); a
+    kind registered without one is configured by these keys alone."""
+
+    # Words a refusal adds after the kind's name ("read by kind 'openai' only (an HTTP server)").
+    described: ClassVar[str] = ""
+    # Marks the base (not inherited through ``vars``): a field of this type holds any kind's model.
+    _holds_any_kind: ClassVar[bool] = True
 
     kind: BackendKindName = Field(
         "rules",
         description="rules | hf (local transformers) | openai (HTTP server) | oracle (gold teacher from train labels), "
         "or a kind registered with backends.registry.register_backend",
-    )
-    model: str = Field("embedded", description="hf: 'embedded' or a local model folder; openai: the served model name")
-    adapter: str | None = Field(None, description="hf: a LoRA adapter folder")
-    base_url: str | None = Field(
-        None, description="openai: e.g. http://127.0.0.1:8000/v1 (key only from MEMSEARCH_API_KEY)"
-    )
-    max_concurrency: int = Field(
-        16, ge=1,
-        description=f"openai: requests in flight (default {OPENAI_MAX_CONCURRENCY}: a server that answers one request "
-        "at a time queues the rest, and their timeout runs while they queue there); hf: largest dynamic batch "
-        "(default 16)",
-    )
-    timeout_s: float = Field(
-        120.0, gt=0,
-        description="openai: limit of one attempt (connect, send, whole answer), counted from when it holds one of "
-        "the max_concurrency slots: waiting for a slot is not timed, waiting inside the server is",
-    )
-    max_retries: int = Field(
-        8, ge=0,
-        description="openai: retries of a request at most; retried: connection errors, timeouts, malformed answers, "
-        "HTTP 408, 429, 502, 503, 504 and a 500 whose body states no request error; never a 4xx or a 500 naming a "
-        "request error (context size, unsupported field): docs/design.md §4",
-    )
-    retry_window_s: float = Field(
-        60.0, ge=0,
-        description="openai: no retry starts later than this many seconds after the request's first failure. The "
-        "waits double from 0.25-0.5 s to 7.5-15 s (or the server's Retry-After on 429/503, at most 15 s), so the "
-        "default 8 retries span 30-60 s: a server restart within that is bridged",
-    )
-    extra_body: dict[str, Any] | None = Field(
-        None,
-        description="openai: engine-specific fields added to every request body, recorded in summary.json "
-        "(backend_stats: sent). Servers apply their own defaults to what a request does not name: llama-cpp-python's "
-        "server repeat_penalty 1.1, top_k 40, min_p 0.05 (neutralise: {repeat_penalty = 1.0, top_k = 0, min_p = "
-        "0.0}); vLLM the model's generation_config.json (start it with --generation-config vllm, or send "
-        "repetition_penalty = 1.0). vLLM token ids: {return_tokens_as_token_ids = true}. Fields memsearch sets "
-        "(model, messages, sampling, max_tokens, log-probs, the schema) are refused here",
-    )
-    schema_style: Literal["response_format", "guided_json", "llama_cpp"] = Field(
-        "response_format",
-        description="openai, schema_mode: how the JSON schema is sent: response_format (OpenAI json_schema form: "
-        "vLLM >= 0.6, SGLang, OpenAI), guided_json (older vLLM), llama_cpp (llama.cpp server's top-level "
-        "json_schema). Answers are checked against the schema; a server whose first 3 constrained answers all "
-        "fail it ignored the form, and every later request fails naming it",
-    )
-    context_tokens: int | None = Field(
-        None, ge=1,
-        description="openai: the server's context in tokens; a call whose reported prompt + completion tokens "
-        "exceed it fails (not retried: `transformers serve` answers 200 past the model's context). Unset: the "
-        "max_model_len the server's /models lists (vLLM, SGLang), else unchecked",
     )
     sampling: Sampling = Field(default_factory=Sampling, description="Decoding parameters")
     schema_mode: bool = Field(
@@ -103,13 +132,90 @@ class BackendConfig(StrictConfig):
         "constrains them (schema_style); nothing replayable is recorded",
     )
 
-    @model_validator(mode="before")
+    def __init__(self, **data: Any) -> None:
+        # Validation picks the class by kind; a constructor cannot: it is the class it was called on.
+        kind = data.get("kind", type(self).model_fields["kind"].default)
+        if isinstance(kind, str) and kind in BACKEND_KINDS and (model := backend_settings(kind)) is not type(self):
+            raise TypeError(f"{type(self).__name__}(kind={kind!r}): kind {kind!r} is configured by "
+                            f"{model.__name__}; build that, or BackendConfig.model_validate({{'kind': {kind!r}, ...}})")
+        super().__init__(**data)
+
     @classmethod
-    def _openai_concurrency(cls, data: Any) -> Any:
-        # One field, two defaults: an HTTP client's slots are not a local decoder's batch.
-        if isinstance(data, dict) and data.get("kind") == "openai" and "max_concurrency" not in data:
-            return {**data, "max_concurrency": OPENAI_MAX_CONCURRENCY}
-        return data
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> core_schema.CoreSchema:
+        schema = handler(source)
+        if "_holds_any_kind" in vars(source):
+            # A field typed BackendConfig holds a kind's model: dump it with that model's keys,
+            # not with the base's (pydantic's SerializeAsAny, for every such field).
+            inner = schema
+            while inner["type"] == "definitions":
+                inner = inner["schema"]
+            inner["serialization"] = core_schema.simple_ser_schema("any")
+        return schema
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _the_kinds_settings(cls, data: Any, handler: ModelWrapValidatorHandler[Any], info: ValidationInfo) -> Any:
+        if not isinstance(data, dict):
+            return handler(data)
+        kind = data.get("kind", cls.model_fields["kind"].default)
+        if problem := BACKEND_KINDS.problem(kind):
+            raise KeyProblems(("kind", problem))
+        model = backend_settings(kind)
+        if not (isinstance(model, type) and issubclass(model, BackendConfig)):
+            raise KeyProblems(("kind", f"kind {kind!r} is registered with settings {model!r}, which is no "
+                                       "BackendConfig model"))
+        kept, problems = {}, []
+        for key, value in data.items():
+            if key in model.model_fields:
+                kept[key] = value
+            elif owners := [k for k in BACKEND_KINDS if key in backend_settings(k).model_fields]:
+                if not _unset_in_flat_form(key, value):
+                    problems.append((key, _not_read(key, kind, owners)))
+            elif not (key in dict(_LEGACY_FIELDS) and _unset_in_flat_form(key, value)):
+                kept[key] = value  # no kind's key: refused as an unknown field
+        try:
+            settings = handler(kept) if model is cls else model.model_validate(kept, context=info.context)
+        except ValidationError as exc:
+            problems += validation_problems(exc)
+        if problems:
+            raise KeyProblems(*problems)
+        return settings
+
+    def replaced(self, **update: Any) -> BackendConfig:
+        """These settings with ``update`` (validated values) applied. A copy, not validated again,
+        where the kind stays and has every updated key (a trainer does this per rollout); else the
+        settings of the kind ``update`` names, validated from these (a key that kind lacks is
+        dropped at its unset value and refused otherwise, as in a file)."""
+        if update.get("kind", self.kind) == self.kind and set(update) <= set(type(self).model_fields):
+            return self.model_copy(update=update)
+        return BackendConfig.model_validate({**dict(self), **update})
+
+    def recorded_identity(self) -> dict[str, Any]:
+        """``model``, ``adapter`` and ``base_url`` as a summary records which backend wrote the
+        memory. A kind without them records what the flat form held unset ('embedded', ``None``),
+        so every summary keeps one form."""
+        return {"model": _legacy_default(self.kind, "model"), "adapter": None, "base_url": None}
+
+
+def _not_read(key: str, kind: str, owners: list[str]) -> str:
+    if key in ("model", "adapter", "base_url") and not BACKEND_KINDS.get(kind).runs_model:
+        return f"kind {kind!r} runs no model, so {key} is never read; remove it, or set kind = {either(owners)}"
+    described = backend_settings(owners[0]).described if len(owners) == 1 else ""
+    return f"read by kind {either(owners)} only{f' ({described})' if described else ''}; kind is {kind!r}: remove it"
+
+
+class RulesSettings(BackendConfig):
+    """The ``rules`` kind: deterministic rule-based policies; no model, nothing of its own."""
+
+    described: ClassVar[str] = "rule-based"
+    kind: Literal["rules"] = Field("rules", description="rules: deterministic rule-based policies")
+
+
+class OracleSettings(BackendConfig):
+    """The ``oracle`` kind: the gold teacher, which reads the train labels."""
+
+    described: ClassVar[str] = "the gold teacher: it reads labels"
+    kind: Literal["oracle"] = Field("oracle", description="oracle: the gold teacher from the train labels")
     open_items: bool = Field(
         False,
         description="oracle (decision memory): also write open sub-questions (kind 'open') from the train "
@@ -120,22 +226,77 @@ class BackendConfig(StrictConfig):
         "open item is written only if it still fits the memory budget (the open-items control, docs/memory_policy.md)",
     )
 
-    @config_check
-    def _oracle_only(self, context: dict[str, Any]) -> None:
-        if self.open_items and self.kind != "oracle":
-            raise KeyProblems((
-                "open_items", f"open_items is an option of the oracle teacher (it reads labels); kind is {self.kind!r}"
-            ))
+
+class HFSettings(BackendConfig):
+    """The ``hf`` kind: a local transformers model, optionally with a LoRA adapter."""
+
+    described: ClassVar[str] = "a local transformers model"
+    kind: Literal["hf"] = Field("hf", description="hf: a local transformers model")
+    model: str = Field("embedded", description="'embedded' (the packaged tiny model) or a local model folder")
+    adapter: str | None = Field(None, description="A LoRA adapter folder loaded over the model")
+    max_concurrency: int = Field(16, ge=1, description="Largest dynamic batch of the local decoder")
+
+    def recorded_identity(self) -> dict[str, Any]:
+        """See ``BackendConfig.recorded_identity``."""
+        return {"model": self.model, "adapter": self.adapter, "base_url": None}
+
+
+class OpenAISettings(BackendConfig):
+    """The ``openai`` kind: an OpenAI-compatible HTTP server (vLLM, SGLang, llama.cpp, ...)."""
+
+    described: ClassVar[str] = "an HTTP server"
+    kind: Literal["openai"] = Field("openai", description="openai: an OpenAI-compatible HTTP server")
+    model: str = Field("embedded", description="The served model name")
+    base_url: str | None = Field(
+        None, description="The API root, e.g. http://127.0.0.1:8000/v1 (key only from MEMSEARCH_API_KEY)"
+    )
+    max_concurrency: int = Field(
+        OPENAI_MAX_CONCURRENCY, ge=1,
+        description="Requests in flight: a server that answers one request at a time queues the rest, and their "
+        "timeout runs while they queue there",
+    )
+    timeout_s: float = Field(
+        120.0, gt=0,
+        description="Limit of one attempt (connect, send, whole answer), counted from when it holds one of "
+        "the max_concurrency slots: waiting for a slot is not timed, waiting inside the server is",
+    )
+    max_retries: int = Field(
+        8, ge=0,
+        description="Retries of a request at most; retried: connection errors, timeouts, malformed answers, "
+        "HTTP 408, 429, 502, 503, 504 and a 500 whose body states no request error; never a 4xx or a 500 naming a "
+        "request error (context size, unsupported field): docs/design.md §4",
+    )
+    retry_window_s: float = Field(
+        60.0, ge=0,
+        description="No retry starts later than this many seconds after the request's first failure. The "
+        "waits double from 0.25-0.5 s to 7.5-15 s (or the server's Retry-After on 429/503, at most 15 s), so the "
+        "default 8 retries span 30-60 s: a server restart within that is bridged",
+    )
+    extra_body: dict[str, Any] | None = Field(
+        None,
+        description="Engine-specific fields added to every request body, recorded in summary.json "
+        "(backend_stats: sent). Servers apply their own defaults to what a request does not name: llama-cpp-python's "
+        "server repeat_penalty 1.1, top_k 40, min_p 0.05 (neutralise: {repeat_penalty = 1.0, top_k = 0, min_p = "
+        "0.0}); vLLM the model's generation_config.json (start it with --generation-config vllm, or send "
+        "repetition_penalty = 1.0). vLLM token ids: {return_tokens_as_token_ids = true}. Fields memsearch sets "
+        "(model, messages, sampling, max_tokens, log-probs, the schema) are refused here",
+    )
+    schema_style: Literal["response_format", "guided_json", "llama_cpp"] = Field(
+        "response_format",
+        description="schema_mode: how the JSON schema is sent: response_format (OpenAI json_schema form: "
+        "vLLM >= 0.6, SGLang, OpenAI), guided_json (older vLLM), llama_cpp (llama.cpp server's top-level "
+        "json_schema). Answers are checked against the schema; a server whose first 3 constrained answers all "
+        "fail it ignored the form, and every later request fails naming it",
+    )
+    context_tokens: int | None = Field(
+        None, ge=1,
+        description="The server's context in tokens; a call whose reported prompt + completion tokens "
+        "exceed it fails (not retried: `transformers serve` answers 200 past the model's context). Unset: the "
+        "max_model_len the server's /models lists (vLLM, SGLang), else unchecked",
+    )
 
     @config_check
-    def _openai_fields(self, context: dict[str, Any]) -> None:
-        given = [name for name, default in (("extra_body", None), ("schema_style", "response_format"),
-                                            ("context_tokens", None)) if getattr(self, name) != default]
-        if self.kind != "openai":
-            if given:
-                raise KeyProblems(*[(name, f"read by kind 'openai' only (an HTTP server); kind is {self.kind!r}: "
-                                     "remove it") for name in given])
-            return
+    def _request_body(self, context: dict[str, Any]) -> None:
         problems = []
         for key in sorted(set(self.extra_body or {}) & set(_OWNED_BODY_FIELDS)):
             problems.append((f"extra_body.{key}", f"set by memsearch ({_OWNED_BODY_FIELDS[key]}); remove it here"))
@@ -146,18 +307,6 @@ class BackendConfig(StrictConfig):
         if problems:
             raise KeyProblems(*problems)
 
-    @config_check
-    def _read_by_the_kind(self, context: dict[str, Any]) -> None:
-        # rules and oracle run no model: a value they never read is a config meant for another
-        # kind, refused rather than ignored. The model a pipeline fills into every role
-        # (``pipelines.config.episode_table``: 'embedded' or its local model folder) is let be.
-        if BACKEND_KINDS.get(self.kind).runs_model:
-            return
-        problems = [(name, f"kind {self.kind!r} runs no model, so {name} is never read; remove it, or set kind = "
-                     f"'{'hf' if name == 'adapter' else 'openai'}'")
-                    for name in ("adapter", "base_url") if getattr(self, name) is not None]
-        if self.model != "embedded" and not Path(self.model).is_dir():
-            problems.append(("model", f"kind {self.kind!r} runs no model, so model is never read, and {self.model!r} "
-                             "is no local folder either; remove it, or set kind = 'hf' or 'openai'"))
-        if problems:
-            raise KeyProblems(*problems)
+    def recorded_identity(self) -> dict[str, Any]:
+        """See ``BackendConfig.recorded_identity``."""
+        return {"model": self.model, "adapter": None, "base_url": self.base_url}

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from memsearch.config.backend import BackendConfig
+from memsearch.config.backend import BackendConfig, HFSettings, OpenAISettings, RulesSettings
 from memsearch.config.backend import Sampling as Sampling
 
 # The machinery every config model imports from here (apply_overrides only re-exported).
@@ -115,9 +115,9 @@ class Retrieval(StrictConfig):
 class Backends(StrictConfig):
     """One backend per role; roles may differ (a trained memory policy + a fixed reader)."""
 
-    memory: BackendConfig = Field(default_factory=BackendConfig, description="memory policy / summarizer")
-    controller: BackendConfig = Field(default_factory=BackendConfig, description="search controller")
-    reader: BackendConfig = Field(default_factory=BackendConfig, description="final answer")
+    memory: BackendConfig = Field(default_factory=RulesSettings, description="memory policy / summarizer")
+    controller: BackendConfig = Field(default_factory=RulesSettings, description="search controller")
+    reader: BackendConfig = Field(default_factory=RulesSettings, description="final answer")
     baseline_memory: BackendConfig | None = Field(
         None,
         description="Matrix only: the backend that writes the memory of the summary groups A and C (the seed's "
@@ -408,8 +408,8 @@ def baseline_memory_backend(backends: Backends) -> dict[str, Any]:
     """The memory backend of the summary groups A/C (docs/design.md §3), as a JSON dict.
 
     ``backends.baseline_memory`` when set. Otherwise the run's original memory model: the
-    run's ``backends.memory`` (every field as written: kind, sampling, limits) with ``adapter``
-    removed, and, for ``kind = "hf"`` with a merged checkpoint as ``model`` (a folder holding
+    run's ``backends.memory`` (every field as written: kind, sampling, limits), for ``kind = "hf"``
+    with ``adapter`` removed and, with a merged checkpoint as ``model`` (a folder holding
     ``memsearch_merge.json``, which ``memsearch merge-adapter`` writes), the base model that
     checkpoint records. A served model (``kind = "openai"``) cannot be traced to its base, so
     without ``baseline_memory`` it is refused (``InputError``): A/C would otherwise summarise with
@@ -418,18 +418,17 @@ def baseline_memory_backend(backends: Backends) -> dict[str, Any]:
     """
     if backends.baseline_memory is not None:
         return backends.baseline_memory.model_dump(mode="json")
-    if backends.memory.kind == "openai":
+    memory = backends.memory
+    if isinstance(memory, OpenAISettings):
         raise InputError(
-            f"backends.memory is a served model ({backends.memory.model!r} at {backends.memory.base_url}) and "
+            f"backends.memory is a served model ({memory.model!r} at {memory.base_url}) and "
             "backends.baseline_memory is unset: the summary groups A/C would summarise with that same model, "
             "trained or not; set backends.baseline_memory to the original model's backend (a [backends."
             "baseline_memory] table: kind, base_url, model), the same as backends.memory if it is untrained"
         )
-    memory = backends.memory.model_dump(mode="json")
-    memory["adapter"] = None
-    if memory["kind"] == "hf":
-        memory["model"] = _merged_base(memory["model"])
-    return memory
+    if isinstance(memory, HFSettings):
+        memory = memory.model_copy(update={"adapter": None, "model": _merged_base(memory.model)})
+    return memory.model_dump(mode="json")
 
 
 def group_config(base: RunConfig, group: str) -> RunConfig:

@@ -35,7 +35,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
-from memsearch.config import tokenizer_problem
+from pydantic import ValidationError
+
+from memsearch.config import BackendConfig, HFSettings, OpenAISettings, tokenizer_problem
 from memsearch.errors import InputError, StorageError
 from memsearch.io import dumps_pretty, sha256_file
 from memsearch.records.trajectory import CALL_ROLES
@@ -188,7 +190,7 @@ def check_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: 
     check_plain_files(out, (*RECORDS, *RUN_FILES, LOCK))
     if never_started(out):
         return  # killed between creating the folder and writing its records: start it afresh
-    saved_config = _read_record(out, "config.json")
+    saved_config = _as_read(_read_record(out, "config.json"))
     saved_run = _read_record(out, "run.json")
     if _what_runs(saved_config) != _what_runs(config):
         raise InputError(f"{out}: config differs from the run being resumed (config.json); resume with the same config")
@@ -210,6 +212,22 @@ def check_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: 
 # them. The matrix's resamples are used once all groups ran (``eval.matrix.compare``), so a matrix
 # whose comparison was refused can be resumed with a corrected value.
 _NOT_RUN_SETTINGS = (("matrix", "bootstrap_resamples"),)
+
+
+def _as_read(config: Any) -> Any:
+    """A saved ``config.json`` with its backend tables as this version writes them: an earlier
+    one wrote every kind's keys in each (``config.legacy_backend_dump``); a table the settings
+    refuse stays as saved, so it differs."""
+    backends = config.get("backends") if isinstance(config, dict) else None
+    if not isinstance(backends, dict):
+        return config
+    read = {}
+    for role, table in backends.items():
+        try:
+            read[role] = BackendConfig.model_validate(table).model_dump(mode="json") if table is not None else None
+        except ValidationError:
+            read[role] = table
+    return {**config, "backends": read}
 
 
 def _what_runs(config: Any) -> Any:
@@ -405,7 +423,7 @@ def model_identity(config) -> dict[str, Any]:
     for role in CALL_ROLES:
         backend = getattr(config.backends, role)
         entry: dict[str, Any] = {"kind": backend.kind}
-        if backend.kind == "hf":
+        if isinstance(backend, HFSettings):
             entry["model"] = backend.model
             entry["model_files"] = _model_files(backend.model)
             if backend.adapter:
@@ -419,7 +437,7 @@ def model_identity(config) -> dict[str, Any]:
                 if role == "memory" and memory_mode(config.agent.memory).operations:
                     check_memory_format(adapter, fingerprint, config.agent.memory_format)
                 entry["adapter_files"] = _folder_identity(adapter)
-        elif backend.kind == "openai":
+        elif isinstance(backend, OpenAISettings):
             # A served model's weights are not ours to read: its name and URL are all we know.
             entry.update(model=backend.model, base_url=backend.base_url)
         out[role] = entry

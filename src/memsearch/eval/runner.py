@@ -423,9 +423,7 @@ def _summary(
         # Which backend wrote the memory (matrix groups A/C use the baseline, B/D the trained policy).
         "memory_backend": {
             "kind": config.backends.memory.kind,
-            "model": config.backends.memory.model,
-            "adapter": config.backends.memory.adapter,
-            "base_url": config.backends.memory.base_url,
+            **config.backends.memory.recorded_identity(),  # model, adapter, base_url: None where the kind has none
             "name": env.backends["memory"].name,
             "served_identity": getattr(env.backends["memory"], "served_identity", None),
         },

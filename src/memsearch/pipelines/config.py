@@ -11,9 +11,9 @@ The configs of the pipelines themselves are ``memsearch.pipelines.memagent.confi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from memsearch.config import (
     KeyProblems,
@@ -24,18 +24,68 @@ from memsearch.config import (
     read_config_file,
     validation_problems,
 )
+from memsearch.registry import BACKEND_KINDS, backend_settings
 from memsearch.train.config import TrainerTable
+from memsearch.train.config_keys import merge_disjoint
 
 M = TypeVar("M", bound=BaseModel)
 
 
 def episode_table(data: dict[str, Any]) -> dict[str, Any]:
     """The ``[episode]`` table of a pipeline config (raw TOML data) as a run config: its
-    tokenizer and memory/reader backends come from ``model`` unless the table sets them."""
+    tokenizer and memory/reader backends come from ``model`` unless the table sets them (a
+    role the table gives a kind without a model, rules or oracle, gets no model)."""
     model = data.get("model", "embedded")
-    backends = {role: {"kind": "hf", "model": model} for role in ("memory", "reader")}
-    from_model = {"tokenizer": model, "backends": backends}
-    return merge_tables(from_model, data.get("episode") or {})
+    episode = data.get("episode") or {}
+    tables = episode.get("backends") if isinstance(episode.get("backends"), dict) else {}
+    backends = {}
+    for role in ("memory", "reader"):
+        table = tables.get(role)
+        kind = table.get("kind", "hf") if isinstance(table, dict) else "hf"
+        reads_model = BACKEND_KINDS.problem(kind) is not None or "model" in backend_settings(kind).model_fields
+        backends[role] = {"kind": "hf", **({"model": model} if reads_model else {})}
+    return merge_tables({"tokenizer": model, "backends": backends}, episode)
+
+
+def renamed_tables(data: Any, renames: dict[str, str]) -> Any:
+    """Raw pipeline config tables with each table at an earlier key (dotted) of ``renames`` moved
+    to its current key, merged key by key with what that key already holds (a published config
+    says ``[stage2.train]``, an override of it ``[stage2.grpo]``); a setting given under both is
+    refused naming both (``KeyProblems``)."""
+    if not isinstance(data, dict):
+        return data
+    problems: list[tuple[str, str]] = []
+    for before, now in renames.items():
+        *above, old = before.split(".")
+        new = now.rsplit(".", 1)[-1]  # a table is renamed where it is
+        parent = data
+        for key in above:
+            parent = parent.get(key) if isinstance(parent, dict) else None
+        if not isinstance(parent, dict) or not isinstance(parent.get(old), dict):
+            continue
+        parent = {k: v for k, v in parent.items() if k != old}
+        parent[new] = merge_disjoint(parent.get(new), _value_at(data, before), now, before, problems)
+        data = _replaced(data, above, parent)
+    if problems:
+        raise KeyProblems(*problems)
+    return data
+
+
+def _value_at(data: dict[str, Any], key: str) -> Any:
+    """The value at dotted ``key`` of raw tables (None where a table on the way is missing)."""
+    for part in key.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _replaced(data: dict[str, Any], key: list[str], value: Any) -> dict[str, Any]:
+    """A copy of ``data`` with ``value`` at ``key`` (the tables above it copied, not changed; a
+    value on the way that is no table is replaced by one)."""
+    if not key:
+        return value
+    head, *rest = key
+    below = data.get(head)
+    return {**data, head: _replaced(below if isinstance(below, dict) else {}, rest, value)}
 
 
 def check_episode_tokenizer(episode: RunConfig, model: str) -> None:
@@ -79,7 +129,7 @@ def every_problem(data: Any, validate: Any, tables: tuple[str, ...]) -> Any:
             raise
         problems = validation_problems(exc)
     for table in bad:
-        data = _emptied(data, table.split("."))
+        data = _replaced(data, table.split("."), {})
     try:
         validate(data)
     except ValidationError as exc:
@@ -87,12 +137,24 @@ def every_problem(data: Any, validate: Any, tables: tuple[str, ...]) -> Any:
     raise KeyProblems(*problems)
 
 
-def _emptied(data: dict[str, Any], key: list[str]) -> dict[str, Any]:
-    """A copy of ``data`` with an empty table at ``key`` (the tables above it copied, not changed)."""
-    head, *rest = key
-    below = data.get(head)
-    return {**data, head: _emptied(below, rest) if rest and isinstance(below, dict) else {}}
+class PipelineConfig(StrictConfig):
+    """What every pipeline config does with its raw tables before its own checks: a trainer table
+    under an earlier name is read at its current one (``EARLIER_TABLE_NAMES``: earlier -> current
+    dotted key, ``renamed_tables``), and a bad value in a trainer table (``TRAINER_TABLES``) does
+    not hide the pipeline's checks across its fields (``every_problem``)."""
 
+    TRAINER_TABLES: ClassVar[tuple[str, ...]] = ()
+    EARLIER_TABLE_NAMES: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _every_problem(cls, data: Any, handler) -> Any:
+        return every_problem(data, handler, cls.TRAINER_TABLES)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _earlier_table_names(cls, data: Any) -> Any:
+        return renamed_tables(data, cls.EARLIER_TABLE_NAMES)
 
 def trainer_config(trainer: type[M], key: str, /, *tables: TrainerTable, **owned: Any) -> M:
     """The trainer config (``trainer``) of a pipeline stage: the fields its ``tables`` set (a later

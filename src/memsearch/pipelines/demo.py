@@ -18,7 +18,6 @@ demo has neither (its B is the rules memory; the adapter is a LoRA on the embedd
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from collections.abc import Callable
@@ -52,25 +51,28 @@ def trained_group_config(config, adapter: Path, memory_format: str = "text"):
     """Group B of ``config`` with its memory written by ``adapter`` (a LoRA on the memory model,
     decoding in schema mode as the memory-policy pipeline trains it) in the action format it was
     trained in; nothing else changes."""
-    from memsearch.config import RunConfig, apply_overrides, group_config
+    from memsearch.config import group_config
 
-    data = group_config(config, "B").model_dump(mode="json")
-    data = apply_overrides(data, [f"backends.memory.adapter={json.dumps(str(Path(adapter).resolve()))}",
-                                  "backends.memory.schema_mode=true"])
-    data["agent"]["memory_format"] = memory_format
-    return RunConfig.model_validate(data)
+    b = group_config(config, "B")
+    memory = b.backends.memory.replaced(adapter=str(Path(adapter).resolve()), schema_mode=True)
+    return _with_memory(b, memory, memory_format)
 
 
 def rules_group_config(config, memory_format: str = "text"):
     """Group B of ``config`` with its memory written by the rules heuristic in ``memory_format``
     (the trained row's, so the two policies differ only in who decides); nothing else changes."""
-    from memsearch.config import RunConfig, group_config
+    from memsearch.config import group_config
 
-    data = group_config(config, "B").model_dump(mode="json")
-    data["backends"]["memory"] = {**data["backends"]["memory"], "kind": "rules", "adapter": None,
-                                  "schema_mode": False}
-    data["agent"]["memory_format"] = memory_format
-    return RunConfig.model_validate(data)
+    b = group_config(config, "B")
+    return _with_memory(b, b.backends.memory.replaced(kind="rules", adapter=None, schema_mode=False), memory_format)
+
+
+def _with_memory(b, memory, memory_format: str):
+    """Run config ``b`` with ``memory`` as its memory backend, in ``memory_format``, checked as a
+    file's would be (``pipelines.config.updated``)."""
+    from memsearch.pipelines.config import updated
+
+    return updated(b, backends=updated(b.backends, memory=memory), agent=updated(b.agent, memory_format=memory_format))
 
 
 def _add_b_rows(config, result: dict, data_dir: Path, matrix_dir: Path, adapter: Path, fingerprint: dict,

@@ -14,8 +14,9 @@ is recorded and fingerprinted as ``$OUT/...``: a fingerprint names what a stage 
 not where the run folder lies, so finished stages copied into another run folder are reused
 there (docs/memory_policy.md, "Controls").
 
-Every record carries ``version`` (``RECORD_VERSION``). A record without one (version 1) is
-upgraded by ``upgrade_version1_record`` when it was made from the same inputs, else refused.
+Every record carries ``version`` (``RECORD_VERSION``). A record of an earlier version (none:
+version 1) is upgraded by ``upgrade_record`` when it was made from the same inputs, dumped as
+that version dumped them (``EARLIER_DUMPS``), else refused.
 """
 
 from __future__ import annotations
@@ -25,17 +26,20 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
+from memsearch.config.backend import legacy_backend_form, legacy_pipeline_run_form
 from memsearch.errors import InputError
 from memsearch.io import sha256_file, write_json
+from memsearch.train.config_keys import flat_grpo_dump
 
 RECORD = "stage.json"
-RECORD_VERSION = 2
+RECORD_VERSION = 3
 OUT_TOKEN = "$OUT"
 _RUN_FOLDER: ContextVar[Path | None] = ContextVar("memsearch_run_folder", default=None)
 
@@ -120,8 +124,8 @@ class Stage:
                 )
             return None
         version = record.get("version", 1)
-        if version == 1:
-            return upgrade_version1_record(self, record)
+        if version in EARLIER_DUMPS:
+            return upgrade_record(self, record, EARLIER_DUMPS[version])
         if version != RECORD_VERSION:
             raise InputError(
                 f"{self.record_path}: stage record version {version!r}, this memsearch reads version "
@@ -195,32 +199,74 @@ class Stage:
 VERSION1_OMITTED = {"memory_sources": "shown", "open_items": False}
 
 
+def _version1_omitted(value: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in value.items() if not (k in VERSION1_OMITTED and v == VERSION1_OMITTED[k])}
+
+
 def version1_dump(value: Any) -> Any:
     """``value`` (stage inputs, or any part of them) as version 1 dumped it: without the fields
     of ``VERSION1_OMITTED`` that hold their defaults."""
+    return _walk(value, [_version1_omitted])
+
+
+def _walk(value: Any, forms: list[Callable[[dict[str, Any]], dict[str, Any]]]) -> Any:
+    """``value`` with every dict in it passed through ``forms`` in order, outermost first (a
+    form's output is walked on: a table it moves is still found)."""
     if isinstance(value, dict):
-        return {
-            k: version1_dump(v) for k, v in value.items() if not (k in VERSION1_OMITTED and v == VERSION1_OMITTED[k])
-        }
+        for form in forms:
+            value = form(value)
+        return {k: _walk(v, forms) for k, v in value.items()}
     if isinstance(value, list):
-        return [version1_dump(v) for v in value]
+        return [_walk(v, forms) for v in value]
     return value
 
 
-def upgrade_version1_record(stage: Stage, record: dict[str, Any]) -> dict[str, Any]:
-    """A version-1 record of ``stage`` (no ``version`` key), rewritten as the current version
-    when it was made from the stage's inputs; else the refusal naming what changed.
+# The forms of config dumps that version 2 recorded and version 3 writes otherwise, one function
+# each (a dict of a dump -> that dict as version 2 dumped it; any other dict as it is): the GRPO
+# config's fields flat, its two invalid-output penalties both ``invalid_penalty``, the MemAgent
+# role ``overwrite`` (``train.config_keys.flat_grpo_dump``); every backend table flat, with every
+# kind's keys (``config.backend.legacy_backend_form``).
+VERSION2_FORMS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [flat_grpo_dump, legacy_backend_form]
 
-    Version 1 differs in two ways that change a fingerprint, not what a stage made: config
-    dumps left ``memory_sources`` and ``open_items`` out at their defaults (``VERSION1_OMITTED``),
-    and records written before ``$OUT`` paths hold the run folder's raw paths. Both are
+# Which roles of a run config a pipeline had filled its model into, whatever their kind: the
+# current dump no longer says (a rules role holds no model), so each is a candidate.
+VERSION2_FILLED_ROLES: tuple[tuple[str, ...], ...] = ((), ("memory",), ("reader",), ("memory", "reader"))
+
+
+def version2_dump(value: Any, filled: tuple[str, ...] = ()) -> Any:
+    """``value`` (stage inputs, or any part of them) as version 2 dumped it (``VERSION2_FORMS``),
+    with the pipeline's model in the ``filled`` roles of its run configs."""
+    return _walk(value, [partial(legacy_pipeline_run_form, roles=filled), *VERSION2_FORMS])
+
+
+def version2_dumps(value: Any) -> list[Any]:
+    """Every way version 2 may have dumped ``value`` (``VERSION2_FILLED_ROLES``)."""
+    return [version2_dump(value, roles) for roles in VERSION2_FILLED_ROLES]
+
+
+# How each earlier record version may have dumped the current inputs: its fingerprint is of one.
+EARLIER_DUMPS: dict[int, Callable[[Any], list[Any]]] = {
+    1: lambda inputs: [version1_dump(dump) for dump in version2_dumps(inputs)],
+    2: version2_dumps,
+}
+
+
+def upgrade_record(stage: Stage, record: dict[str, Any], earlier_dumps: Callable[[Any], list[Any]]) -> dict[str, Any]:
+    """A record of an earlier version of ``stage``, rewritten as the current version when it was
+    made from the stage's inputs (one of ``earlier_dumps`` of them has its fingerprint); else the
+    refusal naming what changed.
+
+    Earlier versions differ in ways that change a fingerprint, not what a stage made: version 1's
+    config dumps left ``memory_sources`` and ``open_items`` out at their defaults
+    (``VERSION1_OMITTED``) and its records written before ``$OUT`` paths hold the run folder's raw
+    paths; version 2's dumps spell some configs in an earlier form (``VERSION2_FORMS``). Each is
     reproducible from the current inputs, so a finished stage made from the same inputs is
-    recognised and reused instead of redone (hours of training): migrated, not refused.
-    The rewritten record keeps the old fingerprint as ``fingerprint_before``. What a resumed
-    stage's own tool checks (a trainer's or eval run's ``config.json``) is not a stage record:
-    an unfinished stage of version 1 is recognised here, and its trainer or eval run then
-    refuses the changed config dump (delete the stage's folder and record to redo it)."""
-    candidates = (version1_dump(stage.inputs), version1_dump(stage.given_inputs))
+    recognised and reused instead of redone (hours of training): migrated, not refused. The
+    rewritten record keeps the old fingerprint as ``fingerprint_before``. What a resumed stage's
+    own tool checks (a trainer's or eval run's ``config.json``) is not a stage record: the tool
+    reads its own earlier forms (``train.run_folder.check_run_folder``) or refuses the changed
+    config dump (delete the stage's folder and record to redo it)."""
+    candidates = [*earlier_dumps(stage.inputs), *earlier_dumps(stage.given_inputs)]
     if record.get("fingerprint") not in {fingerprint(inputs) for inputs in candidates}:
         stage.refuse(record.get("inputs", {}), candidates[0])
     upgraded = {
@@ -249,7 +295,8 @@ def grpo_stage(folder: Path, record: Path, grpo: Any, upstream: dict[str, Any], 
     from memsearch.train.grpo.collapse import CollapseError
     from memsearch.train.grpo.trainer import train_grpo
 
-    label = f"GRPO role={grpo.role}, {grpo.steps} steps x {grpo.tasks_per_step} questions x group {grpo.group_size}"
+    label = (f"GRPO role={grpo.role}, {grpo.steps} steps x {grpo.rollout.tasks_per_step} questions x group "
+             f"{grpo.rollout.group_size}")
     try:
         return _trainer_stage(folder, record, "grpo", grpo, upstream, train_grpo, label, echo, around)
     except CollapseError:

@@ -19,6 +19,7 @@ from memsearch.config import KeyProblems, RunConfig, StrictConfig, merge_tables,
 from memsearch.devices import DeviceLayout
 from memsearch.records.trajectory import Role
 from memsearch.registry import memory_mode
+from memsearch.train.config_keys import upgrade_grpo_keys
 from memsearch.train.rows import TrainedRole
 
 
@@ -106,7 +107,7 @@ class RewardSettings(TrainSettings):
     """Trajectory reward: answer metric minus penalties, one number per trajectory
     (``train.reward``)::
 
-        metric - invalid_penalty x invalid calls / calls of the trained role(s)
+        metric - invalid_call_penalty x invalid calls / calls of the trained role(s)
                - citation_penalty x invalid citations / citations of the answer
                - search_cost x searches
                + memory_recall x memory support recall (train labels)
@@ -120,11 +121,12 @@ class RewardSettings(TrainSettings):
         description="Answer metric against the train label, as the evaluation scores it (boxed_em: the last "
         "\\boxed{} of the reader's text; the others: the parsed prediction); a failed episode scores 0",
     )
-    invalid_penalty: float = Field(
+    invalid_call_penalty: float = Field(
         0.5,
         ge=0,
         description="Subtracted x (invalid calls / calls) of the trained role(s): calls whose output the "
-        "engine rejected (unparsable or rejected memory operations, unreadable controller decisions, no answer)",
+        "engine rejected (unparsable or rejected memory operations, unreadable controller decisions, no answer); "
+        "reward.invalid_penalty reads as it",
     )
     citation_penalty: float = Field(
         0.5,
@@ -164,7 +166,7 @@ class CollapseGuardSettings(TrainSettings):
 
 
 class StateReward(TrainSettings):
-    """The per-call reward of ``credit = "state"`` (``train.state_credit``): label shaping from the
+    """The per-call reward of ``credit.mode = "state"`` (``train.grpo.state_credit``): label shaping from the
     train labels, so each run's config states the reward it used. G = the question's gold facts."""
 
     gold_gain: float = Field(1.0, ge=0, description="x (gold ids kept by faithful items after - before) / |G|")
@@ -172,7 +174,9 @@ class StateReward(TrainSettings):
     overflow_penalty: float = Field(
         0.5, ge=0, description="A batch over the memory budget: x (0.5 + 0.5 x min(1, tokens over / budget)), "
         "subtracted")
-    invalid_penalty: float = Field(0.5, ge=0, description="Any other rejected or unreadable batch, subtracted")
+    rejected_batch_penalty: float = Field(
+        0.5, ge=0, description="Any other rejected or unreadable batch, subtracted (flat, once per call); "
+        "state_reward.invalid_penalty reads as it")
 
 
 class DynamicSamplingSettings(TrainSettings):
@@ -183,6 +187,117 @@ class DynamicSamplingSettings(TrainSettings):
     max_extra_rounds: int = Field(
         2, ge=0, description="Extra rollout rounds per step at most; the step trains on fewer groups when they run "
         "out (0: drop only)")
+
+
+class RolloutSettings(TrainSettings):
+    """How a GRPO step samples (``[rollout]``): the tasks, the group of rollouts per task and the
+    trained role's sampling, which periodic evaluation shares (schema mode)."""
+
+    tasks_per_step: int = Field(4, ge=1, description="Tasks per step over all ranks (each rank rolls out its share)")
+    group_size: int = Field(4, ge=2, description="Rollouts per task (the GRPO group)")
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature of the trained role (full distribution at 1)"
+    )
+    top_p: float = Field(
+        1.0, gt=0, le=1.0, description="Nucleus of the trained role; < 1 makes recomputed log-probs differ"
+    )
+    schema_mode: bool = Field(
+        False,
+        description="Memory role: sample under the ops JSON schema; the mask is replayed in the loss. The one "
+        "source of truth for rollouts and periodic evaluation: episode.backends.memory.schema_mode follows it when "
+        "unset, and a config where the two disagree is refused",
+    )
+    max_batch_size: int = Field(16, ge=1, description="Rollout decoder: most rows decoded together")
+
+
+class CreditSettings(TrainSettings):
+    """Which rows get which advantage (``[credit]``): the trajectory's group advantage shared or
+    split over its rows, or per-call state groups (``train.grpo.state_credit``)."""
+
+    mode: Literal["share", "split", "state"] = Field(
+        "share", description="share: every row gets the trajectory's advantage; split: advantage / rows; state: "
+        "state groups, each memory call branched state_group_size times from the same state, each branch's "
+        "advantage from its per-call reward (train.grpo.state_credit; memory role)")
+    state_group_size: int = Field(4, ge=2, description="mode = 'state': completions drawn at every memory call")
+    state_reward: StateReward = Field(default_factory=StateReward, description="mode = 'state': per-call reward")
+    global_weight: float = Field(
+        0.0, ge=0, description="mode = 'state': the continued branch also gets this x its trajectory's group "
+        "advantage (0: local credit only)")
+    invalid_decision_credit: InvalidDecisionCredit = Field(
+        "all", description="Which invalid calls' op-choosing tokens (train.grpo.decisions) get gradient: all; none "
+        "(their penalty trains only what follows the choice: the item's length, its sources); over_budget (only the "
+        "batches rejected for overflowing the memory budget, where choosing to add is the error). true / false "
+        "read as all / none (train.grpo.decisions.mask_invalid_decisions)")
+    std_scale: bool = Field(False, description="Divide advantages by the group's standard deviation")
+
+
+class LossSettings(TrainSettings):
+    """The clipped policy-gradient loss (``[loss]``, ``train.grpo.loss``): ratio clips, how token
+    losses are aggregated, the KL penalty."""
+
+    clip_low: float = Field(0.2, ge=0, description="Ratio clip below: 1 - clip_low")
+    clip_high: float = Field(0.2, ge=0, description="Ratio clip above: 1 + clip_high")
+    dual_clip: float = Field(
+        3.0,
+        ge=0.0,
+        description="Dual-clip bound c > 1 (verl's clip_ratio_c): a negative-advantage token's loss is at "
+        "most -A*c. Acts only once the ratio departs from 1 (mini-batches, epochs > 1); 0 disables it",
+    )
+    aggregation: Literal["trajectory", "token", "sequence", "constant"] = Field(
+        "trajectory",
+        description="trajectory: each trajectory normalized by its generated tokens; token: token mean; "
+        "sequence: row mean; constant: every token weighted 1 / aggregation_tokens, divided by the trajectories "
+        "(Dr. GRPO: no length bias between short and long trajectories; train.grpo.loss)",
+    )
+    aggregation_tokens: int = Field(
+        256, ge=1, description="L of aggregation = 'constant' (Dr. GRPO's constant normaliser): scales the loss, "
+        "not its direction; e.g. the longest trajectory's generated tokens")
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL penalty to the reference (kl_reference)")
+    kl_reference: Literal["start", "base"] = Field(
+        "start",
+        description="KL reference: 'start' = the weights training starts from (a frozen copy of `adapter` when "
+        "given, else the base); 'base' = the base model with the adapter disabled, even after an SFT adapter",
+    )
+
+    @field_validator("dual_clip")
+    @classmethod
+    def _dual_clip_above_one(cls, value: float) -> float:
+        # Between 0 and 1 the bound would cut below the clipped loss itself: a typo for 3, or for 0 (off)
+        if 0 < value <= 1:
+            raise ValueError(f"{value}: the dual-clip bound must be > 1 (or 0 to disable it)")
+        return value
+
+
+class UpdateSettings(TrainSettings):
+    """How a step's rollouts update the weights (``[update]``, ``train.grpo.update``): passes,
+    mini-batches, micro-batches and dropout."""
+
+    epochs: int = Field(
+        1, ge=1, description="Passes over each rollout batch (old log-probs taken once, before the first)"
+    )
+    mini_batches_per_step: int = Field(
+        1,
+        ge=1,
+        description="Mini-batches per rollout batch, one optimizer step each per epoch (whole trajectories, "
+        "split in order on each rank); old log-probs are taken before the first, so later mini-batches are off-policy "
+        "and the clip acts. 1 = one full-batch step (the ratio is exactly 1)",
+    )
+    micro_batch_tokens: int = Field(
+        1024,
+        ge=64,
+        description="Padded tokens per forward/backward micro-batch: bounds activation memory; gradients "
+        "accumulate exactly, so it changes memory and speed, not the update (raise it on a GPU)",
+    )
+    share_prompts: bool = Field(
+        False, description="Score the rows that share a prompt (a state group, the first calls of a task's "
+        "rollouts) as one packed sequence with the prompt once (train.grpo.shared_prompt): same numbers, less "
+        "compute")
+    disable_dropout: bool = Field(
+        True,
+        description="Train with dropout off (as TRL's disable_dropout): the update then differentiates the "
+        "function the rollouts sampled from (they always run without dropout), so the first pass has ratio 1 even "
+        "with lora.dropout > 0. Old and reference log-probs are always taken without dropout",
+    )
 
 
 # Trainer fields that say where and how frugally a run computes, not what it computes: the same
@@ -201,6 +316,12 @@ def without_placement(dump: dict[str, Any]) -> dict[str, Any]:
 
 class TrainerConfig(TrainSettings):
     """Settings both trainers (``GRPOConfig``, ``SFTConfig``) have, with the same meaning."""
+
+    @classmethod
+    def upgrade_keys(cls, data: Any) -> Any:
+        """Raw fields (a TOML table, a saved ``config.json``) with earlier spellings of this
+        trainer's fields in the current ones; a trainer that renamed none takes them as they are."""
+        return data
 
     lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA settings")
     eval: EvalSettings = Field(default_factory=EvalSettings, description="Periodic evaluation")
@@ -233,7 +354,7 @@ class GRPOConfig(TrainerConfig):
     role: TrainedRole = Field(
         "memory",
         description="Trained decisions: memory (stage 1), controller (stage 2), "
-        "overwrite (MemAgent: memory updates + final answer)",
+        "memagent (MemAgent: every overwrite of the memory + the final answer); 'overwrite' reads as memagent",
     )
     model: str = Field("embedded", description="'embedded' or a local Hugging Face model folder (the base of the LoRA)")
     adapter: str | None = Field(None, description="Start from this LoRA adapter (e.g. an SFT run): weights only")
@@ -247,83 +368,10 @@ class GRPOConfig(TrainerConfig):
         default_factory=RunConfig, description="Agent design, budgets and the backends of the untrained roles"
     )
     steps: int = Field(20, ge=1, description="Optimizer steps (one rollout batch each)")
-    tasks_per_step: int = Field(4, ge=1, description="Tasks per step over all ranks (each rank rolls out its share)")
-    group_size: int = Field(4, ge=2, description="Rollouts per task (the GRPO group)")
-    temperature: float = Field(
-        1.0, gt=0, description="Sampling temperature of the trained role (full distribution at 1)"
-    )
-    top_p: float = Field(
-        1.0, gt=0, le=1.0, description="Nucleus of the trained role; < 1 makes recomputed log-probs differ"
-    )
-    schema_mode: bool = Field(
-        False,
-        description="Memory role: sample under the ops JSON schema; the mask is replayed in the loss. The one "
-        "source of truth for rollouts and periodic evaluation: episode.backends.memory.schema_mode follows it when "
-        "unset, and a config where the two disagree is refused",
-    )
-    credit: Literal["share", "split", "state"] = Field(
-        "share", description="share: every row gets the trajectory's advantage; split: advantage / rows; state: "
-        "state groups, each memory call branched state_group_size times from the same state, each branch's "
-        "advantage from its per-call reward (train.state_credit; memory role)")
-    state_group_size: int = Field(4, ge=2, description="credit = 'state': completions drawn at every memory call")
-    state_reward: StateReward = Field(default_factory=StateReward, description="credit = 'state': per-call reward")
-    global_weight: float = Field(
-        0.0, ge=0, description="credit = 'state': the continued branch also gets this x its trajectory's group "
-        "advantage (0: local credit only)")
-    invalid_decision_credit: InvalidDecisionCredit = Field(
-        "all", description="Which invalid calls' op-choosing tokens (train.decisions) get gradient: all; none (their "
-        "penalty trains only what follows the choice: the item's length, its sources); over_budget (only the "
-        "batches rejected for overflowing the memory budget, where choosing to add is the error). true / false "
-        "read as all / none (train.decisions.mask_invalid_decisions)")
-    std_scale: bool = Field(False, description="Divide advantages by the group's standard deviation")
-    clip_low: float = Field(0.2, ge=0, description="Ratio clip below: 1 - clip_low")
-    clip_high: float = Field(0.2, ge=0, description="Ratio clip above: 1 + clip_high")
-    aggregation: Literal["trajectory", "token", "sequence", "constant"] = Field(
-        "trajectory",
-        description="trajectory: each trajectory normalized by its generated tokens; token: token mean; "
-        "sequence: row mean; constant: every token weighted 1 / aggregation_tokens, divided by the trajectories "
-        "(Dr. GRPO: no length bias between short and long trajectories; train.loss)",
-    )
-    aggregation_tokens: int = Field(
-        256, ge=1, description="L of aggregation = 'constant' (Dr. GRPO's constant normaliser): scales the loss, "
-        "not its direction; e.g. the longest trajectory's generated tokens")
-    kl_coef: float = Field(0.0, ge=0, description="k3 KL penalty to the reference (kl_reference)")
-    kl_reference: Literal["start", "base"] = Field(
-        "start",
-        description="KL reference: 'start' = the weights training starts from (a frozen copy of `adapter` when "
-        "given, else the base); 'base' = the base model with the adapter disabled, even after an SFT adapter",
-    )
-    epochs: int = Field(
-        1, ge=1, description="Passes over each rollout batch (old log-probs taken once, before the first)"
-    )
-    mini_batches_per_step: int = Field(
-        1,
-        ge=1,
-        description="Mini-batches per rollout batch, one optimizer step each per epoch (whole trajectories, "
-        "split in order on each rank); old log-probs are taken before the first, so later mini-batches are off-policy "
-        "and the clip acts. 1 = one full-batch step (the ratio is exactly 1)",
-    )
-    dual_clip: float = Field(
-        3.0,
-        ge=0.0,
-        description="Dual-clip bound c > 1 (verl's clip_ratio_c): a negative-advantage token's loss is at "
-        "most -A*c. Acts only once the ratio departs from 1 (mini-batches, epochs > 1); 0 disables it",
-    )
-    disable_dropout: bool = Field(
-        True,
-        description="Train with dropout off (as TRL's disable_dropout): the update then differentiates the "
-        "function the rollouts sampled from (they always run without dropout), so the first pass has ratio 1 even "
-        "with lora.dropout > 0. Old and reference log-probs are always taken without dropout",
-    )
-    share_prompts: bool = Field(
-        False, description="Score the rows that share a prompt (a state group, the first calls of a task's "
-        "rollouts) as one packed sequence with the prompt once (train.shared_prompt): same numbers, less compute")
-    micro_batch_tokens: int = Field(
-        1024,
-        ge=64,
-        description="Padded tokens per forward/backward micro-batch: bounds activation memory; gradients "
-        "accumulate exactly, so it changes memory and speed, not the update (raise it on a GPU)",
-    )
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings, description="Sampling of a step's rollouts")
+    credit: CreditSettings = Field(default_factory=CreditSettings, description="Advantages of the rows")
+    loss: LossSettings = Field(default_factory=LossSettings, description="Clipped policy-gradient loss")
+    update: UpdateSettings = Field(default_factory=UpdateSettings, description="Passes and batches of an update")
     reward: RewardSettings = Field(default_factory=RewardSettings, description="Reward of a trajectory")
     dynamic_sampling: DynamicSamplingSettings = Field(
         default_factory=DynamicSamplingSettings, description="Drop zero-variance groups (train.dynamic_sampling)")
@@ -336,15 +384,20 @@ class GRPOConfig(TrainerConfig):
     optim: OptimSettings = Field(default_factory=OptimSettings, description="Optimizer and schedule")
     seed: int = Field(0, description="Seeds task order, sampling and initialization")
     checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every N steps (and at the end)")
-    max_batch_size: int = Field(16, ge=1, description="Rollout decoder: most rows decoded together")
     save_rollouts: bool = Field(True, description="Write every step's trajectories to rollouts/")
+
+    @classmethod
+    def upgrade_keys(cls, data: Any) -> Any:
+        """Raw fields with every earlier spelling in the current one (``train.config_keys``)."""
+        return upgrade_grpo_keys(data)
 
     @model_validator(mode="before")
     @classmethod
     def _episode_as_trained(cls, data: Any) -> Any:
         # Raw [episode] tables are completed before they are validated, in this order: the run
-        # config file `episode_config` under them, then the trained memory role's schema mode.
-        return _memory_follows_schema_mode(_with_episode_config(data))
+        # config file `episode_config` under them, then the trained memory role's schema mode;
+        # earlier spellings of the fields are read first, so both work on the current ones.
+        return _memory_follows_schema_mode(_with_episode_config(upgrade_grpo_keys(data)))
 
     @model_validator(mode="after")
     def _role_fits_episode(self) -> GRPOConfig:
@@ -353,27 +406,27 @@ class GRPOConfig(TrainerConfig):
             raise KeyProblems(("role", "'memory' trains memory operations: set episode.agent.memory = 'decision'"))
         if self.role == "controller" and agent.controller != "policy":
             raise KeyProblems(("role", "'controller' needs episode.agent.controller = 'policy'"))
-        if self.role == "overwrite" and agent.memory != "overwrite":
-            raise KeyProblems(("role", "'overwrite' needs episode.agent.memory = 'overwrite' (MemAgent)"))
-        if self.credit == "state":
+        if self.role == "memagent" and agent.memory != "overwrite":
+            raise KeyProblems(("role", "'memagent' needs episode.agent.memory = 'overwrite' (MemAgent)"))
+        if self.credit.mode == "state":
             if self.role != "memory":
-                raise KeyProblems(("credit", "'state' branches memory calls: it needs role = 'memory'"))
+                raise KeyProblems(("credit.mode", "'state' branches memory calls: it needs role = 'memory'"))
             if self.dynamic_sampling.enabled:
                 raise KeyProblems(("dynamic_sampling.enabled", "dynamic_sampling filters trajectory groups; with "
-                                   "credit = 'state' the groups are the state groups of each call: set it to false"))
-        if 0 < self.dual_clip <= 1:
-            raise KeyProblems(("dual_clip", f"{self.dual_clip}: the dual-clip bound must be > 1 (or 0 to disable it)"))
-        if self.schema_mode and self.role != "memory":
-            raise KeyProblems(("schema_mode", "applies to the memory role (decision mode) only"))
+                                   "credit.mode = 'state' the groups are the state groups of each call: set it to "
+                                   "false"))
+        schema_mode = self.rollout.schema_mode
+        if schema_mode and self.role != "memory":
+            raise KeyProblems(("rollout.schema_mode", "applies to the memory role (decision mode) only"))
         episode_mode = self.episode.backends.memory.schema_mode
-        if self.role in ("memory", "overwrite") and episode_mode != self.schema_mode:
+        if self.role in ("memory", "memagent") and episode_mode != schema_mode:
             # Rollouts would sample the trained memory calls one way and periodic evaluation (and
             # `memsearch eval` of this episode) the other: the evaluated policy would not be the trained one.
             raise KeyProblems((
-                "schema_mode",
-                f"schema_mode = {str(self.schema_mode).lower()} and episode.backends.memory.schema_mode = "
+                "rollout.schema_mode",
+                f"rollout.schema_mode = {str(schema_mode).lower()} and episode.backends.memory.schema_mode = "
                 f"{str(episode_mode).lower()} disagree: training and evaluation must sample the memory role "
-                "the same way; set schema_mode (the episode follows it) and leave the episode's unset",
+                "the same way; set rollout.schema_mode (the episode follows it) and leave the episode's unset",
             ))
         return self
 
@@ -395,25 +448,34 @@ def _with_episode_config(data: Any) -> Any:
 
 def _memory_follows_schema_mode(data: Any) -> Any:
     """Raw GRPO fields whose ``[episode]`` memory backend samples as the trainer samples it: a
-    top-level ``schema_mode`` that is given fills ``episode.backends.memory.schema_mode`` where the
-    episode leaves it unset and the trained role writes the memory (memory, overwrite), with
+    ``rollout.schema_mode`` that is given fills ``episode.backends.memory.schema_mode`` where the
+    episode leaves it unset and the trained role writes the memory (memory, memagent), with
     ``kind = "hf"`` when true (the trainer answers those calls with its hf policy,
     ``grpo.trainer.trained_role_backends``, and a run config samples in schema mode only in a
     local model). A controller run keeps its frozen memory backend's own mode, and a validated
     ``RunConfig`` is taken as it is (a pipeline sets its memory backend from the same field).
     Whether the two then agree is checked after validation (``GRPOConfig._role_fits_episode``)."""
-    if not (isinstance(data, dict) and isinstance(data.get("schema_mode"), bool)
-            and data.get("role", "memory") in ("memory", "overwrite")):
+    given = _given_schema_mode(data.get("rollout")) if isinstance(data, dict) else None
+    if given is None or data.get("role", "memory") not in ("memory", "memagent"):
         return data
     episode = data.get("episode") or {}
     backends = episode.get("backends") or {} if isinstance(episode, dict) else None
     memory = backends.get("memory") or {} if isinstance(backends, dict) else None
     if not isinstance(memory, dict):
         return data  # not tables (a RunConfig, or a value of the wrong type that validation names)
-    memory = {"schema_mode": data["schema_mode"], **memory}
+    memory = {"schema_mode": given, **memory}
     if memory["schema_mode"] is True:
         memory["kind"] = "hf"
     return {**data, "episode": {**episode, "backends": {**backends, "memory": memory}}}
+
+
+def _given_schema_mode(rollout: Any) -> bool | None:
+    """The ``schema_mode`` a raw ``rollout`` table (or a validated ``RolloutSettings``, as a
+    pipeline composes it) sets; None when it sets none."""
+    if isinstance(rollout, RolloutSettings):
+        return rollout.schema_mode if "schema_mode" in rollout.model_fields_set else None
+    value = rollout.get("schema_mode") if isinstance(rollout, dict) else None
+    return value if isinstance(value, bool) else None
 
 
 class SFTConfig(TrainerConfig):
@@ -463,10 +525,13 @@ class TrainerTable(TrainSettings):
 
     OWNED: ClassVar[tuple[str, ...]] = ()
     OWNED_EVAL: ClassVar[tuple[str, ...]] = ()
+    TRAINER: ClassVar[type[TrainerConfig]] = TrainerConfig
 
     @model_validator(mode="before")
     @classmethod
     def _not_the_pipelines(cls, data: Any) -> Any:
+        # A table in a published pipeline config may spell the trainer's fields the earlier way
+        data = cls.TRAINER.upgrade_keys(data)
         if not isinstance(data, dict):
             return data
         evals = data.get("eval")
@@ -499,6 +564,7 @@ def trainer_table(config: type[TrainerConfig], name: str, module: str, owned: tu
     table = create_model(name, __base__=TrainerTable, __doc__=doc or TrainerTable.__doc__,
                          __module__=module, **fields)
     table.OWNED, table.OWNED_EVAL = tuple(dict.fromkeys((*PIPELINE_FIELDS, *owned))), tuple(owned_eval)
+    table.TRAINER = config
     return table
 
 

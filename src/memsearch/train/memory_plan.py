@@ -330,9 +330,10 @@ def _update_tokens(shape: ModelShape, cfg: GRPOConfig | SFTConfig) -> tuple[int,
         return cfg.micro_batch_rows * cfg.max_tokens, cfg.max_tokens, False
     prompt, response = call_tokens(cfg)
     width = prompt + response
-    if cfg.share_prompts:  # a prompt once, then every completion that shares it (train.grpo.shared_prompt)
-        width = prompt + response * max(cfg.group_size, cfg.state_group_size if cfg.credit == "state" else 0)
-    return max(cfg.micro_batch_tokens, width), width, cfg.share_prompts
+    if cfg.update.share_prompts:  # a prompt once, then every completion that shares it (train.grpo.shared_prompt)
+        branches = cfg.credit.state_group_size if cfg.credit.mode == "state" else 0
+        width = prompt + response * max(cfg.rollout.group_size, branches)
+    return max(cfg.update.micro_batch_tokens, width), width, cfg.update.share_prompts
 
 
 def _parts(shape: ModelShape, cfg: GRPOConfig | SFTConfig, ckpt: bool,
@@ -346,7 +347,7 @@ def _parts(shape: ModelShape, cfg: GRPOConfig | SFTConfig, ckpt: bool,
         Part("weights", "held", shape.params * b, f"{shape.params / 1e9:.2f} B x {b} bytes"),
         Part("LoRA + grads + AdamW", "held", lora_params * a * 4, f"r={r}, {lora_params / 1e6:.1f} M float32 x 4"),
     ]
-    if grpo and cfg.kl_coef > 0 and cfg.kl_reference == "start" and cfg.adapter:
+    if grpo and cfg.loss.kl_coef > 0 and cfg.loss.kl_reference == "start" and cfg.adapter:
         parts.append(Part("KL reference adapter", "held", lora_params * a, "frozen copy of the starting adapter"))
     if grpo and b == 4:
         parts.append(Part("merged sampler", "held", shape.params * b, "float32 copy rollouts sample from"))
@@ -360,7 +361,7 @@ def _parts(shape: ModelShape, cfg: GRPOConfig | SFTConfig, ckpt: bool,
                       f"{shape.layers} layers x {kept / 1024:.1f} KiB x {tokens} tokens"
                       + (" (layer inputs)" if ckpt else "")))
     working = tokens * ((per_layer if ckpt else 0) + (a + 3 * b) * shape.intermediate)
-    logits = tokens * shape.vocab * 4 * 3 + (tokens * shape.vocab if grpo and cfg.schema_mode else 0)
+    logits = tokens * shape.vocab * 4 * 3 + (tokens * shape.vocab if grpo and cfg.rollout.schema_mode else 0)
     # the logits are freed before the layers' backward begins: the larger of the two is the peak
     logits_detail = f"{tokens} scored tokens x {shape.vocab} x 4 bytes x 3"
     working_detail = "one recomputed layer + its backward" if ckpt else "one layer's backward"
@@ -376,7 +377,7 @@ def _parts(shape: ModelShape, cfg: GRPOConfig | SFTConfig, ckpt: bool,
 def _rollout_parts(shape: ModelShape, cfg: GRPOConfig, b: int, shapes: Mapping[str, ModelShape]) -> list[Part]:
     prompt, response = call_tokens(cfg)
     longest = min(prompt + response, shape.max_positions)
-    rows = cfg.max_batch_size
+    rows = cfg.rollout.max_batch_size
     parts = [
         Part("KV cache", "rollouts", (rows * longest + PROMPT_STORE_TOKENS) * shape.kv_bytes_per_token(b),
              f"max_batch_size {rows} x {longest} tokens x {shape.kv_bytes_per_token(b) // 1024} KiB"),
@@ -417,8 +418,17 @@ def check_memory(estimate: MemoryEstimate, device_bytes: int, where: str) -> Non
 
 
 def _redo(estimate: MemoryEstimate, **changes: Any) -> MemoryEstimate:
-    cfg = estimate.config.model_copy(update=changes)
-    return estimate_memory(estimate.model_config, cfg, estimate.backend_configs)
+    """``estimate`` again with fields of its config changed (a GRPO field by its name in its group)."""
+    from memsearch.train.config_keys import GRPO_GROUPS
+
+    cfg, update = estimate.config, {}
+    for key, value in changes.items():
+        group = next((g for g, names in GRPO_GROUPS.items() if key in names), None)
+        if group is None or not isinstance(cfg, GRPOConfig):
+            update[key] = value
+        else:
+            update[group] = update.get(group, getattr(cfg, group)).model_copy(update={key: value})
+    return estimate_memory(estimate.model_config, cfg.model_copy(update=update), estimate.backend_configs)
 
 
 def _largest(estimate: MemoryEstimate, device_bytes: int, key: str, low: int, high: int, **fixed: Any) -> int | None:
@@ -453,23 +463,23 @@ def _fixes(estimate: MemoryEstimate, device_bytes: int) -> list[str]:
                                             gradient_checkpointing=True)):
             fixes.append(f"set gradient_checkpointing = true and micro_batch_rows = {rows}")
         return fixes
-    tokens = _largest(estimate, device_bytes, "micro_batch_tokens", 64, cfg.micro_batch_tokens)
+    tokens = _largest(estimate, device_bytes, "micro_batch_tokens", 64, cfg.update.micro_batch_tokens)
     if tokens:
-        fixes.append(f"lower micro_batch_tokens to {_round(tokens)}")
-    elif not ckpt and (tokens := _largest(estimate, device_bytes, "micro_batch_tokens", 64, cfg.micro_batch_tokens + 1,
-                                          gradient_checkpointing=True)):
-        fixes.append(f"set gradient_checkpointing = true and lower micro_batch_tokens to {_round(tokens)}")
-    rows = _largest(estimate, device_bytes, "max_batch_size", 1, cfg.max_batch_size)
+        fixes.append(f"lower update.micro_batch_tokens to {_round(tokens)}")
+    elif not ckpt and (tokens := _largest(estimate, device_bytes, "micro_batch_tokens", 64,
+                                          cfg.update.micro_batch_tokens + 1, gradient_checkpointing=True)):
+        fixes.append(f"set gradient_checkpointing = true and lower update.micro_batch_tokens to {_round(tokens)}")
+    rows = _largest(estimate, device_bytes, "max_batch_size", 1, cfg.rollout.max_batch_size)
     if rows:
-        fixes.append(f"lower max_batch_size to {rows} (rows decoded together)")
+        fixes.append(f"lower rollout.max_batch_size to {rows} (rows decoded together)")
     if not fixes:
         together = {"gradient_checkpointing": True, "micro_batch_tokens": 64}
-        rows = _largest(estimate, device_bytes, "max_batch_size", 1, cfg.max_batch_size + 1, **together)
+        rows = _largest(estimate, device_bytes, "max_batch_size", 1, cfg.rollout.max_batch_size + 1, **together)
         if rows:
-            tokens = _largest(estimate, device_bytes, "micro_batch_tokens", 64, cfg.micro_batch_tokens + 1,
+            tokens = _largest(estimate, device_bytes, "micro_batch_tokens", 64, cfg.update.micro_batch_tokens + 1,
                               gradient_checkpointing=True, max_batch_size=rows) or 64
-            fixes.append(f"set gradient_checkpointing = true, micro_batch_tokens = {_round(tokens)} "
-                         f"and max_batch_size = {rows}")
+            fixes.append(f"set gradient_checkpointing = true, update.micro_batch_tokens = {_round(tokens)} "
+                         f"and rollout.max_batch_size = {rows}")
     return fixes
 
 

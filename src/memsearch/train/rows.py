@@ -19,15 +19,24 @@ from memsearch.records.trajectory import Role, Trajectory
 
 # What a trainer can train (a config's ``role``), not the role of one call
 # (``backends.base.CALL_ROLES``): a trained role covers one or more call roles.
-TrainedRole = Literal["memory", "controller", "overwrite"]
+TrainedRole = Literal["memory", "controller", "memagent"]
 TRAINED_ROLES: tuple[TrainedRole, ...] = get_args(TrainedRole)
+# Earlier names of trained roles, as configs, train logs and verl parquet rows of earlier runs
+# spell them: MemAgent's role was named after its memory mode ("overwrite").
+EARLIER_ROLE_NAMES: dict[str, TrainedRole] = {"overwrite": "memagent"}
+
+
+def upgrade_trained_role(name: object) -> object:
+    """A trained role's current name for an earlier one; any other value as it is."""
+    return EARLIER_ROLE_NAMES.get(name, name) if isinstance(name, str) else name
+
 
 # Which policy-call roles a trained role covers (MemAgent trains the memory updates and the
 # final answer together).
 TRAINED_CALL_ROLES: dict[TrainedRole, tuple[Role, ...]] = {
     "memory": ("memory",),
     "controller": ("controller",),
-    "overwrite": ("memory", "reader"),
+    "memagent": ("memory", "reader"),
 }
 
 
@@ -56,4 +65,4 @@ class Row:
 
 def trained_calls(trajectory: Trajectory, role: str) -> list[PolicyCall]:
     """The policy calls of ``trajectory`` that ``role`` trains, in episode order."""
-    return trajectory.policy_calls(TRAINED_CALL_ROLES[role])
+    return trajectory.policy_calls(TRAINED_CALL_ROLES[upgrade_trained_role(role)])

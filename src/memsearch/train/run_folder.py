@@ -36,10 +36,25 @@ def check_run_folder(cfg, out: Path, resume: bool, dist: Dist) -> None:
             saved = out / "config.json"
             if not saved.is_file():
                 raise InputError(f"{out}: nothing to resume (no config.json)")
-            if without_placement(json.loads(saved.read_text())) != resolved:
+            if without_placement(saved_config(type(cfg), json.loads(saved.read_text()))) != resolved:
                 raise InputError(
                     f"{out}: config differs from the run being resumed ({saved}); resume with the same config"
                 )
+
+
+def saved_config(model: type, saved: Any) -> Any:
+    """A run's saved ``config.json`` (``saved``, as read) dumped as ``model`` dumps a config now,
+    so a folder saved in an earlier spelling (``train.config_keys``) still resumes; a saved config
+    the model no longer reads is returned as it is (it then differs). Its episode is taken as
+    saved, already composed: ``episode_config`` is not read again (it may have changed or gone)."""
+    if not isinstance(saved, dict):
+        return saved
+    try:
+        config = model.model_validate({**saved, "episode_config": None} if "episode_config" in saved else saved)
+    except ValueError:  # pydantic's ValidationError, KeyProblems
+        return saved
+    dump = config.model_dump(mode="json")
+    return {**dump, "episode_config": saved["episode_config"]} if "episode_config" in saved else dump
 
 
 def prepare_run_folder(cfg, out: Path, resume: bool, dist: Dist) -> None:

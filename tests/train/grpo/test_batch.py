@@ -74,7 +74,7 @@ def test_normalize_then_expand_drops_nothing():
 
 def test_overwrite_role_trains_update_turns_and_final_answer():
     t = traj("t", call("memory", 0), call("memory", 1), call("reader", 0))
-    rows, failed = rows_from_trajectory(t, "overwrite", index=5, group_index=2)
+    rows, failed = rows_from_trajectory(t, "memagent", index=5, group_index=2)
     assert [(r.role, r.step, r.trajectory, r.group_index) for r in rows] == [
         ("memory", 0, 5, 2),
         ("memory", 1, 5, 2),
@@ -127,7 +127,7 @@ def test_trained_roles_are_defined_once_and_cover_call_roles_only():
     from memsearch.train.rows import TRAINED_CALL_ROLES, TRAINED_ROLES
 
     assert CALL_ROLES == ("memory", "controller", "reader")
-    assert TRAINED_ROLES == tuple(TRAINED_CALL_ROLES) == ("memory", "controller", "overwrite")
+    assert TRAINED_ROLES == tuple(TRAINED_CALL_ROLES) == ("memory", "controller", "memagent")
     assert all(set(calls) <= set(CALL_ROLES) for calls in TRAINED_CALL_ROLES.values())
     assert get_args(GRPOConfig.model_fields["role"].annotation) == TRAINED_ROLES
 

@@ -161,7 +161,9 @@ def test_invalid_rows_lose_their_deciding_tokens_only(tiny_model_dir, tiny_adapt
 def test_invalid_decision_credit_reads_the_old_booleans(setting, expected):
     from memsearch.train.config import GRPOConfig
 
-    assert GRPOConfig(data="unused", invalid_decision_credit=setting).invalid_decision_credit == expected
+    grouped = GRPOConfig(data="unused", credit={"invalid_decision_credit": setting})
+    flat = GRPOConfig(data="unused", invalid_decision_credit=setting)  # the earlier spelling
+    assert grouped.credit.invalid_decision_credit == flat.credit.invalid_decision_credit == expected
 
 
 def test_over_budget_rows_keep_their_deciding_tokens_when_asked(tokenizer):

@@ -21,7 +21,7 @@ group_size = 2
 checkpoint_every = 1
 keep_checkpoints = 4
 kl_coef = 0.1
-reward.invalid_penalty = 0.5
+reward.invalid_call_penalty = 0.5
 [lora]
 r = 4
 alpha = 8.0
@@ -198,7 +198,7 @@ def test_overwrite_role_trains_every_update_turn_and_the_final_answer(
         tiny_model_dir,
         tiny_adapter_dir,
         hotpot_train_dir,
-        role="overwrite",
+        role="memagent",
         steps=1,
         credit="split",
         **{

@@ -69,7 +69,7 @@ def test_lr_per_optimizer_step_and_exact_resume(tiny_model_dir, tiny_adapter_dir
         train_grpo(cfg, tmp_path / "crashed", echo=crash)
     train_grpo(cfg, tmp_path / "crashed", resume=True, echo=lambda m: None)
 
-    per_step = cfg.epochs * cfg.mini_batches_per_step
+    per_step = cfg.update.epochs * cfg.update.mini_batches_per_step
     total = cfg.steps * per_step
     logs = [[json.loads(line) for line in (tmp_path / run / "train_log.jsonl").read_text().splitlines()]
             for run in ("straight", "crashed")]

@@ -19,7 +19,7 @@ from memsearch.train.config import RewardSettings
 from memsearch.train.grpo.reward import trajectory_reward
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
-NO_PENALTY = RewardSettings(invalid_penalty=0.0, citation_penalty=0.0, search_cost=0.0)
+NO_PENALTY = RewardSettings(invalid_call_penalty=0.0, citation_penalty=0.0, search_cost=0.0)
 
 
 def engine_run(data_dir, out: Path, sets: list[str]) -> list[tuple[Trajectory, dict]]:
@@ -56,14 +56,16 @@ def tiny_memory_run(hotpot_train_dir, tiny_model_dir, tmp_path_factory):
 def test_defaults_are_the_documented_reward():
     """F1 minus 0.5 x invalid-call fraction minus 0.5 x invalid-citation fraction, no search cost
     (the shipped GRPO configs say the same); the MemAgent recipe rewards boxed EM alone."""
-    assert RewardSettings() == RewardSettings(metric="f1", invalid_penalty=0.5, citation_penalty=0.5, search_cost=0.0)
+    assert RewardSettings() == RewardSettings(metric="f1", invalid_call_penalty=0.5, citation_penalty=0.5,
+                                              search_cost=0.0)
     for name in ("grpo_cpu.toml", "grpo_gpu.toml"):
         table = tomllib.loads((CONFIGS / "train" / name).read_text())["reward"]
         assert RewardSettings.model_validate(table) == RewardSettings(), name
     from memsearch.pipelines.memagent.config import MemAgentPipeline
 
     memagent = load_config(CONFIGS / "memagent.toml", model=MemAgentPipeline).grpo_config("x").reward
-    assert memagent == RewardSettings(metric="boxed_em", invalid_penalty=0.0, citation_penalty=0.0, search_cost=0.0)
+    assert memagent == RewardSettings(metric="boxed_em", invalid_call_penalty=0.0, citation_penalty=0.0,
+                                      search_cost=0.0)
 
 
 def test_answer_term_is_the_evaluators_metric(rules_run, labels):
@@ -104,7 +106,7 @@ def test_invalid_calls_of_the_trained_role_are_penalised_by_their_fraction(tiny_
         memory_calls = t.policy_calls(["memory"])
         assert len(memory_calls) == 2 and all(c.valid is False for c in memory_calls)
         # the reader (not trained in role "memory") does not count
-        settings = NO_PENALTY.model_copy(update={"invalid_penalty": 0.5})
+        settings = NO_PENALTY.model_copy(update={"invalid_call_penalty": 0.5})
         assert trajectory_reward(t, labels[t.task_id], settings, "memory") == pytest.approx(row["f1"] - 0.5 * 2 / 2)
         # role "controller" trains no call of this fixed-plan episode: nothing to penalise
         assert trajectory_reward(t, labels[t.task_id], settings, "controller") == pytest.approx(row["f1"])
@@ -146,5 +148,5 @@ def test_a_reader_asked_for_a_box_is_rewarded_on_the_box_only(rules_run, labels)
     boxed = replace(hedge, reader_text=f"So the answer is \\boxed{{{gold}}}.")
     for metric in ("f1", "em", "sub_em"):
         settings = NO_PENALTY.model_copy(update={"metric": metric})
-        assert trajectory_reward(hedge, label, settings, "overwrite") == score_trajectory(hedge, label)[metric] == 0.0
-        assert trajectory_reward(boxed, label, settings, "overwrite") == score_trajectory(boxed, label)[metric] == 1.0
+        assert trajectory_reward(hedge, label, settings, "memagent") == score_trajectory(hedge, label)[metric] == 0.0
+        assert trajectory_reward(boxed, label, settings, "memagent") == score_trajectory(boxed, label)[metric] == 1.0

@@ -14,7 +14,7 @@ from memsearch.train.grpo.state_credit import build_state_batch, call_reward
 
 GOLD = {"d1:0", "d2:3"}
 BEFORE = {"kept": ["d1:0"], "cited": ["d1:0"]}
-SETTINGS = StateReward(gold_gain=1.0, junk_penalty=0.5, overflow_penalty=0.5, invalid_penalty=0.4)
+SETTINGS = StateReward(gold_gain=1.0, junk_penalty=0.5, overflow_penalty=0.5, rejected_batch_penalty=0.4)
 
 
 def memory_call(before):

@@ -39,6 +39,7 @@ from typing import Any
 from memsearch.backends.base import GenerationRequest, GenerationResult, Usage
 from memsearch.backends.hf.decoder import BatchDecoder
 from memsearch.backends.hf.jobs import Job, error_result
+from memsearch.config.backend import HFSettings
 
 log = logging.getLogger(__name__)
 
@@ -326,6 +327,6 @@ class HFBackend:
 __all__ = ["BatchDecoder", "HFBackend"]
 
 
-def from_config(cfg, tokenizer, dataset=None) -> HFBackend:
+def from_config(cfg: HFSettings, tokenizer, dataset=None) -> HFBackend:
     """The ``hf`` kind's factory (``memsearch.registry``): a local transformers model, loaded on first use."""
     return HFBackend(model=cfg.model, adapter=cfg.adapter, max_batch_size=cfg.max_concurrency)

@@ -6,13 +6,13 @@ maps, but verl does something memsearch does not: kept as a note beside the over
 
 Refused (docs/verl.md has the table):
 
-- ``credit = "split"``: verl copies the last output's reward over the session's earlier ones
+- ``credit.mode = "split"``: verl copies the last output's reward over the session's earlier ones
   and broadcasts one advantage to every row; splitting it needs a custom trainer (a fork);
-- ``aggregation = "trajectory"``: verl's loss aggregations are per token or per row;
-- ``schema_mode``: vLLM / SGLang do not replay memsearch's constraint masks in the loss;
-- ``model = "embedded"``, ``adapter``, ``kl_reference = "start"`` with an adapter: verl needs a
+- ``loss.aggregation = "trajectory"``: verl's loss aggregations are per token or per row;
+- ``rollout.schema_mode``: vLLM / SGLang do not replay memsearch's constraint masks in the loss;
+- ``model = "embedded"``, ``adapter``, ``loss.kl_reference = "start"`` with an adapter: verl needs a
   Hugging Face folder and takes the base (adapter off) as the KL reference; merge first;
-- ``optim.schedule = "linear"``, ``optim.max_grad_norm = None``, ``dual_clip = 0``,
+- ``optim.schedule = "linear"``, ``optim.max_grad_norm = None``, ``loss.dual_clip = 0``,
   ``lora.dropout > 0``: verl's FSDP actor has no such setting.
 
 Launch settings are checked too (``launch_problems``): a rollout tensor-parallel size that does
@@ -72,19 +72,19 @@ def load_grpo_config(path: Path, overrides: list[str] | None = None, data: str |
 def refusals(cfg: GRPOConfig) -> list[str]:
     """The options of ``cfg`` that verl cannot run, each with the reason (module doc)."""
     out = []
-    if cfg.credit == "split":
-        out.append("credit = 'split': verl broadcasts the session's advantage to every row (that is 'share'); "
-                   "set credit = 'share'")
-    if cfg.credit == "state":
-        out.append("credit = 'state': verl's agent loop returns one session per rollout, not branches of each memory "
-                   "call from one state; set credit = 'share'")
-    if cfg.aggregation in ("trajectory", "constant"):
-        out.append(f"aggregation = {cfg.aggregation!r}: verl aggregates per token (token-mean) or per row "
+    if cfg.credit.mode == "split":
+        out.append("credit.mode = 'split': verl broadcasts the session's advantage to every row (that is 'share'); "
+                   "set credit.mode = 'share'")
+    if cfg.credit.mode == "state":
+        out.append("credit.mode = 'state': verl's agent loop returns one session per rollout, not branches of each "
+                   "memory call from one state; set credit.mode = 'share'")
+    if cfg.loss.aggregation in ("trajectory", "constant"):
+        out.append(f"loss.aggregation = {cfg.loss.aggregation!r}: verl aggregates per token (token-mean) or per row "
                    "(seq-mean-token-mean), and its seq-mean-token-sum-norm divides by no count of trajectories; "
-                   "set aggregation = 'token' or 'sequence'")
-    if cfg.schema_mode:
-        out.append("schema_mode = true: vLLM/SGLang rollouts do not record memsearch's constraint masks, and verl's "
-                   "loss cannot replay them")
+                   "set loss.aggregation = 'token' or 'sequence'")
+    if cfg.rollout.schema_mode:
+        out.append("rollout.schema_mode = true: vLLM/SGLang rollouts do not record memsearch's constraint masks, and "
+                   "verl's loss cannot replay them")
     if cfg.model == "embedded":
         out.append("model = 'embedded': verl loads a Hugging Face folder; export one (docs/verl.md) and set model")
     if cfg.adapter is not None:
@@ -94,8 +94,8 @@ def refusals(cfg: GRPOConfig) -> list[str]:
         out.append("optim.schedule = 'linear': verl's FSDP optimizer has constant and cosine only")
     if cfg.optim.max_grad_norm is None:
         out.append("optim.max_grad_norm = None: verl always clips the gradient norm (actor.grad_clip)")
-    if cfg.dual_clip == 0:
-        out.append("dual_clip = 0: verl always applies the dual clip (actor.clip_ratio_c > 1)")
+    if cfg.loss.dual_clip == 0:
+        out.append("loss.dual_clip = 0: verl always applies the dual clip (actor.clip_ratio_c > 1)")
     if cfg.lora.dropout > 0:
         out.append("lora.dropout > 0: verl's LoRA has no dropout setting")
     if cfg.dynamic_sampling.enabled:
@@ -170,13 +170,13 @@ def _tp_fits(gpus: int, nodes: int, tp: int) -> bool:
 def rows_per_session(cfg: GRPOConfig, sample: int = ROWS_SAMPLE_TASKS) -> tuple[float, str]:
     """``(rows, where from)``: the expected rows (trained calls) of one session.
 
-    memory / controller: one call per search, ``max_searches``. overwrite (MemAgent): one memory
+    memory / controller: one call per search, ``max_searches``. memagent (MemAgent): one memory
     update per chunk read plus the answer; the chunks are counted as the engine cuts them
     (``engine.evidence.chunk_context``, the budget tokenizer, capped at ``max_chunks``) over the
     first ``sample`` tasks of the data folder: training contexts are far shorter than the
     ``max_chunks`` cap, which serves the longest evaluation sets."""
     b = cfg.episode.budgets
-    if cfg.role != "overwrite":
+    if cfg.role != "memagent":
         return float(b.max_searches), f"max_searches = {b.max_searches}, one {cfg.role} call per search"
     from memsearch.data.dataset import load_dataset
     from memsearch.engine.evidence import chunk_context
@@ -207,17 +207,17 @@ def mini_batch(cfg: GRPOConfig, rows: float, world: int) -> tuple[int, int]:
     of it with no-op rows (``_get_required_batch_multiple``, ``ppo/padding_utils.py``), and needs
     it divisible by the data-parallel size (``workers/engine_workers.py``, ``train_mini_batch``).
     A session has one row per trained call, so the size counts tasks x rows per session."""
-    n, wanted = cfg.group_size, cfg.mini_batches_per_step
+    n, wanted = cfg.rollout.group_size, cfg.update.mini_batches_per_step
     unit = world // math.gcd(world, n)  # the size x n rows must be a multiple of the DP size
-    ideal = cfg.tasks_per_step * rows / wanted / unit
+    ideal = cfg.rollout.tasks_per_step * rows / wanted / unit
 
     def per_epoch(size: int) -> int:  # the step's rows over size x n rows a mini-batch, the last one padded
-        return math.ceil(cfg.tasks_per_step * rows / size - 1e-9)
+        return math.ceil(cfg.rollout.tasks_per_step * rows / size - 1e-9)
 
     # The two multiples of `unit` around the ideal size: the one nearer wanted steps, else the larger.
     size = min({max(1, math.floor(ideal)) * unit, max(1, math.ceil(ideal)) * unit},
                key=lambda s: (abs(per_epoch(s) - wanted), -s))
-    return size, per_epoch(size) * cfg.epochs
+    return size, per_epoch(size) * cfg.update.epochs
 
 
 def verl_overrides(
@@ -251,14 +251,14 @@ def verl_overrides(
     size, optimizer_steps = mini_batch(cfg, rows, gpus * nodes)
     prompt_len, response_len = budgets(cfg)
     actor = "actor_rollout_ref.actor"
-    agg = {"token": "token-mean", "sequence": "seq-mean-token-mean"}[cfg.aggregation]
+    agg = {"token": "token-mean", "sequence": "seq-mean-token-mean"}[cfg.loss.aggregation]
     out = [
         "algorithm.adv_estimator=grpo",
-        f"algorithm.norm_adv_by_std_in_grpo={cfg.std_scale}",
+        f"algorithm.norm_adv_by_std_in_grpo={cfg.credit.std_scale}",
         "trainer.use_v1=True",  # list outputs (one row per trained call) exist on the v1 trainer only
         f"data.train_files={train_files}",
         f"data.val_files={val_files or train_files}",
-        f"data.train_batch_size={cfg.tasks_per_step}",
+        f"data.train_batch_size={cfg.rollout.tasks_per_step}",
         f"data.seed={cfg.seed}",  # task order
         f"data.max_prompt_length={prompt_len}",
         f"data.max_response_length={response_len}",
@@ -269,23 +269,23 @@ def verl_overrides(
         f"actor_rollout_ref.model.target_modules=[{','.join(cfg.lora.target_modules)}]",
         f"actor_rollout_ref.rollout.name={rollout}",
         f"actor_rollout_ref.rollout.tensor_model_parallel_size={tensor_parallel}",
-        f"actor_rollout_ref.rollout.n={cfg.group_size}",
-        f"actor_rollout_ref.rollout.temperature={cfg.temperature}",
-        f"actor_rollout_ref.rollout.top_p={cfg.top_p}",
+        f"actor_rollout_ref.rollout.n={cfg.rollout.group_size}",
+        f"actor_rollout_ref.rollout.temperature={cfg.rollout.temperature}",
+        f"actor_rollout_ref.rollout.top_p={cfg.rollout.top_p}",
         "actor_rollout_ref.rollout.calculate_log_probs=True",  # rows carry the rollout log-probs
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loops}",
         f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
         f"{actor}.ppo_mini_batch_size={size}",
-        f"{actor}.ppo_epochs={cfg.epochs}",
-        f"{actor}.clip_ratio_low={cfg.clip_low}",
-        f"{actor}.clip_ratio_high={cfg.clip_high}",
-        f"{actor}.clip_ratio_c={cfg.dual_clip}",
+        f"{actor}.ppo_epochs={cfg.update.epochs}",
+        f"{actor}.clip_ratio_low={cfg.loss.clip_low}",
+        f"{actor}.clip_ratio_high={cfg.loss.clip_high}",
+        f"{actor}.clip_ratio_c={cfg.loss.dual_clip}",
         f"{actor}.loss_agg_mode={agg}",
-        f"{actor}.use_kl_loss={cfg.kl_coef > 0}",
-        f"{actor}.kl_loss_coef={cfg.kl_coef}",
+        f"{actor}.use_kl_loss={cfg.loss.kl_coef > 0}",
+        f"{actor}.kl_loss_coef={cfg.loss.kl_coef}",
         f"{actor}.kl_loss_type=low_var_kl",  # k3, memsearch's estimator
         f"{actor}.use_dynamic_bsz=True",
-        f"{actor}.ppo_max_token_len_per_gpu={max(cfg.micro_batch_tokens, prompt_len + response_len)}",
+        f"{actor}.ppo_max_token_len_per_gpu={max(cfg.update.micro_batch_tokens, prompt_len + response_len)}",
         f"{actor}.grad_clip={cfg.optim.max_grad_norm}",
         f"{actor}.optim.lr={cfg.optim.lr}",
         f"{actor}.optim.weight_decay={cfg.optim.weight_decay}",
@@ -295,7 +295,7 @@ def verl_overrides(
         f"reward.custom_reward_function.path={REWARD_PATH}",
         "reward.custom_reward_function.name=compute_score",
         f"+reward.custom_reward_function.reward_kwargs.metric={cfg.reward.metric}",
-        f"+reward.custom_reward_function.reward_kwargs.invalid_penalty={cfg.reward.invalid_penalty}",
+        f"+reward.custom_reward_function.reward_kwargs.invalid_penalty={cfg.reward.invalid_call_penalty}",
         f"+reward.custom_reward_function.reward_kwargs.citation_penalty={cfg.reward.citation_penalty}",
         f"+reward.custom_reward_function.reward_kwargs.search_cost={cfg.reward.search_cost}",
         f"+reward.custom_reward_function.reward_kwargs.memory_recall={cfg.reward.memory_recall}",
@@ -311,10 +311,10 @@ def verl_overrides(
         out += ["trainer.val_before_train=False", "trainer.test_freq=-1"]
     notes = [
         "groups of one session (a failed sibling, or n = 1) get advantage = reward in verl, 0 in memsearch",
-        f"verl's PPO mini-batch counts rows: ppo_mini_batch_size = {size} (x n = {size * cfg.group_size} rows) for "
-        f"about {rows:.2f} rows per session ({rows_source}) makes about {optimizer_steps} optimizer step(s) per "
-        f"training step (memsearch's trainer: {cfg.mini_batches_per_step * cfg.epochs}); fewer rows pad the last "
-        "mini-batch with no-op rows",
+        f"verl's PPO mini-batch counts rows: ppo_mini_batch_size = {size} (x n = {size * cfg.rollout.group_size} "
+        f"rows) for about {rows:.2f} rows per session ({rows_source}) makes about {optimizer_steps} optimizer step(s) "
+        f"per training step (memsearch's trainer: {cfg.update.mini_batches_per_step * cfg.update.epochs}); fewer rows "
+        "pad the last mini-batch with no-op rows",
         "verl's v1 trainer collects sessions in completion order: runs are not bit-reproducible; memsearch's "
         "trainer is the reproducible reference",
         "memsearch's per-call sampling seeds are not sent to the rollout servers",
@@ -329,8 +329,9 @@ def verl_overrides(
     if cfg.devices.train:
         notes.append(f"devices.train: start verl with CUDA_VISIBLE_DEVICES={cfg.devices.visible('train')} "
                      "(memsearch devices --config CONFIG --for train)")
-    if cfg.kl_coef > 0:
-        notes.append("KL reference: the base with the LoRA adapter off (verl's ref_in_actor), as kl_reference = 'base'")
+    if cfg.loss.kl_coef > 0:
+        notes.append("KL reference: the base with the LoRA adapter off (verl's ref_in_actor), as "
+                     "loss.kl_reference = 'base'")
     return out, notes
 
 

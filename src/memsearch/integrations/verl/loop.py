@@ -9,7 +9,7 @@ as constructor arguments) and chosen per parquet row by its ``agent_name`` colum
 ``VerlPolicyBackend``, prompts built with verl's continuous-token builder (the chat template);
 every other role keeps its configured backend. It returns one ``AgentLoopOutput`` per trained
 call, in episode order (the v1 trainer makes each a row, scores the last, broadcasts reward and
-advantage: memsearch's ``credit = "share"``); none when every trained call failed (verl logs the
+advantage: memsearch's ``credit.mode = "share"``); none when every trained call failed (verl logs the
 empty session). Each output carries the reward summary in ``extra_fields["memsearch"]``
 (``compute_score`` reads the last one's; no label is read here) and the session's counts
 (rows, refused prompts, request errors, invalid actions) in ``extra_fields["memsearch_counts"]``.

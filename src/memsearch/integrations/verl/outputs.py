@@ -9,7 +9,7 @@ missing ids refused), in episode order, so the last output is the last trained c
 reader's answer when the reader is trained (``overwrite``), the last memory update otherwise.
 
 verl's v1 trainer reads the reward and the GRPO advantage from the *last* output of a session
-and broadcasts them to the others (memsearch's ``credit = "share"``); it reads the advantage at
+and broadcasts them to the others (memsearch's ``credit.mode = "share"``); it reads the advantage at
 the last output's first mask-1 token, so ``session_outputs`` refuses a last output without a
 generated token instead of silently giving the whole session advantage 0.
 

@@ -39,6 +39,8 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     silently train on a different reward.
     """
     del data_source, solution_str  # the summary carries the prediction (module doc)
+    if "invalid_call_penalty" in kwargs:  # RewardSettings' own name (a dump of it) reads as the overrides' name
+        invalid_penalty = kwargs.pop("invalid_call_penalty")
     if kwargs.get("memory_recall"):
         # A dropped term would train on a different reward than the config says.
         raise ValueError("memory_recall > 0: verl rows carry the gold answers only, not the supporting facts the "
@@ -52,7 +54,8 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     trajectory = Trajectory.from_json(summary)  # the trajectory's fields the reward reads (outputs.reward_summary)
     role = summary["role"]  # the summary's own field beside them
     label = Label(id=trajectory.task_id, answers=answers, supporting_facts=[], gold_doc_ids=[])
-    settings = RewardSettings(metric=metric, invalid_penalty=invalid_penalty, citation_penalty=citation_penalty,
+    # `invalid_penalty`: the keyword's name in the overrides of every verl run (config.verl_overrides)
+    settings = RewardSettings(metric=metric, invalid_call_penalty=invalid_penalty, citation_penalty=citation_penalty,
                               search_cost=search_cost)
     score = trajectory_reward(trajectory, label, settings, role)
     text = trajectory.reader_text if metric == "boxed_em" else protocol_answer(trajectory)

@@ -25,7 +25,7 @@ from memsearch.engine.episode import run_episode
 from memsearch.integrations.verl.outputs import reward_summary, session_outputs
 from memsearch.records.trajectory import Trajectory
 from memsearch.train.config import GRPOConfig
-from memsearch.train.rows import TRAINED_CALL_ROLES
+from memsearch.train.rows import TRAINED_CALL_ROLES, upgrade_trained_role
 
 
 @dataclass
@@ -77,7 +77,8 @@ def setup_for_row(train_config: str, extra_info: dict[str, Any], data: str | Non
     if expected and expected != setup.fingerprint:
         raise ValueError(f"task {extra_info.get('task_id')}: the parquet was exported from another data folder than "
                          f"{setup.cfg.data} (manifest SHA-256 differs); export it again or give that folder")
-    if extra_info.get("role") and extra_info["role"] != setup.cfg.role:
+    # a parquet exported before the MemAgent role was renamed says "overwrite" (train.rows.EARLIER_ROLE_NAMES)
+    if extra_info.get("role") and upgrade_trained_role(extra_info["role"]) != setup.cfg.role:
         raise ValueError(f"task {extra_info.get('task_id')}: the parquet was exported for role {extra_info['role']!r}, "
                          f"the config trains {setup.cfg.role!r}")
     return setup

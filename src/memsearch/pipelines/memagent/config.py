@@ -2,7 +2,8 @@
 
 ``configs/memagent.toml`` holds it: ``model`` (the base of everything), ``[data]`` (sources and
 the numbers of documents N), ``[episode]`` (the recurrent agent: chunk, memory and answer limits,
-prompts; the same tables ``memsearch eval`` reads), ``[train]`` (GRPO, ``role = "overwrite"``).
+prompts; the same tables ``memsearch eval`` reads), ``[grpo]`` (GRPO of the ``memagent`` role; a
+config of an earlier layout says ``[train]``, read as ``[grpo]``).
 ``model`` fills the episode's tokenizer and its memory and reader backends, so budgets are
 always counted with the tokenizer of the model that is trained and evaluated.
 """
@@ -16,21 +17,21 @@ from pydantic import Field, model_validator
 from memsearch.config import KeyProblems, RunConfig, StrictConfig, config_check
 from memsearch.devices import DeviceLayout
 from memsearch.pipelines.config import (
+    PipelineConfig,
     PipelineReport,
     check_episode_tokenizer,
     episode_table,
-    every_problem,
     trainer_config,
     updated,
 )
 from memsearch.train.config import GRPOConfig, as_written, trainer_table
 
-# [train]: the GRPO fields but those the pipeline sets from model, data, episode and devices, and
+# [grpo]: the GRPO fields but those the pipeline sets from model, data, episode and devices, and
 # periodic evaluation (the pipeline evaluates the base and the trained model itself).
-TrainTable = trainer_table(
-    GRPOConfig, "TrainTable", __name__, owned=("eval",),
-    doc="[train] of the MemAgent pipeline: memsearch train grpo fields but role, model, data, episode, "
-    "episode_config, eval and devices, which the pipeline sets (role = 'overwrite')")
+GRPOTable = trainer_table(
+    GRPOConfig, "GRPOTable", __name__, owned=("eval",),
+    doc="[grpo] of the MemAgent pipeline: memsearch train grpo fields but role, model, data, episode, "
+    "episode_config, eval and devices, which the pipeline sets (role = 'memagent')")
 
 
 class PipelineData(StrictConfig):
@@ -60,9 +61,13 @@ class PipelineData(StrictConfig):
             )
 
 
-class MemAgentPipeline(StrictConfig):
-    """``memsearch pipeline memagent``: prepare, train (GRPO, overwrite role), merge, evaluate
+class MemAgentPipeline(PipelineConfig):
+    """``memsearch pipeline memagent``: prepare, train (GRPO, memagent role), merge, evaluate
     base and trained at every N, report."""
+
+    TRAINER_TABLES = ("grpo",)
+    # The trainer table was [train] before every trainer table was named by its trainer.
+    EARLIER_TABLE_NAMES = {"train": "grpo"}
 
     pipeline: Literal["memagent"] = Field(..., description="Marks a pipeline config (its [episode] is a run config)")
     model: str = Field(
@@ -76,19 +81,15 @@ class MemAgentPipeline(StrictConfig):
     report: PipelineReport = Field(
         default_factory=PipelineReport, description="Paired bootstrap settings of the report"
     )
-    train: as_written(TrainTable) = Field(
-        default_factory=TrainTable,
-        description="GRPO settings (memsearch train grpo fields but role/model/data/episode, which the pipeline sets)",
+    grpo: as_written(GRPOTable) = Field(
+        default_factory=GRPOTable,
+        description="GRPO settings (memsearch train grpo fields but role/model/data/episode, which the pipeline "
+        "sets); [train] reads as it",
     )
     devices: DeviceLayout = Field(
         default_factory=DeviceLayout,
         description="GPUs of the trainer (memsearch.devices); the pipeline's evaluations run on the trainer's GPUs",
     )
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _every_problem(cls, data: Any, handler) -> MemAgentPipeline:
-        return every_problem(data, handler, ("train",))
 
     @model_validator(mode="before")
     @classmethod
@@ -127,13 +128,13 @@ class MemAgentPipeline(StrictConfig):
 
     @config_check
     def _train_table(self, context: dict[str, Any]) -> None:
-        # [train]'s own values were checked as its fields; this checks them with what the pipeline
+        # [grpo]'s own values were checked as its fields; this checks them with what the pipeline
         # sets (role against episode, schema mode), now, with their field names.
         self.grpo_config("<train-data>")
 
     def grpo_config(self, train_data: str) -> GRPOConfig:
         """The ``memsearch train grpo`` config of the training stage."""
-        return trainer_config(GRPOConfig, "train", self.train, role="overwrite", model=self.model, data=train_data,
+        return trainer_config(GRPOConfig, "grpo", self.grpo, role="memagent", model=self.model, data=train_data,
                               episode=self.episode, devices=self.devices)
 
     def eval_config(self, model: str, limit: int | None = None) -> RunConfig:

@@ -8,7 +8,7 @@ Each stage's record is ``OUT/<stage>.stage.json`` (``eval/<checkpoint>/docs{N}.s
 
 1. ``prepare/``: ``dev/`` (HotpotQA dev), ``ruler/docs{N}`` (RULER-HQA-style sets, one per N),
    ``train/`` (HotpotQA train; ``train-long/docs{M}`` when ``data.train_docs`` is set);
-2. ``train/``: GRPO with ``role = "overwrite"`` (every memory update and the final answer are
+2. ``train/``: GRPO with ``role = "memagent"`` (every memory update and the final answer are
    trained with one trajectory reward); a re-run resumes from the newest checkpoint;
 3. ``rewards.md`` + ``reward_curve.png``: the per-step reward summary of the training log;
 4. ``merged/``: the final adapter merged into the base (a plain Hugging Face checkpoint);
@@ -98,7 +98,7 @@ def prepare_stage(cfg: MemAgentPipeline, out: Path, echo=print) -> dict[str, Any
 
 
 def train_stage(cfg: MemAgentPipeline, out: Path, train_data: Path, upstream: str, echo=print) -> Path:
-    """GRPO (role overwrite) into ``OUT/train``; returns the final adapter folder."""
+    """GRPO (role memagent) into ``OUT/train``; returns the final adapter folder."""
     return grpo_stage(
         out / "train", out / "train.stage.json", cfg.grpo_config(str(train_data)), {"prepare": upstream}, echo
     )

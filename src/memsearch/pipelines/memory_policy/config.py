@@ -4,7 +4,8 @@
 untrained baseline), ``[data]`` (train and the named held-out dev questions), ``[episode]`` (the
 run config of every episode: agent, budgets, reader, retrieval), ``[teacher]`` (the backend that
 writes the SFT trajectories), ``[sft]``, ``[grpo]`` (stage 1, memory role), ``[stage2]`` (optional
-GRPO of the controller with the stage-1 model frozen as memory backend) and ``seeds``.
+GRPO of the controller with the stage-1 model frozen as memory backend: ``[stage2.grpo]``, which a
+config of an earlier layout calls ``[stage2.train]``) and ``seeds``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from pydantic import Field, model_validator
 
 from memsearch.config import BackendConfig, KeyProblems, Matrix, RunConfig, StrictConfig, config_check
 from memsearch.devices import DeviceLayout
-from memsearch.pipelines.config import PipelineReport, check_episode_tokenizer, every_problem, trainer_config, updated
+from memsearch.pipelines.config import (
+    PipelineConfig,
+    PipelineReport,
+    check_episode_tokenizer,
+    trainer_config,
+    updated,
+)
 from memsearch.pipelines.stages import OnCollapse
 from memsearch.train.config import EvalSettings, GRPOConfig, SFTConfig, as_written, trainer_table
 
@@ -30,14 +37,14 @@ SFTTable = trainer_table(
     "adapter, seed, eval, eval_config and devices, which the pipeline sets")
 GRPOTable = trainer_table(
     GRPOConfig, "GRPOTable", __name__, owned=("eval_config", "adapter", "seed"), owned_eval=("data",),
-    doc="[grpo] / [stage2.train] of the memory-policy pipeline: memsearch train grpo fields but role, model, data, "
+    doc="[grpo] / [stage2.grpo] of the memory-policy pipeline: memsearch train grpo fields but role, model, data, "
     "episode, adapter, seed, eval.data and devices, which the pipeline sets")
 
 
 
 def oracle_teacher(description: str) -> Any:
     """A teacher backend field, the oracle by default (each use says what it teaches)."""
-    return Field(default_factory=lambda: BackendConfig(kind="oracle"), description=description)
+    return Field(default_factory=lambda: BackendConfig.model_validate({"kind": "oracle"}), description=description)
 
 class MPData(StrictConfig):
     """Train and held-out dev questions (``prepare`` stage)."""
@@ -60,7 +67,7 @@ class MPData(StrictConfig):
         0,
         ge=0,
         description="Validation questions for the periodic evaluation of GRPO "
-        "(grpo.eval.every / stage2.train.eval.every): the next N of the dev file after the "
+        "(grpo.eval.every / stage2.grpo.eval.every): the next N of the dev file after the "
         "held-out ones, disjoint from them; 0 = no periodic evaluation",
     )
 
@@ -136,15 +143,20 @@ class Stage2(StrictConfig):
         description="http, launched server: how long to wait for its /health before giving up "
         "(the error shows the end of its log)",
     )
-    train: as_written(GRPOTable) = Field(
+    grpo: as_written(GRPOTable) = Field(
         default_factory=GRPOTable,
-        description="memsearch train grpo fields of stage 2 (role, model, data, episode, seed are set by the pipeline)",
+        description="memsearch train grpo fields of stage 2 (role, model, data, episode, seed are set by the "
+        "pipeline); [stage2.train] reads as it",
     )
 
 
-class MemoryPolicyPipeline(StrictConfig):
+class MemoryPolicyPipeline(PipelineConfig):
     """``memsearch pipeline memory-policy``: prepare, teacher + export-sft, SFT, GRPO stage 1,
     merge, optional stage 2, the A-D matrix on held-out dev, report."""
+
+    TRAINER_TABLES = ("sft", "grpo", "stage2.grpo", "stage2.sft")
+    # Stage 2's trainer table was [stage2.train] before every trainer table was named by its trainer.
+    EARLIER_TABLE_NAMES = {"stage2.train": "stage2.grpo"}
 
     pipeline: Literal["memory-policy"] = Field(
         ..., description="Marks a pipeline config (its [episode] is a run config)"
@@ -220,11 +232,6 @@ class MemoryPolicyPipeline(StrictConfig):
         "port: the URL is part of every stage's fingerprint); `memsearch experiment run` deploys it with the "
         "engine of its config. Needs stage2.memory_serving = 'http' (whose checks apply: no schema mode)",
     )
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _every_problem(cls, data: Any, handler) -> MemoryPolicyPipeline:
-        return every_problem(data, handler, ("sft", "grpo", "stage2.train", "stage2.sft"))
 
     @model_validator(mode="before")
     @classmethod
@@ -304,9 +311,9 @@ class MemoryPolicyPipeline(StrictConfig):
                 "grpo_start = 'base' needs schema_mode = true: without SFT the untrained base model "
                 "hardly ever writes a readable operation batch, so GRPO would have nothing to compare",
             ))
-        if "schema_mode" in self.grpo.model_fields_set:
+        if "schema_mode" in self.grpo.rollout.model_fields_set:
             problems.append((
-                "grpo.schema_mode",
+                "grpo.rollout.schema_mode",
                 "set the pipeline's top-level schema_mode (it also sets the held-out "
                 "evaluations and B/D); remove it from [grpo]",
             ))
@@ -325,7 +332,7 @@ class MemoryPolicyPipeline(StrictConfig):
         problems = [
             (f"{table}.eval.every", f"{table}.eval.every needs data.val_questions > 0: periodic evaluation reads the "
              "validation split only, never the held-out comparison questions")
-            for table, grpo in (("grpo", self.grpo), ("stage2.train", self.stage2.train))
+            for table, grpo in (("grpo", self.grpo), ("stage2.grpo", self.stage2.grpo))
             if grpo.eval.every and not self.data.val_questions
         ]
         if problems:
@@ -421,7 +428,8 @@ class MemoryPolicyPipeline(StrictConfig):
         settings; decoding in ``schema_mode`` (the pipeline's by default; summary memory and the
         controller decode freely)."""
         return updated(self.episode.backends.memory, "episode.backends.memory", kind="hf", model=model or self.model,
-                       adapter=None, schema_mode=self.schema_mode if schema_mode is None else schema_mode)
+                       adapter=None, base_url=None,  # a served memory's URL is no setting of a local model
+                       schema_mode=self.schema_mode if schema_mode is None else schema_mode)
 
     def teacher_config(self) -> RunConfig:
         """The run config of the teacher trajectories on train."""
@@ -451,7 +459,8 @@ class MemoryPolicyPipeline(StrictConfig):
         model, ``grpo_start = 'base'``); periodic evaluation on ``val``."""
         return trainer_config(
             GRPOConfig, "grpo", self.grpo, role="memory", model=self.model, data=train, seed=seed,
-            schema_mode=self.schema_mode, adapter=adapter, episode=self._episode(memory=self.base_backend()),
+            rollout=updated(self.grpo.rollout, "grpo.rollout", schema_mode=self.schema_mode), adapter=adapter,
+            episode=self._episode(memory=self.base_backend()),
             eval=self._eval(self.grpo, val), devices=self.devices,
         )
 
@@ -499,8 +508,8 @@ class MemoryPolicyPipeline(StrictConfig):
             agent_controller="policy",
         )
         return trainer_config(
-            GRPOConfig, "stage2.train", self.stage2.train, role="controller", model=self.model, data=train,
-            seed=seed, adapter=adapter, episode=episode, eval=self._eval(self.stage2.train, val), devices=self.devices,
+            GRPOConfig, "stage2.grpo", self.stage2.grpo, role="controller", model=self.model, data=train,
+            seed=seed, adapter=adapter, episode=episode, eval=self._eval(self.stage2.grpo, val), devices=self.devices,
         )
 
     def matrix_config(self, stage1: str, controller: str | None, served: tuple[str, str] | None = None) -> RunConfig:

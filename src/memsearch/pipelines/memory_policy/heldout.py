@@ -61,7 +61,7 @@ def policy_backend(cfg, policy: str, sft: Path | None = None, stage1: Path | Non
     from memsearch.pipelines.config import updated
 
     if policy == "rules":
-        return BackendConfig(kind="rules")
+        return BackendConfig.model_validate({"kind": "rules"})
     if policy == "base":
         return cfg.base_backend(schema_mode=True)
     if policy == "sft":

@@ -265,7 +265,8 @@ def seed_stages(
     merged1, fp1 = merge_stage(root / "merged1", root / "merged1.stage.json", cfg.model, trained[1],
                                cfg.merge_dtype, echo)
     with stage1_server(cfg, root, seed, merged1, serve_stage1, echo) as served:
-        return _after_merge(cfg, root, seed, paths, trained, (merged1, fp1), echo, controller_rows, served)
+        return _after_merge(cfg, root, seed, paths, echo, trained=trained, merged=(merged1, fp1),
+                            controller_rows=controller_rows, served=served)
 
 
 @contextmanager
@@ -293,17 +294,11 @@ def stage1_server(cfg: MemoryPolicyPipeline, root: Path, seed: int, merged1: Pat
             yield url, str(merged1)
 
 
-def _after_merge(
-    cfg: MemoryPolicyPipeline,
-    root: Path,
-    seed: int,
-    paths: dict[str, Any],
-    trained: tuple[Path | None, Path, dict[str, Any]],
-    merged: tuple[Path, str],
-    echo,
-    controller_rows: tuple[Path, str] | None,
-    served: tuple[str, str] | None,
-) -> dict[str, Any]:
+def _after_merge(cfg: MemoryPolicyPipeline, root: Path, seed: int, paths: dict[str, Any], echo, *,
+                 trained: tuple[Path | None, Path, dict[str, Any]], merged: tuple[Path, str],
+                 controller_rows: tuple[Path, str] | None, served: tuple[str, str] | None) -> dict[str, Any]:
+    """The stages of one seed after its stage-1 merge (``seed_stages``): ``trained`` is what
+    ``train_stage1`` returned, ``merged`` the merged folder and its fingerprint."""
     from memsearch.pipelines.memory_policy import heldout
 
     train = str(paths["train"])

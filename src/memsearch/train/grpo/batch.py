@@ -145,7 +145,7 @@ class Batch:
     zero_variance_groups: int = 0
     groups: int = 0
     counts: RowCounts = field(default_factory=RowCounts)
-    call_rewards: list[float] = field(default_factory=list)  # credit = "state": every branch's per-call reward
+    call_rewards: list[float] = field(default_factory=list)  # credit.mode = "state": every branch's per-call reward
 
     @property
     def masked_decision_tokens(self) -> int:

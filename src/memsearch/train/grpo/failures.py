@@ -11,7 +11,7 @@ with ``request_errors > 0`` or status ``"error"`` (``is_failed``), and in the up
 - its rows are left out, and it is no member of its group: the group's advantages are computed
   over its successful members (``batch.build_batch``); a group left with fewer than two
   successful members has no baseline and contributes nothing (its other rows are left out too);
-- with ``credit = "state"`` the groups that give the advantages are the state groups of each
+- with ``credit.mode = "state"`` the groups that give the advantages are the state groups of each
   memory call (``train.grpo.state_credit``): a successful trajectory's calls still train when its
   task lost members, only the global term is taken over the successful members;
 - dynamic sampling judges a group's reward spread over its successful members.

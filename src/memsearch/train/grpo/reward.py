@@ -1,7 +1,7 @@
 """The trajectory reward of GRPO: one number per episode, computed after it (labels join here).
 
     reward = metric(prediction, gold answers)
-             - invalid_penalty * (invalid calls / calls of the trained role(s))
+             - invalid_call_penalty * (invalid calls / calls of the trained role(s))
              - citation_penalty * (invalid citations / citations of the answer)
              - search_cost * searches
              + memory_recall * memory support recall
@@ -30,7 +30,7 @@ episode whose every trained call is invalid loses the full 0.5; the citation ter
 when every cited id was never shown); each search costs ``search_cost``; the recall term adds at
 most ``memory_recall``. An over-budget ADD is a rejected batch: the memory stays as it was (as
 after a NOOP), the call counts invalid (one such call of three: -0.167), and the trajectory keeps
-the one advantage every row of it shares (``credit = "share"``).
+the one advantage every row of it shares (``credit.mode = "share"``).
 
 Defaults (``RewardSettings``): F1, both penalties 0.5, searches free (docs/design.md §7).
 """
@@ -51,9 +51,9 @@ def trajectory_reward(trajectory: Trajectory, label: Label, settings: RewardSett
     text = trajectory.reader_text if settings.metric == "boxed_em" else protocol_answer(trajectory)
     reward = float(metric(text, label.answers))
     calls = trained_calls(trajectory, role)
-    if calls and settings.invalid_penalty:
+    if calls and settings.invalid_call_penalty:
         invalid = sum(1 for c in calls if c.valid is False)
-        reward -= settings.invalid_penalty * invalid / len(calls)
+        reward -= settings.invalid_call_penalty * invalid / len(calls)
     if trajectory.citations and settings.citation_penalty:
         reward -= settings.citation_penalty * len(trajectory.invalid_citations) / len(trajectory.citations)
     if settings.search_cost:

@@ -1,4 +1,4 @@
-"""Per-decision credit for the memory role: state groups (``credit = "state"``, docs/design.md §7).
+"""Per-decision credit for the memory role: state groups (``credit.mode = "state"``, docs/design.md §7).
 
 Trajectory-level credit gives every memory call of a trajectory the trajectory's advantage: an
 ADD that overflowed the budget and the gold ADD beside it are pushed alike, and rollouts that
@@ -20,7 +20,7 @@ question's gold supporting facts:
 - a batch rejected for overflowing the memory budget: - ``overflow_penalty`` x (0.5 + 0.5 x
   min(1, tokens over / budget)), so a batch twice the budget costs the whole penalty and one a
   token over costs half of it;
-- any other rejected or unreadable batch: - ``invalid_penalty``;
+- any other rejected or unreadable batch: - ``rejected_batch_penalty``;
 - a branch whose request failed has no completion: no row, no part of the group;
 - a trajectory with a request error (``train.grpo.failures``) gives no row; the global term below is
   taken over its task's successful trajectories.
@@ -59,7 +59,7 @@ def call_reward(branch: BranchOutcome, call: PolicyCall, gold: set[str], setting
         over = (branch.over_budget_tokens or 0) / max(1, branch.budget_tokens or 0)
         return -settings.overflow_penalty * (0.5 + 0.5 * min(1.0, over))
     if branch.status != "applied":
-        return -settings.invalid_penalty
+        return -settings.rejected_batch_penalty
     if not gold:
         return 0.0
     kept_gain = len(set(branch.kept or ()) & gold) - len(set(call.kept_before or ()) & gold)
@@ -143,6 +143,6 @@ def _memory_calls(trajectory: Trajectory) -> list[PolicyCall]:
     """The trajectory's memory calls, each with its branches (else ``ValueError``)."""
     calls = trained_calls(trajectory, "memory")
     if any(call.branches is None for call in calls):
-        raise ValueError(f"task {trajectory.task_id}: a memory call without branches; credit = 'state' "
+        raise ValueError(f"task {trajectory.task_id}: a memory call without branches; credit.mode = 'state' "
                          "needs the engine's state groups (Environment.branches)")
     return calls

@@ -123,14 +123,14 @@ class Rollouts:
         self.policy_backend = HFBackend(
             model=cfg.model,
             loaded=(self.sampler.model if merge else policy, tokenizer),
-            max_batch_size=cfg.max_batch_size,
+            max_batch_size=cfg.rollout.max_batch_size,
             seed=cfg.seed,
             name="hf-policy",
             share_prompts=fast,
         )
         self.backends = self.shared.backends_with({role: self.policy_backend for role in self.trained})
         # The trained roles' sampling, built once; each rollout copies it with a seed of its own.
-        self.sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p)
+        self.sampling = Sampling(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
 
     def config_for(self, step: int, k: int, round_: int = 0):
         """The episode config of rollout ``k`` at ``step``: trained roles sample at T with their own
@@ -149,8 +149,8 @@ class Rollouts:
                 self.sampler.refresh()  # the adapter as it is at this step
         envs = [
             self.shared.environment(self.config_for(step, k, round_), "grpo", answered_by=self.backends,
-                                    branches=self.cfg.state_group_size if self.cfg.credit == "state" else 1)
-            for k in range(self.cfg.group_size)
+                                    branches=self.cfg.credit.state_group_size if self.cfg.credit.mode == "state" else 1)
+            for k in range(self.cfg.rollout.group_size)
         ]
 
         async def all_episodes():
@@ -162,7 +162,7 @@ class Rollouts:
         release_cached_memory(self.policy)  # the rollouts' KV caches: free for the update's activations
         # rows generated, counted where the calls are answered (not re-read from the trajectories)
         self.generated = sum(answered[role] for role in self.trained) - before
-        g = self.cfg.group_size
+        g = self.cfg.rollout.group_size
         return [flat[i * g : (i + 1) * g] for i in range(len(tasks))]
 
     def evaluation_model(self):
@@ -186,7 +186,7 @@ def trained_role_backends(cfg: GRPOConfig, adapter: Path | None = None, sampling
                           **fields: Any) -> RunConfig:
     """``cfg.episode`` with the trained roles on the hf policy, sampled the way training samples
     them: the one place rollouts, periodic evaluation and the verl lane take it from, so the
-    evaluated policy is the trained one. Their schema mode is ``cfg.schema_mode`` (memory role
+    evaluated policy is the trained one. Their schema mode is ``cfg.rollout.schema_mode`` (memory role
     only); ``sampling`` (rollouts: temperature, top_p, a seed per rollout) replaces their own
     (evaluation: the episode's, greedy by default); ``adapter``: they load it on ``cfg.model``;
     ``fields``: other run-config fields (``limit``). Copies of the validated episode's parts
@@ -194,12 +194,12 @@ def trained_role_backends(cfg: GRPOConfig, adapter: Path | None = None, sampling
     backends = cfg.episode.backends
     roles = {}
     for role in TRAINED_CALL_ROLES[cfg.role]:
-        update = {"kind": "hf", "schema_mode": cfg.schema_mode and role == "memory"}
+        update = {"kind": "hf", "schema_mode": cfg.rollout.schema_mode and role == "memory"}
         if adapter is not None:
             update.update(model=cfg.model, adapter=str(adapter))
         if sampling is not None:
             update["sampling"] = sampling
-        roles[role] = getattr(backends, role).model_copy(update=update)
+        roles[role] = getattr(backends, role).replaced(**update)
     return cfg.episode.model_copy(update={"backends": backends.model_copy(update=roles), **fields})
 
 
@@ -227,13 +227,14 @@ def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path, rollouts: Rollouts
 
 def make_batch(cfg: GRPOConfig, groups, rewards, labels, tokenizer, generated: int) -> Batch:
     """A step's training rows from its trajectories (by task) and their rewards: advantages by
-    ``cfg.credit``, decision tokens marked, invalid decisions masked by
-    ``cfg.invalid_decision_credit``. ``generated``: completions the policy backend returned."""
-    decisions = DecisionRule(tokenizer, cfg.invalid_decision_credit)
-    if cfg.credit == "state":
-        return build_state_batch(groups, rewards, labels, cfg.state_reward, std_scale=cfg.std_scale,
-                                 global_weight=cfg.global_weight, generated=generated, decisions=decisions)
-    return build_batch(groups, rewards, cfg.role, cfg.credit, cfg.std_scale, generated=generated, decisions=decisions)
+    ``cfg.credit.mode``, decision tokens marked, invalid decisions masked by
+    ``cfg.credit.invalid_decision_credit``. ``generated``: completions the policy backend returned."""
+    decisions = DecisionRule(tokenizer, cfg.credit.invalid_decision_credit)
+    if cfg.credit.mode == "state":
+        return build_state_batch(groups, rewards, labels, cfg.credit.state_reward, std_scale=cfg.credit.std_scale,
+                                 global_weight=cfg.credit.global_weight, generated=generated, decisions=decisions)
+    return build_batch(groups, rewards, cfg.role, cfg.credit.mode, cfg.credit.std_scale, generated=generated,
+                       decisions=decisions)
 
 
 def _step_line(record: TrainStep, steps: int) -> str:
@@ -279,10 +280,11 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             device,
             cfg.dtype,
             cfg.seed,
-            keep_reference=cfg.kl_coef > 0 and cfg.kl_reference == "start",
+            keep_reference=cfg.loss.kl_coef > 0 and cfg.loss.kl_reference == "start",
             gradient_checkpointing=cfg.gradient_checkpointing,
         )
-        optimizer, scheduler = make_optimizer(policy, cfg.optim, cfg.steps * cfg.epochs * cfg.mini_batches_per_step)
+        optimizer_steps = cfg.steps * cfg.update.epochs * cfg.update.mini_batches_per_step
+        optimizer, scheduler = make_optimizer(policy, cfg.optim, optimizer_steps)
         prepare_run_folder(cfg, out, resume, dist)  # only now: everything above may refuse the start
         if dist.main:
             echo(note)
@@ -291,7 +293,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             start, _ = resume_checkpoint(out / "checkpoints", policy, optimizer, scheduler, dist, echo)
             drop_lost_steps(out, start, dist)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        mask_fn = _mask_fn(tokenizer) if cfg.schema_mode else None
+        mask_fn = _mask_fn(tokenizer) if cfg.rollout.schema_mode else None
         rollouts = Rollouts(cfg, dataset, policy, tokenizer, fast=fast_rollouts)
         log = TrainLog(out, enabled=dist.main, resume_step=start if resume else None)
         guard = guard_for_run(cfg.collapse_guard, out, start, dist)
@@ -304,7 +306,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
             positions = step_task_positions(
-                step, cfg.tasks_per_step, len(dataset.tasks), cfg.seed, dist.rank, dist.world
+                step, cfg.rollout.tasks_per_step, len(dataset.tasks), cfg.seed, dist.rank, dist.world
             )
 
             def roll(tasks, round_, step=step):
@@ -349,7 +351,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             # checkpoint step: evaluations keep their own cadence (eval.every = 6 with
             # checkpoint_every = 4 evaluates at 6, 12, ...), not only on steps that are both.
             if step % cfg.checkpoint_every == 0 or step == cfg.steps or eval_due:
-                position = {"tasks_seen": step * cfg.tasks_per_step}
+                position = {"tasks_seen": step * cfg.rollout.tasks_per_step}
                 trainer = (policy, optimizer, scheduler, dist)
                 folder = save_checkpoint(out / "checkpoints", step, *trainer, position, cfg.keep_checkpoints)
                 if eval_due:

@@ -29,7 +29,7 @@ def update(
     model, optimizer, batch: Batch, cfg: GRPOConfig, dist: Dist, pad_id: int, mask_fn=None, scheduler=None,
     step: int = 0,
 ) -> UpdateStats:
-    """``cfg.epochs`` passes over this rank's rows, ``cfg.mini_batches_per_step`` optimizer steps
+    """``cfg.update.epochs`` passes over this rank's rows, ``cfg.update.mini_batches_per_step`` optimizer steps
     each (all ranks call it together); ``scheduler`` (if given) is stepped after every optimizer
     step, so a schedule sized ``steps * epochs * mini_batches_per_step`` ends where it should.
     A non-finite gradient norm (before the optimizer step) or weight (after it) stops training
@@ -47,7 +47,7 @@ def update(
 
     Old log-probs (when the ratio can depart from 1: epochs > 1 or mini-batches) and reference
     log-probs are taken once, before the first optimizer step, without dropout (eval mode). The
-    update itself runs without dropout too unless ``cfg.disable_dropout`` is off. Statistics are
+    update itself runs without dropout too unless ``cfg.update.disable_dropout`` is off. Statistics are
     those of the first epoch (over all its mini-batches).
     """
     from memsearch.train.policy import trainable_named_parameters
@@ -56,13 +56,13 @@ def update(
     named = trainable_named_parameters(model)
     params = [p for _, p in named]
     plan = _plan_mini_batches(rows, cfg)
-    off_policy = cfg.epochs > 1 or cfg.mini_batches_per_step > 1
+    off_policy = cfg.update.epochs > 1 or cfg.update.mini_batches_per_step > 1
     fixed = _fixed_logprobs(model, rows, plan, cfg, pad_id, mask_fn, off_policy)
     signal = _signal(rows, plan, dist)
-    model.train(not cfg.disable_dropout)
+    model.train(not cfg.update.disable_dropout)
     first = _FirstEpoch.start(len(plan), fixed.gap)
     skipped = 0
-    for epoch in range(cfg.epochs):
+    for epoch in range(cfg.update.epochs):
         tally = first if epoch == 0 else None
         for k, part in enumerate(plan):
             optimizer.zero_grad(set_to_none=False)
@@ -113,14 +113,14 @@ class _MiniBatch:
 
 
 def _plan_mini_batches(rows: list[Row], cfg: GRPOConfig) -> list[_MiniBatch]:
-    """This rank's rows dealt into ``cfg.mini_batches_per_step`` parts (some may be empty), each
+    """This rank's rows dealt into ``cfg.update.mini_batches_per_step`` parts (some may be empty), each
     weighted by the aggregation and cut into micro-batches of at most ``micro_batch_tokens``."""
     plan = []
-    for part in split_mini_batches(rows, cfg.mini_batches_per_step):
+    for part in split_mini_batches(rows, cfg.update.mini_batches_per_step):
         sub = [rows[i] for i in part]
-        weights, local_denominator = aggregation_weights(sub, cfg.aggregation, cfg.aggregation_tokens)
-        packer = shared_micro_batches if cfg.share_prompts else micro_batches
-        micros = [[part[j] for j in idx] for idx in packer(sub, cfg.micro_batch_tokens)]
+        weights, local_denominator = aggregation_weights(sub, cfg.loss.aggregation, cfg.loss.aggregation_tokens)
+        packer = shared_micro_batches if cfg.update.share_prompts else micro_batches
+        micros = [[part[j] for j in idx] for idx in packer(sub, cfg.update.micro_batch_tokens)]
         plan.append(_MiniBatch(local_denominator, micros, dict(zip(part, weights, strict=True))))
     return plan
 
@@ -177,29 +177,29 @@ def _fixed_logprobs(model, rows, plan: list[_MiniBatch], cfg: GRPOConfig, pad_id
             for g, idx in enumerate(part.micro_batches):
                 sub = [rows[i] for i in idx]
                 if off_policy:
-                    fixed.old[k, g] = _scorer(cfg)(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
+                    fixed.old[k, g] = _scorer(cfg)(model, sub, pad_id, cfg.rollout.temperature, mask_fn).logprobs
                     fixed.gap.add(fixed.old[k, g], sub)
-                if cfg.kl_coef > 0:
+                if cfg.loss.kl_coef > 0:
                     with reference_policy(model):
-                        fixed.ref[k, g] = _scorer(cfg)(model, sub, pad_id, cfg.temperature, mask_fn).logprobs
+                        fixed.ref[k, g] = _scorer(cfg)(model, sub, pad_id, cfg.rollout.temperature, mask_fn).logprobs
     return fixed
 
 
 def _scorer(cfg: GRPOConfig):
     """How rows are scored: each prompt once per micro-batch (``share_prompts``), or row by row."""
-    return shared_completion_logprobs if cfg.share_prompts else completion_logprobs
+    return shared_completion_logprobs if cfg.update.share_prompts else completion_logprobs
 
 
 def _backward(model, sub, weights: list[float], fixed: _FixedLogprobs, key: tuple[int, int], cfg: GRPOConfig,
               pad_id: int, mask_fn, off_policy: bool, tally: _FirstEpoch | None) -> None:
     """Backpropagate one micro-batch's weighted loss sum (``weights``: its rows' aggregation
     weights); ``tally`` (first epoch only) adds its statistics."""
-    scored = _scorer(cfg)(model, sub, pad_id, cfg.temperature, mask_fn, with_entropy=tally is not None)
+    scored = _scorer(cfg)(model, sub, pad_id, cfg.rollout.temperature, mask_fn, with_entropy=tally is not None)
     old_lp = fixed.old[key] if off_policy else scored.logprobs.detach()
     adv = torch.tensor([r.advantage for r in sub], device=scored.logprobs.device)
     loss_sum, st = policy_loss(scored.logprobs, old_lp, adv, scored.mask,
-                               torch.tensor(weights, device=scored.logprobs.device), cfg.clip_low, cfg.clip_high,
-                               fixed.ref.get(key), cfg.kl_coef, cfg.dual_clip)
+                               torch.tensor(weights, device=scored.logprobs.device), cfg.loss.clip_low,
+                               cfg.loss.clip_high, fixed.ref.get(key), cfg.loss.kl_coef, cfg.loss.dual_clip)
     if loss_sum.requires_grad:  # else every token is forced by the schema or out of the loss: no gradient
         loss_sum.backward()
     if tally is None:
