@@ -3,7 +3,8 @@ subprocess on 127.0.0.1, over a BM25 index built by ``memsearch retrieval build`
 shipped dev questions, under a low open-file limit. Oversized queries, a million hits in one
 request, JSON nested 100,000 deep, bodies that never arrive and hundreds of connections that
 dribble a request head run beside normal clients; every normal request must be answered, every
-hostile one get its 4xx, the log stay small and the service exit 0 on SIGTERM. The bad command
+hostile one get its 4xx (a body that never arrives: its 408, or closed as the oldest unanswered
+connection over the limit), the log stay small and the service exit 0 on SIGTERM. The bad command
 lines are one ``error:`` line and status 2. Statuses and sizes are asserted, never speeds."""
 
 from __future__ import annotations
@@ -140,7 +141,12 @@ def test_normal_clients_are_answered_whatever_hostile_ones_send(index, rel):
             server.kill()
     unanswered = sum(1 for status, hits in got["normal"] if status != 200 or hits != 2)
     wrong = [(name, status) for name, status, expected in got["hostile"] if status != expected]
-    wrong += [] if got["late_body"] == b"HTTP/1.1 408" else [("body that never arrives", got["late_body"])]
+    # A body that never arrives gets its 408 once timeout_s passes, or is closed before that as the
+    # oldest connection not being answered while the dribbling ones hold more than the connection
+    # limit (retrieval.service_connections.ConnectionGuard's policy; which comes first is timing):
+    # either way the service does not hold it (and stays up: asserted below).
+    if got["late_body"] not in (b"HTTP/1.1 408", b""):
+        wrong.append(("body that never arrives", got["late_body"]))
     rel.LEDGER.record("hostile clients: normal requests (retrieval serve)", runs=len(got["normal"]),
                       lost=unanswered + (NORMAL_CLIENTS * NORMAL_EACH - len(got["normal"])),
                       wrong_exit=int(code != 0), seconds=time.perf_counter() - started)
