@@ -107,3 +107,20 @@ def test_set_flags_of_either_spelling_and_the_trainer_table_of_a_pipeline(tmp_pa
     assert same == grpo.model_copy(update={"loss": grpo.loss.model_copy(update={"kl_coef": 0.01})})
     with pytest.raises(InputError, match="train.credit and grpo.credit are one setting"):
         load_config(earlier, ['grpo.credit.mode="share"'], model=MemAgentPipeline)
+
+
+def test_a_published_config_takes_overrides_in_its_own_spelling_and_says_so_for_the_other():
+    """The v3 study config is written the earlier way (it is the record of what ran): an override
+    in that spelling replaces its value; one in the current spelling names both and says which to
+    give, since a --set merges into the file before either is read."""
+    from pathlib import Path
+
+    from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
+
+    v3 = Path(__file__).resolve().parents[2] / "studies" / "memory_policy" / "configs" / "memory_policy_cpu_v3.toml"
+    assert load_config(v3, ["grpo.group_size=2"], model=MemoryPolicyPipeline).grpo.rollout.group_size == 2
+    with pytest.raises(InputError) as refused:
+        load_config(v3, ["grpo.rollout.group_size=2"], model=MemoryPolicyPipeline)
+    assert ("group_size and rollout.group_size are one setting, in its earlier and its current spelling; give it "
+            "once: rollout.group_size, or group_size where the config file it overrides spells it so"
+            ) in str(refused.value)

@@ -39,6 +39,13 @@ RENAMED: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def both_spellings(old: str, new: str) -> str:
+    """The refusal of one setting given in both spellings. A ``--set`` merges into the file's
+    tables before either is read, so which one overrides is unknown: the user gives it once, in
+    the spelling of the file it overrides (a published config keeps the earlier one)."""
+    return (f"{old} and {new} are one setting, in its earlier and its current spelling; give it once: {new}, or "
+            f"{old} where the config file it overrides spells it so")
+
 def merge_disjoint(current: Any, earlier: Mapping[str, Any], where: str, earlier_where: str,
                    problems: list[tuple[str, str]]) -> Any:
     """``earlier`` (a table in an earlier spelling, at key ``earlier_where``; "" for the top)
@@ -64,8 +71,7 @@ def merge_disjoint(current: Any, earlier: Mapping[str, Any], where: str, earlier
             out[key] = merge_disjoint(below, value, _at(where, key), _at(earlier_where, key), problems)
         else:
             old, new = _at(earlier_where, key), _at(where, key)
-            problems.append((old, f"{old} and {new} are one setting, in its earlier and its current spelling; "
-                             f"give only {new}"))
+            problems.append((old, both_spellings(old, new)))
     return out
 
 
@@ -108,8 +114,7 @@ def _renamed(data: dict[str, Any], table: str, before: str, now: str,
     if before not in below:
         return data
     if now in below:
-        problems.append((f"{where}.{before}", f"{where}.{before} and {where}.{now} are one setting, in its earlier "
-                         f"and its current spelling; give only {where}.{now}"))
+        problems.append((f"{where}.{before}", both_spellings(f"{where}.{before}", f"{where}.{now}")))
         return data
     return {**data, head: {(now if k == before else k): v for k, v in below.items()}}
 
