@@ -151,30 +151,19 @@ def test_task_positions_cover_each_epoch_once_and_split_ranks():
         assert sorted(both) == sorted(step_task_positions(step, per_step, n, 3, 0, 1))
 
 
+def grpo_under_torchrun(torchrun, tmp_path, model, adapter, data, *sets: str):
+    """`memsearch train grpo` with ``CONFIG`` on two gloo ranks into ``tmp_path/run``: the model,
+    adapter and data given, then ``sets`` (``--set`` values); the completed process."""
+    (tmp_path / "grpo.toml").write_text(CONFIG)
+    given = [f"{key}={json.dumps(str(path))}" for key, path in (("model", model), ("adapter", adapter), ("data", data))]
+    return torchrun("-m", "memsearch.cli.app", "train", "grpo", "--config", tmp_path / "grpo.toml",
+                    "--out", tmp_path / "run", *[a for s in (*given, *sets) for a in ("--set", s)], timeout=400)
+
 @pytest.mark.slow
 def test_torchrun_two_gloo_ranks_end_to_end(tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, tmp_path, torchrun):
     """`memsearch train grpo` under torchrun: each rank rolls out its own tasks; rows are counted
     over both ranks; one adapter comes out."""
-    (tmp_path / "grpo.toml").write_text(CONFIG)
-    proc = torchrun(
-        "-m",
-        "memsearch.cli.app",
-        "train",
-        "grpo",
-        "--config",
-        tmp_path / "grpo.toml",
-        "--out",
-        tmp_path / "run",
-        "--set",
-        f"model={json.dumps(str(tiny_model_dir))}",
-        "--set",
-        f"adapter={json.dumps(str(tiny_adapter_dir))}",
-        "--set",
-        f"data={json.dumps(str(hotpot_train_dir))}",
-        "--set",
-        "steps=2",
-        timeout=400,
-    )
+    proc = grpo_under_torchrun(torchrun, tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, "steps=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2]
@@ -234,30 +223,9 @@ def test_torchrun_ranks_wait_for_rank_zero_evaluation_explicitly(
     barrier bounded by eval.wait_s (docs/design.md §7), not inside a collective: evaluating 40
     tasks of 3 memory calls of 160 sampled tokens each takes several seconds (about 5 s on a
     loaded 2-core CPU), so a 1 s bound fails the run and says why."""
-    (tmp_path / "grpo.toml").write_text(CONFIG)
-    sets = [
-        f"model={json.dumps(str(tiny_model_dir))}",
-        f"adapter={json.dumps(str(tiny_adapter_dir))}",
-        f"data={json.dumps(str(hotpot_train_dir))}",
-        "steps=1",
-        f"eval.data={json.dumps(str(hotpot_dev_dir))}",
-        "eval.limit=40",
-        "eval.wait_s=1",
-        "episode.budgets.max_searches=3",
-        "episode.budgets.policy_tokens=160",
-    ]
-    proc = torchrun(
-        "-m",
-        "memsearch.cli.app",
-        "train",
-        "grpo",
-        "--config",
-        tmp_path / "grpo.toml",
-        "--out",
-        tmp_path / "run",
-        *[a for s in sets for a in ("--set", s)],
-        timeout=400,
-    )
+    proc = grpo_under_torchrun(torchrun, tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir, "steps=1",
+                               f"eval.data={json.dumps(str(hotpot_dev_dir))}", "eval.limit=40", "eval.wait_s=1",
+                               "episode.budgets.max_searches=3", "episode.budgets.policy_tokens=160")
     assert proc.returncode != 0
     assert "rank 1 waited more than 1 s for rank 0 (evaluation at step 1); raise eval.wait_s" in proc.stderr, (
         proc.stderr[-3000:]
