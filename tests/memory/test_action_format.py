@@ -33,6 +33,9 @@ PINNED = {
     "memory-ops-v2-sources2": "910ff326badd02335b57a583d8e9e25af42f07bc64bd99b695ebb239c890ac40",
     "memory-ops-v2-sources3": "2971b8cf45cd347e4702ce16a05ea10db164154bdd2cf7c9a6883fcc059952f7",
     "memory-ops-v2-sources5": "05849cc7f824341e920bc2ba243bcae1b00fd07ab35029c87f2efb4e85a1a8a2",
+    # budget-bounded (policy_tokens 96 and 512, 3 sources): tests/memory/test_action_format_bounded.py
+    "memory-ops-v3-ops1-src1x11-id4-add23-upd8": "3662cfb5cb7100129ba779ada3b98c2bf3ce23cb573ccefe362165dda3455a92",
+    "memory-ops-v3-ops3-src3x11-id4-add76-upd61": "c3974659014a449c02c016f5f7fb48727f504398c99e0ad6608bbe369a644ea9",
     EXTRACT_PREFIX + '{"add":[["d1:0"],["d1:0","d2:1"]],"delete":["m1","m2"],"open":48,'
     '"update":{"m1":[["d1:0"]],"m2":[["d2:1"]]}}':
         "108db533da4e2bb5a7c0608f06c75def5cc0c04b00ee7d632cbc0d9edbee14fb",

@@ -30,7 +30,7 @@ from memsearch.engine.branching import branched_memory_call
 from memsearch.engine.evidence import chunk_context, render_evidence
 from memsearch.engine.memory_modes import make_memory
 from memsearch.engine.parsing import parse_controller, parse_reader
-from memsearch.memory.action_format import memory_ops_constraint
+from memsearch.memory.action_format import text_ops_constraint
 from memsearch.memory.choices import fitting_choices
 from memsearch.memory.extractive import written_text
 from memsearch.memory.extractive_constraint import extractive_ops_constraint
@@ -206,11 +206,13 @@ class _Run:
 
     def ops_constraint(self, evidence_items) -> Constraint | None:
         """The schema constraint of a memory call (None without schema mode): the memory-ops JSON
-        of the text format, or, extractive, the ops that fit this state (``memory.choices``)."""
+        of the text format, bounded so that no allowed answer outruns ``policy_tokens``
+        (``memory.action_format.text_ops_constraint``), or, extractive, the ops that fit this state
+        (``memory.choices``)."""
         if not self.schema_mode:
             return None
         if not self.memory.extractive:
-            return memory_ops_constraint(self.cfg.agent.memory_max_sources)
+            return text_ops_constraint(self.budgets.policy_tokens, self.cfg.agent.memory_max_sources)
         choices = fitting_choices(self.memory.store, [eid for eid, _ in evidence_items if eid], self.ep.texts,
                                   set(self.ep.shown))
         return extractive_ops_constraint(choices["add"], choices["update"], choices["delete"], choices["open"])

@@ -41,7 +41,7 @@ from memsearch.records.events import (
 # engine-3: a call whose request failed is not judged (valid None) and not an invalid action.
 # engine-4: a search the retrieval service failed to answer is a request error (search event "error").
 # engine-5: memory_sources holds the ids of faithful items only (memory.faithfulness), memory_cited all
-# cited ids; an item cites at most agent.memory_max_sources ids (schema mode: memory-ops-v2-sources<n>).
+# cited ids; an item cites at most agent.memory_max_sources ids (schema mode: the ops constraint's sources cap).
 # engine-6: causes as codes (policy_call "invalid_cause", memory "cause"); trajectories carry engine_version.
 # engine-7: policy_call "context_truncated", counts "context_truncated_calls" (absent before: read as False / 0).
 ENGINE_VERSION = "engine-7"

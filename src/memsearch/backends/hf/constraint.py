@@ -40,9 +40,9 @@ memoized masks); ``masks_for`` on memoized states ~2 ms for 124 tokens.
 
 This module knows no particular constraint: it compiles any ``Constraint`` it is given. The
 memory action format's constraints and their ids (``memory-ops-v1``, ``memory-ops-v2-sources<n>``,
-the per-call ``memory-extract-v1:<json>``) live in ``memsearch.memory.action_format``, whose
-``constraint_by_id`` rebuilds one from a row's id; ``compile_constraint`` keeps per-call ones in a
-bounded LRU (``PER_CALL_CACHE_SIZE``).
+the budget-bounded ``memory-ops-v3-...``, the per-call ``memory-extract-v1:<json>``) live in
+``memsearch.memory.action_format``, whose ``constraint_by_id`` rebuilds one from a row's id;
+``compile_constraint`` keeps per-call ones in a bounded LRU (``PER_CALL_CACHE_SIZE``).
 """
 
 from __future__ import annotations
