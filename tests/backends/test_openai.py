@@ -28,7 +28,8 @@ from memsearch.backends.base import (
     PolicyBackend,
     SamplingParams,
 )
-from memsearch.backends.openai import API_KEY_ENV, OpenAIBackend, _env_proxy, constraint_body
+from memsearch.backends.engine_forms import constraint_body
+from memsearch.backends.openai import API_KEY_ENV, OpenAIBackend, _env_proxy
 from memsearch.tokenizer import LexicalTokenizer
 
 SECRET = "sk-test-SECRET-0123456789abcdef"
@@ -78,6 +79,7 @@ class FaultServer:
         self.lock = threading.Lock()
         # GET /models lists these ids (None: answered 404, a server without a model list).
         self.models: list[str] | None = None
+        self.owned_by = "test"  # what /models says wrote it: "vllm" makes it read as vLLM
         self.model_gets = 0
         server = self
 
@@ -90,8 +92,8 @@ class FaultServer:
             def do_GET(self) -> None:
                 server.model_gets += 1
                 found = self.path.endswith("/models") and server.models is not None
-                entries = [{"id": m, "object": "model", "owned_by": "test", "created": 7, "max_model_len": 4096}
-                           for m in server.models or []]
+                entries = [{"id": m, "object": "model", "owned_by": server.owned_by, "created": 7,
+                            "max_model_len": 4096} for m in server.models or []]
                 data = json.dumps({"object": "list", "data": entries} if found else {"error": "not found"}).encode()
                 self.send_response(200 if found else 404)
                 self.send_header("Content-Type", "application/json")
@@ -401,6 +403,7 @@ def test_no_usage_and_no_tokenizer_is_none(server):
 
 def test_json_schema_constraint_sets_response_format(server):
     schema = {"type": "object", "properties": {"op": {"type": "string"}}, "required": ["op"]}
+    server.script(Action(body=chat_body('{"op": "NOOP"}')))
     [r] = run(make_backend(server), [chat(constraint=Constraint(id="memory-op-v1", json_schema=schema))])
     assert r.ok
     assert server.requests[0]["body"]["response_format"] == {
@@ -410,13 +413,14 @@ def test_json_schema_constraint_sets_response_format(server):
 
 
 def test_choice_constraint_mapping(server):
+    """Choices go as vLLM's structured_outputs (the removed guided_choice is free text there)."""
     c = Constraint(id="yesno", choices=("yes", "no"))
-    assert constraint_body(c) == {"guided_choice": ["yes", "no"]}
-    assert constraint_body(c, "structured_outputs") == {"structured_outputs": {"choice": ["yes", "no"]}}
-    assert constraint_body(None) == {}
-    run(make_backend(server, extra_body={"top_k": 20}), [chat(constraint=c)])
+    assert constraint_body(c, "response_format") == {"structured_outputs": {"choice": ["yes", "no"]}}
+    assert constraint_body(None, "response_format") == {}
+    server.script(Action(body=chat_body("no")))
+    [r] = run(make_backend(server, extra_body={"top_k": 20}), [chat(constraint=c)])
     body = server.requests[0]["body"]
-    assert body["guided_choice"] == ["yes", "no"] and body["top_k"] == 20
+    assert r.ok and body["structured_outputs"] == {"choice": ["yes", "no"]} and body["top_k"] == 20
 
 
 def test_chat_logprobs_and_token_ids_parsed(server):

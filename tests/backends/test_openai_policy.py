@@ -19,8 +19,7 @@ import pytest
 from tests.backends.test_openai import Action, FaultServer, chat, chat_body, make_backend, run
 
 from memsearch.backends import check_served_models
-from memsearch.backends.base import Constraint, SamplingParams
-from memsearch.backends.openai import constraint_body
+from memsearch.backends.base import SamplingParams
 from memsearch.backends.retry_policy import backoff_s, request_error, status_retried
 from memsearch.backends.schema_check import schema_problem
 from memsearch.config import BackendConfig, load_config
@@ -205,19 +204,6 @@ def test_an_answer_past_the_context_fails_and_is_not_retried(server):
 # ---------------------------------------------------------------------------- schema mode
 
 
-def test_each_schema_style_sends_its_form():
-    schema = OPS.json_schema
-    assert constraint_body(OPS)["response_format"] == {
-        "type": "json_schema", "json_schema": {"name": "memory-ops-v2-sources3", "schema": schema}}
-    assert constraint_body(OPS, schema_style="guided_json") == {"guided_json": schema}
-    assert constraint_body(OPS, schema_style="llama_cpp") == {"json_schema": schema}
-    odd = Constraint(id='memory-extract-v1:{"add":[["d:1"]]}' + "x" * 80, json_schema={"type": "object"})
-    name = constraint_body(odd)["response_format"]["json_schema"]["name"]
-    assert name == "memory-extract-v1___add_____d_1____" + "x" * 29
-    with pytest.raises(ValueError, match="unknown schema_style"):
-        constraint_body(OPS, schema_style="grammar")  # type: ignore[arg-type]
-
-
 def test_schema_check_is_semantic():
     schema = memory_ops_schema(2)
     assert schema_problem(VALID_OPS, schema) is None
@@ -229,24 +215,6 @@ def test_schema_check_is_semantic():
     too_many = '{"ops": [{"op": "ADD", "text": "t", "sources": ["a", "b", "c"], "kind": "fact"}]}'
     assert "more than maxItems 2" in schema_problem(too_many, schema)
     assert "key 'extra' is not allowed" in schema_problem('{"ops": [{"op": "NOOP"}], "extra": 1}', schema)
-
-
-def test_a_server_that_ignores_the_schema_is_stopped_after_three_answers(server):
-    backend = make_backend(server, max_concurrency=1, schema_style="guided_json")
-    results = run(backend, [chat(f"q{i}", constraint=OPS) for i in range(5)])
-    assert [r.ok for r in results] == [True, True, False, False, False]
-    assert "the server at" in results[2].error and "ignored the guided_json schema constraint: its first 3" in \
-        results[2].error and "set schema_style to the form your engine accepts" in results[2].error
-    assert len(server.requests) == 3 and all("guided_json" in r["body"] for r in server.requests)
-    stats = backend.stats()
-    assert stats["schema_ignored"] == 3 and stats["errors"] == {"refused": 3}
-
-
-def test_a_constraining_server_is_never_stopped_by_a_later_bad_answer(server):
-    server.script(Action(body=chat_body(VALID_OPS)), *[Action(body=chat_body("free text"))] * 4)
-    backend = make_backend(server, max_concurrency=1)
-    results = run(backend, [chat(f"q{i}", constraint=OPS) for i in range(5)])
-    assert all(r.ok for r in results) and backend.stats()["schema_ignored"] == 4
 
 
 # ------------------------------------------------------------------ what was sent, log-probs
@@ -261,7 +229,7 @@ def test_sent_fields_record_sampling_and_extra_body(server):
     assert backend.sent_fields() == {
         "requests": 2, "values": {"max_tokens": [16, 32], "temperature": [0.0, 0.5], "top_p": [1.0]},
         "requests_with": {"repeat_penalty": 2, "response_format": 1, "seed": 1, "stop": 1, "top_k": 2},
-        "extra_body": {"repeat_penalty": 1.0, "top_k": 0}, "schema_style": "response_format"}
+        "extra_body": {"repeat_penalty": 1.0, "top_k": 0}, "schema_style": "auto: response_format"}
     assert backend.stats()["sent"] == backend.sent_fields() and backend.stats()["completion_ids"] == "unavailable"
 
 
@@ -281,6 +249,11 @@ def test_backend_config_openai_fields():
         value = {"extra_body": {"a": 1}, "schema_style": "guided_json", "context_tokens": 8}[field]
         with pytest.raises(ValueError, match=f"{field}: {message}"):
             BackendConfig.model_validate({"kind": "hf", field: value})
+    with pytest.raises(ValueError, match=r"schema_style: 'guided_json': vLLM removed guided_json in 0\.12 and answers "
+                       r"it with free text \(HTTP 200\); use schema_style = 'auto'"):
+        BackendConfig.model_validate({**base, "schema_style": "guided_json"})
+    with pytest.raises(ValueError, match=r"schema_style: 'grammar'; expected one of auto, response_format"):
+        BackendConfig.model_validate({**base, "schema_style": "grammar"})
     with pytest.raises(ValueError, match=r"extra_body.seed: set by memsearch \(the backend's \[sampling\] table\)"):
         BackendConfig.model_validate({**base, "extra_body": {"seed": 1}})
     import datetime

@@ -145,16 +145,23 @@ def test_the_served_identity_is_checked_and_recorded(served_model):
 
 @pytest.mark.slow
 def test_transformers_serve_ignores_response_format_and_is_stopped(served_model):
-    """Three constrained calls: the server answers free text under a 200; the third names it."""
+    """Read as an unknown engine (its /models names the model's organisation), it is sent the
+    OpenAI form and answers free text under a 200: each answer is a failed request, and after
+    three every request fails unsent, naming the form. Named as what it is, schema mode is
+    refused before the first request."""
     backend = _backend(served_model, max_concurrency=1)
     results = generate_and_close(backend, [_hello(i, constraint=memory_ops_constraint(3)) for i in range(4)])
-    assert [r.ok for r in results[:2]] == [True, True] and not results[0].text.lstrip().startswith("{")
-    assert results[2].error.startswith(f"the server at {served_model.url} ignored the response_format schema "
-                                       "constraint: its first 3 constrained answers do not satisfy the schema")
+    assert not any(r.ok for r in results)
+    assert "breaks its response_format schema constraint" in results[0].error
+    assert results[2].error.startswith(f"the server at {served_model.url} (other) ignored the response_format "
+                                       "schema constraint: its first 3 constrained answers are not allowed")
     assert results[3].attempts == 0 and "ignored the response_format" in results[3].error  # not sent
     stats = backend.stats()
     assert stats["schema_ignored"] == 3 and stats["sent"]["requests_with"] == {"response_format": 3}
     assert stats["completion_ids"] == "unavailable" and stats["sent"]["requests"] == 3
+    named = _backend(served_model, engine="transformers", schema_mode=True)
+    with pytest.raises(InputError, match="the transformers server constrains no output"):
+        asyncio.run(named.check_model())
 
 
 @pytest.mark.slow

@@ -66,6 +66,33 @@ def test_the_generated_pipeline_config_serves_the_reader_and_stage_1():
     assert (matrix.backends.baseline_memory.kind, matrix.backends.baseline_memory.model) == ("hf", "embedded")
 
 
+def test_stage_1_is_served_as_its_adapter_where_the_engine_serves_adapters(tmp_path):
+    """GPU default and cpu-vllm: each seed's adapter loaded on the reader's vLLM (reader = policy),
+    which starts ready for the recipe's LoRA rank; schema mode kept. Another reader model: the
+    adapter on a stage-1 server of the policy model. transformers: merged, schema mode off."""
+    from memsearch.experiment.stages import reader_spec, stage1_spec
+    from memsearch.serving import launch_command
+
+    gpu = load_experiment(EXAMPLE)
+    assert gpu.stage1_on_reader() and reader_spec(gpu).max_lora_rank == 64  # the GPU recipe's r
+    assert pipeline_config(gpu).schema_mode and pipeline_config(gpu).stage2.serve_engine == "vllm"
+    vllm = load_experiment(EXAMPLE, profile="cpu-vllm")
+    command = launch_command(reader_spec(vllm))
+    assert vllm.stage1_on_reader() and command[command.index("--max-lora-rank") + 1] == "16"
+    assert pipeline_config(vllm).schema_mode and pipeline_config(vllm).stage2.serve_port == 8001
+    apart = load_experiment(EXAMPLE, ['models.reader="Qwen/Qwen2.5-0.5B-Instruct"'])
+    assert not apart.stage1_on_reader() and apart.stage1_as_adapter()
+    spec = stage1_spec(apart, "OUT/seed-1/merged1", "OUT/seed-1/grpo1/adapter", 1)
+    assert (spec.model, spec.adapters) == ("Qwen/Qwen2.5-7B-Instruct", {"stage1-seed1": "OUT/seed-1/grpo1/adapter"})
+    cpu = load_experiment(EXAMPLE, profile="cpu")
+    assert not cpu.stage1_as_adapter() and not pipeline_config(cpu).schema_mode
+    assert stage1_spec(cpu, "OUT/seed-1/merged1", "OUT/seed-1/grpo1/adapter", 1).model == "OUT/seed-1/merged1"
+    with pytest.raises(InputError, match="services.stage1.serve_as: 'adapter' needs an engine that serves LoRA"):
+        load_experiment(EXAMPLE, ['services.stage1.serve_as="adapter"'], profile="cpu")
+    with pytest.raises(InputError, match="schema_mode = true on the `transformers serve`|constrains no output"):
+        pipeline_config(load_experiment(EXAMPLE, ["recipe.override.schema_mode=true"], profile="cpu"))
+
+
 @pytest.mark.parametrize("setting, problem", [
     ("data.train_sha256=\"abc\"", "data.train_sha256: 'abc': expected 64 lowercase hex digits"),
     ("data.dev_questions=0", "data.dev_questions: Input should be greater than or equal to 1"),
@@ -93,7 +120,7 @@ def test_a_recipe_the_pipeline_refuses_names_the_recipe_field():
 
 
 def test_an_unknown_profile_names_the_ones_there_are():
-    with pytest.raises(InputError, match=r"--profile gpu2: .* has no \[profile.gpu2\]; it has \['cpu'\]"):
+    with pytest.raises(InputError, match=r"--profile gpu2: .* has no \[profile.gpu2\]; it has \['cpu', 'cpu-vllm'\]"):
         load_experiment(EXAMPLE, profile="gpu2")
 
 

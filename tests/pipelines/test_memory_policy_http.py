@@ -222,8 +222,16 @@ def test_a_server_that_cannot_start_or_crashes_is_stopped_with_a_clear_error(tin
 
 
 def test_http_memory_serving_settings_are_checked_at_load(mp_config):
-    with pytest.raises(Exception, match="schema mode .* runs only in process"):
+    with pytest.raises(Exception, match="schema_mode = true on the `transformers serve` the pipeline launches: it "
+                       "constrains no output"):
         mp_config("stage2.enabled=true", 'stage2.memory_serving="http"', "schema_mode=true")
+    # A server you run, or one of an engine that constrains output, keeps schema mode: its
+    # backend checks the engine against /models before the run (tests/backends/test_engine_forms.py).
+    for served in (['stage2.memory_url="http://h:1/v1"', 'stage2.memory_model="m"'], ['stage2.serve_engine="vllm"']):
+        cfg = mp_config("stage2.enabled=true", 'stage2.memory_serving="http"', "schema_mode=true", *served)
+        memory = cfg.stage2_config("t", 7, "seed-7/merged1", launched_url="http://h:2/v1").episode.backends.memory
+        assert (memory.kind, memory.schema_mode) == ("openai", True)
+        assert memory.engine == ("auto" if "memory_url" in served[0] else "vllm")
     with pytest.raises(Exception, match="stage2.memory_url needs stage2.memory_model"):
         mp_config("schema_mode=false", 'stage2.memory_serving="http"', 'stage2.memory_url="http://127.0.0.1:8000/v1"')
     with pytest.raises(Exception, match="stage2.memory_model without stage2.memory_url"):

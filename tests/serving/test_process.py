@@ -108,11 +108,12 @@ def test_a_server_that_exits_at_once_is_an_error_with_its_log(tmp_path):
             pytest.fail("the server must not be ready")
     log = (tmp_path / "stage1.log").read_text().splitlines()
     assert str(info.value) == (
-        f"vllm serve exited with status 3 before answering /health at http://127.0.0.1:{spec.port}; the end of its "
+        f"vllm exited with status 3 before answering /health at http://127.0.0.1:{spec.port}; the end of its "
         f"log ({tmp_path / 'stage1.log'}):\n" + "\n".join(log[:-1]))
     assert log[2:] == [f"loading /m/absent on port {spec.port}", "no weights here", log[-1]]
     assert log[-1].endswith("stopped (exit status 3)") and not alive(_pids(tmp_path / "stage1.log")[0])
     # An engine that is not installed: a clear refusal naming the setting to give instead.
-    with pytest.raises(InputError, match=r"service reader: cannot start 'vllm' .* services\.reader\.command"):
+    with pytest.raises(InputError, match=r"service reader: \S+ cannot import vllm; set services\.reader\.python .*"
+                       r"scripts/vllm/install\.sh .* services\.reader\.command"):
         with running_services({"reader": ServiceSpec(engine="vllm", model="m", port=_free_port())}, tmp_path):
             pytest.fail("vllm is not installed here")

@@ -30,9 +30,14 @@ What the server is checked for, where it can be told:
   the ``max_model_len`` the server lists) failed, not retried, since some servers (`transformers
   serve`) answer a 200 past the model's context; a completion the context cut short
   (``finish_reason`` "length" below ``max_tokens``) is marked ``context_truncated``;
-- schema mode: each constrained answer is checked against its schema (``schema_check``); when
-  the first ``SCHEMA_IGNORED_LIMIT`` are all unconstrained text, the server ignored the
-  ``schema_style`` form and every later request fails naming it.
+- the engine (``engine``, else what its ``/models`` entry names, ``backends.engine_forms``): the
+  schema form it honours is sent (``schema_style = "auto"``), a form it is known to drop is
+  refused before the first request, and so is schema mode on an engine that constrains nothing;
+  vLLM and SGLang are asked for the completion's token ids (``return_token_ids``);
+- schema mode: each constrained answer is checked against its schema (``schema_check``; one cut
+  at the token limit as the start of an allowed answer). An answer outside it is a failed request,
+  never a decision; when the first ``SCHEMA_IGNORED_LIMIT`` all are, the server ignores the form
+  and every later request fails naming it.
 """
 
 from __future__ import annotations
@@ -40,12 +45,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 from memsearch.backends.base import (
     Constraint,
@@ -53,32 +57,35 @@ from memsearch.backends.base import (
     GenerationResult,
     SamplingParams,
 )
+from memsearch.backends.engine_forms import (
+    DEAD_SCHEMA_STYLES,
+    ENGINES,
+    SCHEMA_STYLES,
+    TOKEN_IDS_FIELD,
+    constraint_body,
+    engine_of,
+    resolved_style,
+    style_refusal,
+)
 from memsearch.backends.openai_answer import API_KEY_ENV, Malformed, parse_answer, scrub, scrubbed, snippet
 from memsearch.backends.response_limits import OversizedResponse, describe_limit, read_bounded, response_byte_limit
 from memsearch.backends.retry_policy import RETRY_AFTER_STATUSES, backoff_s, retry_after_s, status_retried
-from memsearch.backends.schema_check import schema_problem
+from memsearch.backends.schema_check import cut_problem, schema_problem
 from memsearch.backends.served_model import identity_from_models, listed_context, unverified
 from memsearch.config.backend import OpenAISettings
 from memsearch.errors import InputError
 from memsearch.http_client import Backoff, LoopSession
 from memsearch.tokenizer import Tokenizer
 
-ChoiceStyle = Literal["guided", "structured_outputs"]
-# How a JSON schema is sent (``constraint_body``): the OpenAI structured-output field, vLLM's
-# older extra field, llama.cpp server's own top-level field.
-SchemaStyle = Literal["response_format", "guided_json", "llama_cpp"]
-SCHEMA_STYLES: tuple[str, ...] = ("response_format", "guided_json", "llama_cpp")
-
 # Constrained answers that fail their schema, all of the first ones, before the server is taken
-# to ignore the constraint (a constraining server never answers one, short of a cut-off answer).
+# to ignore the constraint (a constraining server never answers one: a finished answer satisfies
+# the schema, an answer cut at the token limit is the start of one).
 SCHEMA_IGNORED_LIMIT = 3
 # The model list is small; a body past this is no model list.
 MODELS_BODY_BYTES = 8 << 20
 # An attempt at GET /models waits at most this long (or the request timeout if shorter).
 MODELS_TIMEOUT_S = 30.0
 
-# OpenAI's json_schema "name": letters, digits, '_' and '-', at most 64 characters.
-_SCHEMA_NAME_RE = re.compile(r"[^A-Za-z0-9_-]")
 # Body fields whose distinct values ``sent_fields`` records (the rest are counted per request).
 _SENT_VALUES = ("temperature", "top_p", "max_tokens")
 _NOT_RECORDED = ("model", "messages", "prompt")
@@ -92,50 +99,16 @@ def _aiohttp():
     return aiohttp
 
 
-def constraint_body(constraint: Constraint | None, choice_style: ChoiceStyle = "guided",
-                    schema_style: SchemaStyle = "response_format") -> dict[str, Any]:
-    """Request-body fields that enforce ``constraint`` on an OpenAI-compatible server; the one
-    place of these forms.
-
-    - ``json_schema``, by ``schema_style``: ``"response_format"`` -> ``response_format =
-      {"type": "json_schema", "json_schema": {"name": <constraint.id as a name>, "schema": ...}}``,
-      the OpenAI structured-output field (hosted APIs, vLLM >= 0.6, SGLang; on both endpoints);
-      ``"guided_json"`` -> ``guided_json = schema`` (older vLLM's extra field); ``"llama_cpp"`` ->
-      ``json_schema = schema`` (llama.cpp server's own top-level field).
-    - ``choices`` -> ``guided_choice = [...]`` (vLLM's extra parameter, ``choice_style="guided"``)
-      or ``structured_outputs = {"choice": [...]}`` (newer vLLM, ``"structured_outputs"``).
-      Hosted APIs have no choice constraint; use a JSON schema with an ``enum`` there.
-    """
-    if constraint is None:
-        return {}
-    body: dict[str, Any] = {}
+def constraint_problem(text: str, constraint: Constraint, cut: bool = False) -> str | None:
+    """Why ``text`` is not an answer ``constraint`` allows, else ``None``; ``cut``: the answer
+    ran to the token limit, so it need only be the start of an allowed one."""
     if constraint.json_schema is not None:
-        schema = constraint.json_schema
-        if schema_style == "response_format":
-            name = _SCHEMA_NAME_RE.sub("_", constraint.id)[:64] or "schema"
-            body["response_format"] = {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
-        elif schema_style == "guided_json":
-            body["guided_json"] = schema
-        elif schema_style == "llama_cpp":
-            body["json_schema"] = schema
-        else:
-            raise ValueError(f"unknown schema_style {schema_style!r}; valid: {', '.join(SCHEMA_STYLES)}")
+        return (cut_problem if cut else schema_problem)(text, constraint.json_schema)
     if constraint.choices is not None:
-        if choice_style == "guided":
-            body["guided_choice"] = list(constraint.choices)
-        elif choice_style == "structured_outputs":
-            body["structured_outputs"] = {"choice": list(constraint.choices)}
-        else:
-            raise ValueError(f"unknown choice_style {choice_style!r}; valid: 'guided', 'structured_outputs'")
-    return body
-
-
-def constraint_problem(text: str, constraint: Constraint) -> str | None:
-    """Why ``text`` is not an answer ``constraint`` allows, else ``None``."""
-    if constraint.json_schema is not None:
-        return schema_problem(text, constraint.json_schema)
-    if constraint.choices is not None and text not in constraint.choices:
-        return f"{text[:80]!r} is none of the {len(constraint.choices)} choices"
+        if cut and not any(choice.startswith(text) for choice in constraint.choices):
+            return f"cut answer {text[:80]!r} starts none of the {len(constraint.choices)} choices"
+        if not cut and text not in constraint.choices:
+            return f"{text[:80]!r} is none of the {len(constraint.choices)} choices"
     return None
 
 
@@ -161,9 +134,13 @@ class OpenAIBackend:
         tokenizer: used only to estimate usage when the server reports none
             (``Usage(source="estimated")``); estimates are never mixed with reported numbers.
         extra_body: server-specific fields merged into every request body last (they win), e.g.
-            ``{"top_k": 20, "return_tokens_as_token_ids": True}`` for vLLM.
-        choice_style: how a ``choices`` constraint is sent (see ``constraint_body``).
-        schema_style: how a JSON-schema constraint is sent (see ``constraint_body``).
+            ``{"top_k": 20}`` for vLLM.
+        engine: the server's engine (``engine_forms.ENGINES``); ``"auto"``: what its ``/models``
+            entry names (``owned_by``), ``"other"`` when it names none memsearch knows.
+        schema_style: how a JSON-schema constraint is sent (``engine_forms.constraint_body``);
+            ``"auto"``: the engine's own form. A form the engine is known to drop is refused.
+        schema_mode: requests will carry constraints, so an engine that constrains nothing is
+            refused by ``check_model`` (before the run) rather than at the first answer.
         context_tokens: the server's context; ``None``: the ``max_model_len`` its ``/models``
             entry states, if any (see the module doc).
         seed: seeds the backoff jitter (not the model).
@@ -187,8 +164,9 @@ class OpenAIBackend:
         backoff_max_s: float = 15.0,
         tokenizer: Tokenizer | None = None,
         extra_body: dict[str, Any] | None = None,
-        choice_style: ChoiceStyle = "guided",
-        schema_style: SchemaStyle = "response_format",
+        engine: str = "auto",
+        schema_style: str = "auto",
+        schema_mode: bool = False,
         context_tokens: int | None = None,
         seed: int | None = None,
     ) -> None:
@@ -198,10 +176,12 @@ class OpenAIBackend:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if timeout_s <= 0 or retry_window_s < 0:
             raise ValueError(f"timeout_s must be > 0 and retry_window_s >= 0, got {timeout_s}, {retry_window_s}")
-        if choice_style not in ("guided", "structured_outputs"):
-            raise ValueError(f"unknown choice_style {choice_style!r}; valid: 'guided', 'structured_outputs'")
+        if schema_style in DEAD_SCHEMA_STYLES:
+            raise ValueError(f"schema_style {schema_style!r}: {DEAD_SCHEMA_STYLES[schema_style]}")
         if schema_style not in SCHEMA_STYLES:
             raise ValueError(f"unknown schema_style {schema_style!r}; valid: {', '.join(SCHEMA_STYLES)}")
+        if engine != "auto" and engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; valid: auto, {', '.join(ENGINES)}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.max_concurrency = max_concurrency
@@ -210,8 +190,13 @@ class OpenAIBackend:
         self.retry_window_s = retry_window_s
         self.tokenizer = tokenizer
         self.extra_body = dict(extra_body or {})
-        self.choice_style = choice_style
+        self.configured_engine = engine
         self.schema_style = schema_style
+        self.schema_mode = schema_mode
+        # What the server is (configured, else read from /models at the check) and so what is
+        # sent: the schema form, and the field that asks for token ids. Until the check: unknown.
+        self.engine = engine if engine != "auto" else "other"
+        self._style: str | None = resolved_style(schema_style, self.engine)
         self.context_tokens = context_tokens
         # What GET /models says about our model (``served_model``); None until checked.
         self.served_identity: dict[str, Any] | None = None
@@ -266,15 +251,18 @@ class OpenAIBackend:
         """Counters since construction: ``requests``, ``succeeded``, ``failed``, ``attempts``,
         ``retries``, ``errors`` (failed attempts by kind: ``http_429``, ``http_5xx``, ``http_4xx``,
         ``http_other``, ``timeout``, ``connection``, ``malformed``, ``oversized``,
-        ``past_context``, ``refused``, ``internal``), ``context_truncated`` and
-        ``schema_ignored`` (answers), ``completion_ids`` (whether the server returned token ids:
-        ``"returned"``, ``"unavailable"`` or ``"partial: k of n"``), ``sent`` (``sent_fields``)
-        and ``served_identity``."""
-        keys = ("requests", "succeeded", "failed", "attempts", "retries", "context_truncated", "schema_ignored")
+        ``past_context``, ``refused``, ``internal``), ``context_truncated``, ``schema_ignored``
+        (constrained answers the constraint does not allow, cut ones included) and
+        ``schema_unfinished`` (constrained answers cut at the token limit that were still
+        allowed: the schema did not end within it), ``completion_ids`` (whether the server
+        returned token ids: ``"returned"``, ``"unavailable"`` or ``"partial: k of n"``),
+        ``engine``, ``sent`` (``sent_fields``) and ``served_identity``."""
+        keys = ("requests", "succeeded", "failed", "attempts", "retries", "context_truncated", "schema_ignored",
+                "schema_unfinished")
         ok, with_ids = self._counts["succeeded"], self._counts["with_ids"]
         ids = "unavailable" if not with_ids else ("returned" if with_ids == ok else f"partial: {with_ids} of {ok}")
         return {**{k: self._counts[k] for k in keys}, "errors": dict(self._errors), "completion_ids": ids,
-                "sent": self.sent_fields(), "served_identity": self.served_identity}
+                "engine": self.engine, "sent": self.sent_fields(), "served_identity": self.served_identity}
 
     def sent_fields(self) -> dict[str, Any]:
         """What the request bodies carried besides model and prompt: the distinct values of
@@ -286,7 +274,7 @@ class OpenAIBackend:
             "values": {k: _sorted(v) for k, v in sorted(self._sent_values.items())},
             "requests_with": dict(sorted(self._sent_with.items())),
             "extra_body": scrubbed(self.extra_body),
-            "schema_style": self.schema_style,
+            "schema_style": self.schema_style if self._style is None else f"{self.schema_style}: {self._style}",
         }
 
     async def aclose(self) -> None:
@@ -315,7 +303,10 @@ class OpenAIBackend:
                 body.update(logprobs=True, top_logprobs=0)
             else:
                 body["logprobs"] = 0  # legacy completions: number of top alternatives
-        body.update(constraint_body(request.constraint, self.choice_style, self.schema_style))
+        if request.constraint is not None and self._style is not None:
+            body.update(constraint_body(request.constraint, self._style))
+        if (ids_field := TOKEN_IDS_FIELD.get(self.engine)) is not None:
+            body[ids_field] = True  # the completion's ids, recorded as the trainer reads them
         body.update(self.extra_body)
         return path, body
 
@@ -337,7 +328,18 @@ class OpenAIBackend:
         self.served_identity = scrubbed(identity)
         if self.context_tokens is None:
             self.context_tokens = listed_context(identity)
+        self._learn_engine(identity)
         return self.served_identity
+
+    def _learn_engine(self, identity: dict[str, Any]) -> None:
+        """Take the engine from the served identity (unless configured) and with it the schema
+        form; with ``schema_mode``, an engine that drops the form is refused here, before the run."""
+        if self.configured_engine == "auto":
+            self.engine = engine_of(identity)
+        self._style = resolved_style(self.schema_style, self.engine)
+        if self.schema_mode and self._style is None:
+            self._refusal = scrub(f"{self.base_url} ({self.model}): {style_refusal(self.schema_style, self.engine)}")
+            raise InputError(self._refusal)
 
     async def _check_once(self) -> None:
         """The model check on first use, when ``check_model`` was not called: one GET per
@@ -368,6 +370,9 @@ class OpenAIBackend:
         if self._refusal is not None:
             self._errors["refused"] += 1
             return self._failure(self._refusal, 0, time.perf_counter(), None, request)
+        if request.constraint is not None and self._style is None:
+            self._errors["refused"] += 1
+            return self._failure(style_refusal(self.schema_style, self.engine), 0, time.perf_counter(), None, request)
         if request.prompt_ids is None and not request.messages:
             self._counts["failed"] += 1
             self._errors["internal"] += 1
@@ -459,13 +464,16 @@ class OpenAIBackend:
         """The result of a 2xx answer, judged against the context and the constraint."""
         result = parse_answer(request, raw, body, self.tokenizer)
         self._check_context(result)
-        problem = None
-        if request.constraint is not None and result.finish_reason == "stop":
-            problem = constraint_problem(result.text, request.constraint)
-            self._judge_schema(problem)
-        if self._refusal is not None and problem is not None:
-            self._errors["refused"] += 1
-            return self._failure(self._refusal, attempts, start, None, request)
+        if request.constraint is not None:
+            cut = result.finish_reason == "length"
+            problem = constraint_problem(result.text, request.constraint, cut=cut)
+            self._judge_schema(problem, cut)
+            if problem is not None:
+                # An answer outside its constraint is the server's failure, never a decision.
+                self._errors["schema_ignored"] += 1
+                why = self._refusal or (f"the server's answer breaks its {self._style} schema constraint ({problem}); "
+                                        "not used")
+                return self._failure(why, attempts, start, None, request)
         self._counts["succeeded"] += 1
         self._counts["with_ids"] += result.completion_ids is not None
         self._counts["context_truncated"] += result.context_truncated
@@ -483,11 +491,15 @@ class OpenAIBackend:
                 f"tokens, over its {context} (context_tokens, or the max_model_len its /models lists); the answer is "
                 "not used: give the server a longer context or lower the budgets")
 
-    def _judge_schema(self, problem: str | None) -> None:
-        """Count a constrained answer that fails its constraint; when the first
-        ``SCHEMA_IGNORED_LIMIT`` all did, the server ignores the constraint's form."""
+    def _judge_schema(self, problem: str | None, cut: bool) -> None:
+        """Count a constrained answer that fails its constraint (``cut``: ran to the token limit,
+        judged as a start); when the first ``SCHEMA_IGNORED_LIMIT`` all did, the server ignores
+        the constraint's form and every later request fails naming it."""
         if problem is None:
-            self._schema_answers_ok = True
+            if cut:
+                self._counts["schema_unfinished"] += 1  # honoured so far; proves nothing more
+            else:
+                self._schema_answers_ok = True
             return
         self._counts["schema_ignored"] += 1
         if self._schema_answers_ok:
@@ -495,10 +507,11 @@ class OpenAIBackend:
         self._schema_bad_start += 1
         if self._schema_bad_start >= SCHEMA_IGNORED_LIMIT and self._refusal is None:
             self._refusal = scrub(
-                f"the server at {self.base_url} ignored the {self.schema_style} schema constraint: its first "
-                f"{self._schema_bad_start} constrained answers do not satisfy the schema (last: {problem}); set "
-                "schema_style to the form your engine accepts (response_format: vLLM >= 0.6, SGLang, OpenAI; "
-                "guided_json: older vLLM; llama_cpp: llama.cpp's server), or use a server that constrains output")
+                f"the server at {self.base_url} ({self.engine}) ignored the {self._style} schema constraint: its "
+                f"first {self._schema_bad_start} constrained answers are not allowed by their schema "
+                f"(last: {problem}); "
+                "set engine and schema_style to the server's (docs/server.md: schema forms per engine), or use a "
+                "server that constrains output (vLLM, SGLang)")
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
@@ -551,5 +564,6 @@ def from_config(cfg: OpenAISettings, tokenizer: Tokenizer, dataset=None) -> Open
         raise InputValueError("backend kind 'openai' needs base_url, e.g. http://127.0.0.1:8000/v1")
     return OpenAIBackend(base_url=cfg.base_url, model=cfg.model, max_concurrency=cfg.max_concurrency,
                          timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, retry_window_s=cfg.retry_window_s,
-                         tokenizer=tokenizer, extra_body=cfg.extra_body, schema_style=cfg.schema_style,
+                         tokenizer=tokenizer, extra_body=cfg.extra_body, engine=cfg.engine,
+                         schema_style=cfg.schema_style, schema_mode=cfg.schema_mode,
                          context_tokens=cfg.context_tokens)

@@ -91,10 +91,13 @@ def parse_answer(request: GenerationRequest, raw: bytes, body: dict[str, Any],
     text = scrub(replace_lone_surrogates(text))
     finish_reason = "length" if choice.get("finish_reason") == "length" else "stop"
     tokens, logprobs = _logprobs(choice.get("logprobs"), chat)
-    ids = _token_ids(choice.get("token_ids")) or _ids_from_tokens(tokens)
+    # Completion ids: vLLM and SGLang ``token_ids`` per choice (asked with ``return_token_ids``),
+    # SGLang's ``response_token_ids`` in some versions, vLLM's "token_id:N" log-prob tokens.
+    ids = (_token_ids(choice.get("token_ids")) or _token_ids(choice.get("response_token_ids"))
+           or _ids_from_tokens(tokens))
     prompt_ids = request.prompt_ids
-    if prompt_ids is None:
-        prompt_ids = _token_ids(data.get("prompt_token_ids"))
+    if prompt_ids is None:  # vLLM: top level; SGLang: per choice
+        prompt_ids = _token_ids(data.get("prompt_token_ids")) or _token_ids(choice.get("prompt_token_ids"))
     # Cut short by the context, not by max_tokens: fewer tokens than asked (counted by the
     # server or by the ids it returned; unknown counts are not guessed).
     given = reported if isinstance(reported, int) else (len(ids) if ids is not None else None)

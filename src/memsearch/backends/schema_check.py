@@ -9,6 +9,9 @@ the server's business) and the value checked against the keywords memsearch's sc
 keywords are not checked, so the check can only miss a violation, never invent one.
 
     schema_problem('{"ops": []}', schema)   # -> "$.ops: 0 items, fewer than minItems 1"
+
+An answer cut at the token limit is judged by ``cut_problem``: a constraining server's cut answer
+is the start of some answer the schema allows; an ignoring server's free text soon is not.
 """
 
 from __future__ import annotations
@@ -99,3 +102,47 @@ def schema_problem(text: str, schema: dict[str, Any]) -> str | None:
     except ValueError as exc:
         return f"not JSON ({exc.msg} at character {exc.pos})"
     return value_problem(value, schema)
+
+
+def _without_layout(text: str) -> str:
+    """``text`` with the white space outside JSON strings removed: where a server's grammar puts
+    layout (any amount, vLLM's default) says nothing about the value."""
+    out: list[str] = []
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            out.append(ch)
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+            out.append(ch)
+        elif ch not in " \t\n\r":
+            out.append(ch)
+    return "".join(out)
+
+
+def cut_problem(text: str, schema: dict[str, Any]) -> str | None:
+    """Why ``text``, an answer cut at the token limit, cannot be the start of any JSON value
+    ``schema`` allows, else ``None`` (it may be: a constraining server ran out of tokens). The
+    check walks the schema's character automaton (``backends.hf.constraint``, the one the local
+    decoder masks with) over the text without its layout; schemas using keywords that automaton
+    does not know are not judged (``None``)."""
+    from memsearch.backends.hf.constraint import Automaton
+    from memsearch.text.constraint import Constraint
+
+    try:
+        automaton = Automaton(Constraint(id="cut-answer-check", json_schema=schema))
+    except ValueError:
+        return None
+    compact = _without_layout(text)
+    state = automaton.start()
+    for i, ch in enumerate(compact):
+        state = automaton.step(state, ch)
+        if not state:
+            return f"cut answer leaves the schema at character {i} ({compact[max(0, i - 20):i + 1]!r})"
+    return None

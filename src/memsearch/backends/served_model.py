@@ -41,9 +41,16 @@ def identity_from_models(raw: bytes, status: int, base_url: str, model: str) -> 
     if not isinstance(entries, list) or not entries:
         return unverified(base_url, model, "GET /models answered no list of models ('data')")
     entries = [e for e in entries if isinstance(e, dict)]
-    for entry in entries:
-        if entry.get("id") == model:
-            return {"base_url": base_url, "model": model, "verified": True, "entry": entry, "note": None}
+    by_id = {entry.get("id"): entry for entry in entries}
+    if model in by_id:
+        entry = by_id[model]
+        identity = {"base_url": base_url, "model": model, "verified": True, "entry": entry, "note": None}
+        # An adapter (vLLM, SGLang: --lora-modules) names the model it runs on as its parent:
+        # that entry is the rest of what answers, and states the context.
+        parent = entry.get("parent")
+        if isinstance(parent, str) and parent != model and isinstance(by_id.get(parent), dict):
+            identity["base_entry"] = by_id[parent]
+        return identity
     ids = [str(e.get("id")) for e in entries]
     shown = ", ".join(repr(i) for i in ids[:_QUOTED_IDS]) + (f" and {len(ids) - _QUOTED_IDS} more"
                                                             if len(ids) > _QUOTED_IDS else "")
@@ -54,9 +61,10 @@ def identity_from_models(raw: bytes, status: int, base_url: str, model: str) -> 
 
 def listed_context(identity: dict[str, Any] | None) -> int | None:
     """The context length (tokens) the server's /models entry states, else ``None``."""
-    entry = (identity or {}).get("entry") or {}
-    for name in CONTEXT_FIELDS:
-        value = entry.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
+    for key in ("entry", "base_entry"):  # an adapter's own entry, else its base model's
+        entry = (identity or {}).get(key) or {}
+        for name in CONTEXT_FIELDS:
+            value = entry.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
     return None

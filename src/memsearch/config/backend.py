@@ -33,6 +33,15 @@ class Sampling(StrictConfig):
     seed: int | None = Field(0, description="Sampling seed (per request it is combined with the task id)")
 
 
+# The engines an openai backend knows (``backends.engine_forms``: what each honours), the schema
+# forms it can send, and forms no current engine honours, refused with what to use instead.
+ENGINES: tuple[str, ...] = ("vllm", "sglang", "llama.cpp", "llama-server", "transformers", "other")
+SCHEMA_STYLES: tuple[str, ...] = ("auto", "response_format", "structured_outputs", "json_object_schema", "llama_cpp")
+DEAD_SCHEMA_STYLES: dict[str, str] = {
+    "guided_json": "vLLM removed guided_json in 0.12 and answers it with free text (HTTP 200); use "
+                   "schema_style = 'auto' (or 'response_format' / 'structured_outputs')",
+}
+
 # Requests in flight of an openai backend unless set (``OpenAISettings.max_concurrency``).
 OPENAI_MAX_CONCURRENCY = 8
 # Request-body fields memsearch sets itself, which ``extra_body`` may not replace, and where to set each.
@@ -59,7 +68,10 @@ _LEGACY_FIELDS: tuple[tuple[str, Any], ...] = (
 
 # What earlier flat forms wrote for an unset key besides the values above (max_retries was 4
 # until the retry window came): their run folders hold it in every role's table.
-_EARLIER_UNSET: dict[str, tuple[Any, ...]] = {"max_retries": (4,)}
+_EARLIER_UNSET: dict[str, tuple[Any, ...]] = {"max_retries": (4,), "schema_style": ("auto",)}
+# Keys the openai kind gained after the flat form, at their unset values: a table composed from an
+# openai one (a pipeline's local backend on the served memory's settings) holds them.
+_LATER_UNSET: dict[str, Any] = {"engine": "auto"}
 
 
 def _legacy_default(kind: str, key: str) -> Any:
@@ -72,6 +84,8 @@ def _unset_in_flat_form(key: str, value: Any) -> bool:
     role whatever its kind."""
     if key == "model" and isinstance(value, str) and (value == "embedded" or Path(value).is_dir()):
         return True
+    if key in _LATER_UNSET:
+        return value == _LATER_UNSET[key]
     if key not in dict(_LEGACY_FIELDS) or key == "model":
         return False
     return value == dict(_LEGACY_FIELDS)[key] or value in _EARLIER_UNSET.get(key, ())
@@ -278,15 +292,25 @@ class OpenAISettings(BackendConfig):
         "(backend_stats: sent). Servers apply their own defaults to what a request does not name: llama-cpp-python's "
         "server repeat_penalty 1.1, top_k 40, min_p 0.05 (neutralise: {repeat_penalty = 1.0, top_k = 0, min_p = "
         "0.0}); vLLM the model's generation_config.json (start it with --generation-config vllm, or send "
-        "repetition_penalty = 1.0). vLLM token ids: {return_tokens_as_token_ids = true}. Fields memsearch sets "
-        "(model, messages, sampling, max_tokens, log-probs, the schema) are refused here",
+        "repetition_penalty = 1.0). Token ids are asked of vLLM and SGLang by default (return_token_ids; "
+        "{return_token_ids = false} stops it). Fields memsearch sets (model, messages, sampling, max_tokens, "
+        "log-probs, the schema) are refused here",
     )
-    schema_style: Literal["response_format", "guided_json", "llama_cpp"] = Field(
-        "response_format",
-        description="schema_mode: how the JSON schema is sent: response_format (OpenAI json_schema form: "
-        "vLLM >= 0.6, SGLang, OpenAI), guided_json (older vLLM), llama_cpp (llama.cpp server's top-level "
-        "json_schema). Answers are checked against the schema; a server whose first 3 constrained answers all "
-        "fail it ignored the form, and every later request fails naming it",
+    engine: Literal["auto", "vllm", "sglang", "llama.cpp", "llama-server", "transformers", "other"] = Field(
+        "auto",
+        description="The server's engine, which picks the schema form and asks for token ids: auto (what its "
+        "/models entry names: owned_by vllm, sglang, me = llama-cpp-python's server, llamacpp = llama.cpp's "
+        "llama-server; anything else is other), or one of them (transformers = `transformers serve`)",
+    )
+    schema_style: str = Field(
+        "auto",
+        description="schema_mode: how the JSON schema is sent: auto (the engine's own form: vLLM and SGLang "
+        "response_format, llama-cpp-python json_object_schema, llama-server llama_cpp), response_format (OpenAI "
+        "json_schema), structured_outputs (vLLM's field), json_object_schema (response_format json_object with "
+        "a schema), llama_cpp (top-level json_schema). A form the engine is known to drop is refused before the "
+        "run, as is schema mode on an engine that constrains nothing (transformers serve); elsewhere each answer "
+        "is checked against its schema (a cut one as a start) and a violating answer is a failed request; when "
+        "the first 3 all fail, every later request fails naming the form",
     )
     context_tokens: int | None = Field(
         None, ge=1,
@@ -298,6 +322,10 @@ class OpenAISettings(BackendConfig):
     @config_check
     def _request_body(self, context: dict[str, Any]) -> None:
         problems = []
+        if self.schema_style in DEAD_SCHEMA_STYLES:
+            problems.append(("schema_style", f"{self.schema_style!r}: {DEAD_SCHEMA_STYLES[self.schema_style]}"))
+        elif self.schema_style not in SCHEMA_STYLES:
+            problems.append(("schema_style", f"{self.schema_style!r}; expected one of {', '.join(SCHEMA_STYLES)}"))
         for key in sorted(set(self.extra_body or {}) & set(_OWNED_BODY_FIELDS)):
             problems.append((f"extra_body.{key}", f"set by memsearch ({_OWNED_BODY_FIELDS[key]}); remove it here"))
         try:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -26,6 +26,7 @@ from memsearch.config import KeyProblems, StrictConfig, config_check, config_fro
 from memsearch.devices import DeviceLayout
 from memsearch.errors import InputError
 from memsearch.serving import ServiceSpec
+from memsearch.serving.engines import LORA_ENGINES
 
 HOTPOT_TRAIN_URL = "http://curtis.ml.cmu.edu/datasets/hotpot/hotpot_train_v1.1.json"
 HOTPOT_DEV_URL = "http://curtis.ml.cmu.edu/datasets/hotpot/hotpot_dev_distractor_v1.json"
@@ -95,16 +96,27 @@ class ReaderService(ServiceSpec):
 
 
 class Stage1Service(ServiceSpec):
-    """The server each seed's trained stage 1 (``OUT/seed-N/merged1``) is deployed on
-    (``[services.stage1]``): stage 2 trains against it, the held-out grpo row and B/D run on it."""
+    """How each seed's trained stage 1 is deployed (``[services.stage1]``): stage 2 trains against
+    it, the held-out grpo row and B/D run on it. As a LoRA adapter (``stage1-seedN``) where the
+    engine serves adapters: on the reader's own server when it is a vLLM on the policy model (loaded
+    while it runs), else on a server of this table on the policy model; merged
+    (``OUT/seed-N/merged1``) on a server of this table otherwise."""
 
-    model: str | None = Field(None, description="Set by the experiment (each seed's OUT/seed-N/merged1); leave unset")
+    model: str | None = Field(None, description="Set by the experiment (the policy model, or each seed's "
+                              "OUT/seed-N/merged1); leave unset")
+    serve_as: Literal["auto", "adapter", "merged"] = Field(
+        "auto", description="adapter: stage 1's LoRA adapter, no merged copy served (vllm, sglang; on the "
+        "reader's server when it is a vllm on the policy model); merged: the merged folder on a server of its "
+        "own (any engine but llama.cpp); auto: adapter where the engine serves adapters, else merged")
 
     @config_check
     def _deployable(self, context: dict[str, Any]) -> None:
         problems = []
         if self.model is not None:
             problems.append(("model", "set by the experiment (each seed's merged stage-1 folder); remove it"))
+        if self.serve_as == "adapter" and self.engine not in LORA_ENGINES:
+            problems.append(("serve_as", "'adapter' needs an engine that serves LoRA adapters "
+                             f"({', '.join(LORA_ENGINES)}); engine is {self.engine!r}: set serve_as = 'merged'"))
         if self.engine == "llama.cpp" and self.command is None:
             problems.append(("engine", "llama.cpp serves GGUF files, and stage 1 is a merged Hugging Face folder; "
                              "choose vllm, sglang or transformers"))
@@ -156,6 +168,19 @@ class ExperimentConfig(StrictConfig):
                                   "server (services.reader, services.stage1); empty: a CPU run")
     services: Services = Field(..., description="The reader and stage-1 servers")
     recipe: Recipe = Field(default_factory=Recipe, description="The memory-policy pipeline config and overrides")
+
+    def stage1_on_reader(self) -> bool:
+        """Whether each seed's stage 1 is an adapter loaded on the reader's server: stage 1 goes as
+        an adapter, the reader is a vLLM (it loads adapters while it runs) and serves the policy
+        model (an adapter runs on the model it was trained from)."""
+        stage1, reader = self.services.stage1, self.services.reader
+        return (stage1.serve_as != "merged" and stage1.engine in LORA_ENGINES and reader.engine == "vllm"
+                and reader.command is None and reader.model is None and self.models.reader == self.models.policy)
+
+    def stage1_as_adapter(self) -> bool:
+        """Whether each seed's stage 1 is served as its LoRA adapter (``serve_as``)."""
+        return self.services.stage1.serve_as == "adapter" or (
+            self.services.stage1.serve_as == "auto" and self.services.stage1.engine in LORA_ENGINES)
 
     @config_check
     def _layout(self, context: dict[str, Any]) -> None:

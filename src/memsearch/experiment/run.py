@@ -39,6 +39,7 @@ from memsearch.experiment.stages import (
     models_stage,
     pipeline_config,
     reader_spec,
+    stage1_name,
     stage1_spec,
 )
 from memsearch.io import dumps_line, write_json
@@ -70,10 +71,16 @@ class RunRecord:
         self.data.update(fields)
         self.write()
 
-    def service(self, name: str, running, seed: int | None = None) -> None:
-        """A started service: engine, URL, served name, pid, log and its /v1/models entry."""
-        entry = {"engine": running.engine, "url": running.url, "served_name": running.served_name,
-                 "pid": running.pid, "log": str(running.log), "identity": running.identity}
+    def service(self, name: str, running, seed: int | None = None, served_name: str | None = None) -> None:
+        """A started service: engine, URL, served name (``served_name``: an adapter it serves),
+        pid, log and its /v1/models entry (the adapter's, where one is named)."""
+        identity = running.identity
+        if served_name is not None and served_name != running.served_name:
+            from memsearch.serving.process import served_identity
+
+            identity = served_identity(running.url, served_name)
+        entry = {"engine": running.engine, "url": running.url, "served_name": served_name or running.served_name,
+                 "pid": running.pid, "log": str(running.log), "identity": identity}
         if seed is None:
             self.data["services"][name] = entry
         else:
@@ -114,7 +121,10 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, echo=print, profile: 
 
     out = Path(out)
     # Before anything starts or is written: a taken port, and a recipe the pipeline refuses.
-    check_ports_free({"reader": reader_spec(cfg), "stage1": stage1_spec(cfg, "<each seed's merged stage 1>")})
+    services = {"reader": reader_spec(cfg)}
+    if not cfg.stage1_on_reader():  # else stage 1 is loaded on the reader's server: no port of its own
+        services["stage1"] = stage1_spec(cfg, "<each seed's merged stage 1>")
+    check_ports_free(services)
     pipeline_config(cfg)
     with stop_on_signals():
         _claim(cfg, out, profile)
@@ -192,10 +202,17 @@ def _stages(cfg: ExperimentConfig, out: Path, record: RunRecord, echo) -> dict[s
             baseline = baseline_stage(pcfg, out, paths, echo)
 
             @contextmanager
-            def deploy(seed: int, merged1: Path) -> Iterator[tuple[str, str]]:
-                with running_services({"stage1": stage1_spec(cfg, merged1)}, out / "services", gpus, echo) as s1:
-                    record.service("stage1", s1["stage1"], seed)
-                    yield s1["stage1"].url, s1["stage1"].served_name
+            def deploy(seed: int, merged1: Path, adapter1: Path) -> Iterator[tuple[str, str]]:
+                if cfg.stage1_on_reader():
+                    with adapter_on(running["reader"], stage1_name(seed), adapter1, echo) as s1:
+                        record.service("stage1", s1, seed)
+                        yield s1.url, s1.served_name
+                    return
+                spec = stage1_spec(cfg, merged1, adapter1, seed, models)
+                with running_services({"stage1": spec}, out / "services", gpus, echo) as s1:
+                    served = stage1_name(seed) if spec.adapters else s1["stage1"].served_name
+                    record.service("stage1", s1["stage1"], seed, served)
+                    yield s1["stage1"].url, served
 
             shared, seeds = run_stages(pcfg, out, paths, echo, serve_stage1=deploy)
     report = write_report(pcfg, out, shared, seeds, lambda _: None)
@@ -204,6 +221,24 @@ def _stages(cfg: ExperimentConfig, out: Path, record: RunRecord, echo) -> dict[s
     echo(report["table"])
     echo(f"report: {out / 'report.md'}")
     return report
+
+
+@contextmanager
+def adapter_on(reader, name: str, adapter: Path, echo=print):
+    """The adapter in ``adapter`` served as ``name`` on the running vLLM ``reader`` while inside
+    (loaded at entry, unloaded at exit); yields it as a ``RunningService`` of that server."""
+    from dataclasses import replace
+
+    from memsearch.serving.adapters import load_adapter, unload_adapter
+    from memsearch.serving.process import served_identity
+
+    load_adapter(reader.url, name, adapter)
+    try:
+        identity = served_identity(reader.url, name)
+        echo(f"stage 1: adapter {adapter} served as {name!r} on the reader's server at {reader.url}")
+        yield replace(reader, name="stage1", served_name=name, identity=identity)
+    finally:
+        unload_adapter(reader.url, name)
 
 
 def _cell(value: Any) -> str:
@@ -226,7 +261,8 @@ def experiment_section(out: Path, run: dict[str, Any], baseline: dict[str, Any])
     for name, entry in run["services"].items():
         for label, s in ({name: entry} if "url" in entry else {f"{name} ({k})": v for k, v in entry.items()}).items():
             lines.append(f"| {label} | {s['engine']} | `{s['served_name']}` | {s['url']} | {s['identity'].get('id')} |")
-    lines += ["", "B/D of each seed's matrix were summarised by that seed's stage 1 (merged1) served as above, A/C by "
+    lines += ["", "B/D of each seed's matrix were summarised by that seed's stage 1 served as above (its adapter, or "
+              "merged1), A/C by "
               "the original policy model in process (`backends.baseline_memory`).", "",
               "### Baseline: the A-D matrix before training", "",
               "B/D memory and C/D controller are the untrained policy model: prompt baselines, not RL results.", "",

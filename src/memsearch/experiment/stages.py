@@ -130,7 +130,7 @@ def pipeline_config(cfg: ExperimentConfig, data: dict[str, Any] | None = None,
     tables["data"] = {**(tables.get("data") or {}), **limits,
                       **{n: data[n]["path"] if data else getattr(cfg.data, n) for n in SPLITS}}
     tables["devices"] = cfg.devices.model_dump(mode="json")
-    reader = reader_spec(cfg, models)
+    reader = reader_spec(cfg, models, ranked=False)  # its name and URL; the rank comes from this config
     episode = tables.setdefault("episode", {})
     backends = episode.setdefault("backends", {})
     kept = {k: v for k, v in (backends.get("reader") or {}).items()
@@ -138,8 +138,9 @@ def pipeline_config(cfg: ExperimentConfig, data: dict[str, Any] | None = None,
     backends["reader"] = {**kept, "kind": "openai", "model": reader.name_served, "base_url": service_url(reader)}
     tables["stage1_serving"] = "http"
     stage2 = {k: v for k, v in (tables.get("stage2") or {}).items() if k not in ("memory_url", "memory_model")}
-    tables["stage2"] = {**stage2, "memory_serving": "http", "serve_port": cfg.services.stage1.port,
-                        "serve_start_timeout_s": cfg.services.stage1.start_timeout_s}
+    served_by = cfg.services.reader if cfg.stage1_on_reader() else cfg.services.stage1
+    tables["stage2"] = {**stage2, "memory_serving": "http", "serve_port": served_by.port,
+                        "serve_start_timeout_s": served_by.start_timeout_s, "serve_engine": served_by.engine}
     return config_from_tables(tables, None, MemoryPolicyPipeline, f"{recipe} (with [recipe.override] and the "
                               "fields the experiment sets)")
 
@@ -149,17 +150,38 @@ def service_url(spec: ServiceSpec) -> str:
     return f"http://{spec.host}:{spec.port}/v1"
 
 
-def reader_spec(cfg: ExperimentConfig, models: dict[str, Any] | None = None) -> ServiceSpec:
+def reader_spec(cfg: ExperimentConfig, models: dict[str, Any] | None = None, ranked: bool = True) -> ServiceSpec:
     """``[services.reader]`` on the reader model (its configured ``model``, else the resolved
-    reader folder; before the models stage, the configured source)."""
+    reader folder; before the models stage, the configured source); when each seed's stage 1 is
+    loaded on it (``stage1_on_reader``), ready for adapters up to the recipe's LoRA rank."""
     reader = cfg.services.reader
     model = reader.model or (models["reader"]["path"] if models else _local_or_source(cfg.models.reader))
-    return reader.model_copy(update={"model": model})
+    update: dict[str, Any] = {"model": model}
+    if ranked and cfg.stage1_on_reader():
+        update["max_lora_rank"] = max(reader.max_lora_rank or 1, stage1_lora_rank(cfg))
+    return reader.model_copy(update=update)
 
 
-def stage1_spec(cfg: ExperimentConfig, merged1: Path | str) -> ServiceSpec:
-    """``[services.stage1]`` on one seed's merged stage-1 folder."""
-    return cfg.services.stage1.model_copy(update={"model": str(merged1)})
+def stage1_lora_rank(cfg: ExperimentConfig) -> int:
+    """The rank of the stage-1 adapter the recipe trains (its SFT's and GRPO's LoRA, the larger)."""
+    pcfg = pipeline_config(cfg)
+    return max(pcfg.sft.lora.r, pcfg.grpo.lora.r)
+
+
+def stage1_name(seed: int) -> str:
+    """The name a seed's stage-1 adapter is served under."""
+    return f"stage1-seed{seed}"
+
+
+def stage1_spec(cfg: ExperimentConfig, merged1: Path | str, adapter1: Path | str | None = None,
+                seed: int | None = None, models: dict[str, Any] | None = None) -> ServiceSpec:
+    """``[services.stage1]`` for one seed: its merged stage-1 folder, or (``stage1_as_adapter``)
+    the policy model with the seed's adapter ``adapter1`` served as ``stage1_name(seed)``."""
+    stage1 = cfg.services.stage1
+    if cfg.stage1_as_adapter() and adapter1 is not None and seed is not None:
+        policy = models["policy"]["path"] if models else _local_or_source(cfg.models.policy)
+        return stage1.model_copy(update={"model": str(policy), "adapters": {stage1_name(seed): str(adapter1)}})
+    return stage1.model_copy(update={"model": str(merged1)})
 
 
 def _local_or_source(source: str) -> str:

@@ -25,7 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memsearch.errors import InputError
-from memsearch.serving.engines import HAS_HEALTH, LABELS, ServiceSpec, launch_command
+from memsearch.serving.engines import (
+    HAS_HEALTH,
+    LABELS,
+    ServiceSpec,
+    check_engine_installed,
+    engine_environment,
+    launch_command,
+)
 
 LOG_TAIL_LINES = 30
 STOP_WAIT_S = 30.0  # per signal: SIGTERM, then SIGKILL
@@ -172,11 +179,12 @@ def _wait_ready(proc: subprocess.Popen, spec: ServiceSpec, url: str, log: Path, 
     except (OSError, ValueError) as exc:
         raise InputError(f"{label} at {url}: GET /models failed ({type(exc).__name__}: {exc}); the end of its log "
                          f"({log}):\n{log_tail(log)}") from None
-    for entry in models:
-        if entry.get("id") == spec.name_served:
-            return entry
-    raise InputError(f"{label} at {url} lists {[m.get('id') for m in models]}, not {spec.name_served!r}; the end of "
-                     f"its log ({log}):\n{log_tail(log)}")
+    listed = {m.get("id"): m for m in models}
+    missing = [name for name in (spec.name_served, *spec.adapters) if name not in listed]
+    if missing:
+        raise InputError(f"{label} at {url} lists {list(listed)}, not {', '.join(map(repr, missing))}; the end of "
+                         f"its log ({log}):\n{log_tail(log)}")
+    return listed[spec.name_served]
 
 
 def _environment(spec: ServiceSpec, gpus: list[int] | None) -> dict[str, str]:
@@ -185,6 +193,7 @@ def _environment(spec: ServiceSpec, gpus: list[int] | None) -> dict[str, str]:
         env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    env.update(engine_environment(spec, {**env, **spec.env}))
     env.update(spec.env)
     return env
 
@@ -220,6 +229,7 @@ def started_service(name: str, spec: ServiceSpec, log: Path, gpus: list[int] | N
     header line and its pid), waited for, yielded as a ``RunningService``, stopped on exit
     however the block ends. ``gpus``: its ``CUDA_VISIBLE_DEVICES``. ``title`` starts the line
     echoed once it is ready; ``timeout_key`` is the setting the timeout message names."""
+    check_engine_installed(name, spec)
     command = launch_command(spec)
     label = LABELS[spec.engine]
     url = f"http://{spec.host}:{spec.port}/v1"

@@ -111,8 +111,10 @@ class Stage2(StrictConfig):
         description="How the frozen stage-1 model (seed-N/merged1) answers the memory calls of stage 2's "
         "rollouts and periodic evaluation: in_process (hf backend, schema_mode as the pipeline's); http (an "
         "OpenAI-compatible server reached through the openai backend, which keeps [episode.backends.memory]'s "
-        "max_concurrency, timeout_s, max_retries and sampling; free decoding, so it needs schema_mode = false): "
-        "`transformers serve` launched by the pipeline, or a server you run (memory_url)",
+        "max_concurrency, timeout_s, max_retries and sampling, and decodes in the pipeline's schema_mode where the "
+        "server constrains output: vLLM, SGLang): `transformers serve` launched by the pipeline (it constrains "
+        "nothing, so schema_mode = false), or a server you run (memory_url; schema mode on an engine that "
+        "constrains nothing is refused before the stage)",
     )
     memory_url: str | None = Field(
         None,
@@ -136,6 +138,12 @@ class Stage2(StrictConfig):
         default_factory=list,
         description="http, launched server: extra `transformers serve` options, e.g. "
         '["--device", "cuda:0", "--continuous-batching"] (host, port and the model are set by the pipeline)',
+    )
+    serve_engine: Literal["vllm", "sglang", "transformers", "llama.cpp"] = Field(
+        "transformers",
+        description="http, launched server: the engine that serves stage 1 at serve_port. The pipeline launches "
+        "`transformers serve` (which constrains no output, so schema_mode = true is refused with it); `memsearch "
+        "experiment run` sets its [services] engine here",
     )
     serve_start_timeout_s: float = Field(
         300.0,
@@ -230,7 +238,8 @@ class MemoryPolicyPipeline(PipelineConfig):
         "stage-1 model (seed-N/merged1): in_process (hf) or http, one server per seed for all three: the one you "
         "run (stage2.memory_url + memory_model), else `transformers serve` launched on stage2.serve_port (a fixed "
         "port: the URL is part of every stage's fingerprint); `memsearch experiment run` deploys it with the "
-        "engine of its config. Needs stage2.memory_serving = 'http' (whose checks apply: no schema mode)",
+        "engine of its config. Needs stage2.memory_serving = 'http' (whose checks apply); schema_mode holds over "
+        "HTTP on engines that constrain output (vLLM, SGLang) and is refused before the run on one that does not",
     )
 
     @model_validator(mode="before")
@@ -396,15 +405,16 @@ class MemoryPolicyPipeline(PipelineConfig):
                 "generation_config sets do_sample); keep the frozen memory greedy (temperature 0) or run "
                 "your own server (stage2.memory_url)",
             ))
-        if self.schema_mode:
-            # Over HTTP the memory ops are not decoded under memsearch's JSON-schema mask: `transformers serve`
-            # ignores response_format (it logs "Ignoring unsupported fields") and the engine sends no
-            # constraint to the openai backend. Refused rather than silently decoding differently.
+        if self.schema_mode and not self.stage2.memory_url and self.stage2.serve_engine == "transformers":
+            # The server the pipeline launches is `transformers serve`, which ignores every schema form (it logs
+            # "Ignoring unsupported fields"): refused rather than decoding freely. A server you run (memory_url)
+            # or `experiment run` deploys is checked by the openai backend against its engine before the run.
             raise KeyProblems((
                 "stage2.memory_serving",
-                "stage2.memory_serving = 'http' with schema_mode = true: schema mode (constrained JSON) runs "
-                "only in process, and stage 2's frozen memory would decode freely over HTTP; set "
-                "schema_mode = false or stage2.memory_serving = 'in_process'",
+                "stage2.memory_serving = 'http' with schema_mode = true on the `transformers serve` the pipeline "
+                "launches: it constrains no output, so stage 2's frozen memory would decode freely; serve stage 1 "
+                "with vLLM or SGLang (stage2.memory_url, or memsearch experiment run), set schema_mode = false, "
+                "or stage2.memory_serving = 'in_process'",
             ))
 
     def _episode(
@@ -466,9 +476,12 @@ class MemoryPolicyPipeline(PipelineConfig):
 
     def served_backend(self, url: str, name: str) -> BackendConfig:
         """An openai backend on ``url`` serving ``name``, with the episode memory backend's
-        concurrency, timeout, retries and sampling; free decoding (no schema mode over HTTP)."""
+        concurrency, timeout, retries and sampling, in the pipeline's ``schema_mode`` (the backend
+        refuses it before the run where the server's engine constrains nothing). A server you run
+        (``memory_url``) is read as what its /models says; a launched one as ``serve_engine``."""
+        engine = "auto" if self.stage2.memory_url else self.stage2.serve_engine
         return updated(self.episode.backends.memory, "episode.backends.memory", kind="openai", model=name, base_url=url,
-                       adapter=None, schema_mode=False)
+                       adapter=None, schema_mode=self.schema_mode, engine=engine)
 
     def stage1_backend(self, stage1: str, served: tuple[str, str] | None = None) -> BackendConfig:
         """The stage-1 model as memory backend: ``served`` (API root, served name: the seed's server,

@@ -43,7 +43,8 @@ from memsearch.pipelines.stages import Stage, eval_run, folder_sha256, grpo_stag
 
 # ``serve_stage1(seed, merged1)``: a context manager that serves a seed's stage-1 folder and yields
 # (API root, served name) while the held-out grpo row, stage 2 and the matrix run against it.
-Stage1Server = Callable[[int, Path], AbstractContextManager[tuple[str, str]]]
+# (seed, merged stage-1 folder, stage-1 adapter folder) -> (API root, served name) while it serves.
+Stage1Server = Callable[[int, Path, Path], AbstractContextManager[tuple[str, str]]]
 
 
 def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str, Any]:
@@ -264,16 +265,18 @@ def seed_stages(
     root = out / f"seed-{seed}"
     merged1, fp1 = merge_stage(root / "merged1", root / "merged1.stage.json", cfg.model, trained[1],
                                cfg.merge_dtype, echo)
-    with stage1_server(cfg, root, seed, merged1, serve_stage1, echo) as served:
+    with stage1_server(cfg, root, seed, merged1, serve_stage1, echo, adapter1=trained[1]) as served:
         return _after_merge(cfg, root, seed, paths, echo, trained=trained, merged=(merged1, fp1),
                             controller_rows=controller_rows, served=served)
 
 
 @contextmanager
 def stage1_server(cfg: MemoryPolicyPipeline, root: Path, seed: int, merged1: Path,
-                  serve_stage1: Stage1Server | None = None, echo=print) -> Iterator[tuple[str, str] | None]:
+                  serve_stage1: Stage1Server | None = None, echo=print,
+                  adapter1: Path | None = None) -> Iterator[tuple[str, str] | None]:
     """The seed's stage-1 server while the stages after the merge run (``stage1_serving =
-    'http'``): ``serve_stage1``'s when given (``memsearch experiment run`` deploys its own), else
+    'http'``): ``serve_stage1``'s when given (``memsearch experiment run`` deploys its own, the
+    merged folder or the adapter ``adapter1`` on a server that serves adapters), else
     the user's (``stage2.memory_url``, checked to list ``memory_model``), else ``transformers serve``
     launched on ``stage2.serve_port``; yields (API root, served name), or None in process."""
     from memsearch.pipelines.memory_policy import serving
@@ -282,7 +285,7 @@ def stage1_server(cfg: MemoryPolicyPipeline, root: Path, seed: int, merged1: Pat
     if cfg.stage1_serving == "in_process":
         yield None
     elif serve_stage1 is not None:
-        with serve_stage1(seed, merged1) as served:
+        with serve_stage1(seed, merged1, adapter1 or merged1) as served:
             yield served
     elif s2.memory_url:
         with serving.user_server(s2.memory_url, s2.memory_model) as url:
