@@ -22,6 +22,7 @@ import asyncio
 import os
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -85,7 +86,7 @@ def main() -> None:
     spec = ServiceSpec(engine="vllm", model=str(model_dir()), served_name="smollm2", port=_free_port(),
                        python=str(python), start_timeout_s=900, env={"VLLM_CPU_KVCACHE_SPACE": "2"},
                        extra_args=["--dtype", "float32", "--max-model-len", "4096"])
-    logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-bench-{os.getpid()}"
+    logs = Path(tempfile.gettempdir()) / f"vllm-bench-{os.getpid()}"
     start = time.perf_counter()
     with running_services({"vllm": spec}, logs, echo=lambda line: print(line, file=sys.stderr)) as running:
         ready_s = time.perf_counter() - start

@@ -9,9 +9,8 @@
 # and its requirements (scripts/vllm/requirements.txt, resolved from the wheel's metadata) with
 # `torch==2.13.0`: a local `+cpu` wheel where pip's find-links has one (PIP_FIND_LINKS), else the
 # index's build of that version (CUDA libraries included; it runs on a CPU too).
-# Left out of the requirements: torchaudio, torchvision and torchcodec (multimodal inputs only;
-# the index's builds for other torch versions do not import beside torch 2.13 and a text model
-# never needs them).
+# Left out of the requirements: torchaudio, torchvision and torchcodec (audio, image and video
+# inputs only, which a text model never reads; the index has no torchaudio for torch 2.13).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
