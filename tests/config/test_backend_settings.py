@@ -32,8 +32,12 @@ KEYS = {
     "oracle": (OracleSettings, [*COMMON, "open_items"]),
     "hf": (HFSettings, [*COMMON, "model", "adapter", "max_concurrency"]),
     "openai": (OpenAISettings, [*COMMON, "model", "base_url", "max_concurrency", "timeout_s", "max_retries",
-                                "retry_window_s", "extra_body", "schema_style", "context_tokens"]),
+                                "retry_window_s", "extra_body", "engine", "schema_style", "context_tokens"]),
 }
+# Since the engines came (backends.engine_forms), an openai table's unset schema_style is "auto"
+# (the engine's own form; vLLM and SGLang are also asked for token ids), which no flat form wrote:
+# the flat dump of such a table differs there, so a stage record of before is not reused for it.
+SINCE_ENGINES = {"openai": {"schema_style": "auto"}}
 
 
 def _problems(table: dict) -> list[tuple[str, str]]:
@@ -50,9 +54,10 @@ def test_a_table_dumps_its_kinds_keys_and_rebuilds_the_flat_dump_of_before(name)
     assert type(settings) is model
     dump = settings.model_dump(mode="json")
     assert list(dump) == keys
-    assert list(legacy_backend_dump(dump).items()) == list(flat.items())  # values and key order
-    # The saved flat form reads back as the same settings.
-    assert BackendConfig.model_validate(flat) == settings
+    since = {k: v for k, v in SINCE_ENGINES.get(table["kind"], {}).items() if k not in table}  # unset ones
+    assert list(legacy_backend_dump(dump).items()) == list({**flat, **since}.items())  # values and key order
+    # The saved flat form reads back as the same settings (with what it wrote for those keys).
+    assert BackendConfig.model_validate(flat) == settings.model_copy(update={k: flat[k] for k in since})
     # Inside a run config too: the field holds the kind's model and dumps its keys.
     run = RunConfig.model_validate({"backends": {"reader": table}})
     assert type(run.backends.reader) is model and run.model_dump(mode="json")["backends"]["reader"] == dump

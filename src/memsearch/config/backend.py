@@ -98,7 +98,9 @@ def legacy_backend_dump(dump: dict[str, Any]) -> dict[str, Any]:
     them). Records written before the split (a pipeline's stage records) compare in this form."""
     kind = dump.get("kind", "rules")
     out = {key: dump.get(key, _legacy_default(kind, key)) for key, _ in _LEGACY_FIELDS}
-    return {**out, **{key: value for key, value in dump.items() if key not in out}}
+    later = {key: value for key, value in dump.items()
+             if key not in out and not (key in _LATER_UNSET and value == _LATER_UNSET[key])}
+    return {**out, **later}
 
 
 
