@@ -157,7 +157,7 @@ def test_adapters_the_server_cannot_serve_are_refused_clearly(vllm, tmp_path):
         asyncio.run(OpenAIBackend(vllm.url, "stage1-seed9").check_model())
     wide = tmp_path / "rank128"
     _write_adapter(wide, rank=128)
-    with pytest.raises(InputError, match=r"vLLM at .* refused adapter 'wide' .*HTTP 400: .*LoRA rank 128 is greater "
+    with pytest.raises(InputError, match=r"vLLM at .* refused adapter 'wide' .*HTTP 500: .*LoRA rank 128 is greater "
                        r"than max_lora_rank 16"):
         load_adapter(vllm.url, "wide", wide)
     load_adapter(vllm.url, "again", ADAPTER)  # the runtime route works for an adapter that fits
