@@ -44,21 +44,27 @@ REQUEST_ERROR_MARKERS = (
 )
 
 
-def _error_object(raw: bytes) -> tuple[str, str]:
+def error_object(raw: bytes) -> tuple[str, str]:
     """``(type, message)`` of an error body (``{"error": {...}}``, ``{"error": "..."}``,
-    FastAPI's ``{"detail": ...}`` or plain text), lower-cased; empty strings where absent."""
+    FastAPI's ``{"detail": ...}`` or plain text), as written; empty strings where absent."""
     try:
         data: Any = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
-        return "", raw[:2000].decode("utf-8", errors="replace").lower()
+        return "", raw[:2000].decode("utf-8", errors="replace")
     if not isinstance(data, dict):
-        return "", str(data)[:2000].lower()
+        return "", str(data)[:2000]
     error = data.get("error", data.get("detail", data))
     if isinstance(error, dict):
         kind = error.get("type") or error.get("code") or ""
         message = error.get("message") or error.get("detail") or ""
-        return str(kind).lower(), str(message)[:2000].lower()
-    return "", str(error)[:2000].lower()
+        return str(kind), str(message)[:2000]
+    return "", str(error)[:2000]
+
+
+def _error_object(raw: bytes) -> tuple[str, str]:
+    """``error_object`` lower-cased, for matching types and markers."""
+    kind, message = error_object(raw)
+    return kind.lower(), message.lower()
 
 
 def request_error(raw: bytes) -> str | None:

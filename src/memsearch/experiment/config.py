@@ -173,9 +173,9 @@ class ExperimentConfig(StrictConfig):
         """Whether each seed's stage 1 is an adapter loaded on the reader's server: stage 1 goes as
         an adapter, the reader is a vLLM (it loads adapters while it runs) and serves the policy
         model (an adapter runs on the model it was trained from)."""
-        stage1, reader = self.services.stage1, self.services.reader
-        return (stage1.serve_as != "merged" and stage1.engine in LORA_ENGINES and reader.engine == "vllm"
-                and reader.command is None and reader.model is None and self.models.reader == self.models.policy)
+        reader = self.services.reader
+        return (self.stage1_as_adapter() and reader.engine == "vllm" and reader.command is None
+                and reader.model is None and self.models.reader == self.models.policy)
 
     def stage1_as_adapter(self) -> bool:
         """Whether each seed's stage 1 is served as its LoRA adapter (``serve_as``)."""

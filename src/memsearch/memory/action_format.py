@@ -188,6 +188,7 @@ def bounded_ops_schema(b: OpsBounds) -> dict[str, Any]:
     }
 
 
+@functools.cache
 def _overheads(sources: int) -> tuple[int, int, int]:
     """Longest ADD, UPDATE and DELETE with ``sources`` sources and 0-character texts: what an op
     costs besides its text."""
@@ -245,13 +246,13 @@ def bounded_ops_constraint(policy_tokens: int, max_sources: int) -> Constraint:
     return constraint
 
 
+@functools.cache  # asked on every memory call of an episode
 def text_ops_constraint(policy_tokens: int, max_sources: int) -> Constraint:
     """The text format's constraint in schema mode: the budget-bounded v3 one where one UPDATE's
-    text can hold a sentence (``USEFUL_TEXT_CHARS``; policy_tokens 256 and up with the default
-    3 sources), else v2's ``memory_ops_constraint(max_sources)``, unbounded as before: a bound
-    that cuts every fact would change what a recipe's policy can write (the CPU recipe's 96
-    tokens), and such a decode may run to the limit (the extractive format is bounded at every
-    budget from 95)."""
+    text can hold a sentence (``USEFUL_TEXT_CHARS``; policy_tokens 210 and up), else v2's
+    ``memory_ops_constraint(max_sources)``, unbounded as before: a bound that cuts every fact
+    would change what a recipe's policy can write (the CPU recipe's 96 tokens), and such a decode
+    may run to the limit (the extractive format is bounded at every budget from 95)."""
     if policy_tokens < min_bounded_policy_tokens() or ops_bounds(policy_tokens, 1).update_text < USEFUL_TEXT_CHARS:
         return memory_ops_constraint(max_sources)
     return bounded_ops_constraint(policy_tokens, max_sources)

@@ -15,36 +15,32 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from memsearch.backends.retry_policy import error_object
 from memsearch.errors import InputError
 
 LOAD_TIMEOUT_S = 300.0  # reading the weights of a large adapter from a slow disk
 
 
-def _post(url: str, body: dict, timeout_s: float) -> tuple[int, str]:
+def _post(url: str, body: dict, timeout_s: float) -> tuple[int, bytes]:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return response.status, response.read().decode("utf-8", errors="replace")
+            return response.status, response.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode("utf-8", errors="replace")
+        return exc.code, exc.read()
 
 
-def _reason(text: str) -> str:
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return " ".join(text.split())[:500]
-    error = data.get("error", data) if isinstance(data, dict) else data
-    message = error.get("message") if isinstance(error, dict) else None
-    return " ".join(str(message or error).split())[:500]
+def _reason(raw: bytes) -> str:
+    """The message of an error body on one line (the reading the retry rule uses)."""
+    return " ".join(error_object(raw)[1].split())[:500]
 
 
 def load_adapter(url: str, name: str, folder: str | Path, timeout_s: float = LOAD_TIMEOUT_S) -> None:
     """Serve the adapter in ``folder`` as model ``name`` on the vLLM server whose API root is
     ``url`` (``http://host:port/v1``); ``InputError`` when the server refuses or cannot be reached."""
     try:
-        status, text = _post(f"{url}/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)}, timeout_s)
+        status, raw = _post(f"{url}/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)}, timeout_s)
     except OSError as exc:
         raise InputError(f"vLLM at {url}: loading adapter {name!r} failed ({type(exc).__name__}: {exc}); is the "
                          "server running?") from None
@@ -52,7 +48,7 @@ def load_adapter(url: str, name: str, folder: str | Path, timeout_s: float = LOA
         raise InputError(f"vLLM at {url} does not load adapters at run time (POST /v1/load_lora_adapter: 404); "
                          "start it with --enable-lora and the environment VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
     if not 200 <= status < 300:
-        raise InputError(f"vLLM at {url} refused adapter {name!r} from {folder} (HTTP {status}: {_reason(text)}); "
+        raise InputError(f"vLLM at {url} refused adapter {name!r} from {folder} (HTTP {status}: {_reason(raw)}); "
                          "an adapter above the server's --max-lora-rank needs a server started with a larger one, "
                          "one whose modules the model lacks is not this model's")
 
