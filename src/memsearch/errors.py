@@ -42,3 +42,9 @@ class StorageError(Exception):
     """A write failed for a reason outside the program (disk full, read-only file system,
     permissions): what is saved is safe and the message says how to continue. The CLI prints it
     as one ``error:`` line and exits with status 4."""
+
+
+class IncompleteResult(Exception):
+    """A command ran to its end but what it made is not a result: some task failed or is missing
+    (e.g. request timeouts). Nothing is lost: the same command continues and retries exactly those
+    tasks. The CLI prints the message as ``INCOMPLETE:`` lines and exits with status 3."""

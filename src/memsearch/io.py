@@ -419,13 +419,34 @@ def iter_json_records(
                 [Problem(str(path), None, "file", "empty file, expected a JSON list of records or JSON lines")]
             )
         if blocks.text[pos] != "[":
+            first = blocks.text[pos]
+            start = " ".join(blocks.text[pos:pos + 200].split())[:80]
             blocks.close()
-            for index, (lineno, obj) in enumerate(iter_jsonl(path, progress, index_fields=True)):
-                yield lineno, index, obj
+            index = -1
+            try:
+                for index, (lineno, obj) in enumerate(iter_jsonl(path, progress, index_fields=True)):
+                    yield lineno, index, obj
+            except InputError as exc:
+                # Not even its first record is JSON, and it does not start as JSON lines of records
+                # do: the file is no JSON at all (an HTML page saved as data, ...). Say what the
+                # reader expected of it, not only "one object per line".
+                bad = exc.problems[0] if len(exc.problems) == 1 else None
+                if index >= 0 or first == "{" or bad is None or bad.field != "json":
+                    raise
+                raise InputError([Problem(bad.file, bad.line, "json", f"not JSON (starts {start!r}), expected "
+                                          f"{_records_form(path)}")]) from None
             return
         yield from _iter_list(blocks, pos + 1)
     finally:
         blocks.close()
+
+
+def _records_form(path: Path) -> str:
+    """What ``iter_json_records`` reads, worded for a file of this name: JSON lines for a
+    ``.jsonl`` file, else a JSON array (``[`` first) or JSON lines."""
+    if path.name.lower().removesuffix(".gz").endswith((".jsonl", ".ndjson")):
+        return "JSON lines: one JSON object per line"
+    return "a JSON array of records ('[' first) or JSON lines (one JSON object per line)"
 
 
 def _skip_space(blocks: _TextBlocks, pos: int) -> int:

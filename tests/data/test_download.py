@@ -12,8 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from tests.support.http import loopback_server
 
-from memsearch.data.download import download
+from memsearch.data.download import data_file_problem, download
 from memsearch.errors import InputError
 
 DATA = bytes(range(256)) * 4096 + b"tail"  # 1 MiB and a bit: more than one read chunk
@@ -53,16 +54,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    httpd.asked, httpd.ranges, httpd.cut = [], True, None
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with loopback_server(_Handler, asked=[], ranges=True, cut=None) as httpd:
         yield httpd
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=10)
 
 
 def _url(httpd) -> str:
@@ -142,3 +135,88 @@ def test_local_sources_are_copied_with_the_same_record(tmp_path):
     with pytest.raises(InputError, match="expected an http"):
         download("ftp://127.0.0.1/x", tmp_path / "out" / "d.json", echo=lambda _: None)
     assert isinstance(got.path, Path)
+
+
+# --------------------------------------------------------------------------- what came back (issue 62)
+
+
+@pytest.mark.parametrize(("name", "head", "kind", "problem"), [
+    ("hotpot_dev.json", b"[{\"_id\": 1}]", "application/json", None),
+    ("hotpot_dev.json", b"\xef\xbb\xbf \n{\"_id\": 1}", "text/plain", None),  # JSON lines after a BOM
+    ("hotpot_dev.json", b"\x1f\x8b\x08\x00", None, None),  # gzip: read whatever the name
+    ("train.parquet", b"PAR1\x15\x04", "binary/octet-stream", None),
+    ("blob", b"PAR1\x15\x04", None, None),  # no known extension: any form the converter reads
+    ("hotpot_dev.json", b"[]", "text/html; charset=utf-8", "got an HTML page (Content-Type text/html; charset=utf-8, "
+     "starting '[]'), not the data file: expected a JSON array of records ('[' first; JSON lines: '{' first)"),
+    ("dev.jsonl", b"\n\n <!doctype html><p>502</p>", None, "got an HTML page (Content-Type not given, starting "
+     "'<!doctype html><p>502</p>'), not the data file: expected JSON lines (one JSON object per line: '{' first)"),
+    ("train.parquet", b"[{}]", None, "got other bytes (Content-Type not given, starting '[{}]'), expected a parquet "
+     "file (its bytes start with 'PAR1')"),
+    ("dev.json", b"PAR1", None, "got other bytes (Content-Type not given, starting 'PAR1'), expected a JSON array "
+     "of records ('[' first; JSON lines: '{' first)"),
+    ("blob", b"Not Found", "text/plain", "got other bytes (Content-Type text/plain, starting 'Not Found'), expected "
+     "a JSON array, JSON lines or a parquet file, as the HotpotQA converter reads"),
+    ("dev.json", None, "text/html", "got an HTML page (Content-Type text/html), expected a JSON array of records ('[' "
+     "first; JSON lines: '{' first)"),
+    ("dev.json", None, "application/octet-stream", None),  # the middle of a file: its type alone
+])
+def test_data_file_problem_sniffs_the_first_bytes_by_name(name, head, kind, problem):
+    assert data_file_problem(name, head, kind) == problem
+
+
+def test_a_page_is_refused_before_a_byte_is_written_and_no_part_is_kept(tmp_path):
+    page = b"<html><body>" + b"x" * 5000 + b"</body></html>"
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/dev.json"
+    try:
+        with pytest.raises(InputError) as info:
+            download(url, tmp_path / "raw" / "dev.json", echo=lambda _: None, expect=data_file_problem)
+        # Without ``expect`` download stays a plain fetcher (a page is bytes like any other).
+        got = download(url, tmp_path / "plain" / "dev.json", echo=lambda _: None)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert str(info.value) == (
+        f"{url}: got an HTML page (Content-Type text/html, starting '<html><body>{'x' * 68}'), not the data file: "
+        "expected a JSON array of records ('[' first; JSON lines: '{' first); nothing of it was kept. Check the URL "
+        "(a server answers an error, login or proxy page with status 200 too), or download the file yourself and "
+        "give its path")
+    assert list((tmp_path / "raw").iterdir()) == []
+    assert got.bytes == len(page)
+
+
+def test_local_copies_resumed_transfers_and_kept_files_are_judged_too(server, tmp_path):
+    page = tmp_path / "page.json"
+    page.write_bytes(b"<html>moved</html>")
+    with pytest.raises(InputError, match=r"page\.json: got an HTML page .*nothing of it was kept"):
+        download(str(page), tmp_path / "out" / "a.json", echo=lambda _: None, expect=data_file_problem)
+    assert list((tmp_path / "out").iterdir()) == []
+
+    # A .part whose first bytes were of another answer: the continued body completes it, the whole
+    # file is judged before it is kept, and it is removed.
+    dest = tmp_path / "dev.json"
+    (tmp_path / "dev.json.part").write_bytes(b"<html>" + DATA[6:300_000])
+    with pytest.raises(InputError, match=r"got an HTML page \(Content-Type not given, starting '<html>"):
+        download(_url(server), dest, echo=lambda _: None, expect=data_file_problem)
+    assert server.asked == ["bytes=300000-"] and not dest.exists() and not (tmp_path / "dev.json.part").exists()
+
+    # A complete file an earlier memsearch kept: named and left as it is.
+    kept = tmp_path / "kept.json"
+    kept.write_bytes(b"<!DOCTYPE html>")
+    with pytest.raises(InputError, match=rf"^{kept}: exists but got an HTML page .*; it is left as it is: remove it"):
+        download(_url(server), kept, echo=lambda _: None, expect=data_file_problem)
+    assert kept.read_bytes() == b"<!DOCTYPE html>"

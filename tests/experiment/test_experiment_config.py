@@ -160,3 +160,75 @@ def test_models_resolve_to_local_folders_and_a_hub_id_offline_is_a_clear_error(t
     cached.mkdir(parents=True)
     (cached / "config.json").write_text(json.dumps({"model_type": "llama"}))
     assert resolve_model("policy", "org/model", tmp_path / "cache") == cached
+
+
+BAD = """\
+[models]
+policy = "embedded"
+reader = "embedded"
+
+[services.reader]
+engine = "transformers"
+prot = 8001
+
+[services.stage1]
+engine = "transformers"
+port = "8002"
+
+[profile.cpu.services.stage1]
+start_timout_s = 30
+"""
+READER_KEYS = ("adapters, command, engine, env, extra_args, host, max_lora_rank, model, port, python, served_name, "
+               "start_timeout_s")
+
+
+def test_a_bad_key_in_the_file_names_its_line_and_the_keys_its_table_takes(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(BAD)
+    with pytest.raises(InputError) as info:
+        load_experiment(bad, profile="cpu")
+    assert str(info.value).splitlines() == [
+        f"{bad}:5: services.reader.port: Field required",  # a missing key: its table's header
+        f"{bad}:7: services.reader.prot: unknown field (did you mean 'port'?); valid keys of [services.reader]: "
+        + READER_KEYS,
+        f"{bad}:11: services.stage1.port: Input should be a valid integer; got '8002'",
+        # a key of the profile is named as the file writes it, with the keys of that table
+        f"{bad}:14: profile.cpu.services.stage1.start_timout_s: unknown field (did you mean 'start_timeout_s'?); "
+        "valid keys of [profile.cpu.services.stage1]: adapters, command, engine, env, extra_args, host, "
+        "max_lora_rank, model, port, python, serve_as, served_name, start_timeout_s",
+    ]
+
+
+def test_a_profile_value_that_replaces_the_files_is_named_in_the_profile(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(BAD.replace('prot = 8001\n', 'port = 8001\n').replace('"8002"', "8002")
+                   + "\n[profile.gpu]\nmodels = { polcy = 'x' }\nservices.reader.port = 'x'\nservics = {}\n")
+    with pytest.raises(InputError) as info:
+        load_experiment(bad, profile="gpu")
+    assert str(info.value).splitlines() == [
+        f"{bad}:17: profile.gpu.models.polcy: unknown field (did you mean 'policy'?); valid keys of "
+        "[profile.gpu.models]: cache_dir, policy, reader",
+        f"{bad}:18: profile.gpu.services.reader.port: Input should be a valid integer; got 'x'",
+        f"{bad}:19: profile.gpu.servics: unknown field (did you mean 'services'?); valid keys of [profile.gpu]: "
+        "data, devices, models, recipe, services",
+    ]
+    load_experiment(bad)  # without the profile the file is fine
+
+
+def test_a_bad_top_level_key_lists_the_top_level_keys_profile_included(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[servics.reader]\nengine = "vllm"\n' + BAD.split("[services.reader]")[0])
+    with pytest.raises(InputError) as info:
+        load_experiment(bad)
+    assert (f"{bad}:1: servics: unknown field (did you mean 'services'?); valid top-level keys: data, devices, "
+            "models, profile, recipe, services") in str(info.value).splitlines()
+
+
+def test_a_bad_key_given_with_set_names_the_flag_and_the_keys_its_table_takes():
+    with pytest.raises(InputError) as info:
+        load_experiment(EXAMPLE, ["services.reader.prot=8001", "services.stage1.port=true"], profile="cpu")
+    assert str(info.value).splitlines() == [
+        f"--set services.reader.prot=8001: services.reader.prot: unknown field (did you mean 'port'?); valid keys "
+        f"of [services.reader]: {READER_KEYS}",
+        "--set services.stage1.port=true: services.stage1.port: Input should be a valid integer; got True",
+    ]

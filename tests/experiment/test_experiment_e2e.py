@@ -8,6 +8,15 @@ HTTP server serving the shipped samples, the reader and each seed's stage 1 serv
    with the server's log, the reader stopped, ports free;
 3. the same command again: it continues and ends with the records of an uninterrupted run.
 
+Then, on the finished folder (``continued``, issue 62's cases):
+
+4. the command on other ports, ``kill -9``ed once its reader is ready: the reader stops with it;
+5. the same command on those ports: every finished stage is reused (a port is no input), exit 0;
+6. the baseline matrix deleted (the documented way to redo a stage) and the reader a server that
+   refuses every completion (our scripted server, HTTP 400): the run goes on, ends INCOMPLETE
+   (exit 3), and the report marks the rows;
+7. the same command with a reader that answers: only those tasks run again; exit 0, finished.
+
 The records are what is checked (run.json, the data manifest, stage records, trajectories,
 summaries, the report), not that code ran."""
 
@@ -18,6 +27,8 @@ import hashlib
 import http.server
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -42,6 +53,9 @@ STAGES = ["baseline/matrix", "download", "heldout/base", "heldout/rules", "model
           "seed-1/merged2", "seed-1/sft", "teacher/export", "teacher/run", "teacher/select"]
 
 pytestmark = pytest.mark.slow
+# The reliability table (tests/reliability/report.py, loaded by tests/conftest.py) gets a row per
+# fault case of issue 62 run here.
+LEDGER = sys.modules["memsearch_reliability_report"].LEDGER
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -114,23 +128,14 @@ def experiment(tmp_path_factory, tiny_model_dir, data_url):
                     f"services.reader.port={ports[0]}", f"services.stage1.port={ports[1]}"):
         command += ["--set", setting]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    state = {"out": out, "ports": ports, "tiny": tiny_model_dir, "data_url": data_url}
+    state = {"out": out, "ports": ports, "tiny": tiny_model_dir, "data_url": data_url, "command": command}
     start = time.monotonic()
 
     # 1. SIGTERM as soon as GRPO stage 1 starts training.
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    watchdog = threading.Timer(RUN_TIMEOUT_S, proc.kill)
-    watchdog.start()
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("grpo1: GRPO"):
-            proc.send_signal(signal.SIGTERM)
-            break
-    lines += proc.stdout.readlines()
-    proc.wait()
-    watchdog.cancel()
-    state["sigterm"] = {"status": proc.returncode, "output": "".join(lines), **_left_behind(out, ports)}
+    proc, output = _run_until(command, env, "grpo1: GRPO")
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    state["sigterm"] = {"status": proc.returncode, "output": output + rest, **_left_behind(out, ports)}
 
     # 2. A stage-1 server that exits at once: the experiment cannot deploy stage 1 for stage 2.
     broken = subprocess.run([*command, "--set", 'services.stage1.command=["{python}", "-c", "raise SystemExit(3)"]'],
@@ -159,9 +164,11 @@ def test_sigterm_while_stage_1_trains_stops_every_server(experiment):
 def test_a_stage_1_server_that_cannot_start_fails_with_every_server_stopped(experiment):
     got = experiment["failed"]
     assert got["status"] == 2, got["output"][-3000:]
-    assert "error: transformers serve exited with status 3 before answering /health" in got["output"]
+    # A custom command: the message names what was started, not the engine it stands for.
+    started = f"{Path(sys.executable).name} of services.stage1.command exited with status 3"
+    assert f"error: {started} before answering /health" in got["output"]
     run = got["run"]
-    assert run["status"] == "failed" and "transformers serve exited with status 3" in run["error"]
+    assert run["status"] == "failed" and started in run["error"]
     # It continued stage 1 (trained and merged), then failed to deploy it: stage 2 never started.
     assert run["stages"]["seed-1/grpo1"] is True and run["stages"]["seed-1/merged1"] is True
     assert "seed-1/grpo2" not in run["stages"] and "seed-1/heldout/grpo" not in run["stages"]
@@ -210,7 +217,7 @@ def test_the_rerun_continues_and_ends_with_the_records_of_an_uninterrupted_run(e
                               for c in calls["B"])  # served: text and the server's usage
     # Stage 2 trained against the deployed stage 1, the held-out grpo row ran on it.
     grpo2 = json.loads((out / "seed-1" / "grpo2.stage.json").read_text())["inputs"]["memory_server"]
-    assert grpo2 == {"serving": "stage1_serving", "url": stage1["url"], "model": "$OUT/seed-1/merged1"}
+    assert grpo2 == {"serving": "stage1_serving", "model": "$OUT/seed-1/merged1"}  # its URL is no input
     heldout = json.loads((out / "seed-1" / "heldout" / "grpo" / "summary.json").read_text())["memory_backend"]
     assert (heldout["kind"], heldout["model"]) == ("openai", merged1)
     # The report: the pipeline's, then the experiment's section with the untrained baseline.
@@ -222,3 +229,125 @@ def test_the_rerun_continues_and_ends_with_the_records_of_an_uninterrupted_run(e
     baseline = json.loads((out / "baseline" / "matrix" / "matrix.json").read_text())["groups"]
     assert {g["memory_backend"]["model"] for g in baseline.values()} == {str(experiment["tiny"])}
     assert got["alive"] == [] and got["bound"] == [] and got["naming_out"] == []
+
+
+def _run_until(command: list[str], env: dict, marker: str) -> tuple[subprocess.Popen, str]:
+    """Start ``command`` and read its output until a line starts with ``marker``."""
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watchdog = threading.Timer(RUN_TIMEOUT_S, proc.kill)
+    watchdog.start()
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(marker):
+            break
+    watchdog.cancel()
+    return proc, "".join(lines)
+
+
+def _scripted_reader(*faults: str) -> str:
+    """``services.reader.command``: our scripted server listing the reader's name, with ``faults``."""
+    return "services.reader.command=" + json.dumps(
+        ["{python}", "-m", "memsearch.testing.agent_server", "--port", "{port}", "--delay-ms", "5",
+         "--served-name", "{served_name}", *faults])
+
+
+@pytest.fixture(scope="module")
+def continued(experiment):
+    """Invocations 4-7 (module docstring) on the finished folder, on two other ports."""
+    out = experiment["out"]
+    state = {"out": out}
+    ports = _free_ports(2)
+    command = [*experiment["command"], "--set", f"services.reader.port={ports[0]}",
+               "--set", f"services.stage1.port={ports[1]}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    # 4. kill -9 once the reader is ready and recorded (the baseline comes next): its reaper stops it.
+    proc, output = _run_until(command, env, "baseline matrix (untrained)")
+    proc.kill()
+    proc.wait()
+    reader = json.loads((out / "run.json").read_text())["services"]["reader"]
+    deadline = time.monotonic() + 60
+    while (alive(reader["pid"]) or port_in_use("127.0.0.1", ports[0])) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    state["killed"] = {"output": output, "reader": reader, "alive": alive(reader["pid"]),
+                       "bound": port_in_use("127.0.0.1", ports[0]), "run": json.loads((out / "run.json").read_text())}
+    LEDGER.record("experiment run: kill -9, a server left serving a minute later", runs=1,
+                  failed_tests=int(state["killed"]["alive"] or state["killed"]["bound"]))
+
+    # 5. The same command: every stage reused, though both ports changed since they finished.
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    state["other_ports"] = {"status": done.returncode, "output": done.stdout + done.stderr,
+                            **_left_behind(out, ports)}
+    LEDGER.record("experiment run: continued on other ports, finished stages redone", runs=1,
+                  wrong_exit=int(done.returncode != 0), duplicated=int("GRPO role" in state["other_ports"]["output"]))
+
+    # 6. Redo the baseline with a reader that refuses every completion: failed tasks, exit 3.
+    shutil.rmtree(out / "baseline" / "matrix")
+    (out / "baseline" / "matrix.stage.json").unlink()
+    refused = subprocess.run([*command, "--set", _scripted_reader("--fault", "400=1")], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    state["refused"] = {"status": refused.returncode, "output": refused.stdout + refused.stderr,
+                        "report": (out / "report.md").read_text(), **_left_behind(out, ports)}
+    LEDGER.record("experiment run: failed tasks, called finished", runs=1, wrong_exit=int(refused.returncode != 3))
+
+    # 7. The same command with a reader that answers: the failed tasks run again.
+    answered = subprocess.run([*command, "--set", _scripted_reader()], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=RUN_TIMEOUT_S)
+    state["answered"] = {"status": answered.returncode, "output": answered.stdout + answered.stderr,
+                         "report": (out / "report.md").read_text(), **_left_behind(out, ports)}
+    LEDGER.record("experiment run: failed tasks, called finished", runs=1, wrong_exit=int(answered.returncode != 0))
+    return state
+
+
+def test_kill_9_of_the_command_leaves_no_server_serving(continued):
+    got = continued["killed"]
+    assert "service reader:" in got["output"] and got["run"]["status"] == "running"
+    assert got["alive"] is False and got["bound"] is False
+
+
+def test_a_run_continued_on_other_ports_reuses_every_finished_stage(continued):
+    got = continued["other_ports"]
+    assert got["status"] == 0, got["output"][-3000:]
+    assert "finished: every stage complete" in got["output"]
+    for stage in ("baseline matrix (untrained)", "grpo1", "grpo2", "merge", "sft"):
+        assert f"{stage}: done" in got["output"], stage
+    assert "GRPO role" not in got["output"] and "resuming" not in got["output"] and "running A-D" not in got["output"]
+    run = got["run"]
+    assert run["status"] == "finished" and run["stages"] == {name: True for name in STAGES}
+    assert got["alive"] == [] and got["bound"] == [] and got["naming_out"] == []
+
+
+def test_failed_tasks_end_the_run_incomplete_and_the_rerun_retries_only_them(continued):
+    got = continued["refused"]
+    assert got["status"] == 3, got["output"][-3000:]
+    # Every group whose episodes reach the reader fails (the tiny model's D may end before it).
+    found = re.search(r"baseline matrix \(untrained\): INCOMPLETE, group\(s\) ([A-D](?:, [A-D])*) have failed or "
+                      r"missing tasks; the same command retries them", got["output"])
+    assert found, got["output"][:8000]
+    failed = found.group(1).split(", ")
+    assert {"A", "B"} <= set(failed)
+    lines = got["output"].strip().splitlines()
+    assert lines[-2:] == ["INCOMPLETE: 1 stage(s) have failed or missing tasks, so the report is not a result: "
+                          "baseline/matrix", "INCOMPLETE: run the same command again: it keeps every finished stage "
+                          "and task and retries only those tasks"]
+    assert not any(line.startswith("finished") for line in lines)
+    run = got["run"]
+    assert run["status"] == "incomplete" and run["attempts"][-1]["status"] == "incomplete"
+    assert run["stages"]["baseline/matrix"] is False and sum(run["stages"].values()) == len(STAGES) - 1
+    # The report says so first, and marks each incomplete row of the baseline.
+    assert "**INCOMPLETE**: stage(s) baseline/matrix" in got["report"]
+    baseline = got["report"][got["report"].index("### Baseline"):]
+    assert baseline.count("| INCOMPLETE |") == len(failed)
+    assert got["alive"] == [] and got["bound"] == [] and got["naming_out"] == []
+
+    again = continued["answered"]
+    assert again["status"] == 0, again["output"][-3000:]
+    assert "baseline matrix (untrained): resuming A-D" in again["output"]
+    assert again["run"]["status"] == "finished" and again["run"]["stages"] == {name: True for name in STAGES}
+    for group in "ABCD":
+        summary = json.loads((continued["out"] / "baseline" / "matrix" / group / "summary.json").read_text())
+        assert summary["complete"] and summary["tasks"]["failed"] == 0
+        # Only the failed tasks ran again: each once more.
+        assert summary["tasks"]["retried"] == (summary["tasks"]["expected"] if group in failed else 0), group
+    assert "INCOMPLETE" not in again["report"]

@@ -17,10 +17,11 @@ import pytest
 
 from memsearch.config import config_from_tables, load_config
 from memsearch.errors import InputError
-from memsearch.pipelines import stages
+from memsearch.pipelines import stage_versions, stages
 from memsearch.pipelines.memagent.config import MemAgentPipeline
 from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
-from memsearch.pipelines.stages import RECORD_VERSION, _trainer_record, version2_dump
+from memsearch.pipelines.stage_versions import version2_dump
+from memsearch.pipelines.stages import RECORD_VERSION, _trainer_record
 from memsearch.train.distributed import Dist
 from memsearch.train.run_folder import check_run_folder
 
@@ -46,7 +47,7 @@ def test_a_finished_version2_trainer_stage_is_recognised_and_rewritten(tmp_path,
     assert stage.fingerprint != old["fingerprint"]  # the current dump is grouped
     assert stage.done()
     upgraded = json.loads(record.read_text())
-    assert (upgraded["version"], RECORD_VERSION) == (3, 3)
+    assert (upgraded["version"], RECORD_VERSION) == (4, 4)
     assert upgraded["fingerprint"] == stage.fingerprint and upgraded["fingerprint_before"] == old["fingerprint"]
     assert upgraded["complete"] is True and upgraded["outputs"] == old["outputs"]
     grpo = upgraded["inputs"]["grpo"]
@@ -80,9 +81,9 @@ def test_a_version2_record_made_from_another_config_is_refused_naming_the_field(
 
 def test_version2_dump_is_the_composition_of_its_forms(monkeypatch):
     """A later form (another config's earlier dump) is one more function in VERSION2_FORMS."""
-    assert stages.VERSION2_FORMS and version2_dump({"a": [{"x": 1}]}) == {"a": [{"x": 1}]}
-    monkeypatch.setattr(stages, "VERSION2_FORMS", [*stages.VERSION2_FORMS, lambda d: {k: v for k, v in d.items()
-                                                                                     if k != "x"}])
+    assert stage_versions.VERSION2_FORMS and version2_dump({"a": [{"x": 1}]}) == {"a": [{"x": 1}]}
+    forms = [*stage_versions.VERSION2_FORMS, lambda d: {k: v for k, v in d.items() if k != "x"}]
+    monkeypatch.setattr(stage_versions, "VERSION2_FORMS", forms)
     assert version2_dump({"a": [{"x": 1, "y": {"x": 2}}]}) == {"a": [{"y": {}}]}
 
 
@@ -111,7 +112,7 @@ def test_every_stage_of_a_version2_pipeline_folder_is_recognised(name):
     one of the ways it may have dumped the current inputs: flat GRPO configs, flat backend tables,
     a pipeline's model in the rules and oracle roles it filled (teacher runs: none filled)."""
     recorded, current = PIPELINE[name]["recorded"], PIPELINE[name]["current"]
-    assert stages.fingerprint(recorded) in {stages.fingerprint(d) for d in stages.version2_dumps(current)}
+    assert stages.fingerprint(recorded) in {stages.fingerprint(d) for d in stage_versions.version2_dumps(current)}
     # ... and not inputs with one more setting: no candidate matches
     changed = {**current, "a_setting": 1}
-    assert stages.fingerprint(recorded) not in {stages.fingerprint(d) for d in stages.version2_dumps(changed)}
+    assert stages.fingerprint(recorded) not in {stages.fingerprint(d) for d in stage_versions.version2_dumps(changed)}

@@ -124,7 +124,7 @@ def test_a_record_with_raw_paths_is_accepted_in_its_own_folder_and_rewritten_por
 def test_records_carry_the_record_version(tmp_path):
     stage = Stage(tmp_path / "s", "s", {"a": 1})
     stage.start()
-    assert json.loads((tmp_path / "s" / "stage.json").read_text())["version"] == RECORD_VERSION == 3
+    assert json.loads((tmp_path / "s" / "stage.json").read_text())["version"] == RECORD_VERSION == 4
 
 
 def test_a_version1_record_that_left_default_control_fields_out_is_upgraded(tmp_path):
@@ -132,7 +132,7 @@ def test_a_version1_record_that_left_default_control_fields_out_is_upgraded(tmp_
     made from the same config is recognised (and its record rewritten as the current version), one made
     from another config is refused naming what changed."""
     from memsearch.config import RunConfig
-    from memsearch.pipelines.stages import version2_dump
+    from memsearch.pipelines.stage_versions import version2_dump
 
     run = RunConfig().model_dump(mode="json")
     flat = version2_dump(run)  # the earlier flat backend tables, which version 1 wrote too
@@ -171,7 +171,7 @@ def test_a_record_of_an_unknown_version_is_refused_saying_how_to_redo_it(tmp_pat
     stage.start()
     path = tmp_path / "s" / "stage.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "version": 99}))
-    with pytest.raises(InputError, match=r"stage record version 99, this memsearch reads version 3.*delete .* to redo"):
+    with pytest.raises(InputError, match=r"stage record version 99, this memsearch reads version 4.*delete .* to redo"):
         stage.done()
 
 

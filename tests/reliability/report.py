@@ -61,7 +61,9 @@ class Ledger:
             self.rows[scenario].failed_tests += 1
 
     def record(self, scenario: str, *, runs: int = 1, lost: int = 0, duplicated: int = 0, wrong_exit: int = 0,
-               outside: int = 0, seconds: float = 0.0) -> None:
+               outside: int = 0, seconds: float = 0.0, failed_tests: int = 0) -> None:
+        """Add one scenario's counts. ``failed_tests``: a check of the scenario that failed, for a
+        test outside tests/reliability (there the hook counts a failed test by itself)."""
         row = self.rows.setdefault(scenario, Row())
         if self.current is not None:
             self.by_test.setdefault(self.current, set()).add(scenario)
@@ -71,6 +73,7 @@ class Ledger:
         row.wrong_exit += wrong_exit
         row.outside += outside
         row.seconds += seconds
+        row.failed_tests += failed_tests
 
     def dump(self) -> dict[str, dict[str, float]]:
         """The rows as plain data: a pytest-xdist worker hands them to the controller."""

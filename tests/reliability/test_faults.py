@@ -12,14 +12,14 @@ import time
 import pytest
 
 from memsearch.cli.app import EXIT_INCOMPLETE
-from memsearch.testing.agent_server import FAULT_KINDS, AgentServer
+from memsearch.testing.agent_server import TRANSIENT_FAULT_KINDS, AgentServer
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 
 TASKS = 8
 TIMEOUT_S = 1.0      # per attempt (room for a loaded machine); a stall outlasts it, so it is a client timeout
 STALL_S = 1.6
-EVERY_KIND = {k: 0.07 for k in FAULT_KINDS}  # ~half the requests draw a fault
+EVERY_KIND = {k: 0.07 for k in TRANSIENT_FAULT_KINDS}  # ~half the requests draw a fault
 
 
 def _transport(timeout_s: float, retries: int) -> list[str]:
@@ -78,7 +78,7 @@ def test_eval_recovers_from_every_fault_kind(hotpot_dev_dir, tmp_path, rel):
     summary = _check_folder(rel, tmp_path / "faulty", ids, "faults within retries (eval)")
     assert summary["complete"] is True and summary["request_errors"] == 0
     # Every kind of fault was really served, and none changed a result.
-    assert all(server.fault_counts[k] >= 1 for k in FAULT_KINDS), server.fault_counts
+    assert all(server.fault_counts[k] >= 1 for k in TRANSIENT_FAULT_KINDS), server.fault_counts
     assert sum(server.fault_counts.values()) >= 15
     assert rel.comparable_metrics(tmp_path / "faulty" / "metrics.jsonl") == rel.comparable_metrics(
         tmp_path / "clean" / "metrics.jsonl"
@@ -127,7 +127,7 @@ def test_matrix_through_faults(hotpot_dev_dir, tmp_path, rel, retries):
     started = time.perf_counter()
     with AgentServer(
         delay_s=0.0,
-        faults={k: 0.05 for k in FAULT_KINDS},
+        faults={k: 0.05 for k in TRANSIENT_FAULT_KINDS},
         seed=23 + retries,
         stall_s=STALL_S,
         retry_after_s=0.02,

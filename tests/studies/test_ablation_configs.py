@@ -15,7 +15,7 @@ import pytest
 from memsearch.config import load_config, read_config_file
 from memsearch.data.records import Label
 from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
-from memsearch.pipelines.stages import version1_dump, version2_dump
+from memsearch.pipelines.stage_versions import version1_dump, version2_dump
 from memsearch.records.trajectory import Trajectory
 from memsearch.train.grpo.reward import trajectory_reward
 

@@ -29,7 +29,7 @@ print(folder_sha256(out / "adapter"), folder_sha256(out / "merged"))
 
 @pytest.mark.slow  # two fresh processes, each loading torch, PEFT and the tiny model
 def test_saved_and_merged_adapters_hash_the_same_under_different_hash_seeds(tiny_model_dir, tmp_path):
-    out = tmp_path / "run"  # the same path each time: memsearch_merge.json records it
+    out = tmp_path / "run"
     hashes = []
     for seed in ("1", "2"):  # two seeds that order the 7 modules differently
         env = {**os.environ, "PYTHONHASHSEED": seed, "OMP_NUM_THREADS": "1"}
@@ -39,3 +39,27 @@ def test_saved_and_merged_adapters_hash_the_same_under_different_hash_seeds(tiny
         hashes.append(proc.stdout.split())
         shutil.rmtree(out)
     assert hashes[0] == hashes[1]
+
+
+def test_the_same_adapter_merged_from_two_folders_gives_the_same_merged_folder(tiny_model_dir, tiny_adapter_dir,
+                                                                                 tmp_path):
+    """memsearch_merge.json records the adapter by content, not by where it lay: the merged
+    folder's hash (part of later stages' fingerprints) is the same for a copy in another folder,
+    and the A/C baseline still traces the merged folder back to its base."""
+    import json
+
+    from memsearch.config import load_config
+    from memsearch.config.run import group_config
+    from memsearch.pipelines.stages import folder_sha256
+    from memsearch.train.merge import merge_adapter
+
+    merged = []
+    for where in ("run-a", "elsewhere/run-b"):
+        adapter = shutil.copytree(tiny_adapter_dir, tmp_path / where / "adapter")
+        merged.append(merge_adapter(str(tiny_model_dir), adapter, tmp_path / where / "merged1"))
+    assert folder_sha256(merged[0]) == folder_sha256(merged[1])
+    record = json.loads((merged[0] / "memsearch_merge.json").read_text())
+    assert record == {"base": str(tiny_model_dir), "adapter_sha256": folder_sha256(tiny_adapter_dir),
+                      "dtype": "float32"}
+    cfg = load_config(None, ['backends.memory.kind="hf"', f"backends.memory.model={json.dumps(str(merged[1]))}"])
+    assert group_config(cfg, "A").backends.memory.model == str(tiny_model_dir)

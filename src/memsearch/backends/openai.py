@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from collections import Counter, defaultdict
@@ -67,9 +68,17 @@ from memsearch.backends.engine_forms import (
     resolved_style,
     style_refusal,
 )
-from memsearch.backends.openai_answer import API_KEY_ENV, Malformed, parse_answer, scrub, scrubbed, snippet
+from memsearch.backends.openai_answer import API_KEY_ENV, Malformed, NotJson, parse_answer, scrub, scrubbed, snippet
 from memsearch.backends.response_limits import OversizedResponse, describe_limit, read_bounded, response_byte_limit
-from memsearch.backends.retry_policy import RETRY_AFTER_STATUSES, backoff_s, retry_after_s, status_retried
+from memsearch.backends.retry_policy import (
+    FOREIGN_BODY_RETRIES,
+    RETRY_AFTER_STATUSES,
+    NotJsonAnswers,
+    backoff_s,
+    foreign_body,
+    retry_after_s,
+    status_retried,
+)
 from memsearch.backends.schema_check import cut_problem, schema_problem
 from memsearch.backends.served_model import identity_from_models, listed_context, unverified
 from memsearch.config.backend import OpenAISettings
@@ -85,6 +94,8 @@ SCHEMA_IGNORED_LIMIT = 3
 MODELS_BODY_BYTES = 8 << 20
 # An attempt at GET /models waits at most this long (or the request timeout if shorter).
 MODELS_TIMEOUT_S = 30.0
+
+log = logging.getLogger(__name__)
 
 # Body fields whose distinct values ``sent_fields`` records (the rest are counted per request).
 _SENT_VALUES = ("temperature", "top_p", "max_tokens")
@@ -216,6 +227,7 @@ class OpenAIBackend:
         self._refusal: str | None = None
         self._schema_answers_ok = False  # a constrained answer has satisfied its schema
         self._schema_bad_start = 0  # constrained answers failing their schema before one satisfied it
+        self._not_json = NotJsonAnswers(self.base_url, lambda line: log.warning(scrub(line)))
         self._check: tuple[Any, Any] | None = None  # (event loop, its GET /models task)
 
     def __repr__(self) -> str:
@@ -399,8 +411,12 @@ class OpenAIBackend:
         retry_after: float | None = None
         start = time.perf_counter()
         first_failure: float | None = None
+        foreign = 0  # this request's 2xx answers that were no API answer at all
         while True:
             if attempts > 0:
+                if self._refusal is not None:  # decided since this request's last attempt
+                    self._errors["refused"] += 1
+                    return self._failure(self._refusal, attempts, start, last_status, request)
                 wait = backoff_s(self._backoff, attempts, retry_after)
                 if attempts > self.max_retries or time.perf_counter() + wait - first_failure > self.retry_window_s:
                     spent = (f"{self.max_retries} retries" if attempts > self.max_retries
@@ -426,6 +442,7 @@ class OpenAIBackend:
                         ) as response:
                             code = last_status = response.status
                             retry_header = response.headers.get("Retry-After")
+                            content_type = response.headers.get("Content-Type")
                             raw = await read_bounded(response, limit, describe_limit(body, limit))
                 if 200 <= code < 300:
                     return self._success(request, raw, body, attempts, start)
@@ -438,7 +455,18 @@ class OpenAIBackend:
                     return self._failure(f"{reason} ({why})", attempts, start, last_status, request)
                 if code in RETRY_AFTER_STATUSES:
                     retry_after = retry_after_s(retry_header)
+            except NotJson as exc:
+                kind, reason = "malformed", f"malformed response: {exc}"
+                if (refusal := self._not_json.note(code, raw, content_type)) and self._refusal is None:
+                    self._refusal = scrub(refusal)
+                if foreign_body(raw, content_type):
+                    foreign += 1
+                    if foreign > FOREIGN_BODY_RETRIES:
+                        self._errors[kind] += 1
+                        return self._failure(self._not_json.foreign_failure(code, raw, content_type), attempts,
+                                             start, last_status, request)
             except Malformed as exc:
+                self._not_json.json_answered = True
                 kind, reason = "malformed", f"malformed response: {exc}"
             except _NotRetried as exc:
                 self._errors["past_context"] += 1
@@ -463,6 +491,7 @@ class OpenAIBackend:
                  start: float) -> GenerationResult:
         """The result of a 2xx answer, judged against the context and the constraint."""
         result = parse_answer(request, raw, body, self.tokenizer)
+        self._not_json.json_answered = True
         self._check_context(result)
         if request.constraint is not None:
             cut = result.finish_reason == "length"

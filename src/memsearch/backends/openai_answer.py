@@ -54,6 +54,10 @@ class Malformed(Exception):
     """A 2xx response whose body is not a usable completion (retried)."""
 
 
+class NotJson(Malformed):
+    """A 2xx response whose body is not JSON at all (``retry_policy``: how often it is retried)."""
+
+
 def parse_answer(request: GenerationRequest, raw: bytes, body: dict[str, Any],
                  tokenizer: Tokenizer | None) -> GenerationResult:
     """A result from a 2xx body to the request ``body``; raises ``Malformed`` for anything
@@ -61,7 +65,7 @@ def parse_answer(request: GenerationRequest, raw: bytes, body: dict[str, Any],
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
-        raise Malformed(f"invalid JSON body: {snippet(raw)!r}") from None
+        raise NotJson(f"invalid JSON body: {snippet(raw)!r}") from None
     if not isinstance(data, dict):
         raise Malformed("body is not a JSON object")
     choices = data.get("choices")

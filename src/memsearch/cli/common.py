@@ -25,19 +25,24 @@ EXIT_STORAGE = 4
 
 
 def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn bad input into ``error:`` lines and exit status 2, and a failed write into one line
-    and status 4. Bad input is ``InputError`` (and its subclasses) and ``FileNotFoundError``,
+    """Turn bad input into ``error:`` lines and exit status 2, a failed write into one line and
+    status 4, and a result with failed or missing tasks (``IncompleteResult``) into ``INCOMPLETE:``
+    lines and status 3. Bad input is ``InputError`` (and its subclasses) and ``FileNotFoundError``,
     which the library raises for a missing user path (model, adapter, tokenizer folder). Anything
     else is a bug: it propagates, so the command ends with a traceback and status 1."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from memsearch.errors import InputError, StorageError
+        from memsearch.errors import IncompleteResult, InputError, StorageError
 
         try:
             return fn(*args, **kwargs)
         except (InputError, FileNotFoundError) as exc:
             _refuse(exc)
+        except IncompleteResult as exc:
+            for line in str(exc).splitlines():
+                typer.echo(f"INCOMPLETE: {line}", err=True)
+            raise typer.Exit(EXIT_INCOMPLETE) from None
         except StorageError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(EXIT_STORAGE) from None

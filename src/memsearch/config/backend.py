@@ -340,3 +340,19 @@ class OpenAISettings(BackendConfig):
     def recorded_identity(self) -> dict[str, Any]:
         """See ``BackendConfig.recorded_identity``."""
         return {"model": self.model, "adapter": None, "base_url": self.base_url}
+
+
+# Where a served backend answers. A result depends on which model served it (``model``: the
+# served name; the run records the server's /v1/models identity beside it), never on the host or
+# port it answered at: stage fingerprints and resume checks leave these keys out, so a run
+# continued with its servers on other ports reuses what it finished (docs/design.md §10).
+ADDRESS_KEYS = ("base_url",)
+
+
+def without_addresses(value: Any) -> Any:
+    """``value`` (a config dump, stage inputs; nested dicts and lists) without ``ADDRESS_KEYS``."""
+    if isinstance(value, dict):
+        return {k: without_addresses(v) for k, v in value.items() if k not in ADDRESS_KEYS}
+    if isinstance(value, list):
+        return [without_addresses(v) for v in value]
+    return value

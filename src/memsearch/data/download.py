@@ -8,7 +8,13 @@
 (or, with none configured, the one its ``.sha256`` sidecar recorded), and refused, never
 overwritten, when it does not. ``file://`` URLs and plain local paths are copied the same way.
 
-    got = download("https://host/hotpot_dev_distractor_v1.json", raw / "dev.json", sha256=None)
+``expect`` (``data_file_problem`` for the data sources) judges what came back before anything is
+kept as complete: a server that answers 200 with an HTML error, login or proxy page, or bytes no
+data file of that name can start with, is refused (``InputError`` with the content type and the
+first bytes) and nothing of it is kept: not ``dest``, nor its ``.part``.
+
+    got = download("https://host/hotpot_dev_distractor_v1.json", raw / "dev.json", sha256=None,
+                   expect=data_file_problem)
     got.sha256, got.bytes, got.resumed, got.reused   # recorded in the data manifest
 """
 
@@ -22,6 +28,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +37,70 @@ from memsearch.io import sha256_file
 
 CHUNK = 1 << 20
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0)  # waits between attempts (the last repeats): a few seconds, bounded
+HEAD_BYTES = 512  # what ``expect`` sees of a file: enough for a BOM, white space and the first token
+SHOWN_CHARS = 80  # how much of a refused body a message quotes
+
+# ``expect(name, head, content_type)``: why a file called ``name`` whose bytes start with ``head``
+# (None: not seen, a continued body) served as ``content_type`` (None: a local file) is not what
+# was asked for, else None.
+Expect = Callable[[str, "bytes | None", "str | None"], "str | None"]
+
+_PARQUET, _GZIP, _BOM = b"PAR1", b"\x1f\x8b", b"\xef\xbb\xbf"
+_HTML_TYPES = ("text/html", "application/xhtml+xml")
+
+
+def _expected_form(name: str) -> tuple[str, tuple[str, ...]]:
+    """What a data file called ``name`` must be (words for a message) and the forms of it the
+    converters read (``data/source.py`` reads the bytes, not the name: parquet by its magic, gzip
+    by its, else a JSON array or JSON lines)."""
+    base = name.lower().removesuffix(".gz")
+    if base.endswith(".parquet"):
+        return "a parquet file (its bytes start with 'PAR1')", ("parquet",)
+    if base.endswith((".jsonl", ".ndjson")):
+        return "JSON lines (one JSON object per line: '{' first)", ("json", "gzip")
+    if base.endswith(".json"):
+        return "a JSON array of records ('[' first; JSON lines: '{' first)", ("json", "gzip")
+    return "a JSON array, JSON lines or a parquet file, as the HotpotQA converter reads", ("json", "gzip", "parquet")
+
+
+def came_back(head: bytes, content_type: str | None) -> str:
+    """What a body was, for a message: its content type and its first ``SHOWN_CHARS`` characters."""
+    kind = f"Content-Type {content_type or 'not given'}"
+    if not head:
+        return f"{kind}, no bytes at all"
+    text = " ".join(head[:SHOWN_CHARS * 4].decode("utf-8", errors="replace").split())[:SHOWN_CHARS]
+    return f"{kind}, starting {text!r}"
+
+
+def data_file_problem(name: str, head: bytes | None, content_type: str | None = None) -> str | None:
+    """Why bytes starting with ``head`` (served as ``content_type``) cannot be the data file
+    ``name`` (a HotpotQA JSON array, JSON lines or parquet file), else ``None``. A cheap sniff of
+    the first bytes, never a parse: an HTML page (by its Content-Type, or a body starting with
+    ``<``: an error, login or proxy page answering 200), an empty body, or a first byte no form of
+    that name starts with (after a UTF-8 BOM and white space). ``head`` None (the middle of a
+    file): the content type alone."""
+    expected, forms = _expected_form(name)
+    ctype = (content_type or "").split(";")[0].strip().lower()
+    if head is None:
+        return f"got an HTML page (Content-Type {content_type}), expected {expected}" if ctype in _HTML_TYPES else None
+    text = head.removeprefix(_BOM).lstrip(b" \t\r\n")
+    if ctype in _HTML_TYPES or text.startswith(b"<"):
+        return f"got an HTML page ({came_back(head, content_type)}), not the data file: expected {expected}"
+    if ("parquet" in forms and head.startswith(_PARQUET)) or ("gzip" in forms and head.startswith(_GZIP)) or (
+            "json" in forms and text[:1] in (b"[", b"{")):
+        return None
+    what = "an empty file" if not head else "other bytes"
+    return f"got {what} ({came_back(head, content_type)}), expected {expected}"
+
+
+def _head(path: Path) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read(HEAD_BYTES)
+
+
+def _refused(url: str, problem: str) -> InputError:
+    return InputError(f"{url}: {problem}; nothing of it was kept. Check the URL (a server answers an error, login "
+                      "or proxy page with status 200 too), or download the file yourself and give its path")
 
 
 @dataclass(frozen=True)
@@ -77,10 +148,13 @@ def _finish(url: str, dest: Path, part: Path, got: str, expected: str | None, re
     return Downloaded(url, dest, got, size, resumed, False)
 
 
-def _existing(url: str, dest: Path, expected: str | None, echo) -> Downloaded | None:
-    """The record of a complete ``dest`` that may be reused; ``InputError`` when it does not match."""
+def _existing(url: str, dest: Path, expected: str | None, echo, expect: Expect | None = None) -> Downloaded | None:
+    """The record of a complete ``dest`` that may be reused; ``InputError`` when it does not match
+    (its digest, or ``expect``: a page kept by an earlier memsearch is no data file)."""
     if not dest.is_file():
         return None
+    if expect is not None and (problem := expect(dest.name, _head(dest), None)) is not None:
+        raise InputError(f"{dest}: exists but {problem}; it is left as it is: remove it to download {url} again")
     recorded = _recorded_sha(dest)
     got = sha256_file(dest)
     want = expected or recorded
@@ -94,7 +168,8 @@ def _existing(url: str, dest: Path, expected: str | None, echo) -> Downloaded | 
     return Downloaded(url, dest, got, dest.stat().st_size, False, True)
 
 
-def _local_source(url: str) -> Path | None:
+def local_source(url: str) -> Path | None:
+    """The local file a ``file://`` URL or a plain path names; None for an http(s) URL."""
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
         return Path(urllib.request.url2pathname(parsed.path))
@@ -106,24 +181,27 @@ def _local_source(url: str) -> Path | None:
 
 
 def download(url: str, dest: Path, sha256: str | None = None, echo=print, timeout_s: float = 60,
-             retries: int = 3) -> Downloaded:
+             retries: int = 3, expect: Expect | None = None) -> Downloaded:
     """Put the file at ``url`` (http(s)://, file:// or a local path) at ``dest`` and return its
     record. Resumes a cut-off ``dest.part``; retries a transfer cut off or refused up to
     ``retries`` times (waits of 1, 2, 4, 8 s); ``timeout_s`` bounds each network read. Refuses
     (``InputError``) a digest other than ``sha256`` (the download removed), an unreachable host
-    (with what to do instead), an HTTP error status, and an existing ``dest`` that does not
-    match (left as it is)."""
+    (with what to do instead), an HTTP error status, content that ``expect`` refuses (the body
+    judged by its first bytes before it is written, the whole file again before it is complete;
+    nothing of it kept), and an existing ``dest`` that does not match (left as it is)."""
     dest = Path(dest)
     expected = sha256.lower() if sha256 else None
-    reused = _existing(url, dest, expected, echo)
+    reused = _existing(url, dest, expected, echo, expect)
     if reused is not None:
         return reused
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = _part(dest)
-    source = _local_source(url)
+    source = local_source(url)
     if source is not None:
         if not source.is_file():
             raise InputError(f"{url}: no such file to copy to {dest}")
+        if expect is not None and (problem := expect(dest.name, _head(source), None)) is not None:
+            raise _refused(url, problem)
         digest = hashlib.sha256()
         with open(source, "rb") as src, open(part, "wb") as out:
             for block in iter(lambda: src.read(CHUNK), b""):
@@ -136,7 +214,7 @@ def download(url: str, dest: Path, sha256: str | None = None, echo=print, timeou
     resumed = False
     for attempt in range(retries + 1):
         try:
-            kept = _fetch(url, part, timeout_s)
+            kept = _fetch(url, part, timeout_s, expect, dest.name)
             resumed = resumed or kept
             break
         except (_Interrupted, OSError, http.client.HTTPException) as exc:
@@ -153,6 +231,9 @@ def download(url: str, dest: Path, sha256: str | None = None, echo=print, timeou
             wait = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
             echo(f"{url}: {what}; retrying in {wait:g} s ({attempt + 1}/{retries})")
             time.sleep(wait)
+    if expect is not None and (problem := expect(dest.name, _head(part), None)) is not None:
+        part.unlink()  # e.g. a resumed transfer whose first bytes were of another answer
+        raise _refused(url, problem)
     digest = hashlib.sha256()
     with open(part, "rb") as fh:  # the digest of the whole file, kept bytes included
         for block in iter(lambda: fh.read(CHUNK), b""):
@@ -162,10 +243,11 @@ def download(url: str, dest: Path, sha256: str | None = None, echo=print, timeou
     return got
 
 
-def _fetch(url: str, part: Path, timeout_s: float) -> bool:
+def _fetch(url: str, part: Path, timeout_s: float, expect: Expect | None = None, name: str = "") -> bool:
     """One attempt: continue ``part`` (Range) or write it anew until the body is complete.
     Returns whether earlier bytes were kept; raises ``_Interrupted`` on a body cut short and
-    ``InputError`` on an HTTP error status."""
+    ``InputError`` on an HTTP error status or a body ``expect`` refuses (judged by its content
+    type and first bytes before anything is written: a continued body by its content type)."""
     offset = part.stat().st_size if part.is_file() else 0
     request = urllib.request.Request(url, headers={"Range": f"bytes={offset}-"} if offset else {})
     try:
@@ -173,7 +255,7 @@ def _fetch(url: str, part: Path, timeout_s: float) -> bool:
     except urllib.error.HTTPError as exc:
         if exc.code == 416 and offset:  # the range starts past the file: the .part is not of this file
             part.unlink()
-            return _fetch(url, part, timeout_s)
+            return _fetch(url, part, timeout_s, expect, name)
         if exc.code >= 500:
             raise _Interrupted(f"HTTP {exc.code} {exc.reason}") from None
         raise InputError(f"{url}: HTTP {exc.code} {exc.reason}; check the URL") from None
@@ -181,6 +263,16 @@ def _fetch(url: str, part: Path, timeout_s: float) -> bool:
         keep = offset > 0 and response.status == 206 and _range_start(response) == offset
         length = response.headers.get("Content-Length")
         total = (offset if keep else 0) + int(length) if length and length.isdigit() else None
+        first = b""
+        if expect is not None:
+            content_type = response.headers.get("Content-Type")
+            try:  # the first bytes, before any is written: a page is refused with nothing kept
+                first = b"" if keep else response.read(HEAD_BYTES)
+            except (http.client.IncompleteRead, OSError) as exc:
+                raise _Interrupted(f"connection lost at the start of the body ({type(exc).__name__})") from None
+            # A continued body starts mid-file: only its content type is judged here.
+            if (problem := expect(name, None if keep else first, content_type)) is not None:
+                raise _refused(url, problem)
         from tqdm import tqdm
 
         with open(part, "ab" if keep else "wb") as out, tqdm(
@@ -188,6 +280,9 @@ def _fetch(url: str, part: Path, timeout_s: float) -> bool:
             unit_scale=True, unit_divisor=1024, mininterval=0.5, leave=False, disable=None,
         ) as bar:
             try:
+                if first:
+                    out.write(first)
+                    bar.update(len(first))
                 for block in iter(lambda: response.read(CHUNK), b""):
                     out.write(block)
                     bar.update(len(block))

@@ -182,6 +182,7 @@ def run_matrix(
         "pairs": pairs,
         "budgets": configs[groups[0]].budgets.model_dump(),
         "tokenizer": summaries[groups[0]]["tokenizer"],
+        "complete": all(s["complete"] for s in summaries.values()),
         "usable_for_comparison": all(s["usable_for_comparison"] for s in summaries.values()),
         "caveats": notes,
     }

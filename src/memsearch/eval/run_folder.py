@@ -38,6 +38,7 @@ from typing import Any, Callable
 from pydantic import ValidationError
 
 from memsearch.config import BackendConfig, HFSettings, OpenAISettings, tokenizer_problem
+from memsearch.config.backend import without_addresses
 from memsearch.errors import InputError, StorageError
 from memsearch.io import dumps_pretty, sha256_file
 from memsearch.records.trajectory import CALL_ROLES
@@ -196,12 +197,9 @@ def check_run_folder(out: Path, resume: bool, config: dict[str, Any], run_info: 
         raise InputError(f"{out}: config differs from the run being resumed (config.json); resume with the same config")
     if saved_run.get("data") != run_info["data"]:
         raise InputError(f"{out}: data fingerprint differs from the run being resumed; resume on the same data")
-    if saved_run.get("models") != run_info["models"]:
-        changed = sorted(
-            role
-            for role in set(run_info["models"]) | set(saved_run.get("models") or {})
-            if (saved_run.get("models") or {}).get(role) != run_info["models"].get(role)
-        )
+    saved_models, models = without_addresses(saved_run.get("models") or {}), without_addresses(run_info["models"])
+    if saved_models != models:
+        changed = sorted(role for role in set(models) | set(saved_models) if saved_models.get(role) != models.get(role))
         raise InputError(
             f"{out}: the model identity of {', '.join(changed)} differs from the run being resumed "
             "(run.json: models); resume with the same model files"
@@ -231,10 +229,11 @@ def _as_read(config: Any) -> Any:
 
 
 def _what_runs(config: Any) -> Any:
-    """``config`` (a run's recorded config) without ``_NOT_RUN_SETTINGS``."""
+    """``config`` (a run's recorded config) without ``_NOT_RUN_SETTINGS`` and without where its
+    served models answer (``config.backend.ADDRESS_KEYS``: a resume may find them on other ports)."""
     if not isinstance(config, dict):
         return config
-    config = json.loads(json.dumps(config))
+    config = without_addresses(config)
     for table, key in _NOT_RUN_SETTINGS:
         if isinstance(config.get(table), dict):
             config[table].pop(key, None)

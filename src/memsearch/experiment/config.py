@@ -22,7 +22,15 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from memsearch.config import KeyProblems, StrictConfig, config_check, config_from_tables, read_config_file
+from memsearch.config import (
+    KeyProblems,
+    StrictConfig,
+    apply_overrides,
+    config_check,
+    config_from_tables,
+    read_config_file,
+)
+from memsearch.config.locate import Where, file_locator, locate_problems
 from memsearch.devices import DeviceLayout
 from memsearch.errors import InputError
 from memsearch.serving import ServiceSpec
@@ -200,19 +208,46 @@ class ExperimentConfig(StrictConfig):
 def load_experiment(path: str | Path, overrides: list[str] | None = None,
                     profile: str | None = None) -> ExperimentConfig:
     """The config of ``path`` with ``[profile.NAME]`` merged over its tables (``profile``), then
-    ``--set`` ``overrides``. Problems name the file (and profile, or the flag) and the field."""
+    ``--set`` ``overrides``. Problems name the flag, or the file, the line and the key as the file
+    writes it (``profile.NAME.key`` where the profile set it); an unknown key, the keys its table
+    takes (``memsearch.config.locate``)."""
     tables = read_config_file(path)
     profiles = tables.pop("profile", {})
     if not isinstance(profiles, dict) or not all(isinstance(p, dict) for p in profiles.values()):
         raise InputError(f"{path}: profile: expected tables [profile.NAME] of overrides")
-    where = str(path)
+    merged = tables
     if profile is not None:
         if profile not in profiles:
             raise InputError(f"--profile {profile}: {path} has no [profile.{profile}]; it has "
                              f"{sorted(profiles) or 'none'}")
-        tables = _overlay(tables, profiles[profile])
-        where = f"{path} [profile.{profile}]"
-    return config_from_tables(tables, overrides, ExperimentConfig, where)
+        merged = _overlay(tables, profiles[profile])
+    try:
+        return config_from_tables(merged, overrides, ExperimentConfig, str(path))
+    except InputError as exc:
+        in_file = file_locator(path)
+
+        def locate(key: str) -> Where:
+            if profile is not None and _from_profile(key.split("."), tables, profiles[profile]):
+                return in_file(f"profile.{profile}.{key}")
+            return in_file(key)
+
+        raise locate_problems(exc, ExperimentConfig, apply_overrides(merged, overrides or []), locate,
+                              top_level=("profile",)) from None
+
+
+def _from_profile(keys: list[str], base: dict[str, Any], top: dict[str, Any]) -> bool:
+    """Whether the value at ``keys`` of the merged tables is the profile's (``_overlay``): the
+    profile replaced it or a table above it, or writes more of its path than the file does."""
+    depth = {"file": 0, "profile": 0}
+    for name, node in (("file", base), ("profile", top)):
+        for key in keys:
+            if not isinstance(node, dict) or key not in node:
+                break
+            node = node[key]
+            depth[name] += 1
+            if name == "profile" and not (isinstance(node, dict) and node):
+                return True  # a value, or an empty table: everything below is the profile's
+    return depth["profile"] > depth["file"] or depth["profile"] == len(keys)
 
 
 def _overlay(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

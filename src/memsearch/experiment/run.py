@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from memsearch.errors import InputError
+from memsearch.errors import IncompleteResult, InputError
 from memsearch.eval.provenance import source_identity
 from memsearch.experiment.config import ExperimentConfig
 from memsearch.experiment.stages import (
@@ -53,11 +53,17 @@ def _stamp() -> str:
 
 class RunRecord:
     """``DIR/run.json``: what this experiment used (data, models, devices, services, memsearch)
-    and the outcome of every invocation (``attempts``); rewritten whole after each change."""
+    and the outcome of every invocation (``attempts``); rewritten whole after each change. Read
+    when made (``InputError`` naming a damaged one, before anything is written); ``begin`` starts
+    this invocation's attempt."""
 
-    def __init__(self, path: Path, profile: str | None) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self.data: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+        self.data: dict[str, Any] = read_run_record(path)
+
+    def begin(self, profile: str | None) -> None:
+        """This invocation's attempt, ``running``; the services of the previous one forgotten
+        (``stop_orphans`` has dealt with any still alive)."""
         self.data.setdefault("attempts", [])
         self.data.update(command=f"memsearch {COMMAND}", profile=profile, config="config.json", status="running",
                          memsearch=source_identity(), services={})
@@ -73,14 +79,15 @@ class RunRecord:
 
     def service(self, name: str, running, seed: int | None = None, served_name: str | None = None) -> None:
         """A started service: engine, URL, served name (``served_name``: an adapter it serves),
-        pid, log and its /v1/models entry (the adapter's, where one is named)."""
+        pid and its start time (a later process given the pid is not it), log and its /v1/models
+        entry (the adapter's, where one is named)."""
         identity = running.identity
         if served_name is not None and served_name != running.served_name:
             from memsearch.serving.process import served_identity
 
             identity = served_identity(running.url, served_name)
         entry = {"engine": running.engine, "url": running.url, "served_name": served_name or running.served_name,
-                 "pid": running.pid, "log": str(running.log), "identity": identity}
+                 "pid": running.pid, "started": running.started, "log": str(running.log), "identity": identity}
         if seed is None:
             self.data["services"][name] = entry
         else:
@@ -89,56 +96,97 @@ class RunRecord:
 
     def end(self, out: Path, status: str, error: str | None = None) -> None:
         """This invocation's outcome, and every stage record under ``out`` with whether it finished."""
+        from memsearch.pipelines.stages import stage_states
+
         self.data["attempts"][-1].update(ended=_stamp(), status=status, **({"error": error} if error else {}))
-        stages = {}
-        for record in sorted(out.glob("**/*.stage.json")):
-            try:
-                complete = bool(json.loads(record.read_text()).get("complete"))
-            except (OSError, ValueError):
-                complete = False
-            stages[record.relative_to(out).as_posix().removesuffix(".stage.json")] = complete
-        self.update(status=status, stages=stages, **({"error": error} if error else {"error": None}))
+        self.update(status=status, stages=stage_states(out), **({"error": error} if error else {"error": None}))
 
 
-def _claim(cfg: ExperimentConfig, out: Path, profile: str | None) -> Path:
-    """Create ``out`` (or reopen one this command made), lock it for this process, append the
-    invocation to ``invocations.jsonl`` and save the resolved config as ``config.json``."""
+def read_run_record(path: Path) -> dict[str, Any]:
+    """``run.json`` as a dict (empty when there is none); ``InputError`` naming a damaged one."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        problem = None if isinstance(data, dict) and isinstance(data.get("attempts", []), list) else (
+            "not a run record (expected a JSON object with a list of attempts)")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        problem = f"not readable as JSON ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    if problem is None:
+        return data
+    raise InputError(f"{path}: damaged run record, {problem}; nothing was changed. It holds what earlier invocations "
+                     "used and did, not what the stages were made from (their own records say that): restore it, or "
+                     "delete it and run the same command again")
+
+
+def stop_orphans(record: RunRecord, echo=print) -> None:
+    """Stop every server the previous invocation of this folder started that still runs (its pid
+    alive with the recorded start time): that invocation was killed (``kill -9``, the out-of-memory
+    killer) and its servers' reapers with it, and this one needs their ports. Called under the
+    folder's lock, so no live command of this folder owns them."""
+    from memsearch.serving import recorded_orphans, stop_orphan
+
+    for orphan in recorded_orphans(record.data.get("services") or {}):
+        stop_orphan(orphan, echo)
+
+
+def _lock(out: Path) -> None:
+    """Create ``out`` (or reopen one this command made) and lock it for this process."""
     from memsearch.eval.run_folder import claim_folder, hold_folder_lock
 
     claim_folder(out, COMMAND, lambda folder: False)
     hold_folder_lock(out, "experiment folder", "then run the experiment again")
+
+
+def _record_invocation(cfg: ExperimentConfig, out: Path, profile: str | None) -> None:
+    """Append the invocation to ``invocations.jsonl`` and save the resolved config as ``config.json``."""
     resolved = cfg.model_dump(mode="json")
     with open(out / "invocations.jsonl", "a", encoding="utf-8") as fh:
         fh.write(dumps_line({"time": _stamp(), "profile": profile, "config": resolved}) + "\n")
     write_json(out / "config.json", resolved)
-    return out
 
 
 def run_experiment(cfg: ExperimentConfig, out: str | Path, echo=print, profile: str | None = None) -> dict[str, Any]:
     """Run (or continue) every stage (module docstring); returns the pipeline's report. Services
-    are stopped however it ends; ``run.json`` records the outcome (finished, failed, interrupted)."""
+    are stopped however it ends; ``run.json`` records the outcome (finished, incomplete, failed,
+    interrupted). A stage left with failed or missing tasks ends it with ``IncompleteResult``
+    (exit status 3) after every other stage ran: the same command retries those tasks."""
+    from memsearch.pipelines.stages import check_stage_records, raise_if_unfinished, unfinished_stages
     from memsearch.serving import check_ports_free, stop_on_signals
 
     out = Path(out)
-    # Before anything starts or is written: a taken port, and a recipe the pipeline refuses.
+    # Before anything starts or is written: a damaged record, a taken port, a recipe the pipeline refuses.
     services = {"reader": reader_spec(cfg)}
     if not cfg.stage1_on_reader():  # else stage 1 is loaded on the reader's server: no port of its own
         services["stage1"] = stage1_spec(cfg, "<each seed's merged stage 1>")
-    check_ports_free(services)
+    record = RunRecord(out / "run.json")
+    check_stage_records(out)
     pipeline_config(cfg)
     with stop_on_signals():
-        _claim(cfg, out, profile)
-        record = RunRecord(out / "run.json", profile)
+        if record.data:  # a folder of an earlier invocation: under its lock, its servers still alive are stopped
+            _lock(out)
+            stop_orphans(record, echo)
+        check_ports_free(services)
+        _lock(out)
+        _record_invocation(cfg, out, profile)
+        record.begin(profile)
         try:
             report = _stages(cfg, out, record, echo)
         except (KeyboardInterrupt, SystemExit) as exc:
             code = exc.code if isinstance(exc, SystemExit) else 130
             record.end(out, "interrupted", f"{type(exc).__name__} (exit status {code})")
             raise
+        except IncompleteResult as exc:  # a stage others build on has failed tasks (the teacher run)
+            record.end(out, "incomplete", str(exc).splitlines()[0])
+            raise
         except BaseException as exc:
             record.end(out, "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             raise
+        if unfinished := unfinished_stages(out):
+            record.end(out, "incomplete", f"stages with failed or missing tasks: {', '.join(unfinished)}")
+            raise_if_unfinished(out)
         record.end(out, "finished")
+    echo(f"finished: every stage complete; report {out / 'report.md'}")
     return report
 
 
@@ -146,7 +194,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, echo=print, profile: 
 # this process must not touch CUDA before the training layout applies (devices.apply_training_layout).
 _CHECK = """import json, sys
 from memsearch.devices import DeviceLayout, check_devices
-from memsearch.errors import InputError
+from memsearch.errors import IncompleteResult, InputError
 try:
     layout = DeviceLayout.model_validate_json(sys.argv[1])
     record = check_devices(layout, echo=lambda line: print(line, file=sys.stderr))
@@ -218,8 +266,11 @@ def _stages(cfg: ExperimentConfig, out: Path, record: RunRecord, echo) -> dict[s
     report = write_report(pcfg, out, shared, seeds, lambda _: None)
     with open(out / "report.md", "a", encoding="utf-8") as fh:
         fh.write(experiment_section(out, record.data, baseline))
+    from memsearch.report.experiment import write_experiment_html
+
+    page = write_experiment_html(out, paths["dev"])  # with each matrix's view (`report view`) linked
     echo(report["table"])
-    echo(f"report: {out / 'report.md'}")
+    echo(f"report: {out / 'report.md'}; in a browser: {page}")
     return report
 
 
@@ -250,6 +301,7 @@ def _cell(value: Any) -> str:
 def experiment_section(out: Path, run: dict[str, Any], baseline: dict[str, Any]) -> str:
     """The experiment's part of ``report.md``: what ran (memsearch, data, devices, services) and
     the untrained baseline matrix with its caveats."""
+    from memsearch.pipelines.memory_policy.report import usable_cell
     ident = run["memsearch"]
     lines = ["", "## Experiment (`memsearch experiment run`)", "",
              f"memsearch {ident.get('version')}, commit {ident.get('commit') or 'unknown'}"
@@ -271,7 +323,7 @@ def experiment_section(out: Path, run: dict[str, Any], baseline: dict[str, Any])
         backend = g["memory_backend"]
         lines.append(f"| {group} | {backend['kind']}:{Path(str(backend.get('model'))).name} | "
                      f"{_cell(g['metrics'].get('f1'))} | {_cell(g['metrics'].get('em'))} | "
-                     f"{_cell(g['metrics'].get('memory_support_recall'))} | {_cell(g['usable_for_comparison'])} |")
+                     f"{_cell(g['metrics'].get('memory_support_recall'))} | {usable_cell(g)} |")
     lines += ["", *[f"- {note}" for note in baseline.get("caveats") or []], ""]
     return "\n".join(lines)
 

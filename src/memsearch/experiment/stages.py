@@ -4,6 +4,7 @@ baseline matrix. Each stage is fingerprinted and resumable (``pipelines.stages.S
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from urllib.parse import urlparse
 from memsearch.config import config_from_tables, merge_tables, read_config_file
 from memsearch.errors import InputError
 from memsearch.experiment.config import ExperimentConfig
-from memsearch.io import write_json
+from memsearch.io import sha256_file, write_json
 from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
 from memsearch.pipelines.stages import Stage, folder_sha256
 from memsearch.serving import ServiceSpec
@@ -25,33 +26,152 @@ SPLITS = ("train", "dev")
 def download_stage(cfg: ExperimentConfig, out: Path, echo=print) -> dict[str, Any]:
     """``OUT/data/{train,dev}/FILE``: each source fetched (resumably; verified when the config
     gives its SHA-256) and ``OUT/data/manifest.json``: per split its source, path, SHA-256 and
-    size. A re-run refetches nothing and refuses a file that changed since."""
-    from memsearch.data.download import download
+    size.
+
+    What comes back is judged before anything is kept as complete (``data_file_problem``): an
+    HTML page answering 200 or bytes no data file of that name starts with is refused, nothing of
+    it kept. Every split is tried and every failure named by its field (``data.train``,
+    ``data.dev``) before the stage is refused; it is recorded complete only when both files are
+    there, so a corrected source continues the same ``--out`` (``Stage.restart_if_changed``).
+
+    A finished stage refetches nothing and reads its files against the SHA-256 it recorded: a
+    changed file is refused, a deleted one fetched again and held to the recorded digest, and a
+    missing or changed ``manifest.json`` is written again from the record and those verified
+    files (it holds nothing else). Given another source (a URL, a local path) or ``sha256`` for a
+    split, a finished stage continues when the new one names the recorded bytes (its configured
+    digest, the local file's, else the URL's file, downloaded for the check): the file stays
+    where it is, so later stages see the same path, and the new source is recorded; other bytes
+    are refused (``_adopt_same_bytes``)."""
+    from memsearch.data.download import data_file_problem, download
 
     folder = out / "data"
     sources = {name: {"source": getattr(cfg.data, name), "sha256": getattr(cfg.data, f"{name}_sha256")}
                for name in SPLITS}
     stage = Stage(folder, "download", sources, out / "download.stage.json")
     stage.restart_if_changed(echo)  # e.g. a local path given after the URL could not be reached
+    _adopt_same_bytes(stage, sources, folder, echo)
     done = stage.done()
+    record = stage.record() if done else None
+    recorded = (record or {}).get("outputs", {}).get("sha256", {})
+    stored = _stored_names(record, sources)
     stage.start()
-    files = {}
+    files, failed = {}, []
     for name, source in sources.items():
+        dest = folder / name / stored[name]
         try:
-            got = download(source["source"], folder / name / _file_name(source["source"]), source["sha256"], echo)
+            if done and dest.is_file():
+                got_sha = sha256_file(dest)
+                if got_sha != recorded[name]:
+                    raise InputError(f"data.{name}: {dest} has SHA-256 {got_sha}, not the {recorded[name]} the "
+                                     f"download stage recorded: changed since; later stages were made from the "
+                                     f"recorded file. Put it back, or choose a new --out (or delete {folder} and "
+                                     f"{stage.record_path} to fetch it again)")
+                files[name] = _entry(source, dest, got_sha)
+                continue
+            if done:
+                echo(f"download: {dest} is missing; fetching data.{name} again from {source['source']} (it must "
+                     f"have the recorded SHA-256 {recorded[name][:12]}...)")
+            got = download(source["source"], dest, source["sha256"] or recorded.get(name), echo,
+                           expect=data_file_problem)
         except InputError as exc:
-            raise InputError(f"data.{name}: {exc} (--set data.{name}=PATH; the same --out continues)") from None
-        files[name] = {"source": source["source"], "path": str(got.path), "sha256": got.sha256, "bytes": got.bytes,
-                       "verified": source["sha256"] is not None}
-    if done:
-        recorded = stage.record()["outputs"]["sha256"]
-        if changed := [n for n in SPLITS if files[n]["sha256"] != recorded[n]]:
-            raise InputError(f"{folder}: {', '.join(changed)} changed since the download stage recorded it; delete "
-                             f"{folder} and {stage.record_path} to fetch again")
-    else:
-        write_json(folder / "manifest.json", {"files": files})
-        stage.finish({"manifest": "data/manifest.json", "sha256": {n: files[n]["sha256"] for n in SPLITS}})
+            text = str(exc)
+            failed.append(text if text.startswith(f"data.{name}: ") else
+                          f"data.{name}: {text} (--set data.{name}=PATH; the same --out continues)")
+            continue
+        files[name] = _entry(source, got.path, got.sha256)
+    if failed:
+        raise InputError("\n".join(failed))
+    manifest = folder / "manifest.json"
+    if not done:
+        write_json(manifest, {"files": files})
+        stage.finish({"manifest": "data/manifest.json", "sha256": {n: files[n]["sha256"] for n in SPLITS},
+                      "files": {n: f"data/{n}/{stored[n]}" for n in SPLITS}})
+    elif _read_json(manifest) != {"files": files}:
+        echo(f"download: {manifest} {'is missing' if not manifest.is_file() else 'differs from the record'}; "
+             "written again from the stage record and the files (their SHA-256 as recorded)")
+        write_json(manifest, {"files": files})
     return files
+
+
+def _entry(source: dict[str, Any], path: Path, sha256: str) -> dict[str, Any]:
+    """A split's line of ``data/manifest.json``."""
+    return {"source": source["source"], "path": str(path), "sha256": sha256, "bytes": Path(path).stat().st_size,
+            "verified": source["sha256"] is not None}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _stored_names(record: dict[str, Any] | None, sources: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """The file name each split is stored under: the one a finished record names (``outputs.files``;
+    an older record: its source's), else the configured source's."""
+    names = {}
+    for name in SPLITS:
+        kept = ((record or {}).get("outputs") or {}).get("files", {}).get(name)
+        source = ((record or {}).get("inputs") or {}).get(name, {}).get("source") or sources[name]["source"]
+        names[name] = Path(kept).name if kept else _file_name(source)
+    return names
+
+
+def _adopt_same_bytes(stage: Stage, sources: dict[str, dict[str, Any]], folder: Path, echo) -> None:
+    """A finished download stage whose sources changed continues when every changed split's new
+    source names the bytes the stage recorded (``Stage.adopt``: the new sources recorded, the
+    files kept where they are); ``InputError`` naming the split when one names other bytes. Any
+    other record is left to ``Stage.done`` (resumed, skipped or refused as ever)."""
+    from memsearch.pipelines.stages import RECORD_VERSION
+
+    record = stage.record()
+    if (not record or not record.get("complete") or record.get("fingerprint") == stage.fingerprint
+            or record.get("version") != RECORD_VERSION):
+        return
+    before = record.get("inputs") or {}
+    outputs = record.get("outputs") or {}
+    recorded = outputs.get("sha256") or {}
+    if set(before) != set(SPLITS) or set(recorded) != set(SPLITS):
+        return
+    changed = [n for n in SPLITS if before[n] != stage.inputs[n]]
+    stored = _stored_names(record, sources)
+    for name in changed:
+        old, new = before[name]["source"], sources[name]
+        sha = _source_sha256(name, new, folder / f".check-{name}", stored[name], echo)
+        if sha != recorded[name]:
+            given = f"data.{name}_sha256 = {new['sha256']!r}" if new["sha256"] else new["source"]
+            raise InputError(
+                f"data.{name}: {given} gives SHA-256 {sha}, not the {recorded[name]} the finished download stage "
+                f"recorded from {old}: other bytes than the later stages were made from. Set data.{name} (and "
+                f"data.{name}_sha256) back, or choose a new --out")
+    stage.adopt({**outputs, "files": {n: f"data/{n}/{stored[n]}" for n in SPLITS}})
+    for name in changed:
+        echo(f"download: data.{name} is now {sources[name]['source']}: the same bytes (SHA-256 "
+             f"{recorded[name][:12]}...) as the finished stage's {before[name]['source']}; continuing with "
+             f"{folder / name / stored[name]} (the new source recorded)")
+
+
+def _source_sha256(name: str, source: dict[str, Any], scratch: Path, file_name: str, echo) -> str:
+    """The SHA-256 of the bytes ``source`` names: its configured ``sha256``, a local file's, else
+    the URL's file downloaded into ``scratch`` (removed after)."""
+    import shutil
+
+    from memsearch.data.download import data_file_problem, download, local_source
+
+    if source["sha256"]:
+        return source["sha256"].lower()
+    try:
+        path = local_source(source["source"])
+        if path is not None:
+            if not path.is_file():
+                raise InputError(f"{source['source']}: no such file")
+            return sha256_file(path)
+        try:
+            return download(source["source"], scratch / file_name, None, echo, expect=data_file_problem).sha256
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    except InputError as exc:
+        raise InputError(f"data.{name}: {exc}") from None
 
 
 def _file_name(source: str) -> str:

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from memsearch.errors import InputError
 from memsearch.eval.run_folder import claim_folder, hold_folder_lock
 from memsearch.io import dumps_line, iter_jsonl, sha256_file
+from memsearch.pipelines.stages import check_stage_records
 
 
 def source_sha256(path: str) -> str:
@@ -29,7 +30,8 @@ def record_invocation(out: str | Path, cfg: BaseModel) -> Path:
     `memsearch pipeline <cfg.pipeline>`; an existing one must be that pipeline's folder (its
     marker, or ``_earlier_pipeline_folder``), else ``InputError`` and nothing is written. The
     folder is then locked for the rest of the process (``eval.run_folder.hold_folder_lock``): a
-    second process on it is refused, naming the holder's pid."""
+    second process on it is refused, naming the holder's pid; a damaged stage record in it is
+    refused by name (``pipelines.stages.check_stage_records``)."""
     out = Path(out)
     # A pipeline config names its pipeline; any other config (a caller's own) goes by its class.
     name = getattr(cfg, "pipeline", None) or type(cfg).__name__
@@ -37,6 +39,7 @@ def record_invocation(out: str | Path, cfg: BaseModel) -> Path:
     # One writer per pipeline folder, as per eval run folder: a second process on the same --out
     # would train the same stages at once (interleaved logs, a report over mixed outputs).
     hold_folder_lock(out, "pipeline folder", "then run the pipeline again")
+    check_stage_records(out)  # a damaged record is named before this invocation writes anything
     with open(out / "invocations.jsonl", "a", encoding="utf-8") as fh:
         fh.write(
             dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.model_dump(mode="json")}) + "\n"

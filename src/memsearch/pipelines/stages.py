@@ -14,9 +14,17 @@ is recorded and fingerprinted as ``$OUT/...``: a fingerprint names what a stage 
 not where the run folder lies, so finished stages copied into another run folder are reused
 there (docs/memory_policy.md, "Controls").
 
+Where a served model answers (``config.backend.ADDRESS_KEYS``) is no input: a run continued with
+its servers on other ports reuses its finished stages.
+
 Every record carries ``version`` (``RECORD_VERSION``). A record of an earlier version (none:
-version 1) is upgraded by ``upgrade_record`` when it was made from the same inputs, dumped as
-that version dumped them (``EARLIER_DUMPS``), else refused.
+version 1) is upgraded when it was made from the same inputs, dumped as that version dumped
+them, else refused (``pipelines.stage_versions``: every earlier form in one place). A damaged record (not JSON) is
+refused, naming it, before any stage of the run starts (``check_stage_records``).
+
+A stage whose tasks did not all succeed (an eval or matrix with failed or missing tasks) stays
+unfinished: the same command retries those tasks, and ``unfinished_stages`` names it so the
+command ends incomplete (exit 3), never "finished".
 """
 
 from __future__ import annotations
@@ -26,20 +34,18 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from memsearch.config.backend import legacy_backend_form, legacy_pipeline_run_form
+from memsearch.config.backend import without_addresses
 from memsearch.errors import InputError
 from memsearch.io import sha256_file, write_json
-from memsearch.train.config_keys import flat_grpo_dump
+from memsearch.pipelines.stage_versions import EARLIER_DUMPS, RECORD_VERSION, fingerprint, upgrade_record
 
 RECORD = "stage.json"
-RECORD_VERSION = 3
 OUT_TOKEN = "$OUT"
 _RUN_FOLDER: ContextVar[Path | None] = ContextVar("memsearch_run_folder", default=None)
 
@@ -73,11 +79,6 @@ def portable_inputs(inputs: Any, out: Path) -> Any:
     return walk(inputs)
 
 
-def fingerprint(inputs: dict[str, Any]) -> str:
-    """SHA-256 of the canonical JSON of ``inputs``."""
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 def folder_sha256(folder: Path, exclude: tuple[str, ...] = (RECORD,)) -> str:
     """One SHA-256 over every file of ``folder`` (relative names and contents, sorted)."""
     digest = hashlib.sha256()
@@ -107,12 +108,14 @@ class Stage:
         self.folder, self.name = Path(outputs), name
         self.record_path = Path(record) if record else self.folder / RECORD
         out = _RUN_FOLDER.get()
-        self.inputs = portable_inputs(inputs, out) if out is not None else inputs
+        portable = portable_inputs(inputs, out) if out is not None else inputs
+        self.inputs = without_addresses(portable)
         self.fingerprint = fingerprint(self.inputs)
+        self.addressed_inputs = portable  # what records before version 4 fingerprinted (with base_url)
         self.given_inputs = inputs  # as given, before $OUT: what a version-1 record may have fingerprinted
 
     def record(self) -> dict[str, Any] | None:
-        return json.loads(self.record_path.read_text()) if self.record_path.is_file() else None
+        return read_stage_record(self.record_path, self.folder)
 
     def _check_same_inputs(self) -> dict[str, Any] | None:
         record = self.record()
@@ -124,9 +127,9 @@ class Stage:
                 )
             return None
         version = record.get("version", 1)
-        if version in EARLIER_DUMPS:
-            return upgrade_record(self, record, EARLIER_DUMPS[version])
         if version != RECORD_VERSION:
+            if version in EARLIER_DUMPS:
+                return upgrade_record(self, record, EARLIER_DUMPS[version], _RUN_FOLDER.get())
             raise InputError(
                 f"{self.record_path}: stage record version {version!r}, this memsearch reads version "
                 f"{RECORD_VERSION}; use the memsearch that wrote it, or delete {self.folder} and "
@@ -185,6 +188,17 @@ class Stage:
             },
         )
 
+    def adopt(self, outputs: dict[str, Any]) -> None:
+        """Record that this finished stage's outputs stand for the current inputs too: the caller
+        has checked that what the changed inputs name is the same (a download's new source giving
+        the recorded bytes). The fingerprint and inputs become today's, ``outputs`` replace the
+        recorded ones and the earlier inputs are kept, newest last, in ``inputs_before``."""
+        record = self.record() or {}
+        before = [*record.get("inputs_before", []), record.get("inputs", {})]
+        write_json(self.record_path, {**record, "fingerprint": self.fingerprint, "inputs": self.inputs,
+                                      "outputs": outputs, "inputs_before": before,
+                                      "adopted": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
     def finish(self, outputs: dict[str, Any]) -> None:
         record = self.record() or {}
         write_json(
@@ -193,91 +207,60 @@ class Stage:
         )
 
 
-# Config fields that version 1 left out of every dump while at their default (values of
-# memsearch.config's Agent.memory_sources and BackendConfig.open_items): a version-1
-# fingerprint of a config dump is the fingerprint of the dump without them.
-VERSION1_OMITTED = {"memory_sources": "shown", "open_items": False}
+def read_stage_record(path: Path, folder: Path | None = None) -> dict[str, Any] | None:
+    """The stage record at ``path`` (``None`` when there is none); ``InputError`` naming it when it
+    is damaged (not a JSON object with a fingerprint: a write cut by a full disk, an edit), with
+    what to do: it alone says what made the stage's outputs (``folder``), so neither is guessed."""
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        problem = None if isinstance(record, dict) and isinstance(record.get("fingerprint"), str) else (
+            "not a stage record (no fingerprint)")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        problem = f"not readable as JSON ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    if problem is None:
+        return record
+    outputs = f" and the stage's outputs ({folder})" if folder is not None else " and the outputs beside it"
+    raise InputError(f"{path}: damaged stage record, {problem}; nothing was changed. Restore it, or delete it{outputs} "
+                     "to redo that stage: the same command then makes it again")
 
 
-def _version1_omitted(value: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in value.items() if not (k in VERSION1_OMITTED and v == VERSION1_OMITTED[k])}
+def check_stage_records(out: Path) -> None:
+    """Refuse (``InputError``, the first damaged one named) a run folder holding a damaged stage
+    record, before the command writes anything (``read_stage_record``)."""
+    for path in sorted(Path(out).glob("**/*.stage.json")) + sorted(Path(out).glob(f"**/{RECORD}")):
+        read_stage_record(path)
 
 
-def version1_dump(value: Any) -> Any:
-    """``value`` (stage inputs, or any part of them) as version 1 dumped it: without the fields
-    of ``VERSION1_OMITTED`` that hold their defaults."""
-    return _walk(value, [_version1_omitted])
+def stage_states(out: Path) -> dict[str, bool]:
+    """Every stage record under ``out`` by name (``seed-1/matrix``), with whether it finished."""
+    states = {}
+    for path in sorted(Path(out).glob("**/*.stage.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            record = {}
+        states[path.relative_to(out).as_posix().removesuffix(".stage.json")] = bool(
+            isinstance(record, dict) and record.get("complete"))
+    return states
 
 
-def _walk(value: Any, forms: list[Callable[[dict[str, Any]], dict[str, Any]]]) -> Any:
-    """``value`` with every dict in it passed through ``forms`` in order, outermost first (a
-    form's output is walked on: a table it moves is still found)."""
-    if isinstance(value, dict):
-        for form in forms:
-            value = form(value)
-        return {k: _walk(v, forms) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_walk(v, forms) for v in value]
-    return value
+def unfinished_stages(out: Path) -> list[str]:
+    """The stages under ``out`` that started and did not finish: after a run that returned, the
+    ones with failed or missing tasks (an eval or matrix), which the same command retries."""
+    return [name for name, done in stage_states(out).items() if not done]
 
 
-# The forms of config dumps that version 2 recorded and version 3 writes otherwise, one function
-# each (a dict of a dump -> that dict as version 2 dumped it; any other dict as it is): the GRPO
-# config's fields flat, its two invalid-output penalties both ``invalid_penalty``, the MemAgent
-# role ``overwrite`` (``train.config_keys.flat_grpo_dump``); every backend table flat, with every
-# kind's keys (``config.backend.legacy_backend_form``).
-VERSION2_FORMS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [flat_grpo_dump, legacy_backend_form]
+def raise_if_unfinished(out: Path) -> None:
+    """``IncompleteResult`` naming every unfinished stage under ``out``: called when a command's
+    stages all ran, so these are the ones with failed or missing tasks; its exit status is 3."""
+    from memsearch.errors import IncompleteResult
 
-# Which roles of a run config a pipeline had filled its model into, whatever their kind: the
-# current dump no longer says (a rules role holds no model), so each is a candidate.
-VERSION2_FILLED_ROLES: tuple[tuple[str, ...], ...] = ((), ("memory",), ("reader",), ("memory", "reader"))
-
-
-def version2_dump(value: Any, filled: tuple[str, ...] = ()) -> Any:
-    """``value`` (stage inputs, or any part of them) as version 2 dumped it (``VERSION2_FORMS``),
-    with the pipeline's model in the ``filled`` roles of its run configs."""
-    return _walk(value, [partial(legacy_pipeline_run_form, roles=filled), *VERSION2_FORMS])
-
-
-def version2_dumps(value: Any) -> list[Any]:
-    """Every way version 2 may have dumped ``value`` (``VERSION2_FILLED_ROLES``)."""
-    return [version2_dump(value, roles) for roles in VERSION2_FILLED_ROLES]
-
-
-# How each earlier record version may have dumped the current inputs: its fingerprint is of one.
-EARLIER_DUMPS: dict[int, Callable[[Any], list[Any]]] = {
-    1: lambda inputs: [version1_dump(dump) for dump in version2_dumps(inputs)],
-    2: version2_dumps,
-}
-
-
-def upgrade_record(stage: Stage, record: dict[str, Any], earlier_dumps: Callable[[Any], list[Any]]) -> dict[str, Any]:
-    """A record of an earlier version of ``stage``, rewritten as the current version when it was
-    made from the stage's inputs (one of ``earlier_dumps`` of them has its fingerprint); else the
-    refusal naming what changed.
-
-    Earlier versions differ in ways that change a fingerprint, not what a stage made: version 1's
-    config dumps left ``memory_sources`` and ``open_items`` out at their defaults
-    (``VERSION1_OMITTED``) and its records written before ``$OUT`` paths hold the run folder's raw
-    paths; version 2's dumps spell some configs in an earlier form (``VERSION2_FORMS``). Each is
-    reproducible from the current inputs, so a finished stage made from the same inputs is
-    recognised and reused instead of redone (hours of training): migrated, not refused. The
-    rewritten record keeps the old fingerprint as ``fingerprint_before``. What a resumed stage's
-    own tool checks (a trainer's or eval run's ``config.json``) is not a stage record: the tool
-    reads its own earlier forms (``train.run_folder.check_run_folder``) or refuses the changed
-    config dump (delete the stage's folder and record to redo it)."""
-    candidates = [*earlier_dumps(stage.inputs), *earlier_dumps(stage.given_inputs)]
-    if record.get("fingerprint") not in {fingerprint(inputs) for inputs in candidates}:
-        stage.refuse(record.get("inputs", {}), candidates[0])
-    upgraded = {
-        **record,
-        "version": RECORD_VERSION,
-        "fingerprint": stage.fingerprint,
-        "inputs": stage.inputs,
-        "fingerprint_before": record["fingerprint"],
-    }
-    write_json(stage.record_path, upgraded)
-    return upgraded
+    if unfinished := unfinished_stages(out):
+        raise IncompleteResult(f"{len(unfinished)} stage(s) have failed or missing tasks, so the report is not a "
+                               f"result: {', '.join(unfinished)}\nrun the same command again: it keeps every "
+                               "finished stage and task and retries only those tasks")
 
 
 OnCollapse = Literal["stop", "score_last_checkpoint"]
@@ -489,9 +472,14 @@ def _check_merged(folder: Path, recorded: str, stage: Stage) -> None:
 
 
 def eval_run(
-    folder: Path, record: Path, run_config, data: Path, upstream: dict[str, Any], echo=print
+    folder: Path, record: Path, run_config, data: Path, upstream: dict[str, Any], echo=print,
+    label: str | None = None, group: str | None = None, show_progress: bool = False,
 ) -> dict[str, Any]:
-    """One fingerprinted ``run_eval`` (resumed after a crash); returns its summary."""
+    """One fingerprinted ``run_eval`` (resumed after a crash); returns its summary. A run with
+    failed or missing tasks is not finished: its record stays open, so the next run of the same
+    command resumes it and retries exactly those tasks (``eval --resume``); the caller reads
+    ``summary["complete"]``, and the command ends incomplete (``unfinished_stages``). ``label``
+    names it in what is echoed (default: the folder's name), ``group`` in its trajectories."""
     from memsearch.eval.runner import run_eval
 
     stage = Stage(
@@ -504,11 +492,25 @@ def eval_run(
         },
         record,
     )
+    label = label or folder.name
     if stage.done() and (folder / "summary.json").is_file():
-        echo(f"{folder.name}: done")
+        echo(f"{label}: done")
         return json.loads((folder / "summary.json").read_text())
     resume = stage.started() and folder.exists()
     stage.start()
-    summary = run_eval(run_config, data, folder, resume=resume, group=folder.name, show_progress=False)
-    stage.finish({"summary": "summary.json"})
+    if show_progress:
+        echo(f"{label}: {'resuming' if resume else 'running'}")
+    summary = run_eval(run_config, data, folder, resume=resume, group=group or folder.name,
+                       show_progress=show_progress)
+    if summary["complete"]:
+        stage.finish({"summary": "summary.json"})
+    else:
+        echo(f"{label}: INCOMPLETE, {incomplete_words(summary)}; the same command retries them")
     return summary
+
+
+def incomplete_words(summary: dict[str, Any]) -> str:
+    """How an eval summary is incomplete: ``2 of 3 tasks failed, 0 missing``."""
+    tasks = summary["tasks"]
+    return (f"{tasks['failed']} of {tasks['expected']} tasks failed, {tasks['expected'] - tasks['scored']} "
+            "missing")

@@ -6,6 +6,13 @@ port to be free again, whether the work inside ends, fails or is interrupted::
     check_ports_free(specs)
     with stop_on_signals(), running_services(specs, run / "logs", gpus={"reader": [7]}) as services:
         url = services["reader"].url   # http://127.0.0.1:8001/v1, listing services["reader"].served_name
+
+A server is ready only when the process we started (or one of its process group: workers) is the
+one listening on its port (``ownership.port_holders``): another run's server on the same port is
+refused at once (``PortTaken``) rather than taken for ours. A reaper process per server stops it
+when this process dies without stopping it (``kill -9``, the OOM killer), and while a block uses
+a server, its exit interrupts the block (``ServiceDied``) instead of surfacing later as failed
+requests. Without ``/proc`` (not Linux) the port owner is not checked: any answer counts.
 """
 
 from __future__ import annotations
@@ -13,13 +20,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,17 +39,27 @@ from memsearch.serving.engines import (
     engine_environment,
     launch_command,
 )
+from memsearch.serving.ownership import (
+    PORT_FREE_WAIT_S,
+    STOP_WAIT_S,
+    listening_sockets,
+    port_holders,
+    port_in_use,
+    process_start_time,
+    release_reaper,
+    start_reaper,
+)
 
 LOG_TAIL_LINES = 30
-STOP_WAIT_S = 30.0  # per signal: SIGTERM, then SIGKILL
-PORT_FREE_WAIT_S = 30.0
 POLL_S = 0.5
 
 
 @dataclass(frozen=True)
 class RunningService:
     """A started, ready server: its API root ``url`` (``http://host:port/v1``), the name requests
-    use, its process id and log, and ``identity``: its ``/v1/models`` entry as the server wrote it."""
+    use, its process id and log, ``identity``: its ``/v1/models`` entry as the server wrote it, and
+    ``started``: the process's start time (``ownership.process_start_time``; None without
+    ``/proc``), which tells it from a later process given the same pid (``recorded_orphans``)."""
 
     name: str
     engine: str
@@ -52,6 +68,20 @@ class RunningService:
     pid: int
     log: Path
     identity: dict
+    started: str | None = None
+
+
+class PortTaken(InputError):
+    """Another process listens on the port of a server we started: not ours, so never ready."""
+
+
+class ServiceDied(InputError):
+    """A server we started exited on its own while the block using it was active: ``name``,
+    ``pid``, exit ``status`` (negative: the signal that killed it) and ``log``."""
+
+    def __init__(self, message: str, name: str, pid: int, status: int | None, log: Path) -> None:
+        super().__init__(message)
+        self.name, self.pid, self.status, self.log = name, pid, status, log
 
 
 def listed_models(url: str, timeout_s: float) -> list[dict]:
@@ -74,21 +104,29 @@ def served_identity(url: str, name: str, timeout_s: float = 10) -> dict:
                      "that name or fix the configured name")
 
 
-def port_in_use(host: str, port: int) -> bool:
-    """Whether something listens on ``host:port``: a bind there fails. SO_REUSEADDR, as servers
-    set it, so the connections a stopped server left in TIME_WAIT do not count."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
+def free_port_near(host: str, port: int, avoid: Collection[int] = ()) -> int | None:
+    """The first port above ``port`` (within 200) that nothing listens on and ``avoid`` does not
+    hold: a concrete suggestion for a refusal message; None when there is none."""
+    for candidate in range(port + 1, min(port + 200, 65535) + 1):
+        if candidate not in avoid and not port_in_use(host, candidate):
+            return candidate
+    return None
 
 
-def check_ports_free(specs: Mapping[str, ServiceSpec]) -> None:
+def _move_hint(name: str, spec: ServiceSpec, port_key: str | None, avoid: Collection[int] = ()) -> str:
+    """How to move service ``name`` to another port: its setting ``port_key`` (e.g.
+    ``services.reader.port``) with a free port to give it, or in words when it has no setting."""
+    if port_key is None:
+        return f"give service {name} another port"
+    near = free_port_near(spec.host, spec.port, {*avoid, spec.port})
+    return f"move this service with --set {port_key}={near if near is not None else 'PORT'} (a free port)"
+
+
+def check_ports_free(specs: Mapping[str, ServiceSpec], port_key: str | None = "services.{name}.port") -> None:
     """Refuse (``InputError``) two services on one port, or a port something already listens on,
-    naming the port and the service, before any server starts."""
+    naming the port, the service, the process listening there (where readable) and how to move
+    the service: ``port_key`` is the setting of a service's port, ``{name}`` its name
+    (``memsearch experiment run``: ``services.NAME.port``); None: no setting to name."""
     owner: dict[int, str] = {}
     for name, spec in specs.items():
         if spec.port in owner:
@@ -97,8 +135,11 @@ def check_ports_free(specs: Mapping[str, ServiceSpec]) -> None:
         owner[spec.port] = name
     for name, spec in specs.items():
         if port_in_use(spec.host, spec.port):
-            raise InputError(f"port {spec.port} (service {name}) is already in use on {spec.host}; stop what listens "
-                             "there or choose another port")
+            holders = port_holders(spec.host, spec.port) or []
+            by = f" by {', '.join(h.describe() for h in holders)}" if holders else ""
+            key = None if port_key is None else port_key.format(name=name)
+            raise InputError(f"port {spec.port} (service {name}) is already in use on {spec.host}{by}; stop what "
+                             f"listens there or {_move_hint(name, spec, key, set(owner))}")
 
 
 def log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -123,7 +164,8 @@ def _group_alive(pgid: int) -> bool:
 def stop_process(proc: subprocess.Popen, host: str | None = None, port: int | None = None) -> None:
     """Stop a server started in a session of its own and everything it started: SIGTERM to its
     process group, wait, then SIGKILL; then wait (bounded) until ``port`` is free again. The
-    group is signalled even when the leader has exited, since workers it spawned may remain."""
+    group is signalled even when the leader has exited, since workers it spawned may remain.
+    Its reaper (``ownership.start_reaper``), where it has one, is then dismissed."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
@@ -147,6 +189,7 @@ def stop_process(proc: subprocess.Popen, host: str | None = None, port: int | No
         deadline = time.monotonic() + PORT_FREE_WAIT_S
         while port_in_use(host or "127.0.0.1", port) and time.monotonic() < deadline:
             time.sleep(0.1)
+    release_reaper(proc.pid)
 
 
 def _answers(url: str) -> bool:
@@ -157,19 +200,50 @@ def _answers(url: str) -> bool:
         return False
 
 
+def _taken(name: str, spec: ServiceSpec, proc: subprocess.Popen, holders: list, log: Path,
+           port_key: str | None) -> PortTaken:
+    """The refusal when another process holds the port of the server we started."""
+    state = "which is still starting" if proc.poll() is None else f"which exited with status {proc.returncode}"
+    who = ", ".join(h.describe() for h in holders) or "a process not visible from here"
+    return PortTaken(f"port {spec.port} on {spec.host} is served by {who}, not by the service {name} we started "
+                     f"(pid {proc.pid}, {state}); another run or program holds it: stop it or "
+                     f"{_move_hint(name, spec, port_key)}; the end of our server's log ({log}):\n{log_tail(log, 10)}")
+
+
+def _owned(name: str, spec: ServiceSpec, proc: subprocess.Popen, log: Path, port_key: str | None) -> bool | None:
+    """Whether only our server's process group listens on its port: True, False while nothing
+    listens there yet, None without ``/proc`` (unknown); ``PortTaken`` when another process does."""
+    others = port_holders(spec.host, spec.port, proc.pid)  # started with start_new_session: pgid == pid
+    if others:
+        raise _taken(name, spec, proc, others, log, port_key)
+    if others is None:
+        return None
+    return bool(listening_sockets(spec.host, spec.port))
+
+
 def _wait_ready(proc: subprocess.Popen, spec: ServiceSpec, url: str, log: Path, label: str,
-                timeout_key: str) -> dict:
+                timeout_key: str, name: str = "", port_key: str | None = None) -> dict:
     """Poll until the server is ready and return its /v1/models entry; ``InputError`` with the
-    log's tail when it exits first, times out, or lists another name."""
+    log's tail when it exits first, times out, or lists another name; ``PortTaken`` at once when
+    another process listens on its port (our process alive and the port's only listener is what
+    ready means; without ``/proc``, an answer alone); ``ServiceDied`` when a server started
+    before it dies meanwhile."""
     root = url[: -len("/v1")]
     probe = "/health" if HAS_HEALTH[spec.engine] else "/v1/models"
     deadline = time.monotonic() + spec.start_timeout_s
     while True:
+        _raise_pending_death()
+        _owned(name, spec, proc, log, port_key)
         if proc.poll() is not None:
             raise InputError(f"{label} exited with status {proc.returncode} before answering {probe} at {root}; "
                              f"the end of its log ({log}):\n{log_tail(log)}")
         if _answers(root + probe):
-            break
+            owned = _owned(name, spec, proc, log, port_key)
+            if owned is False:  # something answers, yet no listener of the port is visible here
+                raise _taken(name, spec, proc, [], log, port_key)
+            if proc.poll() is None:
+                break
+            continue  # it exited meanwhile: the check at the top says how
         if time.monotonic() > deadline:
             raise InputError(f"{label} did not answer {probe} at {root} within {spec.start_timeout_s:g} s "
                              f"({timeout_key}); the end of its log ({log}):\n{log_tail(log)}")
@@ -222,16 +296,123 @@ def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
+# ----------------------------------------------------------------------------- death while in use
+
+# The signal a watcher sends the main thread when its server died; its handler is installed
+# while at least one block started from the main thread is active (the previous one restored).
+DEATH_SIGNAL = signal.SIGUSR1
+_WATCHES: list[_Watch] = []
+_HANDLER: dict[str, object] = {"depth": 0, "previous": None}
+
+
+class _Watch:
+    """A daemon thread polling a server's process while a block uses it; when the server exits
+    on its own, it keeps the error and nudges the main thread (``DEATH_SIGNAL``) until the
+    handler has raised it there (once: never again in the unwinding that follows)."""
+
+    def __init__(self, name: str, label: str, proc: subprocess.Popen, log: Path, main: bool) -> None:
+        self.name, self.label, self.proc, self.log = name, label, proc, log
+        self.died: str | None = None
+        self.raised = False
+        self.done = threading.Event()
+        self.target = threading.main_thread().ident if main else None
+        self.thread = threading.Thread(target=self._run, name=f"memsearch-watch-{name}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(POLL_S):
+            status = self.proc.poll()
+            if status is None:
+                continue
+            if self.died is None:
+                how = f" (killed by signal {signal.Signals(-status).name})" if status < 0 else ""
+                self.died = (f"service {self.name} ({self.label}, pid {self.proc.pid}) exited with status {status}"
+                             f"{how} while the run was using it; the end of its log ({self.log}):\n"
+                             f"{log_tail(self.log)}")
+            if self.target is None or self.raised:
+                return
+            signal.pthread_kill(self.target, DEATH_SIGNAL)
+
+    def error(self) -> ServiceDied:
+        return ServiceDied(self.died or "", self.name, self.proc.pid, self.proc.returncode, self.log)
+
+    def end(self) -> None:
+        """Stop watching (before a deliberate stop, which must never count as a death)."""
+        self.done.set()
+        self.thread.join()
+
+
+def _raise_pending_death() -> None:
+    """Raise the ``ServiceDied`` of a watched server that died and was not reported yet."""
+    for watch in _WATCHES:
+        if watch.died is not None and not watch.raised:
+            watch.raised = True
+            raise watch.error()
+
+
+def _in_own_code(frame) -> bool:
+    """Whether ``frame`` runs inside a start or stop of ours (``started_service``,
+    ``running_services``: their generator frames are on the stack only then): a death is raised
+    there synchronously (``_wait_ready``) or not at all, never in the middle of a stop."""
+    while frame is not None:
+        if frame.f_code in _OWN_CODE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _on_death_signal(signum, frame) -> None:
+    if any(w.died is not None and not w.raised for w in _WATCHES):
+        if not _in_own_code(frame):
+            _raise_pending_death()
+        return  # ours: the watcher nudges again (or the block's end reports it)
+    previous = _HANDLER["previous"]
+    if callable(previous):  # someone else's signal: theirs to handle (none set: ignored meanwhile)
+        previous(signum, frame)
+
+
+@contextmanager
+def _watched(name: str, label: str, proc: subprocess.Popen, log: Path) -> Iterator[_Watch]:
+    """Watch ``proc`` while inside; the handler of ``DEATH_SIGNAL`` is installed by the outermost
+    such block of the main thread and restored when it ends. Outside the main thread no
+    handler can be set: the death is reported when the block ends."""
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        if _HANDLER["depth"] == 0:
+            _HANDLER["previous"] = signal.signal(DEATH_SIGNAL, _on_death_signal)
+        _HANDLER["depth"] += 1
+    watch = _Watch(name, label, proc, log, main)
+    _WATCHES.append(watch)
+    try:
+        yield watch
+    finally:
+        watch.end()
+        _WATCHES.remove(watch)
+        if main:
+            _HANDLER["depth"] -= 1
+            if _HANDLER["depth"] == 0:
+                signal.signal(DEATH_SIGNAL, _HANDLER["previous"] or signal.SIG_DFL)
+
+
 @contextmanager
 def started_service(name: str, spec: ServiceSpec, log: Path, gpus: list[int] | None = None, echo=print,
-                    title: str | None = None, timeout_key: str | None = None) -> Iterator[RunningService]:
+                    title: str | None = None, timeout_key: str | None = None,
+                    port_key: str | None = None) -> Iterator[RunningService]:
     """One server: started in a session of its own (its output appended to ``log`` after a
-    header line and its pid), waited for, yielded as a ``RunningService``, stopped on exit
+    header line and its pid), guarded by a reaper (stopped if this process dies), waited for
+    until it is the one listening on its port, yielded as a ``RunningService``, stopped on exit
     however the block ends. ``gpus``: its ``CUDA_VISIBLE_DEVICES``. ``title`` starts the line
-    echoed once it is ready; ``timeout_key`` is the setting the timeout message names."""
+    echoed once it is ready; ``timeout_key`` is the setting the timeout message names and
+    ``port_key`` the one a port refusal names (default ``services.NAME.port`` unless
+    ``timeout_key`` is given, i.e. the service is configured elsewhere; then none is named).
+
+    If the server exits on its own while the block is active, the block is interrupted (main
+    thread: at once, by ``DEATH_SIGNAL``; other threads: when it ends) with ``ServiceDied``
+    quoting its log; the stop still happens."""
     check_engine_installed(name, spec)
     command = launch_command(spec)
-    label = LABELS[spec.engine]
+    # A custom command is not the engine's server: messages name what was started.
+    label = LABELS[spec.engine] if spec.command is None else f"{Path(command[0]).name} of services.{name}.command"
     url = f"http://{spec.host}:{spec.port}/v1"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a", encoding="utf-8") as fh:
@@ -242,19 +423,37 @@ def started_service(name: str, spec: ServiceSpec, log: Path, gpus: list[int] | N
             proc = subprocess.Popen(command, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=_environment(spec, gpus), start_new_session=True)
         except OSError as exc:
-            raise InputError(f"service {name}: cannot start {command[0]!r} ({exc}); install {label} or give the "
-                             f"services.{name}.command that starts it") from None
+            fix = (f"install {label} or give the services.{name}.command that starts it" if spec.command is None
+                   else f"fix services.{name}.command")
+            raise InputError(f"service {name}: cannot start {command[0]!r} ({exc}); {fix}") from None
         fh.write(f"=== pid {proc.pid}\n")
+    started = process_start_time(proc.pid)
+    if port_key is None and timeout_key is None:
+        port_key = f"services.{name}.port"
+    watch: _Watch | None = None
+    error: BaseException | None = None
     try:
-        identity = _wait_ready(proc, spec, url, log, label, timeout_key or f"services.{name}.start_timeout_s")
+        start_reaper(proc.pid, started, log)
+        identity = _wait_ready(proc, spec, url, log, label, timeout_key or f"services.{name}.start_timeout_s",
+                               name, port_key)
         echo(f"{title or f'service {name}'}: {label} {spec.model} at {url} (pid {proc.pid}, ready in "
              f"{time.perf_counter() - start:.1f} s; log {log})")
-        yield RunningService(name, spec.engine, url, spec.name_served, proc.pid, log, identity)
+        with _watched(name, label, proc, log) as watch:
+            yield RunningService(name, spec.engine, url, spec.name_served, proc.pid, log, identity, started)
+    except BaseException as exc:
+        error = exc
+        raise
     finally:
-        with _signals_deferred():
-            stop_process(proc, spec.host, spec.port)
+        with _signals_deferred():  # another process holds the port: it will not be free, do not wait
+            stop_process(proc, spec.host, None if isinstance(error, PortTaken) else spec.port)
         with open(log, "a", encoding="utf-8") as fh:
             fh.write(f"=== {_stamp()} stopped (exit status {proc.returncode})\n")
+        if watch is not None and watch.died is not None and (
+                error is None or (isinstance(error, Exception) and not isinstance(error, ServiceDied))):
+            # Not raised in the block (another thread) or caught there: the death is the cause
+            # of whatever the block ended with (a user's interrupt stays what it is).
+            watch.raised = True
+            raise watch.error() from error
 
 
 @contextmanager
@@ -294,3 +493,7 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+# The frames in which a death signal never raises (``_in_own_code``).
+_OWN_CODE = frozenset(f.__wrapped__.__code__ for f in (started_service, running_services, _watched))

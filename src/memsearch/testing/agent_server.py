@@ -22,6 +22,7 @@ kind to the probability that one request gets it:
     ``"empty_choices"``  HTTP 200 with ``"choices": []``
     ``"short_body"``     HTTP 200 whose Content-Length is larger than the bytes sent, then close
     ``"drop"``           the connection is closed without any response
+    ``"400"``            HTTP 400 with a JSON error body (a request the server refuses: never retried)
 
     python -m memsearch.testing.agent_server --port 8011 --delay-ms 5 --seed 7 \
         --fault 500=0.05 --fault stall=0.02 --stall-ms 2000 --lifetime-s 300
@@ -33,9 +34,11 @@ order in which concurrent requests arrive, and a retried request draws again. Bo
 consecutive faults for one body (so a client with more retries always gets through), and
 ``lifetime_s``: the server shuts itself down after that many seconds (default 300 s whenever
 faults are set; stalls end early on shutdown). It listens on 127.0.0.1 only.
-``echo_key=True`` echoes the request's bearer token (the API key) in every completion and in
-every error body: a canary key must never reach a run folder. ``fault_counts`` counts the
-faults served by kind; ``echoed`` counts echoes.
+``served_name`` makes it answer ``GET /health`` and list that name at ``GET /v1/models``, so it
+can be launched as a service (``serving.started_service`` with a ``command``). ``echo_key=True``
+echoes the request's bearer token (the API key) in every completion and in every error body: a
+canary key must never reach a run folder. ``fault_counts`` counts the faults served by kind;
+``echoed`` counts echoes.
 """
 
 from __future__ import annotations
@@ -53,7 +56,10 @@ from typing import Any
 
 _EID = re.compile(r"\[([^\[\]\s]+:\d+)\]")
 
-FAULT_KINDS = ("500", "429", "stall", "bad_json", "empty_choices", "short_body", "drop")
+# Faults a client with retries gets through (the reliability suite draws all of them), and "400":
+# a refusal no client retries, for a run that must end with failed tasks.
+TRANSIENT_FAULT_KINDS = ("500", "429", "stall", "bad_json", "empty_choices", "short_body", "drop")
+FAULT_KINDS = (*TRANSIENT_FAULT_KINDS, "400")
 
 
 def answer_for(prompt: str) -> str:
@@ -111,7 +117,7 @@ class AgentServer:
     def __init__(self, port: int = 0, delay_s: float = 0.2, fail_every: int = 0, garbage_every: int = 0, *,
                  faults: dict[str, float] | None = None, seed: int = 0, retry_after_s: float = 0.05,
                  stall_s: float = 2.0, max_faults: int = 1000, max_faults_per_request: int = 2,
-                 lifetime_s: float | None = None, echo_key: bool = False) -> None:
+                 lifetime_s: float | None = None, echo_key: bool = False, served_name: str | None = None) -> None:
         self.delay_s, self.fail_every, self.garbage_every = delay_s, fail_every, garbage_every
         self.faults = {k: float(v) for k, v in (faults or {}).items()}
         unknown = sorted(set(self.faults) - set(FAULT_KINDS))
@@ -123,6 +129,7 @@ class AgentServer:
         self.max_faults, self.max_faults_per_request = max_faults, max_faults_per_request
         self.lifetime_s = lifetime_s if lifetime_s is not None else (300.0 if self.faults else None)
         self.echo_key = echo_key
+        self.served_name = served_name
         self.requests = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -164,6 +171,16 @@ class AgentServer:
                 except OSError:
                     pass
 
+            def do_GET(self) -> None:
+                # Only with a served name: a server launched as a service must say it is ready
+                # (/health) and list what it serves (/v1/models), as the engines do.
+                if server.served_name is None or self.path not in ("/health", "/v1/models"):
+                    self._send(404, b'{"error": {"message": "not found"}}')
+                    return
+                listed = {"object": "list", "data": [{"id": server.served_name, "object": "model",
+                                                      "owned_by": "memsearch-agent-server"}]}
+                self._send(200, json.dumps(listed if self.path == "/v1/models" else {"status": "ok"}).encode())
+
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 body = json.loads(raw or b"{}")
@@ -185,7 +202,7 @@ class AgentServer:
                         server._stopping.wait(server.stall_s)
                         self._abort()
                         return
-                    if fault in ("500", "429"):
+                    if fault in ("500", "429", "400"):
                         status = int(fault)
                         payload = {"error": {"message": f"injected {fault}" + (f" for key {key}" if key else "")}}
                         server._count_echo(key)
@@ -306,6 +323,8 @@ def main() -> None:
     parser.add_argument("--lifetime-s", type=float, default=None,
                         help="stop after this long (default 300 s when faults are set)")
     parser.add_argument("--echo-key", action="store_true", help="echo the bearer token in completions and error bodies")
+    parser.add_argument("--served-name", default=None,
+                        help="answer GET /health and list this name at GET /v1/models (as a launched service must)")
     args = parser.parse_args()
     faults = {}
     for item in args.fault:
@@ -314,7 +333,7 @@ def main() -> None:
     server = AgentServer(args.port, args.delay_ms / 1000, args.fail_every, args.garbage_every, faults=faults,
                          seed=args.seed, retry_after_s=args.retry_after_ms / 1000, stall_s=args.stall_ms / 1000,
                          max_faults=args.max_faults, max_faults_per_request=args.max_faults_per_request,
-                         lifetime_s=args.lifetime_s, echo_key=args.echo_key)
+                         lifetime_s=args.lifetime_s, echo_key=args.echo_key, served_name=args.served_name)
     print(f"serving on {server.base_url}", flush=True)
     try:
         server.serve_forever()

@@ -310,8 +310,11 @@ PLACEMENT_FIELDS = ("devices", "gradient_checkpointing", "max_failed_share")
 
 
 def without_placement(dump: dict[str, Any]) -> dict[str, Any]:
-    """A trainer config's JSON dump without ``PLACEMENT_FIELDS``: what a run computes."""
-    return {k: v for k, v in dump.items() if k not in PLACEMENT_FIELDS}
+    """A trainer config's JSON dump without ``PLACEMENT_FIELDS`` and without where served models
+    answer (``config.backend.without_addresses``): what a run computes."""
+    from memsearch.config.backend import without_addresses
+
+    return without_addresses({k: v for k, v in dump.items() if k not in PLACEMENT_FIELDS})
 
 
 class TrainerConfig(TrainSettings):

@@ -8,7 +8,7 @@ its memory mode). Published configs, ``--set`` flags and the ``config.json`` of 
 it the earlier way and must keep meaning the same run, so every reader of raw GRPO fields goes
 through ``upgrade_grpo_keys`` (the config's own validator, a pipeline's trainer table).
 ``flat_grpo_dump`` is the inverse on a dump: what a pipeline stage record of the earlier layout
-fingerprinted (``pipelines.stages.version2_dump``).
+fingerprinted (``pipelines.stage_versions.version2_dump``).
 
     upgrade_grpo_keys({"clip_low": 0.1, "credit": "split"})
     # {"loss": {"clip_low": 0.1}, "credit": {"mode": "split"}}

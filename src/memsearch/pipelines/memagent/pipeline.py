@@ -25,16 +25,14 @@ A stage whose record matches its inputs is skipped; one made from other inputs i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from memsearch.errors import InputError
-from memsearch.io import sha256_file
 from memsearch.pipelines.bookkeeping import record_invocation, source_sha256
 from memsearch.pipelines.memagent.config import MemAgentPipeline
 from memsearch.pipelines.memagent.report import HOTPOT_SET
-from memsearch.pipelines.stages import Stage, grpo_stage, run_folder
+from memsearch.pipelines.stages import Stage, eval_run, grpo_stage, raise_if_unfinished, run_folder
 from memsearch.pipelines.stages import merge_stage as merge_stages
 
 CHECKPOINTS = ("base", "trained")
@@ -165,30 +163,11 @@ def eval_stage(
     limit: int | None = None,
 ) -> dict[str, Any]:
     """One evaluation: ``checkpoint`` (base or trained) on one set (``docs{N}`` or ``hotpotqa``),
-    its first ``limit`` questions when given. Returns its summary."""
-    from memsearch.eval.runner import run_eval
-
+    its first ``limit`` questions when given (``pipelines.stages.eval_run``). Returns its summary."""
     folder = out / "eval" / checkpoint / set_name
-    run_config = cfg.eval_config(model, limit=limit)
-    stage = Stage(
-        folder,
-        "eval",
-        {
-            "run_config": run_config.model_dump(mode="json"),
-            "data_manifest_sha256": sha256_file(data / "manifest.json"),
-            "model": model_fingerprint,
-        },
-        record=folder.parent / f"{set_name}.stage.json",
-    )
-    if stage.done() and (folder / "summary.json").is_file():
-        echo(f"eval {checkpoint} {set_name}: done")
-        return json.loads((folder / "summary.json").read_text())
-    resume = stage.started() and folder.exists()
-    stage.start()
-    echo(f"eval {checkpoint} {set_name}: {'resuming' if resume else 'running'}")
-    summary = run_eval(run_config, data, folder, resume=resume, group=f"{checkpoint}-{set_name}")
-    stage.finish({"summary": str((folder / "summary.json").relative_to(out))})
-    return summary
+    return eval_run(folder, folder.parent / f"{set_name}.stage.json", cfg.eval_config(model, limit=limit), data,
+                    {"model": model_fingerprint}, echo, label=f"eval {checkpoint} {set_name}",
+                    group=f"{checkpoint}-{set_name}", show_progress=True)
 
 
 def run_memagent_pipeline(cfg: MemAgentPipeline, out: str | Path, echo=print) -> dict[str, Any]:
@@ -226,6 +205,7 @@ def run_memagent_pipeline(cfg: MemAgentPipeline, out: str | Path, echo=print) ->
     for verdict in report["verdicts"]:
         echo(verdict["line"])
     echo(f"report: {out / 'report.md'}")
+    raise_if_unfinished(out)
     return report
 
 

@@ -35,11 +35,20 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from memsearch.errors import InputError
+from memsearch.errors import IncompleteResult, InputError
 from memsearch.io import sha256_file
 from memsearch.pipelines.bookkeeping import record_invocation, source_sha256
 from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
-from memsearch.pipelines.stages import Stage, eval_run, folder_sha256, grpo_stage, merge_stage, run_folder, sft_stage
+from memsearch.pipelines.stages import (
+    Stage,
+    eval_run,
+    folder_sha256,
+    grpo_stage,
+    merge_stage,
+    raise_if_unfinished,
+    run_folder,
+    sft_stage,
+)
 
 # ``serve_stage1(seed, merged1)``: a context manager that serves a seed's stage-1 folder and yields
 # (API root, served name) while the held-out grpo row, stage 2 and the matrix run against it.
@@ -47,8 +56,22 @@ from memsearch.pipelines.stages import Stage, eval_run, folder_sha256, grpo_stag
 Stage1Server = Callable[[int, Path, Path], AbstractContextManager[tuple[str, str]]]
 
 
+PREPARED_FILES = ("corpus.jsonl", "tasks.jsonl", "labels.jsonl", "manifest.json")
+
+
 def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str, Any]:
-    """Prepared train and held-out dev folders; refuses a question shared by both."""
+    """Prepared train and held-out dev folders; refuses a question shared by both, and more
+    questions asked (``data.train_questions``, ``dev_questions``, ``val_questions``) than the
+    files hold, before anything is written (``_check_counts``).
+
+    The finished stage records the SHA-256 of every prepared file, and a re-run checks them
+    before anything else runs (``_check_prepared``; a record of before, without them: each file's
+    presence). A missing or changed file is refused, not rebuilt, though the prepare is a pure
+    function of its fingerprinted inputs: the stages after it (the teacher run, the matrices)
+    were made from those files and are skipped when done, so a rebuild would hide that something
+    changed the run folder and overwrite whatever was edited there on purpose. The message says
+    how to rebuild (delete ``prepare/`` and ``prepare.stage.json``; the same command then writes
+    the same bytes again)."""
     from memsearch.data.dataset import save_dataset
     from memsearch.data.validate import validate_data
 
@@ -65,9 +88,11 @@ def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str,
     )
     paths = {"train": folder / "train", "dev": folder / "dev", "val": folder / "val"}
     if stage.done():
+        _check_prepared(stage, paths, ["train", "dev", *(["val"] if cfg.data.val_questions else [])])
         echo(f"prepare: done ({folder})")
     else:
         splits = _splits(cfg, paths)
+        _check_counts(cfg, splits)
         # The leak check runs before anything is written: a refused config must leave no record or
         # folder behind, which would refuse the corrected config as "made from different inputs".
         leaks = _shared_questions(splits, {"train": cfg.data.train, "dev": cfg.data.dev, "val": cfg.data.dev})
@@ -87,8 +112,54 @@ def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str,
                 "\n".join(str(p) for p in problems[:20]) + f"\n{len(problems)} problem(s) between train and "
                 "dev: the held-out questions must never be trained on"
             )
-        stage.finish({"train_dev_overlap": 0})
+        stage.finish({"train_dev_overlap": 0, "sha256": {
+            name: {file: sha256_file(paths[name] / file) for file in PREPARED_FILES} for name in splits}})
     return {**paths, "fingerprint": stage.fingerprint}
+
+
+def _check_counts(cfg: MemoryPolicyPipeline, splits: dict[str, Any]) -> None:
+    """``InputError`` when a split holds fewer questions than its setting asks (the converter
+    stops at the file's end, which cut the split short without a word): the setting, the number
+    asked and the number the file holds (for the validation split, what is left after the
+    held-out questions)."""
+    data, problems = cfg.data, []
+    held = len(splits["train"].tasks)
+    if data.train_questions is not None and held < data.train_questions:
+        problems.append(f"data.train_questions = {data.train_questions}: {data.train} holds {held} questions; set "
+                        f"data.train_questions to at most {held} (or leave it unset: all of them)")
+    dev = len(splits["dev"].tasks)
+    val = len(splits["val"].tasks) if "val" in splits else 0
+    if dev < data.dev_questions:
+        also = (f" (and data.val_questions = {data.val_questions} asks for that many more after them)"
+                if data.val_questions else "")
+        problems.append(f"data.dev_questions = {data.dev_questions}: {data.dev} holds {dev} questions{also}; set "
+                        f"data.dev_questions to at most {dev} (the held-out questions are the first N of data.dev)")
+    elif data.val_questions and val < data.val_questions:
+        problems.append(f"data.val_questions = {data.val_questions}: {data.dev} holds {dev + val} questions, {val} "
+                        f"after the {dev} held-out ones (data.dev_questions); set data.val_questions to at most "
+                        f"{val}, or data.dev_questions lower")
+    if problems:
+        raise InputError("\n".join(problems))
+
+
+def _check_prepared(stage: Stage, paths: dict[str, Path], names: list[str]) -> None:
+    """Refuse a finished prepare whose files (of the splits ``names``) are missing or changed since
+    it recorded them (a record without hashes, from before: missing ones only), naming each file."""
+    recorded = (stage.record().get("outputs") or {}).get("sha256")
+    names = list(recorded) if recorded else names
+    problems = []
+    for name in names:
+        for file in PREPARED_FILES:
+            path = paths[name] / file
+            if not path.is_file():
+                problems.append(f"{path}: missing")
+            elif recorded is not None and (got := sha256_file(path)) != recorded[name][file]:
+                problems.append(f"{path}: SHA-256 {got}, recorded {recorded[name][file]}: changed")
+    if problems:
+        raise InputError("\n".join(problems) + f"\nprepare: {len(problems)} prepared file(s) missing or changed since "
+                         f"the stage finished; the later stages were made from them. Delete {stage.folder} and "
+                         f"{stage.record_path}, then run the same command: it prepares them again (the same inputs "
+                         "give the same bytes)")
 
 
 def validation_split(cfg: MemoryPolicyPipeline):
@@ -157,10 +228,12 @@ def _teacher_rows(out: Path, folder: Path, run_config, role: str, paths: dict[st
     summary = eval_run(
         run, folder / "run.stage.json", run_config, paths["train"], {"prepare": paths["fingerprint"]}, echo
     )
+    if not summary["complete"]:
+        raise IncompleteResult(f"{run}: the teacher run has failed or missing tasks ({summary.get('note')}); not "
+                               "training on it\nrun the same command again: it retries only those tasks")
     if not summary["usable_for_comparison"]:
-        raise InputError(
-            f"{run}: the teacher run is incomplete or had request errors ({summary.get('note')}); not training on it"
-        )
+        raise InputError(f"{run}: the teacher run had request errors or calls cut by the server's context "
+                         f"({summary.get('note')}); not training on it")
     rows = folder / "sft.jsonl"
     stage = Stage(
         folder / "export",
@@ -349,7 +422,8 @@ def _after_merge(cfg: MemoryPolicyPipeline, root: Path, seed: int, paths: dict[s
 def matrix_stage(folder: Path, record: Path, matrix_cfg, paths: dict[str, Any], upstream: dict[str, Any],
                  label: str, echo=print) -> dict[str, Any]:
     """A fingerprinted A-D matrix (``matrix_cfg``) on the held-out dev questions into ``folder``
-    (resumed after a crash); returns its ``matrix.json``."""
+    (resumed after a crash); returns its ``matrix.json``. A group with failed or missing tasks
+    leaves the stage unfinished: the next run resumes it (``pipelines.stages.eval_run``)."""
     from memsearch.eval.matrix import run_matrix
 
     stage = Stage(
@@ -365,24 +439,21 @@ def matrix_stage(folder: Path, record: Path, matrix_cfg, paths: dict[str, Any], 
     stage.start()
     echo(f"{label}: {'resuming' if resume else 'running'} A-D on {paths['dev']}")
     matrix = run_matrix(matrix_cfg, paths["dev"], folder, resume=resume, show_progress=False)
-    stage.finish({"matrix": f"{folder.name}/matrix.json"})
+    incomplete = {g: s for g, s in matrix["groups"].items() if not s["complete"]}
+    if incomplete:
+        echo(f"{label}: INCOMPLETE, group(s) {', '.join(incomplete)} have failed or missing tasks; the same command "
+             "retries them")
+    else:
+        stage.finish({"matrix": f"{folder.name}/matrix.json"})
     return matrix
 
 
-def _launched_port(cfg: MemoryPolicyPipeline, record: Path) -> int:
-    """The launched memory server's port: ``stage2.serve_port``, else the one an earlier start of
-    this stage recorded (the URL is part of the trainer config, so a resume must reuse it), else
-    a free one."""
+def _launched_port(cfg: MemoryPolicyPipeline) -> int:
+    """The launched memory server's port: ``stage2.serve_port``, else a free one (where it answers
+    is no input of the stage: a resume may use another, ``config.backend.ADDRESS_KEYS``)."""
     from memsearch.pipelines.memory_policy.serving import free_port
 
-    if cfg.stage2.serve_port is not None:
-        return cfg.stage2.serve_port
-    if record.is_file():
-        url = (json.loads(record.read_text()).get("inputs", {}).get("memory_server") or {}).get("url") or ""
-        port = url.rsplit(":", 1)[-1].split("/", 1)[0]
-        if url.startswith("http://127.0.0.1:") and port.isdigit():
-            return int(port)
-    return free_port()
+    return cfg.stage2.serve_port if cfg.stage2.serve_port is not None else free_port()
 
 
 def stage2_stage(
@@ -400,7 +471,7 @@ def stage2_stage(
     """``seed-N/grpo2``: GRPO of the controller (from ``adapter``, the controller's SFT adapter, or
     a fresh LoRA) with ``merged1`` frozen as memory backend, in process or over HTTP
     (``stage2.memory_serving``). Over HTTP the stage record also names the server
-    (``inputs.memory_server``: how it was served, its URL and model name); the server is started
+    (``inputs.memory_server``: how it was served and its model name; its URL is no input); the server is started
     (launched) or checked (user-run) only while the stage trains, unless the seed's stage-1 server
     (``served``: API root, served name; ``stage1_serving = 'http'``) already answers."""
     from functools import partial
@@ -412,7 +483,7 @@ def stage2_stage(
     start = str(adapter) if adapter is not None else None
     if served:
         grpo = cfg.stage2_config(train, seed, str(merged1), val, adapter=start, served=served)
-        server = {"serving": "stage1_serving", "url": served[0], "model": served[1]}
+        server = {"serving": "stage1_serving", "base_url": served[0], "model": served[1]}
         return grpo_stage(root / "grpo2", record, grpo, {**upstream, "memory_server": server}, echo,
                           on_collapse=cfg.on_collapse)
     if s2.memory_serving == "in_process":
@@ -422,10 +493,10 @@ def stage2_stage(
         )
     if s2.memory_url:
         around = partial(serving.user_server, s2.memory_url, s2.memory_model)
-        server = {"serving": "user", "url": s2.memory_url, "model": s2.memory_model}
+        server = {"serving": "user", "base_url": s2.memory_url, "model": s2.memory_model}
         grpo = cfg.stage2_config(train, seed, str(merged1), val, adapter=start)
     else:
-        port = _launched_port(cfg, record)
+        port = _launched_port(cfg)
         url = f"http://127.0.0.1:{port}/v1"
         around = partial(
             serving.launched_server,
@@ -437,7 +508,7 @@ def stage2_stage(
             echo,
             cfg.devices.visible("stage1") if "stage1" in cfg.devices.services else None,
         )
-        server = {"serving": "transformers serve", "url": url, "model": str(merged1), "args": s2.serve_args}
+        server = {"serving": "transformers serve", "base_url": url, "model": str(merged1), "args": s2.serve_args}
         grpo = cfg.stage2_config(train, seed, str(merged1), val, launched_url=url, adapter=start)
     return grpo_stage(root / "grpo2", record, grpo, {**upstream, "memory_server": server}, echo, around,
                       on_collapse=cfg.on_collapse)
@@ -485,7 +556,9 @@ def run_memory_policy_pipeline(cfg: MemoryPolicyPipeline, out: str | Path, echo=
     with run_folder(out):
         paths = prepare_stage(cfg, out, echo)
         shared, seeds = run_stages(cfg, out, paths, echo)
-    return write_report(cfg, out, shared, seeds, echo)
+    report = write_report(cfg, out, shared, seeds, echo)
+    raise_if_unfinished(out)
+    return report
 
 
 def run_stages(cfg: MemoryPolicyPipeline, out: Path, paths: dict[str, Any], echo=print,

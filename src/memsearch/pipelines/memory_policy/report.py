@@ -76,6 +76,12 @@ def format_cell(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
+def usable_cell(row: dict[str, Any]) -> str:
+    """A row's "usable" cell: ``INCOMPLETE`` when tasks failed or are missing (the same command
+    retries them), else yes / NO."""
+    return "INCOMPLETE" if not row.get("complete", True) else format_cell(row["usable_for_comparison"])
+
+
 def _backend(b: dict[str, Any]) -> str:
     return b["kind"] if b["kind"] in ("rules", "oracle", "fixed") else f"{b['kind']}:{Path(b['model']).name}"
 
@@ -142,7 +148,7 @@ def render_heldout(cfg, comparison: dict[str, Any]) -> list[str]:
                         _invalid_cell(calls["invalid"]),
                         ops,
                         str(r["questions"]),
-                        format_cell(r["usable_for_comparison"]),
+                        usable_cell(r),
                     ]
                 )
                 + " |"
@@ -266,7 +272,7 @@ def render(cfg, sections: list[dict[str, Any]], comparison: dict[str, Any] | Non
                         str(r["request_errors"]),
                         str(r["memory_truncations"]),
                         format_cell(r["complete"]),
-                        format_cell(r["usable_for_comparison"]),
+                        usable_cell(r),
                     ]
                 )
                 + " |"
@@ -348,6 +354,12 @@ def write_mp_report(
     plot_curves(panels, out / "curves.png")
     times = stage_times(out)
     table = render(cfg, sections, comparison) + render_stage_times(times)
+    from memsearch.pipelines.stages import unfinished_stages
+
+    if unfinished := unfinished_stages(out):  # said first: no number below is a result
+        table = table.replace("# Memory-policy pipeline\n", "# Memory-policy pipeline\n\n**INCOMPLETE**: stage(s) "
+                              f"{', '.join(unfinished)} have failed or missing tasks (their rows: INCOMPLETE); not a "
+                              "result. The same command retries only those tasks.\n", 1)
     heldout_usable = comparison is None or all(
         r["usable_for_comparison"]
         for rows in (comparison["policies"]["shared"], *comparison["policies"]["seeds"].values())
@@ -358,7 +370,8 @@ def write_mp_report(
         "stage2": cfg.stage2.enabled,
         "heldout": comparison and {k: comparison[k] for k in ("per_seed", "over_seeds")},
         "stage_times": times,
-        "usable_for_comparison": heldout_usable
+        "unfinished_stages": unfinished,
+        "usable_for_comparison": not unfinished and heldout_usable
         and all(r["usable_for_comparison"] for s in sections for r in s["rows"]),
     }
     write_json(out / "report.json", report)

@@ -73,5 +73,5 @@ def launched_server(model: Path, port: int, log: Path, timeout_s: float = 300.0,
                        start_timeout_s=timeout_s)
     visible = None if gpus is None else [int(g) for g in gpus.split(",") if g.strip()]
     with started_service("memory", spec, log, visible, echo, title="memory server",
-                         timeout_key="stage2.serve_start_timeout_s") as service:
+                         timeout_key="stage2.serve_start_timeout_s", port_key="stage2.serve_port") as service:
         yield service.url
