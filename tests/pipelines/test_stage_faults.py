@@ -157,7 +157,8 @@ def _agent_server(*args: str):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "memsearch.testing.agent_server", "--port", str(port),
-                               "--delay-ms", "5", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               "--delay-ms", "5", "--served-name", "smollm2", *args],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(200):
             try:

@@ -305,6 +305,20 @@ def test_a_server_that_dies_while_in_use_interrupts_the_block(script, tmp_path):
     assert time.monotonic() - started < 20
 
 
+def test_an_unwatched_server_may_die_while_the_block_goes_on(script, tmp_path):
+    """``watch_death=False`` (a test that kills the server its clients use, on purpose): the block
+    is neither interrupted nor failed at its end; the server is still stopped and its port free."""
+    port = free_port()
+    with running_services({"reader": spec_for(script, port)}, tmp_path, echo=lambda _: None,
+                          watch_death=False) as services:
+        pid = services["reader"].pid
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(1.5)  # three watcher polls, were it watched
+        went_on = True
+    assert went_on and not process_running(pid) and not port_in_use("127.0.0.1", port)
+    assert (tmp_path / "reader.log").read_text().splitlines()[-1].endswith("stopped (exit status -9)")
+
+
 def test_each_of_several_services_is_watched_and_a_deliberate_stop_is_no_death(script, tmp_path):
     specs = {"reader": spec_for(script, free_port()), "stage1": spec_for(script, free_port())}
     theirs: list[int] = []

@@ -26,7 +26,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Collection, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -397,7 +397,7 @@ def _watched(name: str, label: str, proc: subprocess.Popen, log: Path) -> Iterat
 @contextmanager
 def started_service(name: str, spec: ServiceSpec, log: Path, gpus: list[int] | None = None, echo=print,
                     title: str | None = None, timeout_key: str | None = None,
-                    port_key: str | None = None) -> Iterator[RunningService]:
+                    port_key: str | None = None, watch_death: bool = True) -> Iterator[RunningService]:
     """One server: started in a session of its own (its output appended to ``log`` after a
     header line and its pid), guarded by a reaper (stopped if this process dies), waited for
     until it is the one listening on its port, yielded as a ``RunningService``, stopped on exit
@@ -408,7 +408,8 @@ def started_service(name: str, spec: ServiceSpec, log: Path, gpus: list[int] | N
 
     If the server exits on its own while the block is active, the block is interrupted (main
     thread: at once, by ``DEATH_SIGNAL``; other threads: when it ends) with ``ServiceDied``
-    quoting its log; the stop still happens."""
+    quoting its log; the stop still happens. ``watch_death=False``: not watched (a caller that
+    lets others use the server and kills it on purpose, as a test of those others does)."""
     check_engine_installed(name, spec)
     command = launch_command(spec)
     # A custom command is not the engine's server: messages name what was started.
@@ -438,7 +439,7 @@ def started_service(name: str, spec: ServiceSpec, log: Path, gpus: list[int] | N
                                name, port_key)
         echo(f"{title or f'service {name}'}: {label} {spec.model} at {url} (pid {proc.pid}, ready in "
              f"{time.perf_counter() - start:.1f} s; log {log})")
-        with _watched(name, label, proc, log) as watch:
+        with _watched(name, label, proc, log) if watch_death else nullcontext() as watch:
             yield RunningService(name, spec.engine, url, spec.name_served, proc.pid, log, identity, started)
     except BaseException as exc:
         error = exc
@@ -458,7 +459,7 @@ def started_service(name: str, spec: ServiceSpec, log: Path, gpus: list[int] | N
 
 @contextmanager
 def running_services(specs: Mapping[str, ServiceSpec], log_dir: Path, gpus: Mapping[str, list[int]] | None = None,
-                     echo=print) -> Iterator[dict[str, RunningService]]:
+                     echo=print, watch_death: bool = True) -> Iterator[dict[str, RunningService]]:
     """Start every service of ``specs`` (ports checked first; each logs to ``log_dir/NAME.log``,
     sees ``gpus[NAME]`` as ``CUDA_VISIBLE_DEVICES`` when given) and yield them by name once all
     are ready; on exit, normal or not (an error, Ctrl-C, ``SystemExit`` from
@@ -469,7 +470,8 @@ def running_services(specs: Mapping[str, ServiceSpec], log_dir: Path, gpus: Mapp
         for name, spec in specs.items():
             service_gpus = None if gpus is None or name not in gpus else list(gpus[name])
             running[name] = stack.enter_context(
-                started_service(name, spec, Path(log_dir) / f"{name}.log", service_gpus, echo)
+                started_service(name, spec, Path(log_dir) / f"{name}.log", service_gpus, echo,
+                                watch_death=watch_death)
             )
         yield running
 
