@@ -192,3 +192,14 @@ def test_an_eval_with_failed_tasks_stays_open_and_its_rerun_retries_them(tmp_pat
     assert again["complete"] is True and again["tasks"] == {**again["tasks"], "failed": 0, "scored": 3, "retried": 3}
     assert json.loads(record.read_text())["complete"] is True and unfinished_stages(out) == []
     raise_if_unfinished(out)  # nothing left: no error
+
+
+def test_a_stage_an_earlier_invocation_left_open_is_no_failed_task_of_this_one(tmp_path):
+    """Only what this process left open with failed tasks ends a command incomplete: a stage
+    another invocation started and never finished (interrupted, or a seed no longer run) does not."""
+    out = tmp_path / "exp"
+    with run_folder(out):
+        Stage(out / "seed-2" / "sft", "sft", {"a": 1}, out / "seed-2" / "sft.stage.json").start()
+    assert json.loads((out / "seed-2" / "sft.stage.json").read_text())["complete"] is False
+    assert unfinished_stages(out) == []
+    raise_if_unfinished(out)

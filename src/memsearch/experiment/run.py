@@ -194,7 +194,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, echo=print, profile: 
 # this process must not touch CUDA before the training layout applies (devices.apply_training_layout).
 _CHECK = """import json, sys
 from memsearch.devices import DeviceLayout, check_devices
-from memsearch.errors import IncompleteResult, InputError
+from memsearch.errors import InputError
 try:
     layout = DeviceLayout.model_validate_json(sys.argv[1])
     record = check_devices(layout, echo=lambda line: print(line, file=sys.stderr))

@@ -246,10 +246,30 @@ def stage_states(out: Path) -> dict[str, bool]:
     return states
 
 
+# Stage records this process left open because tasks failed (``leave_open``), by run folder: what
+# makes a command end incomplete. A record left open by an interrupted earlier invocation, or by a
+# stage this one no longer runs (another seed list), is no failed task of this invocation.
+_LEFT_OPEN: dict[Path, set[Path]] = {}
+
+
+def leave_open(stage: Stage) -> None:
+    """Note that ``stage`` ends this invocation unfinished because some of its tasks failed or are
+    missing (its record stays open: the next run of the same command resumes it)."""
+    out = _RUN_FOLDER.get()
+    if out is not None:
+        _LEFT_OPEN.setdefault(Path(out).resolve(), set()).add(stage.record_path.resolve())
+
+
 def unfinished_stages(out: Path) -> list[str]:
-    """The stages under ``out`` that started and did not finish: after a run that returned, the
-    ones with failed or missing tasks (an eval or matrix), which the same command retries."""
-    return [name for name, done in stage_states(out).items() if not done]
+    """The stages of ``out`` (by record name, ``seed-1/matrix``) this process left open with
+    failed or missing tasks (``leave_open``) and that are still not finished, in name order."""
+    root = Path(out).resolve()
+    names = []
+    for path in _LEFT_OPEN.get(root, ()):
+        record = read_stage_record(path) if path.is_file() else None
+        if record is not None and not record.get("complete"):
+            names.append(path.relative_to(root).as_posix().removesuffix(".stage.json").removesuffix(f"/{RECORD}"))
+    return sorted(names)
 
 
 def raise_if_unfinished(out: Path) -> None:
@@ -505,6 +525,7 @@ def eval_run(
     if summary["complete"]:
         stage.finish({"summary": "summary.json"})
     else:
+        leave_open(stage)
         echo(f"{label}: INCOMPLETE, {incomplete_words(summary)}; the same command retries them")
     return summary
 

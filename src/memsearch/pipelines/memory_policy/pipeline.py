@@ -44,6 +44,7 @@ from memsearch.pipelines.stages import (
     eval_run,
     folder_sha256,
     grpo_stage,
+    leave_open,
     merge_stage,
     raise_if_unfinished,
     run_folder,
@@ -441,6 +442,7 @@ def matrix_stage(folder: Path, record: Path, matrix_cfg, paths: dict[str, Any], 
     matrix = run_matrix(matrix_cfg, paths["dev"], folder, resume=resume, show_progress=False)
     incomplete = {g: s for g, s in matrix["groups"].items() if not s["complete"]}
     if incomplete:
+        leave_open(stage)
         echo(f"{label}: INCOMPLETE, group(s) {', '.join(incomplete)} have failed or missing tasks; the same command "
              "retries them")
     else:
