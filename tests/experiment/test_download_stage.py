@@ -118,8 +118,13 @@ def test_an_html_page_at_a_data_url_is_refused_with_nothing_kept_and_the_fixed_u
                                                "dev/dev_distractor_sample.json.sha256"]
 
     good = f"{web.url}/hotpot_train_v1.1.json"
+    lines.clear()
     files = download_stage(_cfg(good, dev), tmp_path, echo=lines.append)
-    assert any(line.startswith("download: unfinished, and its inputs changed since (train.source)") for line in lines)
+    assert lines[0] == ("download: unfinished, and its inputs changed since (train.source); redoing what they made, "
+                        "keeping the rest")
+    # Only the corrected split is fetched: the dev file finished before is reused, not fetched again.
+    assert any(line.startswith(f"{tmp_path / 'data' / 'dev' / 'dev_distractor_sample.json'}: already there")
+               and line.endswith("reused") for line in lines), lines
     assert files["train"]["sha256"] == sha256_file(SAMPLES / "train_sample.json")
     assert json.loads((tmp_path / "download.stage.json").read_text())["complete"] is True
     assert json.loads((tmp_path / "data" / "manifest.json").read_text())["files"]["train"]["source"] == good

@@ -188,7 +188,8 @@ def test_a_page_at_a_data_url_then_the_fixed_url_then_damaged_records(tiny_model
 
     assert second.returncode == 2, second.stderr[-2000:]
     assert "exited with status 3 before answering /health" in second.stderr  # the reader: past every data stage
-    assert "download: unfinished, and its inputs changed since (train.source); starting it over" in second.stdout
+    assert ("download: unfinished, and its inputs changed since (train.source); redoing what they made, keeping the "
+            "rest") in second.stdout
     assert written["files"]["train"]["source"] == good
     assert json.loads((out / "prepare.stage.json").read_text())["complete"] is True
 

@@ -48,7 +48,8 @@ def download_stage(cfg: ExperimentConfig, out: Path, echo=print) -> dict[str, An
     sources = {name: {"source": getattr(cfg.data, name), "sha256": getattr(cfg.data, f"{name}_sha256")}
                for name in SPLITS}
     stage = Stage(folder, "download", sources, out / "download.stage.json")
-    stage.restart_if_changed(echo)  # e.g. a local path given after the URL could not be reached
+    # e.g. a local path given after the URL could not be reached: only that split is fetched again
+    stage.restart_if_changed(echo, {name: folder / name for name in SPLITS})
     _adopt_same_bytes(stage, sources, folder, echo)
     done = stage.done()
     record = stage.record() if done else None

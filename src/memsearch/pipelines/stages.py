@@ -148,15 +148,28 @@ class Stage:
             "the stage"
         )
 
-    def restart_if_changed(self, echo=print) -> None:
+    def restart_if_changed(self, echo=print, outputs_of: dict[str, Path] | None = None) -> None:
         """For a stage whose unfinished outputs nothing else reads (a download): a record that never
         finished, made from other inputs, is removed with the stage's folder, so a corrected config
         (a local path after an offline failure) starts the stage over instead of being refused. A
-        finished stage is kept and refused as ever."""
+        finished stage is kept and refused as ever. ``outputs_of``: the outputs made from each
+        top-level input; then only those of the inputs that changed are removed, the rest kept
+        for the stage to reuse (one corrected data URL does not fetch the other file again)."""
         record = self.record()
         if record is None or record.get("complete") or record.get("fingerprint") == self.fingerprint:
             return
-        changed = ", ".join(_changed(record.get("inputs", {}), self.inputs)[:8]) or "inputs"
+        before = record.get("inputs", {})
+        changed = ", ".join(_changed(before, self.inputs)[:8]) or "inputs"
+        keys = [k for k in set(before) | set(self.inputs) if before.get(k) != self.inputs.get(k)]
+        if outputs_of is not None and set(keys) <= set(outputs_of):
+            echo(f"{self.name}: unfinished, and its inputs changed since ({changed}); redoing what they made, "
+                 "keeping the rest")
+            for key in keys:
+                shutil.rmtree(outputs_of[key], ignore_errors=True)
+            # Still unfinished, now for today's inputs: what is kept was made from inputs that did not change.
+            write_json(self.record_path, {**record, "version": RECORD_VERSION, "fingerprint": self.fingerprint,
+                                          "inputs": self.inputs})
+            return
         echo(f"{self.name}: unfinished, and its inputs changed since ({changed}); starting it over")
         shutil.rmtree(self.folder, ignore_errors=True)
         self.record_path.unlink()
