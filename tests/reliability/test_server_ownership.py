@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,20 @@ def _cleanup(*pids: int) -> None:
             os.killpg(pid, signal.SIGKILL)
 
 
+@contextmanager
+def _serving(script: Path, port: int, folder: Path):
+    """A child run started on ``port``, yielded with its server's event once it serves; the run and
+    its server are killed on the way out, whatever the test did to them."""
+    run, server = Run(script, port, folder), None
+    try:
+        server = run.event()
+        yield run, server
+    finally:
+        run.kill()
+        if server:
+            _cleanup(server["pid"])
+
+
 def test_a_second_run_on_the_same_port_is_refused_and_leaves_the_first_serving(script, tmp_path, rel):
     started = time.perf_counter()
     port = free_port()
@@ -146,10 +161,7 @@ def test_a_second_run_on_the_same_port_is_refused_and_leaves_the_first_serving(s
 def test_kill_9_of_a_run_leaves_no_server_serving(script, tmp_path, rel):
     started = time.perf_counter()
     port = free_port()
-    run = Run(script, port, tmp_path)
-    server = None
-    try:
-        server = run.event()
+    with _serving(script, port, tmp_path) as (run, server):
         run.proc.send_signal(signal.SIGKILL)
         run.proc.wait(10)
         took = gone_within(server["pid"], port, 15)
@@ -157,19 +169,12 @@ def test_kill_9_of_a_run_leaves_no_server_serving(script, tmp_path, rel):
                           seconds=time.perf_counter() - started)
         assert took is not None, "the server still serves 15 s after kill -9 of its run"
         assert took < 5, took
-    finally:
-        run.kill()
-        if server:
-            _cleanup(server["pid"])
 
 
 def test_a_server_left_by_a_killed_run_and_reaper_is_found_and_stopped_by_the_next(script, tmp_path, rel):
     started = time.perf_counter()
     port = free_port()
-    run = Run(script, port, tmp_path / "a")
-    server = None
-    try:
-        server = run.event()
+    with _serving(script, port, tmp_path / "a") as (run, server):
         os.kill(server["reaper"], signal.SIGKILL)
         run.proc.send_signal(signal.SIGKILL)
         run.proc.wait(10)
@@ -192,19 +197,12 @@ def test_a_server_left_by_a_killed_run_and_reaper_is_found_and_stopped_by_the_ne
             f"service reader: pid {server['pid']} from the previous invocation")
         assert again["pid"] != server["pid"] and code == 128 + signal.SIGTERM, err
         assert not process_running(server["pid"]) and recorded_orphans(record) == []
-    finally:
-        run.kill()
-        if server:
-            _cleanup(server["pid"])
 
 
 def test_a_server_killed_while_the_run_uses_it_ends_the_run_at_once(script, tmp_path, rel):
     started = time.perf_counter()
     port = free_port()
-    run = Run(script, port, tmp_path)
-    server = None
-    try:
-        server = run.event()
+    with _serving(script, port, tmp_path) as (run, server):
         t0 = time.monotonic()
         os.kill(server["pid"], signal.SIGKILL)
         code, err = run.end(timeout=30)
@@ -216,7 +214,3 @@ def test_a_server_killed_while_the_run_uses_it_ends_the_run_at_once(script, tmp_
             f"(killed by signal SIGKILL) while the run was using it; the end of its log ({server['log']}):"), err
         assert took < 5, took
         assert not port_in_use("127.0.0.1", port)
-    finally:
-        run.kill()
-        if server:
-            _cleanup(server["pid"])
