@@ -16,9 +16,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
-from pydantic import Field, ModelWrapValidatorHandler, ValidationError, ValidationInfo, model_validator
+from pydantic import (
+    Field,
+    ModelWrapValidatorHandler,
+    ValidationError,
+    ValidationInfo,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import core_schema
 
 from memsearch.config.strict import KeyProblems, StrictConfig, config_check, validation_problems
@@ -69,9 +76,10 @@ _LEGACY_FIELDS: tuple[tuple[str, Any], ...] = (
 # What earlier flat forms wrote for an unset key besides the values above (max_retries was 4
 # until the retry window came): their run folders hold it in every role's table.
 _EARLIER_UNSET: dict[str, tuple[Any, ...]] = {"max_retries": (4,), "schema_style": ("auto",)}
-# Keys the openai kind gained after the flat form, at their unset values: a table composed from an
-# openai one (a pipeline's local backend on the served memory's settings) holds them.
-_LATER_UNSET: dict[str, Any] = {"engine": "auto"}
+# Keys kinds gained after the flat form, at their unset values: a table composed from another
+# kind's (a pipeline's local backend on the served memory's settings; the rules row of the demo
+# from an hf one) holds them.
+_LATER_UNSET: dict[str, Any] = {"engine": "auto", "weights": "float32"}
 
 
 def _legacy_default(kind: str, key: str) -> Any:
@@ -243,6 +251,11 @@ class OracleSettings(BackendConfig):
     )
 
 
+# How the hf kind holds the model's weights (HFSettings.weights, backends.hf.q4).
+HFWeights = Literal["float32", "q4"]
+HF_WEIGHTS: tuple[str, ...] = get_args(HFWeights)
+
+
 class HFSettings(BackendConfig):
     """The ``hf`` kind: a local transformers model, optionally with a LoRA adapter."""
 
@@ -251,10 +264,34 @@ class HFSettings(BackendConfig):
     model: str = Field("embedded", description="'embedded' (the packaged tiny model) or a local model folder")
     adapter: str | None = Field(None, description="A LoRA adapter folder loaded over the model")
     max_concurrency: int = Field(16, ge=1, description="Largest dynamic batch of the local decoder")
+    weights: HFWeights = Field(
+        "float32",
+        description="float32: the reference; q4: the embedded model's own 4-bit GGUF blocks on PyTorch's int4 CPU "
+        "kernel (model = 'embedded', no adapter, CPU), 3-4x faster one-stream decode and other numbers "
+        "(docs/results/decode_speed.md). Left out of saved configs at float32, so earlier records match",
+    )
+
+    @config_check
+    def _q4_runs_the_embedded_blocks(self, context: dict[str, Any]) -> None:
+        if self.weights == "q4" and (self.model != "embedded" or self.adapter is not None):
+            what = f"adapter {self.adapter!r}" if self.adapter is not None else f"model {self.model!r}"
+            raise KeyProblems(("weights", "'q4' runs the embedded model's own GGUF blocks: it needs model = "
+                               f"'embedded' and no adapter; use weights = 'float32' with {what}"))
+
+    @model_serializer(mode="wrap")
+    def _omit_reference_weights(self, handler):
+        # At its default the field is left out of every dump: stage fingerprints and saved
+        # configs of float32 runs stay those of the versions before the field existed.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("weights") == "float32":
+            data.pop("weights")
+        return data
 
     def recorded_identity(self) -> dict[str, Any]:
-        """See ``BackendConfig.recorded_identity``."""
-        return {"model": self.model, "adapter": self.adapter, "base_url": None}
+        """See ``BackendConfig.recorded_identity``; ``weights`` only where it is not float32 (the
+        form every earlier summary holds), so q4 results never resume a float32 run."""
+        identity = {"model": self.model, "adapter": self.adapter, "base_url": None}
+        return identity if self.weights == "float32" else {**identity, "weights": self.weights}
 
 
 class OpenAISettings(BackendConfig):

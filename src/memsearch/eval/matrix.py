@@ -84,12 +84,13 @@ def compare(out: Path, groups: list[str], resamples: int) -> list[dict[str, Any]
 def memory_label(backend: dict[str, Any]) -> str:
     """Short name of the backend that wrote a group's memory: ``rules``, ``hf:<model folder name>``,
     ``+<adapter folder name>`` when an adapter is loaded, ``@host:port`` of a served model (two
-    servers may serve the same model name)."""
+    servers may serve the same model name), ``/q4`` for the hf kind's 4-bit weights."""
     if backend["kind"] in ("rules", "oracle"):
         return backend["kind"]
     label = f"{backend['kind']}:{Path(backend['model']).name}"
     if backend.get("base_url"):
         label += "@" + urlsplit(backend["base_url"]).netloc
+    label += f"/{backend['weights']}" if backend.get("weights") else ""  # recorded only off float32
     return label + (f"+{Path(backend['adapter']).name}" if backend.get("adapter") else "")
 
 

@@ -425,6 +425,8 @@ def model_identity(config) -> dict[str, Any]:
         if isinstance(backend, HFSettings):
             entry["model"] = backend.model
             entry["model_files"] = _model_files(backend.model)
+            if backend.weights != "float32":  # the engine: recorded off the reference only, as earlier runs have it
+                entry["weights"] = backend.weights
             if backend.adapter:
                 adapter = Path(backend.adapter)
                 if not adapter.is_dir():

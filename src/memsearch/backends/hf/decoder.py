@@ -121,7 +121,11 @@ class BatchDecoder:
         seed: int = 0,
         share_prompts: bool = True,
         prompt_store_tokens: int = 8192,
+        forward: Callable[..., torch.Tensor] | None = None,
     ) -> None:
+        """``forward``: computes the last position's logits in place of the model's own forward
+        (``hf.q4.Q4Forward``), with the same arguments as ``_forward``; the model still supplies
+        the config, the cache layout and the tokens that end a row."""
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
@@ -153,6 +157,7 @@ class BatchDecoder:
         # soft-capping): run the decoder and the head ourselves (see ``_forward``).
         self._body = None
         self._head_weight = None
+        self._own_forward = forward
         parts = None if hasattr(model, "peft_config") else plain_head(model)
         if parts is not None and self._cache_kw in inspect.signature(type(parts[0]).forward).parameters:
             self._body, self._head_weight = parts[0], parts[1].weight
@@ -299,6 +304,8 @@ class BatchDecoder:
 
     def _forward(self, input_ids, mask, position_ids, cache) -> torch.Tensor:
         """Logits (float32) of the last position of each row."""
+        if self._own_forward is not None:
+            return self._own_forward(input_ids, mask, position_ids, cache)
         if self._body is not None:
             out = self._body(
                 input_ids=input_ids,
