@@ -61,8 +61,8 @@ def _full_logits(model, ids: list[int]) -> torch.Tensor:
 
 def test_q4_logits_are_the_float32_logits_up_to_bfloat16_round_off(q4):
     """A prefill and a decode step of the q4 forward against one float32 forward of the same ids:
-    the same top token, and logits within the round-off of bfloat16 matmul inputs (measured:
-    ~0.1 of logits that span ~30)."""
+    the same top token, and logits within the round-off of bfloat16 weights and matmul inputs
+    (measured here: at most 0.29-0.33 apart, of logits spanning 32-40; cosine 0.99998-0.99999)."""
     from transformers import DynamicCache
 
     from memsearch.backends.hf.kv_cache import slab_layer_class
@@ -79,8 +79,8 @@ def test_q4_logits_are_the_float32_logits_up_to_bfloat16_round_off(q4):
         stepped = decoder._forward(torch.tensor([[ids[-1]]]), step_mask, torch.tensor([[len(ids) - 1]]), cache)[0]
     for got, reference in ((prefilled, _full_logits(q4.model, ids[:-1])), (stepped, _full_logits(q4.model, ids))):
         assert got.argmax() == reference.argmax()
-        assert (got - reference).abs().max() < 0.5, (got - reference).abs().max()
-        assert torch.nn.functional.cosine_similarity(got, reference, dim=0) > 0.9999
+        assert (got - reference).abs().max() < 1.0, (got - reference).abs().max()
+        assert torch.nn.functional.cosine_similarity(got, reference, dim=0) > 0.9998
         assert (got - reference).abs().max() > 0  # it is another engine, not the float32 path
 
 

@@ -10,9 +10,11 @@ Why
     (``aten._weight_int4pack_mm_for_cpu``) instead: about a fifth of the bytes per token.
 
 What changes in the numbers (against ``float32``, the reference)
-    - the block scales and zero points are held in bfloat16 (the kernel's form; ``m + 8 d``
-      as the zero point, since the kernel computes ``(q - 8) * scale + zero``), and the output
-      head is the float32 head rounded to bfloat16: relative weight error at most 2**-9;
+    - decode (one position a row): the block scales and zero points are held in bfloat16 (the
+      kernel's form; ``m + 8 d`` as the zero point, since the kernel computes
+      ``(q - 8) * scale + zero``); prefill (several positions a row): oneDNN's bfloat16 GEMM on
+      the dequantized weights rounded to bfloat16, twice the int4 kernel's speed there; the
+      output head is the float32 head rounded to bfloat16. Relative weight error at most 2**-9;
     - the inputs of those matmuls are rounded to bfloat16; products accumulate in float32;
     - norms, rotary embedding, attention, the residual stream and the KV cache stay float32.
     Greedy answers agree with float32 on most prompts, not all (docs/results/decode_speed.md);
@@ -20,11 +22,17 @@ What changes in the numbers (against ``float32``, the reference)
 
 How
     ``Q4Forward`` is a decoder forward of its own for the Llama architecture (the embedded
-    model's): q/k/v and gate/up as one matmul each, a rotary table computed once, one SDPA call
-    per layer. ``BatchDecoder`` calls it in place of the transformers forward, for prefill and
-    decode alike, with the same in-place KV cache, so batching, shared prompts and constraints
-    work as before. Each row's numbers do not depend on which rows share its batch beyond
-    float round-off (every phase takes the same kernels).
+    model's): q/k/v and gate/up as one matmul each, a rotary table computed once. ``BatchDecoder``
+    calls it in place of the transformers forward, with the same in-place KV cache, so batching,
+    shared prompts and constraints work as before.
+
+Batch invariance
+    A row's logits are the same bit for bit alone or in any batch (left padding, joining a
+    running batch; tested): each row attends over its own real columns with an SDPA call of its
+    own, and the int4 kernel and the bfloat16 GEMM (for two or more rows) give a row the same sums
+    whatever the others. Without it, float32 round-off that masking and padding put into the
+    attention flipped bfloat16 roundings downstream: 3 of 16 greedy completions changed with the
+    batch. (float32 promises no such thing; its differences are just too small to flip a token.)
 """
 
 from __future__ import annotations
