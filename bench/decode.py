@@ -32,11 +32,12 @@ import os
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -44,6 +45,7 @@ from hf_batching import SAMPLE, build_prompts
 
 from memsearch.backends.base import GenerationRequest, SamplingParams
 from memsearch.backends.hf.backend import HFBackend
+from memsearch.serving import ServiceSpec, running_services
 
 ROUNDS = 3
 ONE_STREAM_TOKENS = 128
@@ -100,33 +102,25 @@ class HFEngine:
 
 
 class LlamaServer:
-    """llama.cpp's server on the embedded GGUF: 16 slots, greedy, no prompt cache between requests."""
+    """llama.cpp's server on the embedded GGUF (started by ``serving.running_services``, a custom
+    command): 16 slots, greedy, no prompt cache between requests."""
 
-    def __init__(self, binary: str, gguf: Path, threads: int) -> None:
+    def __init__(self, url: str) -> None:
+        self.root = url.removesuffix("/v1")
+
+    @staticmethod
+    def spec(binary: str, gguf: Path, threads: int) -> ServiceSpec:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-llama-server-{self.port}.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port), "-t", str(threads),
-             "-tb", str(threads), "-np", "16", "-c", str(16 * 2048)],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"llama-server exited with {self.proc.returncode}: see {self.log.name}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        self.close()
-        raise SystemExit(f"llama-server did not become ready in 120 s: see {self.log.name}")
+            port = s.getsockname()[1]
+        return ServiceSpec(engine="llama.cpp", model=str(gguf), served_name="smollm2", port=port, start_timeout_s=120,
+                           command=[binary, "-m", "{model}", "--host", "{host}", "--port", "{port}", "--alias",
+                                    "{served_name}", "-t", str(threads), "-tb", str(threads), "-np", "16",
+                                    "-c", str(16 * 2048)])
 
     def _complete(self, ids: list[int], tokens: int) -> dict:
         body = {"prompt": ids, "n_predict": tokens, "temperature": 0.0, "ignore_eos": True, "cache_prompt": False}
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", json.dumps(body).encode(),
+        req = urllib.request.Request(f"{self.root}/completion", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=600) as r:
             return json.loads(r.read())["timings"]
@@ -142,14 +136,6 @@ class LlamaServer:
         with ThreadPoolExecutor(len(prompts)) as pool:
             timings = list(pool.map(lambda ids: self._complete(ids, BATCH_TOKENS), prompts))
         return sum(t["predicted_n"] for t in timings) / (time.perf_counter() - t0)
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
 
 
 def find_llama_server() -> str | None:
@@ -172,6 +158,27 @@ def agreement(q4: HFEngine, fp32: HFEngine, prompts: list[list[int]]) -> tuple[i
     return same, invariant
 
 
+def measure(engines: dict[str, object], prompts: list[list[int]], long_ids: list[int],
+            binary: str | None) -> dict[str, dict[str, list[float]]]:
+    """Every workload of every engine, ROUNDS times in turn (16 streams: twice)."""
+    print(f"torch threads {torch.get_num_threads()}; one stream: {len(prompts[0])}-token prompt, "
+          f"{ONE_STREAM_TOKENS} new; prefill: {len(long_ids)} tokens; 16 streams: "
+          f"{min(map(len, prompts))}-{max(map(len, prompts))}-token prompts, {BATCH_TOKENS} new each; "
+          f"peer: {binary or 'none (set MEMSEARCH_LLAMA_SERVER)'}", flush=True)
+    figures: dict[str, dict[str, list[float]]] = {name: {"decode": [], "prefill": [], "batch16": []}
+                                                  for name in engines}
+    for round_ in range(ROUNDS):
+        for name, engine in engines.items():
+            f = figures[name]
+            f["decode"].append(engine.decode_tps(prompts[0]))  # type: ignore[attr-defined]
+            f["prefill"].append(engine.prefill_tps(long_ids))  # type: ignore[attr-defined]
+            if round_ < 2:  # the longest workload: two rounds
+                f["batch16"].append(engine.batch_tps(prompts))  # type: ignore[attr-defined]
+            print(f"round {round_ + 1} {name:5s} decode {f['decode'][-1]:6.1f} tok/s  prefill "
+                  f"{f['prefill'][-1]:6.1f} tok/s  16 streams {f['batch16'][-1]:6.1f} tok/s", flush=True)
+    return figures
+
+
 def main() -> None:
     from memsearch.assets.embedded import gguf_path
 
@@ -180,28 +187,14 @@ def main() -> None:
     prompts = [backend.prompt_ids(GenerationRequest(role="reader", messages=m)) for m, _ in build_prompts(backend)]
     long_ids = long_prompt_ids(backend)
     binary = find_llama_server()
-    llama = LlamaServer(binary, gguf_path(), torch.get_num_threads()) if binary else None
-    if llama is not None:
-        engines["llama"] = llama
-    print(f"torch threads {torch.get_num_threads()}; one stream: {len(prompts[0])}-token prompt, "
-          f"{ONE_STREAM_TOKENS} new; prefill: {len(long_ids)} tokens; 16 streams: "
-          f"{min(map(len, prompts))}-{max(map(len, prompts))}-token prompts, {BATCH_TOKENS} new each; "
-          f"peer: {binary or 'none (set MEMSEARCH_LLAMA_SERVER)'}", flush=True)
-    figures: dict[str, dict[str, list[float]]] = {name: {"decode": [], "prefill": [], "batch16": []}
-                                                  for name in engines}
-    try:
-        for round_ in range(ROUNDS):
-            for name, engine in engines.items():
-                f = figures[name]
-                f["decode"].append(engine.decode_tps(prompts[0]))  # type: ignore[attr-defined]
-                f["prefill"].append(engine.prefill_tps(long_ids))  # type: ignore[attr-defined]
-                if round_ < 2:  # the longest workload: two rounds
-                    f["batch16"].append(engine.batch_tps(prompts))  # type: ignore[attr-defined]
-                print(f"round {round_ + 1} {name:5s} decode {f['decode'][-1]:6.1f} tok/s  prefill "
-                      f"{f['prefill'][-1]:6.1f} tok/s  16 streams {f['batch16'][-1]:6.1f} tok/s", flush=True)
-    finally:
-        if llama is not None:
-            llama.close()
+    with ExitStack() as stack:
+        if binary:
+            specs = {"llama": LlamaServer.spec(binary, gguf_path(), torch.get_num_threads())}
+            logs = Path(tempfile.gettempdir()) / f"decode-bench-{os.getpid()}"
+            echo = lambda line: print(line, file=sys.stderr)  # noqa: E731
+            running = stack.enter_context(running_services(specs, logs, echo=echo))
+            engines["llama"] = LlamaServer(running["llama"].url)
+        figures = measure(engines, prompts, long_ids, binary)
     med = {name: {k: statistics.median(v) for k, v in f.items()} for name, f in figures.items()}
     same, invariant = agreement(engines["q4"], engines["fp32"], prompts)  # type: ignore[arg-type]
     result = {
