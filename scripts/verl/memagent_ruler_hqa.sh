@@ -15,9 +15,9 @@ MODEL=${MODEL:?set MODEL to a local Hugging Face model folder}
 OUT=${OUT:-runs/verl-memagent}
 CONFIG=${CONFIG:-configs/memagent.toml}
 
-# verl broadcasts one advantage to every row of a session: credit "share" (the recipe's
-# "split" has no verl equivalent and is refused).
-read -r -a SETS <<< "--set model=$MODEL --set grpo.credit.mode=share ${SET:-}"
+# The recipe's credit ("split": each row a share of its session's advantage) runs on memsearch's
+# trainer registered with verl: the overrides name it and the module that registers it (docs/verl.md).
+read -r -a SETS <<< "--set model=$MODEL ${SET:-}"
 
 # The layout's training GPUs are verl's (a --gpus other than their number is refused); a config
 # without devices.train is refused by `memsearch devices --for train`: GPUS then.

@@ -67,6 +67,21 @@ def verl_case(tmp_path_factory, hotpot_dev_dir):
     return lambda name: _write_case(tmp, name, hotpot_dev_dir)
 
 
+@pytest.fixture
+def credit_case(verl_case):
+    """``credit_case(mode, **credit)``: the group-B case (two searches, the memory trained, a rules
+    reader) with ``credit.mode = mode`` and the other ``[credit]`` keys given; returns its path."""
+
+    def write(mode: str, **credit) -> str:
+        path = verl_case("group_b")
+        keys = "".join(f"\n{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in credit.items())
+        out = path.with_name(f"group_b_{mode}_{'_'.join(f'{k}{v}' for k, v in credit.items())}.toml")
+        out.write_text(path.read_text().replace('mode = "share"', f'mode = "{mode}"{keys}'), encoding="utf-8")
+        return str(out)
+
+    return write
+
+
 def _write_case(tmp: Path, name: str, data: Path) -> Path:
     text = {"memagent": MEMAGENT, "group_b": GROUP_B}[name].format(data=data.as_posix(), repo=REPO.as_posix())
     path = tmp / f"{name}.toml"

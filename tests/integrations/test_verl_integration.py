@@ -41,7 +41,7 @@ def hf_tokenizer():
     return AutoTokenizer.from_pretrained(str(tokenizer_dir()))
 
 
-def _session(setup, task_id, tokenizer, reader=None, prompt_length=4096, response_length=512):
+def _session(setup, task_id, tokenizer, reader=None, prompt_length=4096, response_length=512, **run):
     server = ScriptedServer(tokenizer, reader=reader)
 
     async def encode(messages):
@@ -49,8 +49,8 @@ def _session(setup, task_id, tokenizer, reader=None, prompt_length=4096, respons
 
     policy = VerlPolicyBackend(server, encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), SAMPLING,
                                prompt_length=prompt_length, response_length=response_length)
-    trajectory, outputs, summary = asyncio.run(run_session(setup, task_id, policy))
-    return server, policy, trajectory, outputs, summary
+    rollout = asyncio.run(run_session(setup, task_id, policy, **run))
+    return server, policy, rollout.trajectory, rollout.outputs, rollout.summary
 
 
 def _check_aligned(outputs, server_calls):
@@ -324,8 +324,8 @@ def test_config_refusals_each_with_a_reason(tmp_path, hotpot_dev_dir):
     with pytest.raises(ValueError, match="--data"):
         load_grpo_config(memagent)
     cfg = load_grpo_config(memagent, None, str(hotpot_dev_dir))
-    # the MemAgent recipe: split credit, the embedded model
-    assert [r.split(":")[0] for r in refusals(cfg)] == ["credit.mode = 'split'", "model = 'embedded'"]
+    # the MemAgent recipe: split credit (memsearch's trainer on verl), the embedded model (refused)
+    assert cfg.credit.mode == "split" and [r.split(":")[0] for r in refusals(cfg)] == ["model = 'embedded'"]
     fixed = load_grpo_config(memagent, ["grpo.credit.mode=share", "model=/models/qwen"], str(hotpot_dev_dir))
     with pytest.raises(ValueError, match="cannot count the chunks.*give --rows-per-session"):
         _overrides(fixed)  # the budget tokenizer (the model's) is not here: stated, not guessed
@@ -341,7 +341,7 @@ def test_config_refusals_each_with_a_reason(tmp_path, hotpot_dev_dir):
         cpu,
         [
             "rollout.schema_mode=true",
-            "credit.mode=split",
+            "credit.invalid_decision_credit=none",
             "adapter=runs/sft/adapter",
             "loss.dual_clip=0",
             "lora.dropout=0.1",
@@ -352,7 +352,7 @@ def test_config_refusals_each_with_a_reason(tmp_path, hotpot_dev_dir):
     bad = bad.model_copy(update={"optim": bad.optim.model_copy(update={"max_grad_norm": None})})  # no TOML null
     reasons = refusals(bad)
     assert [r.split(" ")[0].rstrip(":") for r in reasons] == [
-        "credit.mode",
+        "credit.invalid_decision_credit",
         "loss.aggregation",
         "rollout.schema_mode",
         "model",

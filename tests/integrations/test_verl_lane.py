@@ -33,7 +33,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from memsearch.data.dataset import load_dataset  # noqa: E402
-from memsearch.integrations.verl.config import agent_loop_yaml  # noqa: E402
+from memsearch.integrations.verl.config import agent_loop_yaml, load_grpo_config  # noqa: E402
 from memsearch.integrations.verl.data import parquet_rows  # noqa: E402
 from memsearch.testing.scripted_server import ScriptedServer  # noqa: E402
 from memsearch.train.grpo.batch import build_batch  # noqa: E402
@@ -291,7 +291,7 @@ def test_shipped_recipes_compose_with_verls_trainer_config_and_pass_its_validate
     from verl.utils.tracking import Tracking
 
     from memsearch.assets.embedded import tokenizer_dir
-    from memsearch.integrations.verl.config import VERL_LOGGERS, VERL_ROLLOUT_TP, launch_problems, load_grpo_config
+    from memsearch.integrations.verl.config import VERL_LOGGERS, VERL_ROLLOUT_TP, launch_problems
 
     repo = Path(__file__).resolve().parents[2]
     files = ["--data", hotpot_dev_dir, "--train-files", tmp_path / "train.parquet", "--val-files",
@@ -302,7 +302,7 @@ def test_shipped_recipes_compose_with_verls_trainer_config_and_pass_its_validate
         ("configs/train/grpo_gpu.toml", memory, ["--rollout-tp", 1]),  # its layout: one training GPU
         ("configs/train/grpo_gpu.toml", [*memory, "--set", "devices.train=[0,1,2,3,4,5]", "--set",
                                          "devices.services.reader=[7]"], []),  # an 8-GPU node, verl's TP 2
-        ("configs/memagent.toml", ["--set", f"model={model}", "--set", "grpo.credit.mode=share"], []),
+        ("configs/memagent.toml", ["--set", f"model={model}"], []),  # its split credit: memsearch's trainer
     ]
     default = _compose([])
     # why the logger is written: verl's default adds wandb; the TP written is verl's default
@@ -315,6 +315,7 @@ def test_shipped_recipes_compose_with_verls_trainer_config_and_pass_its_validate
         composed = _compose(overrides)
         assert list(composed.trainer.logger) == ["console"]
         assert composed.algorithm.norm_adv_by_std_in_grpo is cfg.credit.std_scale and composed.trainer.use_v1 is True
+        assert composed.trainer.v1.trainer_mode == ("memsearch" if cfg.credit.mode != "share" else "sync")
         rollout, actor = composed.actor_rollout_ref.rollout, composed.actor_rollout_ref.actor
         assert rollout.n == cfg.rollout.group_size
         assert rollout.tensor_model_parallel_size == (launch[1] if launch else VERL_ROLLOUT_TP)
@@ -337,3 +338,166 @@ def test_shipped_recipes_compose_with_verls_trainer_config_and_pass_its_validate
     assert seven.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
     _validate(seven)
     assert launch_problems(7, 1, 2, ["console"])
+
+
+# ---- split and state credit: memsearch's trainer registered with verl (credit.py, trainer.py) ----
+
+
+def test_the_module_the_overrides_name_registers_memsearchs_trainer_in_a_fresh_verl_process(credit_case, tmp_path):
+    # As verl's task runner finds it: a new process whose environment has the overrides' runtime
+    # environment variable imports the module when it imports verl, then get_trainer_cls(name).
+    import os
+    import subprocess
+    import sys
+
+    overrides = _printed_overrides(["--config", credit_case("state", state_group_size=3), "--set",
+                                    "model=/models/m", "--train-files", tmp_path / "t.parquet", "--agent-loops",
+                                    tmp_path / "loops.yaml"])
+    values = dict(o.split("=", 1) for o in overrides)
+    name = values["trainer.v1.trainer_mode"]
+    module = values["+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"]
+    code = ("import verl\nfrom verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls\n"
+            f"cls = get_trainer_cls({name!r})\n"
+            "print(cls.__module__, cls.__qualname__, issubclass(cls, PPOTrainerSync))")
+    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": module}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["memsearch.integrations.verl.trainer", "MemsearchTrainer", "True"]
+    # without the module, verl knows no such trainer
+    env.pop("VERL_USE_EXTERNAL_MODULES")
+    plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert plain.returncode != 0 and "Unknown trainer 'memsearch'" in plain.stderr
+
+
+@pytest.fixture(scope="module")
+def transfer_queue():
+    """verl's TransferQueue on a local Ray (about 30 s on 2 cores): a controller and two storage
+    units, each a Ray actor asking for a CPU, hence the logical CPU count."""
+    import ray
+    import transfer_queue as tq
+
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    tq.init()
+    yield tq
+    tq.close()
+    ray.shutdown()
+
+
+def _tq_worker(tokenizer):
+    # The parts of verl's AgentLoopWorkerTQ its _agent_loop_postprocess uses (as _PostprocessWorker).
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+    worker = _PostprocessWorker(tokenizer)
+    worker.postprocess = AgentLoopWorkerTQ.__ray_metadata__.modified_class._agent_loop_postprocess
+    return worker
+
+
+@pytest.mark.parametrize("mode", ["share", "split", "state"])
+def test_registered_trainer_advantages_through_verls_transfer_queue_equal_memsearchs(
+        mode, verl_case, credit_case, hotpot_dev_dir, tokenizer, transfer_queue, tmp_path):
+    """Two tasks x two sessions of the engine through MemsearchAgentLoop, scored by verl's reward
+    manager, put into the TransferQueue by verl's AgentLoopWorkerTQ postprocessing, padded by
+    verl's upsample_batch_to_divisible_size, then MemsearchTrainer._compute_advantage (verl's own
+    step first) on the config `memsearch verl config` composes: every row's advantage equals
+    memsearch's trainer's (build_batch / build_state_batch) to 1e-6; padding rows 0."""
+    from tensordict import TensorDict
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    from memsearch.integrations.verl.trainer import MemsearchTrainer
+    from memsearch.train.grpo.state_credit import build_state_batch
+
+    tq = transfer_queue
+    extra = {"state_group_size": 3, "global_weight": 0.5, "std_scale": True} if mode == "state" else {}
+    path = credit_case(mode, **extra) if mode != "share" else verl_case("group_b")
+    overrides = _printed_overrides(["--config", path, "--set", "model=/models/m", "--train-files",
+                                    tmp_path / "t.parquet", "--agent-loops", tmp_path / "loops.yaml", "--rollout-tp", 1,
+                                    "--gpus", 1])
+    composed = _compose(overrides)
+    _validate(composed)
+    verl_cfg = _verl_config({"metric": "f1", "invalid_penalty": 0.5, "citation_penalty": 0.5})
+    dev = parquet_rows(hotpot_dev_dir)
+    rows = [dev[1], dev[5] if mode == "state" else dev[2]]  # task 5's sessions answer differently under state
+    worker = _tq_worker(tokenizer)
+    partition = "train"  # where verl's postprocessing puts a training session; the uids name the mode
+    trajectories, rewards, keys = [], [], []
+    for t, row in enumerate(rows):
+        group_t, group_r = [], []
+        for s in range(2):
+            uid = f"{mode}{t}"
+            loop, outputs, scored = _session_on_verl(path, tokenizer, row, verl_cfg, uid, s)
+            outputs[-1].reward_score = scored["reward_score"]
+            outputs[-1].extra_fields["reward_extra_info"] = scored["reward_extra_info"]
+
+            kwargs = {**row, "raw_prompt": row["prompt"], "uid": uid, "session_id": s, "global_steps": 1}
+            asyncio.run(worker.postprocess(worker, outputs, False, **kwargs))
+            keys += [f"{uid}_{s}_{i}" for i in range(len(outputs))]
+            group_t.append(loop.trajectory)
+            group_r.append(scored["reward_score"])
+        trajectories.append(group_t)
+        rewards.append(group_r)
+    # a group with variance (state: which scripted variant a branch gets follows the order verl's
+    # threads encode the prompts in, so the continued one, and the reward, may change; parity holds)
+    assert mode == "state" or any(len(set(r)) > 1 for r in rewards)
+    listed = tq.kv_list(partition_id=partition)[partition]
+    assert set(keys) <= set(listed)  # every output is a row of verl's store
+    batch = upsample_batch_to_divisible_size(KVBatchMeta(keys=keys, tags=[listed[k] for k in keys],
+                                                         partition_id=partition), len(keys) + 3,
+                                             tokenizer.eos_token_id)
+    assert len(batch) == len(keys) + 3 and all(tag.get("is_padding") for tag in batch.tags[len(keys):])
+
+    # the step before the advantage (_compute_old_log_prob): the actor's log-probs of the rows, here
+    # the rollout's own (what the actor recomputes when rollout and training weights agree)
+    rollout_lp = tq.kv_batch_get(keys=batch.keys, partition_id=partition, select_fields=["rollout_log_probs"])
+    tq.kv_batch_put(keys=batch.keys, partition_id=partition,
+                    fields=TensorDict({"old_log_probs": rollout_lp["rollout_log_probs"]}, batch_size=len(batch)))
+    trainer = MemsearchTrainer(config=composed)  # verl's own constructor: replay buffer, modes
+    assert type(trainer.replay_buffer) is ReplayBuffer and trainer.trainer_mode == "sync"
+    metrics: dict = {}
+    trainer._compute_advantage(batch, metrics)
+    got = tq.kv_batch_get(keys=batch.keys, partition_id=partition, select_fields=["advantages", "response_mask"])
+    advantages = [a.tolist() for a in got["advantages"].unbind()]
+    masks = [m.tolist() for m in got["response_mask"].unbind()]
+    tq.kv_clear(batch.keys, partition)
+
+    std = composed.algorithm.norm_adv_by_std_in_grpo
+    if mode == "state":
+        cfg = load_grpo_config(path, ["model=/models/m"])
+        labels = load_dataset(hotpot_dev_dir).labels_by_id()
+        reference = build_state_batch(trajectories, rewards, labels, cfg.credit.state_reward, std_scale=std,
+                                      global_weight=0.5, generated=len(keys))
+        assert metrics["memsearch/state_groups"] == reference.groups == 8
+        assert metrics["memsearch/state_groups"] > metrics["memsearch/zero_variance_state_groups"]
+    else:
+        reference = build_batch(trajectories, rewards, "memory", mode, std, generated=len(keys))
+    assert len(reference.rows) == len(keys) == (24 if mode == "state" else 8)
+    for k, row in enumerate(reference.rows):
+        n = len(row.completion_ids)
+        assert masks[k][:n] == [1] * n
+        assert advantages[k][:n] == pytest.approx([row.advantage] * n, abs=1e-6), keys[k]
+    assert all(not any(a) for a in advantages[len(keys):])  # padding rows
+    # not verl's share: split divides each session's advantage by its rows; state varies within a session
+    if mode == "split":
+        share = build_batch(trajectories, rewards, "memory", "share", std, generated=len(keys)).rows
+        assert [row.advantage for row in reference.rows] == pytest.approx([r.advantage / 2 for r in share])
+        assert any(abs(r.advantage) > 1e-3 for r in share)
+    if mode == "state":
+        assert any(advantages[k][0] != pytest.approx(advantages[k + 1][0]) for k in range(len(keys) - 1)
+                   if keys[k].rsplit("_", 1)[0] == keys[k + 1].rsplit("_", 1)[0])
+
+
+def _session_on_verl(config_path, tokenizer, row, verl_cfg, uid, session_id):
+    """One session through MemsearchAgentLoop.run as verl's worker calls it (uid and session id in
+    its keyword arguments), the memory branches answered by scripted variants; and its score."""
+
+    async def session():
+        server = ScriptedServer(tokenizer, output_cls=TokenOutput, memory_variants=3)
+        server.memory_requests = session_id  # the sessions of a task reach different memories
+        loop = _loop(config_path, tokenizer, server, verl_cfg)
+        kwargs = {**row, "raw_prompt": row["prompt"], "index": row["extra_info"]["index"], "uid": uid,
+                  "session_id": session_id}
+        outputs = await loop.run(sampling_params={"temperature": 1.0, "top_p": 1.0, "logprobs": True}, **kwargs)
+        return loop, outputs, await _score(outputs, row, tokenizer, verl_cfg)
+
+    return asyncio.run(session())

@@ -13,10 +13,27 @@ one per id. It is not a model: it exists so the loop's plumbing is tested on rea
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from memsearch.testing.agent_server import answer_for
+
+MEMORY_PROMPT = "Reply with one JSON object only"  # the decision-memory prompt (answer_for's test)
+
+
+def memory_variant(prompt: str, variant: int) -> str:
+    """Variant 0: ``answer_for``'s (ADD of the first evidence sentence); 1: NOOP; 2: ADD of the
+    last evidence sentence (another id: gold or not, it decides differently)."""
+    if variant == 1:
+        return '{"ops": [{"op": "NOOP"}]}'
+    lines = re.findall(r"^\[([^\]]+:\d+)\] (.+)$", prompt.split("New evidence", 1)[-1], re.MULTILINE)
+    if variant == 0 or not lines:
+        return answer_for(prompt)
+    source, text = lines[-1]
+    return json.dumps({"ops": [{"op": "ADD", "text": " ".join(text.split()[:12]), "sources": [source],
+                                "kind": "fact"}]})
 
 
 @dataclass
@@ -36,15 +53,23 @@ class ScriptedServer:
     """
 
     # Not a dataclass: hydra's instantiate (how verl builds a loop) would turn one into a config.
-    def __init__(self, tokenizer: Any, reader: str | None = None, output_cls: Any = ScriptedOutput) -> None:
+    def __init__(self, tokenizer: Any, reader: str | None = None, output_cls: Any = ScriptedOutput,
+                 memory_variants: int = 1) -> None:
         self.tokenizer = tokenizer  # a Hugging Face tokenizer (decode / encode / eos_token_id)
         self.reader = reader
         self.output_cls = output_cls
+        # > 1: the n-th decision-memory request gets variant n % memory_variants (``memory_variant``),
+        # so the branches of one state (consecutive requests) decide differently
+        self.memory_variants = memory_variants
+        self.memory_requests = 0
         self.calls: list[tuple[list[int], dict[str, Any], list[int]]] = []
 
     def completion(self, prompt: str) -> str:
         if self.reader is not None and "\\boxed" in prompt:
             return self.reader
+        if self.memory_variants > 1 and MEMORY_PROMPT in prompt:
+            self.memory_requests += 1
+            return memory_variant(prompt, (self.memory_requests - 1) % self.memory_variants)
         return answer_for(prompt)
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],

@@ -4,10 +4,13 @@ Every ``GRPOConfig`` option either maps to a verl key, or is reported as a *diff
 maps, but verl does something memsearch does not: kept as a note beside the overrides), or is
 *refused* with the reason (``VerlMappingError``): verl would silently train something else.
 
+``credit.mode = "split"`` and ``"state"`` run on memsearch's trainer registered with verl
+(``trainer.MemsearchTrainer``, ``trainer.v1.trainer_mode=memsearch``, its module imported into
+verl's processes through the Ray runtime environment): verl's own GRPO is ``share``.
+
 Refused (docs/verl.md has the table):
 
-- ``credit.mode = "split"``: verl copies the last output's reward over the session's earlier ones
-  and broadcasts one advantage to every row; splitting it needs a custom trainer (a fork);
+- ``credit.invalid_decision_credit`` other than ``"all"``: verl's rows have no decision-token mask;
 - ``loss.aggregation = "trajectory"``: verl's loss aggregations are per token or per row;
 - ``rollout.schema_mode``: vLLM / SGLang do not replay memsearch's constraint masks in the loss;
 - ``model = "embedded"``, ``adapter``, ``loss.kl_reference = "start"`` with an adapter: verl needs a
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from memsearch.errors import InputError, InputValueError
-from memsearch.integrations.verl import AGENT_NAME
+from memsearch.integrations.verl import AGENT_NAME, TRAINER_MODULE, TRAINER_NAME
 from memsearch.train.config import GRPOConfig
 
 REWARD_PATH = "pkg://memsearch.integrations.verl.reward"
@@ -72,12 +75,9 @@ def load_grpo_config(path: Path, overrides: list[str] | None = None, data: str |
 def refusals(cfg: GRPOConfig) -> list[str]:
     """The options of ``cfg`` that verl cannot run, each with the reason (module doc)."""
     out = []
-    if cfg.credit.mode == "split":
-        out.append("credit.mode = 'split': verl broadcasts the session's advantage to every row (that is 'share'); "
-                   "set credit.mode = 'share'")
-    if cfg.credit.mode == "state":
-        out.append("credit.mode = 'state': verl's agent loop returns one session per rollout, not branches of each "
-                   "memory call from one state; set credit.mode = 'share'")
+    if cfg.credit.invalid_decision_credit != "all":
+        out.append(f"credit.invalid_decision_credit = {cfg.credit.invalid_decision_credit!r}: the verl rows carry no "
+                   "decision-token mask (every generated token is in verl's loss); set it to 'all'")
     if cfg.loss.aggregation in ("trajectory", "constant"):
         out.append(f"loss.aggregation = {cfg.loss.aggregation!r}: verl aggregates per token (token-mean) or per row "
                    "(seq-mean-token-mean), and its seq-mean-token-sum-norm divides by no count of trajectories; "
@@ -170,12 +170,17 @@ def _tp_fits(gpus: int, nodes: int, tp: int) -> bool:
 def rows_per_session(cfg: GRPOConfig, sample: int = ROWS_SAMPLE_TASKS) -> tuple[float, str]:
     """``(rows, where from)``: the expected rows (trained calls) of one session.
 
-    memory / controller: one call per search, ``max_searches``. memagent (MemAgent): one memory
+    memory / controller: one call per search, ``max_searches`` (state credit: times
+    ``state_group_size``, a row per branch). memagent (MemAgent): one memory
     update per chunk read plus the answer; the chunks are counted as the engine cuts them
     (``engine.evidence.chunk_context``, the budget tokenizer, capped at ``max_chunks``) over the
     first ``sample`` tasks of the data folder: training contexts are far shorter than the
     ``max_chunks`` cap, which serves the longest evaluation sets."""
     b = cfg.episode.budgets
+    if cfg.role != "memagent" and cfg.credit.mode == "state":
+        k = cfg.credit.state_group_size
+        return float(b.max_searches * k), (f"max_searches = {b.max_searches}, one memory call per search, "
+                                           f"x state_group_size = {k} branches (a row each)")
     if cfg.role != "memagent":
         return float(b.max_searches), f"max_searches = {b.max_searches}, one {cfg.role} call per search"
     from memsearch.data.dataset import load_dataset
@@ -307,10 +312,19 @@ def verl_overrides(
         f"trainer.logger=[{','.join(dict.fromkeys(loggers))}]",  # Hydra list syntax; verl's default adds wandb
         "trainer.resume_mode=auto",
     ]
+    if cfg.credit.mode != "share":
+        # memsearch's trainer (trainer.MemsearchTrainer), registered in every Ray process verl starts
+        out += [f"trainer.v1.trainer_mode={TRAINER_NAME}",
+                f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={TRAINER_MODULE}"]
     if val_files is None:  # verl needs val_files; without real ones it must not validate on train
         out += ["trainer.val_before_train=False", "trainer.test_freq=-1"]
     notes = [
-        "groups of one session (a failed sibling, or n = 1) get advantage = reward in verl, 0 in memsearch",
+        "groups of one session (a failed sibling, or n = 1) get advantage = reward in verl, 0 in memsearch"
+        if cfg.credit.mode == "share" else
+        f"credit.mode = {cfg.credit.mode!r}: memsearch's trainer (MemsearchTrainer) registered with verl as "
+        f"trainer_mode {TRAINER_NAME} ("
+        f"its module {TRAINER_MODULE} imported into verl's processes by the Ray runtime environment; it replaces "
+        "another VERL_USE_EXTERNAL_MODULES there); a failed trajectory returns no row",
         f"verl's PPO mini-batch counts rows: ppo_mini_batch_size = {size} (x n = {size * cfg.rollout.group_size} "
         f"rows) for about {rows:.2f} rows per session ({rows_source}) makes about {optimizer_steps} optimizer step(s) "
         f"per training step (memsearch's trainer: {cfg.update.mini_batches_per_step * cfg.update.epochs}); fewer rows "
@@ -319,6 +333,10 @@ def verl_overrides(
         "trainer is the reproducible reference",
         "memsearch's per-call sampling seeds are not sent to the rollout servers",
     ]
+    if cfg.credit.mode == "state":
+        notes.append(f"state credit: every memory call samples {cfg.credit.state_group_size} branches on verl's "
+                     "servers (a row each); the agent loop scores them with the training folder's supporting facts "
+                     "(validation rows are not branched)")
     if cfg.eval.data:
         notes.append(
             f"periodic evaluation on {cfg.eval.data}: run `memsearch eval` on merged checkpoints "

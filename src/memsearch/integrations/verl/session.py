@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from memsearch.config import RunConfig
-from memsearch.data.records import Task
+from memsearch.data.records import Label, Task
 from memsearch.engine.environment import SharedParts
 from memsearch.engine.episode import run_episode
+from memsearch.integrations.verl.credit import CreditRecord
 from memsearch.integrations.verl.outputs import reward_summary, session_outputs
 from memsearch.records.trajectory import Trajectory
 from memsearch.train.config import GRPOConfig
@@ -36,6 +37,7 @@ class WorkerSetup:
     cfg: GRPOConfig
     episode: RunConfig  # the episode config of the rollouts (trained roles marked hf, as the trainer does)
     tasks: dict[str, Task]
+    labels: dict[str, Label]  # read only for state credit's per-call reward, on the training folder's rows
     shared: SharedParts  # budget tokenizer, documents, retriever, and the untrained roles' backends
     fingerprint: str  # SHA-256 of the data folder's manifest (the parquet's extra_info.dataset_sha256)
 
@@ -60,7 +62,7 @@ def worker_setup(train_config: str, data: str | None = None, overrides: tuple[st
     # The episode's [retrieval] table, as in `memsearch eval` and GRPO; the shared service
     # (`retrieval.url`) lets hundreds of rollout workers on many nodes search one index.
     shared = build_shared(episode, dataset, leave_out=TRAINED_CALL_ROLES[cfg.role])
-    return WorkerSetup(cfg, episode, {t.id: t for t in dataset.tasks}, shared,
+    return WorkerSetup(cfg, episode, {t.id: t for t in dataset.tasks}, dataset.labels_by_id(), shared,
                        sha256_file(Path(cfg.data) / "manifest.json"))
 
 
@@ -84,18 +86,38 @@ def setup_for_row(train_config: str, extra_info: dict[str, Any], data: str | Non
     return setup
 
 
-async def run_session(setup: WorkerSetup, task_id: str, policy: Any) -> tuple[Trajectory, list[dict[str, Any]],
-                                                                                dict[str, Any]]:
-    """Roll out one task: ``(trajectory, outputs in episode order, reward summary)``.
+async def run_session(setup: WorkerSetup, task_id: str, policy: Any, *, training: bool = True,
+                      session: str | None = None) -> SessionRollout:
+    """Roll out one task (``policy`` answers the trained role(s)).
 
-    ``policy`` answers the trained role(s); the outputs are ``outputs.session_outputs``.
+    ``training``: the row comes from the folder the config trains on. Only such a row is rolled
+    out with the config's credit: under ``credit.mode = "state"`` its memory calls branch
+    (``state_group_size`` completions each) and its labels give the per-call rewards; a
+    validation row is one plain episode (verl only scores it). ``session``: verl's
+    ``{uid}_{session_id}``, written into the rows' credit records.
     """
     task = setup.tasks.get(task_id)
     if task is None:
         raise KeyError(
             f"task {task_id!r} is not in the data folder {setup.cfg.data}: export the parquet from the same folder"
         )
+    credit = setup.cfg.credit if training else None
+    state = credit is not None and credit.mode == "state"
     trained = {role: policy for role in TRAINED_CALL_ROLES[setup.cfg.role]}
-    env = setup.shared.environment(setup.episode, group="verl", answered_by=trained)
+    env = setup.shared.environment(setup.episode, group="verl", answered_by=trained,
+                                   branches=credit.state_group_size if state else 1)
     trajectory = await run_episode(task, env)
-    return trajectory, session_outputs(trajectory, setup.cfg.role), reward_summary(trajectory, setup.cfg.role)
+    gold = set(setup.labels[task_id].supporting_facts) if state else None
+    outputs, records = session_outputs(trajectory, setup.cfg.role, credit, gold, session)
+    return SessionRollout(trajectory, outputs, records, reward_summary(trajectory, setup.cfg.role))
+
+
+@dataclass(frozen=True)
+class SessionRollout:
+    """One session: its trajectory, its rows as verl output fields (``outputs.session_outputs``),
+    each row's credit record, and the reward summary ``compute_score`` reads."""
+
+    trajectory: Trajectory
+    outputs: list[dict[str, Any]]
+    records: list[CreditRecord]
+    summary: dict[str, Any]

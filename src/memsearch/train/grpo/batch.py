@@ -108,7 +108,7 @@ def rows_from_trajectory(trajectory: Trajectory, role: str, index: int, group_in
     if credit not in CREDITS:
         raise ValueError(f"unknown credit {credit!r}: expected share or split")
     calls, failed = trainable_calls(trajectory, role)
-    value = advantage if credit == "share" or not calls else advantage / len(calls)
+    value = row_advantage(advantage, credit, len(calls))
     rows = [grpo_row(prompt_ids=call.prompt_ids or (), completion_ids=call.completion_ids or (),
                      logprobs=call.logprobs or (), trajectory=index, group_index=group_index, role=call.role,
                      step=call.step, constraint_id=call.constraint_id, valid=call.valid is not False,
@@ -116,6 +116,18 @@ def rows_from_trajectory(trajectory: Trajectory, role: str, index: int, group_in
                      advantage=value, decisions=decisions)
             for call in calls]
     return rows, failed
+
+
+def row_advantage(advantage: float, credit: str, rows: int) -> float:
+    """One row's part of its trajectory's ``advantage`` (module doc): all of it (``share``), or
+    an equal part of the trajectory's ``rows`` (``split``)."""
+    return advantage if credit == "share" or rows == 0 else advantage / rows
+
+
+def has_baseline(members: int, sessions: int) -> bool:
+    """Whether a group of ``sessions`` trajectories, ``members`` of them successful, gives advantages
+    (``train.grpo.failures``): failures must leave two members, unless the group was one to begin with."""
+    return members >= min(2, sessions)
 
 
 def group_advantages(rewards: Sequence[float], std_scale: bool = False, eps: float = 1e-6) -> list[float]:
@@ -173,7 +185,7 @@ def build_batch(groups: Sequence[Sequence[Trajectory]], rewards: Sequence[Sequen
     index = 0
     for g, (trajs, rs) in enumerate(zip(groups, rewards, strict=True)):
         ok, members = split_failed(trajs, rs)
-        if len(members) < min(2, len(trajs)):
+        if not has_baseline(len(members), len(trajs)):
             # Failures left no baseline: the group contributes nothing. A group that was one session
             # to begin with (verl's rollout.n = 1) keeps its rows with advantage 0, as before.
             ok = [False] * len(trajs)

@@ -79,6 +79,16 @@ def call_branches(call: PolicyCall) -> tuple[list[tuple[BranchOutcome, bool]], i
     return kept, failed
 
 
+def state_group_advantages(scores: Sequence[float], continued: Sequence[bool], trajectory_advantage: float, *,
+                           std_scale: bool, global_weight: float) -> list[float]:
+    """The advantages of one state group's branches (module doc): each branch's per-call reward
+    minus the group's mean (optionally over its std), plus ``global_weight`` x the trajectory's
+    group advantage on the branch the episode continued from."""
+    local = group_advantages(scores, std_scale)
+    return [adv + (global_weight * trajectory_advantage if chosen else 0.0)
+            for chosen, adv in zip(continued, local, strict=True)]
+
+
 def branch_rows(call: PolicyCall, branches: Sequence[tuple[BranchOutcome, bool]], advantages: Sequence[float],
                 trajectory: int, group_index: int, decisions: DecisionRule | None = None) -> list[Row]:
     """One complete row per branch (``call_branches``), with its advantage."""
@@ -107,7 +117,7 @@ def build_state_batch(groups: Sequence[Sequence[Trajectory]], rewards: Sequence[
         member_adv = iter(global_adv)
         for traj, good in zip(trajs, ok, strict=True):
             if not good:  # a request failed (train.grpo.failures): none of its rows is trained on
-                for call in _memory_calls(traj):
+                for call in memory_calls(traj):
                     branches, failed = call_branches(call)
                     batch.counts.failed_calls += failed
                     batch.counts.failed += len(branches)
@@ -115,15 +125,14 @@ def build_state_batch(groups: Sequence[Sequence[Trajectory]], rewards: Sequence[
             traj_adv = next(member_adv)
             gold = set(labels[traj.task_id].supporting_facts)
             count = 0
-            for call in _memory_calls(traj):
+            for call in memory_calls(traj):
                 branches, failed = call_branches(call)
                 batch.counts.failed_calls += failed
                 if not branches:
                     continue
                 scores = [call_reward(b, call, gold, settings) for b, _ in branches]
-                local = group_advantages(scores, std_scale)
-                advs = [adv + (global_weight * traj_adv if chosen else 0.0)
-                        for (_, chosen), adv in zip(branches, local, strict=True)]
+                advs = state_group_advantages(scores, [chosen for _, chosen in branches], traj_adv,
+                                              std_scale=std_scale, global_weight=global_weight)
                 rows = branch_rows(call, branches, advs, index, call_group, decisions)
                 batch.rows.extend(rows)
                 batch.call_rewards.extend(scores)
@@ -139,7 +148,7 @@ def build_state_batch(groups: Sequence[Sequence[Trajectory]], rewards: Sequence[
     return batch
 
 
-def _memory_calls(trajectory: Trajectory) -> list[PolicyCall]:
+def memory_calls(trajectory: Trajectory) -> list[PolicyCall]:
     """The trajectory's memory calls, each with its branches (else ``ValueError``)."""
     calls = trained_calls(trajectory, "memory")
     if any(call.branches is None for call in calls):
