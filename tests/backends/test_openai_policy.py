@@ -169,6 +169,25 @@ def test_a_server_without_a_model_list_is_recorded_unverified(server):
         asyncio.run(make_backend(server).check_model())
 
 
+def test_served_entry_is_the_blocking_check_and_reads_models_as_the_backend_does(server):
+    # The one check a started or handed-over server passes (serving.served_identity, stage 2's
+    # memory server): the entry the backend records, or a refusal naming the setting.
+    from memsearch.backends.served_model import served_entry
+
+    server.models = ["other", "test-model"]
+    assert served_entry(server.base_url, "test-model") == asyncio.run(make_backend(server).check_model())["entry"]
+    with pytest.raises(InputError, match=r"stage2.memory_model 'x' is not served at .*: its /models lists 'other', "
+                                         r"'test-model'; fix it"):
+        served_entry(server.base_url, "x", setting="stage2.memory_model", remedy="fix it")
+    server.models = None  # GET /models answers 404: a server that must prove what it serves cannot
+    with pytest.raises(InputError, match=r"GET /models answered HTTP 404: the server lists no models, so it cannot "
+                                         r"show it serves model 'test-model'"):
+        served_entry(server.base_url, "test-model")
+    server.stop()
+    with pytest.raises(InputError, match=r"GET /models failed \(URLError.*; start it first"):
+        served_entry(server.base_url, "test-model", timeout_s=2, unreachable="start it first")
+
+
 def test_eval_refuses_an_unserved_model_before_the_run_folder_exists(server, hotpot_dev_dir, tmp_path):
     from memsearch.eval.runner import run_eval
 

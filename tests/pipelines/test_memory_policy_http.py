@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from tests.support.processes import alive
 
+from memsearch.backends.served_model import served_entry
 from memsearch.errors import InputError
 from memsearch.pipelines.memory_policy import serving
 from memsearch.pipelines.memory_policy.pipeline import run_memory_policy_pipeline
@@ -209,7 +210,7 @@ def test_a_server_that_cannot_start_or_crashes_is_stopped_with_a_clear_error(tin
         with serving.launched_server(
             tiny_model_dir, serving.free_port(), log, timeout_s=120, echo=lambda _: None
         ) as url:
-            assert serving.served_models(url) == [str(tiny_model_dir)]
+            assert served_entry(url, str(tiny_model_dir))["id"] == str(tiny_model_dir)
             raise RuntimeError("stage crashed")
     assert not alive(_pids(log)[0]) and "stopped (exit status" in log.read_text()
 

@@ -49,7 +49,7 @@ def test_a_service_is_ready_with_its_identity_and_stopped_when_the_work_fails(mo
             # The identity is the server's own /v1/models entry for the name, recorded as written.
             assert reader.identity["id"] == model and reader.identity["object"] == "model"
             assert served_identity(reader.url, model) == reader.identity
-            with pytest.raises(InputError, match=r"lists \[.*\], not 'no-such-model'"):
+            with pytest.raises(InputError, match=r"model 'no-such-model' is not served at .*: its /models lists '"):
                 served_identity(reader.url, "no-such-model")
             assert reader.log == tmp_path / "logs" / "reader.log" and _pids(reader.log) == [reader.pid]
             assert alive(reader.pid) and port_in_use("127.0.0.1", spec.port)

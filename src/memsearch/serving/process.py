@@ -17,7 +17,6 @@ requests. Without ``/proc`` (not Linux) the port owner is not checked: any answe
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -30,6 +29,7 @@ from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+from memsearch.backends.served_model import served_entry
 from memsearch.errors import InputError
 from memsearch.serving.engines import (
     HAS_HEALTH,
@@ -84,24 +84,11 @@ class ServiceDied(InputError):
         self.name, self.pid, self.status, self.log = name, pid, status, log
 
 
-def listed_models(url: str, timeout_s: float) -> list[dict]:
-    with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=timeout_s) as response:
-        data = json.loads(response.read())
-    return [m for m in data.get("data") or [] if isinstance(m, dict)]
-
-
 def served_identity(url: str, name: str, timeout_s: float = 10) -> dict:
     """The ``{url}/models`` entry whose id is ``name`` (``url`` is the API root, ``.../v1``);
-    ``InputError`` when the server does not answer or does not list it."""
-    try:
-        models = listed_models(url, timeout_s)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{url}: GET /models failed ({type(exc).__name__}: {exc}); is the server running?") from None
-    for entry in models:
-        if entry.get("id") == name:
-            return entry
-    raise InputError(f"{url}: the server lists {[m.get('id') for m in models]}, not {name!r}; serve the model under "
-                     "that name or fix the configured name")
+    ``InputError`` when the server does not answer or does not list it
+    (``backends.served_model.served_entry``, the one served-model check)."""
+    return served_entry(url, name, timeout_s, remedy="serve the model under that name or fix the configured name")
 
 
 def free_port_near(host: str, port: int, avoid: Collection[int] = ()) -> int | None:
@@ -249,16 +236,11 @@ def _wait_ready(proc: subprocess.Popen, spec: ServiceSpec, url: str, log: Path, 
                              f"({timeout_key}); the end of its log ({log}):\n{log_tail(log)}")
         time.sleep(POLL_S)
     try:
-        models = listed_models(url, 10)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{label} at {url}: GET /models failed ({type(exc).__name__}: {exc}); the end of its log "
-                         f"({log}):\n{log_tail(log)}") from None
-    listed = {m.get("id"): m for m in models}
-    missing = [name for name in (spec.name_served, *spec.adapters) if name not in listed]
-    if missing:
-        raise InputError(f"{label} at {url} lists {list(listed)}, not {', '.join(map(repr, missing))}; the end of "
-                         f"its log ({log}):\n{log_tail(log)}")
-    return listed[spec.name_served]
+        for adapter in spec.adapters:
+            served_entry(url, adapter, setting="adapter")
+        return served_entry(url, spec.name_served, setting="served name")
+    except InputError as exc:
+        raise InputError(f"{label}: {exc}; the end of its log ({log}):\n{log_tail(log)}") from None
 
 
 def _environment(spec: ServiceSpec, gpus: list[int] | None) -> dict[str, str]:

@@ -23,9 +23,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from memsearch.backends.served_model import served_entry
 from memsearch.errors import InputError
 from memsearch.serving.engines import Engine, ServiceSpec
-from memsearch.serving.process import listed_models, started_service
+from memsearch.serving.process import started_service
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -35,21 +36,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def served_models(url: str, timeout_s: float = 10.0) -> list[str]:
-    """The model ids ``{url}/models`` lists (``url`` is the API root, e.g. ``http://h:p/v1``)."""
-    return [m.get("id") for m in listed_models(url, timeout_s)]
-
-
 def check_served_model(url: str, name: str, timeout_s: float = 10.0) -> None:
-    """Refuse (``InputError``) unless the server at ``url`` answers and lists ``name``."""
-    try:
-        models = served_models(url, timeout_s)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"stage2.memory_url {url}: GET /models failed ({type(exc).__name__}: {exc}); start the server "
-                         "on seed-N/merged1 first (docs/memory_policy.md)") from None
-    if name not in models:
-        raise InputError(f"stage2.memory_model {name!r} is not served at {url} (its /models lists {models}); serve "
-                         "seed-N/merged1 under that name (vLLM: --served-model-name) or fix stage2.memory_model")
+    """Refuse (``InputError``) unless the server at ``url`` answers and lists ``name``
+    (``backends.served_model.served_entry``, the one served-model check)."""
+    served_entry(url, name, timeout_s, setting="stage2.memory_model",
+                 remedy="serve seed-N/merged1 under that name (vLLM: --served-model-name) or fix stage2.memory_model",
+                 unreachable="start the server on seed-N/merged1 first (docs/memory_policy.md), or fix "
+                             "stage2.memory_url")
 
 
 @contextmanager
