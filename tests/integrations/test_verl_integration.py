@@ -215,6 +215,31 @@ def test_compute_score_values_and_refusal():
     assert RewardSettings().metric == "f1"  # the defaults compute_score mirrors
     with pytest.raises(ValueError, match="MemsearchAgentLoop"):
         compute_score("s", "Paris", ["Paris"], {"index": 0})
+    # the terms are RewardSettings' (the overrides' spelling or its own); anything else is refused, not dropped
+    assert compute_score("s", "", ["Paris"], summary(events=events), invalid_penalty=1.0)["score"] == \
+        compute_score("s", "", ["Paris"], summary(events=events), invalid_call_penalty=1.0)["score"] == 0.75
+    with pytest.raises(ValueError, match="reward_kwargs.citaton_penalty: not a memsearch reward term; expected one of "
+                                         "citation_penalty, invalid_penalty, memory_recall, metric, search_cost"):
+        compute_score("s", "", ["Paris"], summary(), citaton_penalty=0.1)
+    with pytest.raises(ValueError, match="invalid_call_penalty given twice"):
+        compute_score("s", "", ["Paris"], summary(), invalid_penalty=0.1, invalid_call_penalty=0.2)
+    with pytest.raises(ValueError, match="reward_kwargs: metric: Input should be 'f1', 'em'"):
+        compute_score("s", "", ["Paris"], summary(), metric="bleu")
+    # verl's own keywords (a reward-model router) are not terms of ours
+    assert compute_score("s", "", ["Paris"], summary(), reward_router_address=None,
+                         reward_model_tokenizer=None)["score"] == 1.0
+
+
+def test_the_overrides_carry_every_reward_term_that_compute_score_reads():
+    from memsearch.integrations.verl.reward import reward_kwargs, settings_from_kwargs
+
+    cfg = load_grpo_config(REPO / "configs/train/grpo_gpu.toml", ["loss.aggregation=token", "reward.search_cost=0.05"])
+    overrides = dict(o.split("=", 1) for o in verl_overrides(cfg, "l.yaml", "t.parquet")[0])
+    prefix = "+reward.custom_reward_function.reward_kwargs."
+    given = {k.removeprefix(prefix): v for k, v in overrides.items() if k.startswith(prefix)}
+    assert set(given) == set(reward_kwargs(cfg.reward)) and len(given) == len(RewardSettings.model_fields)
+    parsed = {k: (v if k == "metric" else float(v)) for k, v in given.items()}  # as Hydra parses them
+    assert settings_from_kwargs(parsed) == cfg.reward
 
 
 def test_export_parquet_schema_labels_only_in_reward_model(tmp_path, hotpot_dev_dir):

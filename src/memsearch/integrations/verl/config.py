@@ -244,6 +244,8 @@ def verl_overrides(
     session (default ``rows_per_session``); ``notes`` say how verl runs this config where it
     differs from the reference trainer, and the optimizer steps a training step makes.
     """
+    from memsearch.integrations.verl.reward import reward_kwargs
+
     refused = refusals(cfg)
     if refused:
         raise VerlMappingError(refused)
@@ -299,11 +301,8 @@ def verl_overrides(
         f"{actor}.optim.lr_scheduler_type={cfg.optim.schedule}",
         f"reward.custom_reward_function.path={REWARD_PATH}",
         "reward.custom_reward_function.name=compute_score",
-        f"+reward.custom_reward_function.reward_kwargs.metric={cfg.reward.metric}",
-        f"+reward.custom_reward_function.reward_kwargs.invalid_penalty={cfg.reward.invalid_call_penalty}",
-        f"+reward.custom_reward_function.reward_kwargs.citation_penalty={cfg.reward.citation_penalty}",
-        f"+reward.custom_reward_function.reward_kwargs.search_cost={cfg.reward.search_cost}",
-        f"+reward.custom_reward_function.reward_kwargs.memory_recall={cfg.reward.memory_recall}",
+        *(f"+reward.custom_reward_function.reward_kwargs.{key}={value}"
+          for key, value in reward_kwargs(cfg.reward).items()),  # every RewardSettings term
         f"trainer.total_training_steps={cfg.steps}",
         f"trainer.save_freq={cfg.checkpoint_every}",
         f"trainer.max_actor_ckpt_to_keep={cfg.keep_checkpoints}",
