@@ -10,7 +10,8 @@ reward (``state_credit.call_reward``, the ``state_reward`` and ``std_scale`` of 
 ``config.json``) and its local advantage within its call (the global term, ``global_weight``,
 is left out), then grouped by
 
-- **room**: the memory budget left when the call was made (its prompt's "Memory budget left"),
+- **room**: the memory budget left when the call was made (the call's ``budget_left``; older
+  rollouts: its prompt's "Memory budget left"),
   at least ``room_tokens`` or less;
 - **gold shown**: whether the call's new evidence (the search just before it) held a gold
   supporting fact of the question's train label;
@@ -54,6 +55,9 @@ def outcome(branch: BranchOutcome) -> str:
 
 
 def _budget_left(call: PolicyCall, where: str) -> int:
+    if call.budget_left is not None:  # recorded by the engine
+        return call.budget_left
+    # rollouts saved before the engine recorded it: the number its prompt showed
     found = _BUDGET_LEFT.search(call.messages[-1]["content"])
     if not found:
         raise InputError(f"{where}: a memory call's prompt has no 'Memory budget left: N tokens' line")

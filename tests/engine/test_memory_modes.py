@@ -68,3 +68,24 @@ def test_hidden_sources_observation_and_prompt():
     shown = make_memory("decision", LexicalTokenizer(), 100)
     assert shown.observation()["sources_shown"] is True
     assert "Memory (id, kind, sources, text):" in shown.messages("Q?", "[d4:0] x")[1]["content"]
+
+
+def test_each_memory_call_records_the_budget_left_its_prompt_showed(hotpot_dev_dir, tmp_path):
+    # Decision memory (rules) on real questions: the recorded number is the prompt's, calls of
+    # other roles record none, and it reads back from the file.
+    import re
+
+    from memsearch.records.trajectory import read_trajectories
+
+    cfg = load_config(RULES, ["limit=6"])
+    run_eval(cfg, hotpot_dev_dir, tmp_path / "run", show_progress=False)
+    lefts = []
+    for _, traj in read_trajectories(tmp_path / "run" / "trajectories.jsonl"):
+        for call in traj.policy_calls():
+            if call.role != "memory":
+                assert call.budget_left is None
+                continue
+            shown = re.search(r"Memory budget left: (-?\d+) tokens", call.messages[-1]["content"])
+            assert call.budget_left == int(shown.group(1))
+            lefts.append(call.budget_left)
+    assert len(lefts) >= 6 and len(set(lefts)) > 1  # it moves as the memory fills

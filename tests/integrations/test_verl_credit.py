@@ -91,6 +91,7 @@ def test_state_credit_rows_and_advantages_equal_memsearch_trainer(credit_case, h
         for _, rollout in group:
             calls = rollout.trajectory.policy_calls(["memory"])
             assert [len(c.branches) for c in calls] == [3, 3]
+            assert all(c.budget_left is not None for c in calls)  # a branched call records it too
             assert [r.call for r in rollout.records] == [c.step for c in calls for _ in range(3)]
             # the rows are the branches' own tokens, and the continued branch is the call's
             assert [o["response_ids"] for o in rollout.outputs] == [list(b.completion_ids) for c in calls

@@ -65,6 +65,14 @@ def test_branches_are_rescored_by_state_and_outcome(stage):
     (grpo / "config.json").write_text(json.dumps({"credit": {"mode": "state", "std_scale": False, "state_reward": {
         "gold_gain": 1.0, "junk_penalty": 0.25, "overflow_penalty": 0.5, "rejected_batch_penalty": 0.5}}}))
     assert branch_credit(grpo, data, steps=(1, 1)) == rows
+    # A rollout saved now records each memory call's budget left; that is what the study reads
+    # (the fixture's prompts say 80 and 20: recorded as 20 and 80, the rooms swap).
+    step = grpo / "rollouts" / "step-000001.rank0.jsonl"
+    record = json.loads(step.read_text())
+    for event, left in zip([e for e in record["events"] if e["type"] == "policy_call"], (20, 80), strict=True):
+        event["budget_left"] = left
+    step.write_text(json.dumps(record) + "\n")
+    assert [r["room"] for r in branch_credit(grpo, data, steps=(1, 1))] == ["room", "room", "tight", "tight", "tight"]
 
 
 def test_the_script_prints_the_table(stage, capsys):

@@ -72,7 +72,7 @@ async def branched_memory_call(ep: Any, memory: DecisionMemory, step: int, messa
     outcomes = [_outcome(r, memory, shown, ep.texts, constraint) for r in results]
     answered = [k for k, r in enumerate(results) if r.ok] or [0]
     chosen = random.Random(ep.branch_seed(step)).choice(answered)
-    ep.record("memory", step, messages, results[chosen], constraint)
+    ep.record("memory", step, messages, results[chosen], constraint, observation)
     ep.events[-1] = replace(ep.events[-1], branches=tuple(outcomes), branch_chosen=chosen,
                             kept_before=tuple(memory.faithful_cited(ep.texts)), cited_before=tuple(memory.cited()))
     return results[chosen]

@@ -114,12 +114,13 @@ class _Episode:
     async def call(self, role: str, step: int, messages, observation: Observation, max_tokens: int,
                    constraint: Constraint | None = None) -> GenerationResult:
         (result,) = await self.sample(role, step, messages, observation, max_tokens, constraint)
-        self.record(role, step, messages, result, constraint)
+        self.record(role, step, messages, result, constraint, observation)
         return result
 
     def record(self, role: str, step: int, messages, result: GenerationResult,
-               constraint: Constraint | None = None) -> None:
-        """Count one policy call and append its event."""
+               constraint: Constraint | None = None, observation: Observation | None = None) -> None:
+        """Count one policy call and append its event (a memory call's with the budget left that
+        ``observation`` showed it)."""
         self.calls += 1
         if not result.ok:
             self.request_errors += 1
@@ -141,6 +142,7 @@ class _Episode:
             attempts=result.attempts, error=result.error,
             # schema mode: training replays this constraint's masks on the completion ids
             constraint_id=constraint.id if constraint is not None else None,
+            budget_left=observation.budget_left if role == "memory" and observation is not None else None,
         ))
 
     def judge(self, valid: bool, action: dict[str, Any] | None, reason: str | None,

@@ -138,6 +138,7 @@ class PolicyCall:
     attempts: int = 1  # requests made (retries included)
     error: str | None = None  # why the request failed after its retries (None: answered)
     constraint_id: str | None = None  # schema mode: the constraint whose masks training replays
+    budget_left: int | None = None  # memory calls: the memory's budget left (tokens) when the call was made
     branches: tuple[BranchOutcome, ...] | None = None  # branched memory calls (engine.branching)
     branch_chosen: int | None = None  # the branch the episode continued from
     kept_before: tuple[str, ...] | None = None  # faithful cited ids before the call (branched calls)
@@ -160,6 +161,8 @@ class PolicyCall:
             "context_truncated": self.context_truncated, "usage": self.usage.to_json(), "latency_s": self.latency_s,
             "attempts": self.attempts, "error": self.error, "constraint_id": self.constraint_id,
         }
+        if self.budget_left is not None:  # absent from calls made before it was recorded
+            out["budget_left"] = self.budget_left
         if self.branches is not None:
             out.update(branches=[b.to_json() for b in self.branches], branch_chosen=self.branch_chosen,
                        kept_before=_list(self.kept_before), cited_before=_list(self.cited_before))
