@@ -41,6 +41,28 @@ def test_prepare_hotpot_then_validate(dev20):
     assert (result.exit_code, result.stdout, result.stderr) == (0, f"{dev20}: valid\n", "")
 
 
+def test_data_prepare_format_is_each_registered_converter_and_the_old_commands_its_aliases(dev20, tmp_path):
+    # `data prepare --format hotpot` writes byte for byte the folder `data prepare-hotpot` wrote
+    out = tmp_path / "dev20"
+    result = invoke("data", "prepare", "--format", "hotpot", "--input", HOTPOT_DEV, "--split", "dev", "--out", out,
+                    "--limit", "20")
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        0, f"wrote {out}: 20 tasks, 199 documents (hotpotqa dev)\n", "")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in dev20.iterdir()}
+    musique = tmp_path / "mq"
+    assert invoke("data", "prepare", "--format", "musique", "--input", MUSIQUE_DEV, "--split", "dev", "--out", musique,
+                  "--limit", "3").exit_code == 0
+    assert json.loads((musique / "manifest.json").read_text())["kind"] == "musique"
+    # an unregistered format: one error line naming the registered ones, nothing written
+    bad = invoke("data", "prepare", "--format", "squad", "--input", HOTPOT_DEV, "--split", "dev", "--out",
+                 tmp_path / "sq")
+    assert bad.exit_code == 2 and "'squad'" in bad.stderr and "hotpot" in bad.stderr and "musique" in bad.stderr
+    assert not (tmp_path / "sq").exists()
+    # the help lists the registered formats with what each reads; the old commands name the new spelling
+    assert "Formats: hotpot: HotpotQA" in invoke("data", "prepare", "--help").stdout
+    assert "data prepare --format hotpot" in invoke("data", "prepare-hotpot", "--help").stdout
+
+
 def test_prepare_musique_then_validate(tmp_path):
     out = tmp_path / "mq"
     result = invoke("data", "prepare-musique", "--input", MUSIQUE_DEV, "--split", "dev", "--out", out, "--limit", "10")

@@ -29,7 +29,7 @@ RENAMED = [
     (("merge-adapter",), ("train", "merge-adapter")),
 ]
 GROUPS = {
-    "data": ["prepare-hotpot", "prepare-musique", "prepare-ruler", "validate"],
+    "data": ["prepare", "prepare-hotpot", "prepare-musique", "prepare-ruler", "validate"],
     "retrieval": ["build", "search", "serve"],
     "eval": ["run", "matrix"],
     "train": ["export-sft", "sft", "grpo", "merge-adapter"],

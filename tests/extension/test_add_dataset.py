@@ -81,6 +81,15 @@ def test_a_registered_converter_prepares_a_folder_that_validates_and_runs(tinyqa
     tiny = source_converter("tinyqa").prepare(_tinyqa_file(tmp_path / "tiny_dev.jsonl"), tmp_path / "tiny", split="dev")
     assert tiny["kind"] == "tinyqa" and tiny["converter"] == "tinyqa-1" and tiny["split"] == "dev"
     assert validate_data(tmp_path / "tiny") == []
+    # and the command line has it with no edit: memsearch data prepare --format tinyqa
+    from typer.testing import CliRunner
+
+    from memsearch.cli.app import app
+
+    args = ["--input", str(tmp_path / "tiny_dev.jsonl"), "--split", "dev", "--out", str(tmp_path / "cli")]
+    result = CliRunner().invoke(app, ["data", "prepare", "--format", "tinyqa", *args])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "cli" / "corpus.jsonl").read_bytes() == (tmp_path / "tiny" / "corpus.jsonl").read_bytes()
     hotpot = source_converter("hotpot").prepare(samples_dir() / HOTPOT_DEV, tmp_path / "hotpot", split="dev",
                                                 limit=QUESTIONS)
     assert tiny["counts"] == hotpot["counts"] == {"documents": 80, "tasks": QUESTIONS, "labels": QUESTIONS}

@@ -183,6 +183,8 @@ def _commands(made: Path, tmp_path: Path) -> dict[str, list[str]]:
     hotpot, musique = samples_dir() / HOTPOT_DEV, samples_dir() / MUSIQUE_DEV
     run, train_run, dev = made / "run", made / "train-run", made / "dev"
     return {
+        "data prepare": ["data", "prepare", "--format", "hotpot", "--input", str(hotpot), "--split", "dev",
+                         "--limit", "3"],
         "data prepare-hotpot": ["data", "prepare-hotpot", "--input", str(hotpot), "--split", "dev", "--limit", "3"],
         "data prepare-musique": ["data", "prepare-musique", "--input", str(musique), "--split", "dev", "--limit", "3"],
         "data prepare-ruler": ["data", "prepare-ruler", "--data", str(dev), "--docs", "10", "--limit", "2",
