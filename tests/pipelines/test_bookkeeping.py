@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_source_sha256_of_a_real_file_and_refusal_of_a_missing_one(tmp_path):
     path = samples_dir() / HOTPOT_DEV
     assert source_sha256(str(path)) == hashlib.sha256(path.read_bytes()).hexdigest()
-    with pytest.raises(InputError, match="no such HotpotQA file"):
+    with pytest.raises(InputError, match="no such source file"):
         source_sha256(str(tmp_path / "missing.json"))
 
 

@@ -120,3 +120,22 @@ def test_a_record_of_before_without_hashes_is_checked_for_presence(tmp_path):
     manifest.unlink()
     with pytest.raises(InputError, match=rf"^{manifest}: missing\nprepare: 1 prepared file\(s\) missing"):
         prepare_stage(cfg, tmp_path, echo=lambda _: None)
+
+
+def test_data_format_reads_the_files_with_that_converter_and_hotpot_keeps_earlier_fingerprints(tmp_path):
+    # data.format = "musique": the prepare stage converts with the registered MuSiQue converter
+    musique = Path(__file__).resolve().parents[2] / "data" / "samples" / "musique"
+    cfg = _cfg('data.format="musique"', f'data.train="{(musique / "musique_ans_train_sample.json").as_posix()}"',
+               f'data.dev="{(musique / "musique_ans_dev_sample.json").as_posix()}"', "data.train_questions=4")
+    paths = prepare_stage(cfg, tmp_path / "o", echo=lambda _: None)
+    for split in ("train", "dev"):
+        manifest = json.loads((paths[split] / "manifest.json").read_text())
+        assert (manifest["kind"], manifest["split"]) == ("musique", split)
+    record = json.loads((tmp_path / "o" / "prepare.stage.json").read_text())
+    assert record["complete"] is True
+    # the default (HotpotQA) is left out of the table's dump, which the stage fingerprint hashes:
+    # every HotpotQA run folder made before the field existed still resumes
+    assert "format" not in _cfg().data.model_dump(mode="json")
+    assert cfg.data.model_dump(mode="json")["format"] == "musique"
+    with pytest.raises(InputError, match="data.format.*'squad'.*hotpot.*musique"):
+        _cfg('data.format="squad"')

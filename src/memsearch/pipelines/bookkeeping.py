@@ -17,10 +17,10 @@ from memsearch.pipelines.stages import check_stage_records
 
 
 def source_sha256(path: str) -> str:
-    """SHA-256 of a HotpotQA source file named by the pipeline config (``data.dev`` /
+    """SHA-256 of a source file named by the pipeline config (``data.dev`` /
     ``data.train``); an ``InputError`` when there is no such file, before any stage starts."""
     if not Path(path).is_file():
-        raise InputError(f"{path}: no such HotpotQA file (data.dev / data.train of the pipeline config)")
+        raise InputError(f"{path}: no such source file (data.dev / data.train of the pipeline config)")
     return sha256_file(path)
 
 

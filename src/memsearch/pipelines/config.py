@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from memsearch.config import (
     KeyProblems,
@@ -135,6 +135,37 @@ def every_problem(data: Any, validate: Any, tables: tuple[str, ...]) -> Any:
     except ValidationError as exc:
         problems += [p for p in validation_problems(exc) if p not in problems]
     raise KeyProblems(*problems)
+
+
+class SourceFiles(StrictConfig):
+    """The base of a pipeline's ``[data]`` table: the dataset format its source files are in."""
+
+    format: str = Field("hotpot", description="The converter that reads data.train and data.dev: a registered "
+                        "dataset (memsearch.data.converters: hotpot, musique, ...), as `memsearch data prepare "
+                        "--format` takes it")
+
+    @field_validator("format")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        from memsearch.data.converters import source_converter
+
+        source_converter(value)  # an unregistered name: refused, naming the registered ones
+        return value
+
+    @model_serializer(mode="wrap")
+    def _omit_default_format(self, handler):
+        # At its default the field is left out of every dump: the prepare stages' fingerprints
+        # (which hash this table) and saved configs of HotpotQA runs stay those of earlier versions.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("format") == "hotpot":
+            data.pop("format")
+        return data
+
+    def convert(self, path: str, split: str, limit: int | None = None):
+        """``path`` converted in memory by the ``format`` converter (a ``Dataset``)."""
+        from memsearch.data.converters import source_converter
+
+        return source_converter(self.format).convert(path, split=split, limit=limit)
 
 
 class PipelineConfig(StrictConfig):

@@ -111,8 +111,8 @@ def run_demo(backend: str = "hf", limit: int = 4, out: Path | None = None, echo:
     from memsearch.assets.adapter import shipped_adapter_dir, trained_memory_format, verify_adapter
     from memsearch.assets.samples import HOTPOT_DEV, config_path, samples_dir
     from memsearch.config import load_config
+    from memsearch.data.converters import source_converter
     from memsearch.data.dataset import save_dataset
-    from memsearch.data.hotpot import convert_hotpot
     from memsearch.errors import InputError
     from memsearch.eval.matrix import run_matrix
 
@@ -131,7 +131,7 @@ def run_demo(backend: str = "hf", limit: int = 4, out: Path | None = None, echo:
         trained_format = trained_memory_format(fingerprint) or "text"
     started = time.perf_counter()
     data_dir = out / "data" / "hotpot-dev"
-    save_dataset(convert_hotpot(samples_dir() / HOTPOT_DEV, split="dev"), data_dir)
+    save_dataset(source_converter("hotpot").convert(samples_dir() / HOTPOT_DEV, split="dev"), data_dir)
     groups = "A-D" if list(config.matrix.groups) == ["A", "B", "C", "D"] else ", ".join(config.matrix.groups)
     echo(
         f"demo: groups {groups} on the first {limit} real HotpotQA dev questions, backend {backend} ({cfg_file.name}), "

@@ -30,8 +30,8 @@ def gold_doc_recall(retriever, tasks, labels, k: int, scope: str) -> float:
 
 def run_walkthrough(out: Path | None, echo: Callable[[str], None] = print) -> Path:
     from memsearch.assets.samples import HOTPOT_DEV, HOTPOT_TRAIN, samples_dir
+    from memsearch.data.converters import source_converter
     from memsearch.data.dataset import load_dataset, save_dataset
-    from memsearch.data.hotpot import convert_hotpot
     from memsearch.data.ruler import prepare_ruler
     from memsearch.data.validate import validate_data
     from memsearch.errors import InputError
@@ -49,8 +49,9 @@ def run_walkthrough(out: Path | None, echo: Callable[[str], None] = print) -> Pa
 
     echo(f"1. prepare real HotpotQA samples into {out}/data")
     dev_dir, train_dir = out / "data" / "hotpot-dev", out / "data" / "hotpot-train"
-    save_dataset(convert_hotpot(samples / HOTPOT_DEV, split="dev"), dev_dir)
-    save_dataset(convert_hotpot(samples / HOTPOT_TRAIN, split="train"), train_dir)
+    hotpot = source_converter("hotpot")  # the shipped samples are HotpotQA
+    save_dataset(hotpot.convert(samples / HOTPOT_DEV, split="dev"), dev_dir)
+    save_dataset(hotpot.convert(samples / HOTPOT_TRAIN, split="train"), train_dir)
     dev, train = load_dataset(dev_dir), load_dataset(train_dir)
     echo(f"   dev: {len(dev.tasks)} questions, {len(dev.documents)} paragraphs; train: {len(train.tasks)} questions")
 

@@ -14,11 +14,12 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from memsearch.config import KeyProblems, RunConfig, StrictConfig, config_check
+from memsearch.config import KeyProblems, RunConfig, config_check
 from memsearch.devices import DeviceLayout
 from memsearch.pipelines.config import (
     PipelineConfig,
     PipelineReport,
+    SourceFiles,
     check_episode_tokenizer,
     episode_table,
     trainer_config,
@@ -34,12 +35,12 @@ GRPOTable = trainer_table(
     "episode_config, eval and devices, which the pipeline sets (role = 'memagent')")
 
 
-class PipelineData(StrictConfig):
+class PipelineData(SourceFiles):
     """What the pipeline prepares (``prepare`` stage)."""
 
     dev: str = Field("data/samples/hotpotqa/dev_distractor_sample.json",
-                     description="HotpotQA dev (distractor) file the RULER-HQA-style sets are built from")
-    train: str = Field("data/samples/hotpotqa/train_sample.json", description="HotpotQA train file for GRPO")
+                     description="Dev file (data.format; HotpotQA: distractor) the RULER-HQA-style sets are built from")
+    train: str = Field("data/samples/hotpotqa/train_sample.json", description="Train file (data.format) for GRPO")
     docs: list[int] = Field(
         [50, 200, 800], description="Documents per context N of the evaluation sets (one set per N)"
     )

@@ -40,7 +40,6 @@ def measure_set(dataset: Dataset, tokenizer, chunk_tokens: int, max_chunks: int)
 def measure_recipe(cfg, docs: list[int] | None = None) -> dict[str, Any]:
     """Measure every N of ``docs`` (default: the recipe's ``data.docs``) for a ``MemAgentPipeline``."""
     from memsearch.data.dataset import load_dataset, save_dataset
-    from memsearch.data.hotpot import convert_hotpot
     from memsearch.data.ruler import prepare_ruler
     from memsearch.tokenizer import load_tokenizer
 
@@ -52,7 +51,7 @@ def measure_recipe(cfg, docs: list[int] | None = None) -> dict[str, Any]:
                               "max_chunks": budgets.max_chunks, "sets": {}}
     with tempfile.TemporaryDirectory() as tmp:
         dev = Path(tmp) / "dev"
-        save_dataset(convert_hotpot(cfg.data.dev, split="dev"), dev)
+        save_dataset(cfg.data.convert(cfg.data.dev, "dev"), dev)
         prepare_ruler(dev, Path(tmp) / "ruler", docs, seed=cfg.data.seed, limit=cfg.data.questions, tokenizer=None,
                       show_progress=False)
         for n in docs:

@@ -41,7 +41,6 @@ CHECKPOINTS = ("base", "trained")
 def prepare_stage(cfg: MemAgentPipeline, out: Path, echo=print) -> dict[str, Any]:
     """Prepared dev, RULER-style dev sets at every N, and the train set. Returns folder paths."""
     from memsearch.data.dataset import load_dataset, save_dataset
-    from memsearch.data.hotpot import convert_hotpot
     from memsearch.data.ruler import BUILDER_VERSION, prepare_ruler
     from memsearch.data.validate import validate_data
     from memsearch.tokenizer import load_tokenizer
@@ -60,12 +59,12 @@ def prepare_stage(cfg: MemAgentPipeline, out: Path, echo=print) -> dict[str, Any
         stage.start()
         # Each folder below is written atomically, so after a crash the finished ones are kept.
         if not paths["dev"].exists():
-            save_dataset(convert_hotpot(cfg.data.dev, split="dev"), paths["dev"])
+            save_dataset(cfg.data.convert(cfg.data.dev, "dev"), paths["dev"])
         if not (folder / "ruler").exists():
             prepare_ruler(paths["dev"], folder / "ruler", cfg.data.docs, seed=cfg.data.seed, limit=cfg.data.questions,
                           tokenizer=tokenizer)
         if not paths["train"].exists():
-            save_dataset(convert_hotpot(cfg.data.train, split="train", limit=cfg.data.train_questions), paths["train"])
+            save_dataset(cfg.data.convert(cfg.data.train, "train", cfg.data.train_questions), paths["train"])
         if train_long is not None and not train_long.parent.exists():
             prepare_ruler(
                 paths["train"],

@@ -19,6 +19,7 @@ from memsearch.devices import DeviceLayout
 from memsearch.pipelines.config import (
     PipelineConfig,
     PipelineReport,
+    SourceFiles,
     check_episode_tokenizer,
     trainer_config,
     updated,
@@ -46,15 +47,15 @@ def oracle_teacher(description: str) -> Any:
     """A teacher backend field, the oracle by default (each use says what it teaches)."""
     return Field(default_factory=lambda: BackendConfig.model_validate({"kind": "oracle"}), description=description)
 
-class MPData(StrictConfig):
+class MPData(SourceFiles):
     """Train and held-out dev questions (``prepare`` stage)."""
 
     train: str = Field(
-        "data/samples/hotpotqa/train_sample.json", description="HotpotQA train file: teacher, SFT and GRPO"
+        "data/samples/hotpotqa/train_sample.json", description="Train file (data.format): teacher, SFT and GRPO"
     )
     dev: str = Field(
         "data/samples/hotpotqa/dev_distractor_sample.json",
-        description="HotpotQA dev file the held-out comparison questions come from",
+        description="Dev file (data.format) the held-out comparison questions come from",
     )
     train_questions: int | None = Field(None, ge=1, description="Train questions (first N of the file; None = all)")
     dev_questions: int = Field(

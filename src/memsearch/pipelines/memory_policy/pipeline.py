@@ -167,10 +167,9 @@ def validation_split(cfg: MemoryPolicyPipeline):
     """The ``data.val_questions`` dev questions that follow the held-out ones (file order), with
     the documents of the whole converted slice (a superset of what their tasks use)."""
     from memsearch.data.dataset import Dataset
-    from memsearch.data.hotpot import convert_hotpot
 
     n = cfg.data.dev_questions
-    full = convert_hotpot(cfg.data.dev, split="dev", limit=n + cfg.data.val_questions)
+    full = cfg.data.convert(cfg.data.dev, "dev", n + cfg.data.val_questions)
     manifest = {**full.manifest, "options": {"offset": n, "limit": cfg.data.val_questions}}
     return Dataset(full.documents, full.tasks[n:], full.labels[n:], manifest)
 
@@ -179,10 +178,9 @@ def _splits(cfg: MemoryPolicyPipeline, paths: dict[str, Path]) -> dict[str, Any]
     """Each split's dataset: read back when its folder was saved (a resumed prepare), else
     converted in memory and not yet written."""
     from memsearch.data.dataset import load_dataset
-    from memsearch.data.hotpot import convert_hotpot
 
-    build = {"train": lambda: convert_hotpot(cfg.data.train, split="train", limit=cfg.data.train_questions),
-             "dev": lambda: convert_hotpot(cfg.data.dev, split="dev", limit=cfg.data.dev_questions)}
+    build = {"train": lambda: cfg.data.convert(cfg.data.train, "train", cfg.data.train_questions),
+             "dev": lambda: cfg.data.convert(cfg.data.dev, "dev", cfg.data.dev_questions)}
     if cfg.data.val_questions:
         build["val"] = lambda: validation_split(cfg)
     return {name: load_dataset(paths[name]) if paths[name].exists() else make() for name, make in build.items()}
