@@ -28,7 +28,7 @@ from pydantic import (
 )
 from pydantic_core import core_schema
 
-from memsearch.config.strict import KeyProblems, StrictConfig, config_check, validation_problems
+from memsearch.config.strict import KeyProblems, StrictConfig, config_check, validation_problems, without_default
 from memsearch.registry import BACKEND_KINDS, BackendKindName, backend_settings, either
 
 
@@ -282,10 +282,7 @@ class HFSettings(BackendConfig):
     def _omit_reference_weights(self, handler):
         # At its default the field is left out of every dump: stage fingerprints and saved
         # configs of float32 runs stay those of the versions before the field existed.
-        data = handler(self)
-        if isinstance(data, dict) and data.get("weights") == "float32":
-            data.pop("weights")
-        return data
+        return without_default(handler(self), "weights", "float32")
 
     def recorded_identity(self) -> dict[str, Any]:
         """See ``BackendConfig.recorded_identity``; ``weights`` only where it is not float32 (the

@@ -48,6 +48,15 @@ def validation_problems(exc: ValidationError, prefix: str = "") -> list[tuple[st
     return problems
 
 
+def without_default(data: Any, field: str, default: Any) -> Any:
+    """A model's dump (``data``) with ``field`` left out where it holds ``default``: a field added
+    later keeps the dumps, saved configs and stage fingerprints of configs that never set it
+    (used by a ``model_serializer(mode="wrap")``)."""
+    if isinstance(data, dict) and field in data and data[field] == default:
+        data.pop(field)
+    return data
+
+
 def config_check(method: Callable[..., None]) -> Callable[..., None]:
     """Mark a method of a ``StrictConfig`` as one of its checks across fields: called with the
     validated model and the validation context (a dict, empty when none), it raises

@@ -24,6 +24,7 @@ from memsearch.config import (
     read_config_file,
     validation_problems,
 )
+from memsearch.config.strict import without_default
 from memsearch.registry import BACKEND_KINDS, backend_settings
 from memsearch.train.config import TrainerTable
 from memsearch.train.config_keys import merge_disjoint
@@ -156,10 +157,7 @@ class SourceFiles(StrictConfig):
     def _omit_default_format(self, handler):
         # At its default the field is left out of every dump: the prepare stages' fingerprints
         # (which hash this table) and saved configs of HotpotQA runs stay those of earlier versions.
-        data = handler(self)
-        if isinstance(data, dict) and data.get("format") == "hotpot":
-            data.pop("format")
-        return data
+        return without_default(handler(self), "format", "hotpot")
 
     def convert(self, path: str, split: str, limit: int | None = None):
         """``path`` converted in memory by the ``format`` converter (a ``Dataset``)."""
