@@ -20,7 +20,8 @@ from memsearch.config import load_config
 from memsearch.data.dataset import save_dataset
 from memsearch.data.hotpot import convert_hotpot
 from memsearch.errors import InputError
-from memsearch.pipelines.stages import _children, _kill_left, folder_sha256, grpo_stage
+from memsearch.pipelines.stages import folder_sha256, grpo_stage
+from memsearch.serving.ownership import child_processes, kill_groups
 from memsearch.train.config import GRPOConfig
 
 pytestmark = pytest.mark.slow
@@ -116,7 +117,7 @@ def test_an_interrupt_stops_every_rank(tiny_model_dir, train_data, tmp_path):
         deadline = time.monotonic() + 90
         while len(ranks) < 2 and stage.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-            ranks = {r: t for pid in _children(stage.pid) for r, t in _children(pid).items()}
+            ranks = {r: t for pid in child_processes(stage.pid) for r, t in child_processes(pid).items()}
         assert len(ranks) == 2, log.read_text()[-2000:]
         stage.send_signal(signal.SIGINT)
         assert stage.wait(timeout=90) == 130, log.read_text()[-2000:]
@@ -129,4 +130,4 @@ def test_an_interrupt_stops_every_rank(tiny_model_dir, train_data, tmp_path):
         if stage.poll() is None:
             stage.kill()
             stage.wait(10)
-        _kill_left(ranks)
+        kill_groups(ranks)

@@ -374,3 +374,33 @@ def test_a_death_the_block_swallows_is_still_its_error(script, tmp_path):
                 time.sleep(30)
             except Exception:  # a broad handler in the work must not hide the death
                 pass
+
+
+def test_child_processes_are_found_and_only_the_same_ones_killed(tmp_path):
+    # A parent (its own session) whose two children each lead a process group of their own, as
+    # torchrun's ranks do: found with their start times; kill_groups stops the ones still running
+    # as noted and leaves a pid whose start time differs (a later process given that id) alone.
+    from memsearch.serving.ownership import child_processes, kill_groups
+
+    code = ("import subprocess, sys, time\n"
+            "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)"
+            " for _ in range(2)]\n"
+            "print(' '.join(str(k.pid) for k in kids), flush=True)\ntime.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        kids = [int(p) for p in parent.stdout.readline().split()]
+        found = child_processes(parent.pid)
+        assert sorted(found) == sorted(kids) and all(found[k] == process_start_time(k) for k in kids)
+        assert child_processes(kids[0]) == {}
+        kill_groups({kids[0]: found[kids[0]], kids[1]: "not-its-start-time"})
+        deadline = time.monotonic() + 10
+        while process_running(kids[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not process_running(kids[0]) and process_running(kids[1])
+    finally:
+        for pid in (*child_processes(parent.pid), parent.pid):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        parent.wait()

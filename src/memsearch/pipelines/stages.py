@@ -394,6 +394,7 @@ def _train_under_torchrun(folder: Path, kind: str, cfg: Any, resume: bool, ranks
     other failure as ``InputError``; an interrupt stops every rank (their process group) first."""
     import subprocess
 
+    from memsearch.serving.ownership import child_processes, kill_groups
     from memsearch.serving.process import stop_process
     from memsearch.train.grpo.collapse import CollapseError
     from memsearch.train.launch import launch_command, launch_environment, write_config
@@ -410,9 +411,9 @@ def _train_under_torchrun(folder: Path, kind: str, cfg: Any, resume: bool, ranks
     except BaseException:  # Ctrl-C, SIGTERM as SystemExit: no rank may outlive the stage
         # torchrun starts each rank in a session of its own and stops them on SIGTERM; the ranks
         # are noted first so that none is left running if torchrun itself must be killed.
-        ranks_started = _children(proc.pid)
+        ranks_started = child_processes(proc.pid)
         stop_process(proc)
-        _kill_left(ranks_started)
+        kill_groups(ranks_started)
         raise
     if code == 0:
         return
@@ -420,40 +421,6 @@ def _train_under_torchrun(folder: Path, kind: str, cfg: Any, resume: bool, ranks
         raise CollapseError(f"{folder}: the collapse guard stopped the run ({collapse})")
     raise InputError(f"{folder.name}: the trainer under torchrun exited with status {code} "
                      f"(its output above says why): {' '.join(command)}")
-
-
-def _start_time(pid: int) -> str | None:
-    """``pid``'s start time (``/proc/PID/stat`` field 22), None when gone: tells a process from a
-    later one given the same id."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _children(pid: int) -> dict[int, str]:
-    """The child processes of ``pid`` by id, with their start times (Linux ``/proc``; else none)."""
-    found = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[1] == str(pid):
-            found[int(stat.parent.name)] = fields[19]
-    return found
-
-
-def _kill_left(processes: dict[int, str]) -> None:
-    """SIGKILL the process group of each of ``processes`` still running (the same start time)."""
-    import signal
-
-    for pid, started in processes.items():
-        if _start_time(pid) == started:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def _check_adapter(folder: Path, stage: Stage) -> None:

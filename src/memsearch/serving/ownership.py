@@ -112,6 +112,28 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def child_processes(pid: int) -> dict[int, str]:
+    """The child processes of ``pid`` by id, each with its ``process_start_time`` (``/proc``;
+    without it, none)."""
+    found = {}
+    for child in _pids():
+        fields = _stat(child)
+        if fields and len(fields) > 19 and fields[1] == str(pid):
+            found[child] = fields[19]
+    return found
+
+
+def kill_groups(processes: Mapping[int, str]) -> None:
+    """SIGKILL the process group of each of ``processes`` (pid -> start time) that still runs as
+    the process noted (the same start time: never a later process given its id)."""
+    for pid, started in processes.items():
+        if process_start_time(pid) == started:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 def _address(hexaddr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     """An address as /proc/net/tcp(6) writes it: hex of 32-bit words in host (little-endian) order."""
     raw = bytes.fromhex(hexaddr)
