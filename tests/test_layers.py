@@ -13,7 +13,8 @@ import ast
 import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "memsearch"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "memsearch"
 
 # Bottom first. A module's layer is the one of its longest listed prefix.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
@@ -219,6 +220,18 @@ def test_nothing_in_the_library_imports_a_study():
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
             bad += [f"{module} -> {n}" for n in names if n == "studies" or n.startswith("studies.")]
+    assert not bad, bad
+
+
+def test_studies_use_only_public_names_of_the_library():
+    # A study measures what the library does through its public names: a private one (a leading
+    # underscore) may change under it with no warning.
+    bad = []
+    for path in sorted((ROOT / "studies").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("memsearch"):
+                bad += [f"{path.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names
+                        if a.name.startswith("_")]
     assert not bad, bad
 
 

@@ -121,7 +121,7 @@ def _point(k: int, stats, adv: torch.Tensor, rows: torch.Tensor, decisions: torc
 def _score(policy, rows: list[Row], cfg: GRPOConfig, pad_id: int, mask_fn) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: summed log-prob of its completion tokens in the loss, and of its op-choosing tokens."""
     from memsearch.train.grpo.shared_prompt import shared_micro_batches
-    from memsearch.train.grpo.update import _scorer
+    from memsearch.train.grpo.update import row_scorer
     from memsearch.train.logprobs import micro_batches
 
     packer = shared_micro_batches if cfg.update.share_prompts else micro_batches
@@ -131,7 +131,7 @@ def _score(policy, rows: list[Row], cfg: GRPOConfig, pad_id: int, mask_fn) -> tu
     with torch.no_grad():
         for idx in packer(rows, cfg.update.micro_batch_tokens):
             sub = [rows[i] for i in idx]
-            logprobs = _scorer(cfg)(policy, sub, pad_id, cfg.rollout.temperature, mask_fn).logprobs.double().cpu()
+            logprobs = row_scorer(cfg)(policy, sub, pad_id, cfg.rollout.temperature, mask_fn).logprobs.double().cpu()
             width = logprobs.shape[1]
             for k, i in enumerate(idx):
                 row_lp = logprobs[k, width - len(rows[i].completion_ids):]
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> list[FitPoint]:
     from memsearch.data.dataset import load_dataset
-    from memsearch.train.grpo.trainer import _mask_fn
+    from memsearch.train.grpo.trainer import schema_mask_fn
     from memsearch.train.policy import load_policy, make_optimizer
 
     saved = args.run / "config.json"
@@ -195,7 +195,7 @@ def _run(args) -> list[FitPoint]:
         print(f"| {p.update} | {p.row_pos:+.3f} / {p.row_neg:+.3f} | {p.decision_pos:+.3f} / {p.decision_neg:+.3f} | "
               f"{p.corr:+.3f} | {p.surrogate:+.3f} | {p.grad_norm:.3f} | {p.kl:.4f} |", flush=True)
 
-    mask_fn = _mask_fn(tokenizer) if cfg.rollout.schema_mode else None
+    mask_fn = schema_mask_fn(tokenizer) if cfg.rollout.schema_mode else None
     return fit_batch(policy, optimizer, batch, cfg, pad, mask_fn, args.updates, echo=echo)
 
 

@@ -29,7 +29,7 @@ def test_replayed_rows_are_the_trained_rows_and_the_update_follows_their_advanta
     from studies.memory_policy.batch_fit import fit_batch, replay_step
 
     from memsearch.data.dataset import load_dataset
-    from memsearch.train.grpo.trainer import _mask_fn
+    from memsearch.train.grpo.trainer import schema_mask_fn
     from memsearch.train.policy import load_policy, make_optimizer
 
     cfg, run = one_step_run
@@ -48,7 +48,7 @@ def test_replayed_rows_are_the_trained_rows_and_the_update_follows_their_advanta
 
     optimizer, _ = make_optimizer(policy, cfg.optim, cfg.steps)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    points = fit_batch(policy, optimizer, batch, cfg, pad, _mask_fn(tokenizer), updates=2)
+    points = fit_batch(policy, optimizer, batch, cfg, pad, schema_mask_fn(tokenizer), updates=2)
     assert [p.update for p in points] == [1, 2]
     first = points[0]
     assert first.surrogate > 0 and first.corr > 0  # rows move the way their advantages say

@@ -92,7 +92,7 @@ def test_schema_mode_rollout_logprobs_equal_recomputed_with_replayed_mask(tiny_m
 
     from memsearch.backends.hf.backend import HFBackend
     from memsearch.memory.action_format import MEMORY_OPS
-    from memsearch.train.grpo.trainer import _mask_fn
+    from memsearch.train.grpo.trainer import schema_mask_fn
 
     policy, tokenizer, _ = load_policy(str(tiny_model_dir), str(tiny_adapter_dir), LoraSettings(), device="cpu")
     backend = HFBackend(model="tiny", loaded=(policy, tokenizer), max_batch_size=4)
@@ -110,7 +110,7 @@ def test_schema_mode_rollout_logprobs_equal_recomputed_with_replayed_mask(tiny_m
     rows = [replace(row, constraint_id=MEMORY_OPS.id) for row in rows_from(results)]
     pad = tokenizer.eos_token_id
     with torch.no_grad():
-        masked = completion_logprobs(policy, rows, pad, mask_fn=_mask_fn(tokenizer))
+        masked = completion_logprobs(policy, rows, pad, mask_fn=schema_mask_fn(tokenizer))
         plain = completion_logprobs(policy, rows, pad)
     c_max = masked.logprobs.shape[1]
     worst_masked = worst_plain = 0.0
@@ -148,7 +148,7 @@ def test_head_only_where_needed_equals_every_logit_with_gradients(tiny_model_dir
     from memsearch.memory.action_format import MEMORY_OPS
     from memsearch.train import logprobs
     from memsearch.train.grpo.shared_prompt import shared_completion_logprobs
-    from memsearch.train.grpo.trainer import _mask_fn
+    from memsearch.train.grpo.trainer import schema_mask_fn
     from memsearch.train.policy import trainable_parameters
 
     policy, tokenizer, _ = load_policy(str(tiny_model_dir), str(tiny_adapter_dir), LoraSettings(), device="cpu")
@@ -158,7 +158,7 @@ def test_head_only_where_needed_equals_every_logit_with_gradients(tiny_model_dir
                                   sampling=SamplingParams(temperature=0.8, max_tokens=24, seed=i))
                 for i in range(4)]  # two prompts, two completions each: packed groups of two
     rows = [replace(row, constraint_id=MEMORY_OPS.id) for row in rows_from(backend.generate_sync(requests))]
-    mask_fn = _mask_fn(tokenizer)
+    mask_fn = schema_mask_fn(tokenizer)
     rows[1].loss_mask[2] = 0  # a token out of the loss (decisions.DecisionRule)
     forced = sum(int((mask_fn(r).sum(-1) == 1).sum()) for r in rows)
     assert forced > 0  # the schema forces tokens here: the skipped path is exercised
@@ -196,7 +196,7 @@ def test_entropy_is_that_of_the_masked_distribution(tiny_model_dir, tiny_adapter
 
     from memsearch.backends.hf.backend import HFBackend
     from memsearch.memory.action_format import MEMORY_OPS
-    from memsearch.train.grpo.trainer import _mask_fn
+    from memsearch.train.grpo.trainer import schema_mask_fn
 
     policy, tokenizer, _ = load_policy(str(tiny_model_dir), str(tiny_adapter_dir), LoraSettings(), device="cpu")
     backend = HFBackend(model="tiny", loaded=(policy, tokenizer), max_batch_size=4)
@@ -205,7 +205,7 @@ def test_entropy_is_that_of_the_masked_distribution(tiny_model_dir, tiny_adapter
                                   sampling=SamplingParams(temperature=1.0, max_tokens=24, seed=i))
                 for i in range(2)]
     rows = [replace(row, constraint_id=MEMORY_OPS.id) for row in rows_from(backend.generate_sync(requests))]
-    mask_fn = _mask_fn(tokenizer)
+    mask_fn = schema_mask_fn(tokenizer)
     with torch.no_grad():
         scored = completion_logprobs(policy, rows, tokenizer.eos_token_id, 1.0, mask_fn, with_entropy=True)
         c_max = scored.entropy.shape[1]

@@ -83,8 +83,9 @@ def step_task_positions(step: int, tasks_per_step: int, n_tasks: int, seed: int,
     return out
 
 
-def _mask_fn(tokenizer):
-    """Replays schema-mode masks from the constraint id and the completion ids."""
+def schema_mask_fn(tokenizer):
+    """The schema-mode masks of a row, replayed from its constraint id and completion ids (the
+    ``mask_fn`` the update scores rows with under ``rollout.schema_mode``)."""
     from memsearch.backends.hf.constraint import compile_constraint
     from memsearch.memory.action_format import constraint_by_id
 
@@ -293,7 +294,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             start, _ = resume_checkpoint(out / "checkpoints", policy, optimizer, scheduler, dist, echo)
             drop_lost_steps(out, start, dist)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        mask_fn = _mask_fn(tokenizer) if cfg.rollout.schema_mode else None
+        mask_fn = schema_mask_fn(tokenizer) if cfg.rollout.schema_mode else None
         rollouts = Rollouts(cfg, dataset, policy, tokenizer, fast=fast_rollouts)
         log = TrainLog(out, enabled=dist.main, resume_step=start if resume else None)
         guard = guard_for_run(cfg.collapse_guard, out, start, dist)

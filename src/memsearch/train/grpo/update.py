@@ -177,16 +177,17 @@ def _fixed_logprobs(model, rows, plan: list[_MiniBatch], cfg: GRPOConfig, pad_id
             for g, idx in enumerate(part.micro_batches):
                 sub = [rows[i] for i in idx]
                 if off_policy:
-                    fixed.old[k, g] = _scorer(cfg)(model, sub, pad_id, cfg.rollout.temperature, mask_fn).logprobs
+                    fixed.old[k, g] = row_scorer(cfg)(model, sub, pad_id, cfg.rollout.temperature, mask_fn).logprobs
                     fixed.gap.add(fixed.old[k, g], sub)
                 if cfg.loss.kl_coef > 0:
                     with reference_policy(model):
-                        fixed.ref[k, g] = _scorer(cfg)(model, sub, pad_id, cfg.rollout.temperature, mask_fn).logprobs
+                        fixed.ref[k, g] = row_scorer(cfg)(model, sub, pad_id, cfg.rollout.temperature, mask_fn).logprobs
     return fixed
 
 
-def _scorer(cfg: GRPOConfig):
-    """How rows are scored: each prompt once per micro-batch (``share_prompts``), or row by row."""
+def row_scorer(cfg: GRPOConfig):
+    """How the update scores rows (public: studies measure the same call): each prompt once per
+    micro-batch (``share_prompts``), or row by row."""
     return shared_completion_logprobs if cfg.update.share_prompts else completion_logprobs
 
 
@@ -194,7 +195,7 @@ def _backward(model, sub, weights: list[float], fixed: _FixedLogprobs, key: tupl
               pad_id: int, mask_fn, off_policy: bool, tally: _FirstEpoch | None) -> None:
     """Backpropagate one micro-batch's weighted loss sum (``weights``: its rows' aggregation
     weights); ``tally`` (first epoch only) adds its statistics."""
-    scored = _scorer(cfg)(model, sub, pad_id, cfg.rollout.temperature, mask_fn, with_entropy=tally is not None)
+    scored = row_scorer(cfg)(model, sub, pad_id, cfg.rollout.temperature, mask_fn, with_entropy=tally is not None)
     old_lp = fixed.old[key] if off_policy else scored.logprobs.detach()
     adv = torch.tensor([r.advantage for r in sub], device=scored.logprobs.device)
     loss_sum, st = policy_loss(scored.logprobs, old_lp, adv, scored.mask,
