@@ -134,7 +134,7 @@ def test_the_device_check_of_a_cpu_layout_and_its_refusal_of_gpus_torch_cannot_s
     """The GPU path (matmul and one-token generate per GPU) needs CUDA and does not run here."""
     import torch
 
-    from memsearch.devices import check_devices
+    from memsearch.experiment.device_check import check_devices
 
     assert not torch.cuda.is_available()  # this CPU machine: the refusal below is the real one
     lines: list[str] = []

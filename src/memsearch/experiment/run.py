@@ -7,7 +7,7 @@ off; ``DIR/run.json`` records each invocation's outcome and what it used):
 2. ``data/``: the HotpotQA files fetched (``data/manifest.json``: source, SHA-256, size);
 3. ``models``: the policy and reader folders (hub ids fetched), fingerprinted;
 4. ``prepare/``: converted and validated, train and held-out dev apart (the pipeline's stage);
-5. the device check (``memsearch.devices.check_devices``), in ``run.json``;
+5. the device check (``memsearch.experiment.device_check.check_devices``), in ``run.json``;
 6. the reader service (``services/reader.log``; its ``/v1/models`` identity in ``run.json``);
 7. ``baseline/matrix``: the A-D matrix before training (the served reader);
 8. the memory-policy pipeline's stages (``teacher/``, ``heldout/``, ``seed-N/sft``, ``grpo1``,
@@ -193,7 +193,8 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, echo=print, profile: 
 # The device check in a child process: it initialises CUDA, seeing every GPU of the node, while
 # this process must not touch CUDA before the training layout applies (devices.apply_training_layout).
 _CHECK = """import json, sys
-from memsearch.devices import DeviceLayout, check_devices
+from memsearch.devices import DeviceLayout
+from memsearch.experiment.device_check import check_devices
 from memsearch.errors import InputError
 try:
     layout = DeviceLayout.model_validate_json(sys.argv[1])
@@ -206,13 +207,14 @@ print(json.dumps(record))
 
 
 def device_check(layout, echo=print, timeout_s: float = 600) -> dict[str, Any]:
-    """``memsearch.devices.check_devices`` of ``layout``, then the training layout applied to this
+    """``experiment.device_check.check_devices`` of ``layout``, then the training layout applied to this
     process. A layout with GPUs is checked in a child process (it initialises CUDA on every GPU
     the layout names; this process must see the trainer's GPUs only). ``InputError`` with the
     check's words when it refuses."""
     import sys
 
-    from memsearch.devices import apply_training_layout, check_devices
+    from memsearch.devices import apply_training_layout
+    from memsearch.experiment.device_check import check_devices
 
     if layout.empty:
         return check_devices(layout, echo)
