@@ -21,21 +21,12 @@ PipelineConfig = Annotated[Path, typer.Option(
     "--config", help="Pipeline config, e.g. configs/memagent.toml or configs/memory_policy_cpu.toml.")]
 
 
-_CONFIG_CLASSES = {"memagent": "MemAgentPipeline", "memory_policy": "MemoryPolicyPipeline"}
-
-
-def _run_pipeline(kind: str, config: Path, out: Path, overrides: list[str] | None, entry: str | None = None) -> None:
-    """Load the config of pipeline ``kind`` (file and --set) and run ``memsearch.pipelines.<kind>``
-    (its ``run_<kind>_pipeline``, or the function named ``entry``)."""
-    import importlib
-
+def _run_pipeline(model, run, config: Path, out: Path, overrides: list[str] | None) -> None:
+    """Load the pipeline config ``model`` (file and --set) and ``run`` it into ``out``."""
     from memsearch.config import load_config
-
-    model = getattr(importlib.import_module(f"memsearch.pipelines.{kind}.config"), _CONFIG_CLASSES[kind])
-    run = getattr(importlib.import_module(f"memsearch.pipelines.{kind}.pipeline"), entry or f"run_{kind}_pipeline")
-    cfg = load_config(config, overrides, model=model)
     from memsearch.devices import apply_training_layout
 
+    cfg = load_config(config, overrides, model=model)
     # First, before any stage touches CUDA: every stage of this process then runs on the trainer's GPUs.
     apply_training_layout(cfg.devices)
     run(cfg, out, echo=typer.echo)
@@ -45,7 +36,10 @@ def _run_pipeline(kind: str, config: Path, out: Path, overrides: list[str] | Non
 @friendly
 def memagent(config: PipelineConfig, out: PipelineOut, set_: Overrides = None) -> None:
     """MemAgent: RULER-HQA sets, GRPO (memagent role), merge, base vs trained at every N, report."""
-    _run_pipeline("memagent", config, out, set_)
+    from memsearch.pipelines.memagent.config import MemAgentPipeline
+    from memsearch.pipelines.memagent.pipeline import run_memagent_pipeline
+
+    _run_pipeline(MemAgentPipeline, run_memagent_pipeline, config, out, set_)
 
 
 @pipeline_app.command("memory-policy")
@@ -60,4 +54,8 @@ def memory_policy(
     ] = False,
 ) -> None:
     """Memory policy: teacher + SFT, GRPO stage 1, merge, optional stage 2 (controller), A-D on held-out dev, report."""
-    _run_pipeline("memory_policy", config, out, set_, "run_validation_only" if validation_only else None)
+    from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
+    from memsearch.pipelines.memory_policy.pipeline import run_memory_policy_pipeline, run_validation_only
+
+    run = run_validation_only if validation_only else run_memory_policy_pipeline
+    _run_pipeline(MemoryPolicyPipeline, run, config, out, set_)

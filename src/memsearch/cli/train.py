@@ -41,7 +41,6 @@ def _train(kind: str, config: Path, out: Path, resume: bool, adapter: Path | Non
            dry_run: bool = False, gpu_memory: float | None = None) -> None:
     """Load the trainer config (file, --set, --adapter) and run ``memsearch.train.<kind>.trainer``, or
     with ``dry_run`` only its memory pre-flight."""
-    import importlib
     import json
 
     from memsearch.config import load_config
@@ -56,7 +55,10 @@ def _train(kind: str, config: Path, out: Path, resume: bool, adapter: Path | Non
         from memsearch.errors import InputError
 
         raise InputError("--gpu-memory is for --dry-run; a run checks the memory of the GPU it gets")
-    train = getattr(importlib.import_module(f"memsearch.train.{kind}.trainer"), f"train_{kind}")
+    if kind == "sft":
+        from memsearch.train.sft.trainer import train_sft as train
+    else:
+        from memsearch.train.grpo.trainer import train_grpo as train
     summary = train(cfg, out, resume=resume, echo=typer.echo)
     if "adapter" in summary:
         typer.echo(f"adapter: {summary['adapter']}")
