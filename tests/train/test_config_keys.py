@@ -109,6 +109,20 @@ def test_set_flags_of_either_spelling_and_the_trainer_table_of_a_pipeline(tmp_pa
         load_config(earlier, ['grpo.credit.mode="share"'], model=MemAgentPipeline)
 
 
+def test_a_set_in_the_current_spelling_wins_over_a_trainer_file_in_the_earlier_one(tmp_path):
+    # The file is put in the current spelling before the command line applies: the --set wins.
+    earlier = tmp_path / "grpo.toml"
+    earlier.write_text('data = "x"\ncredit = "state"\nstd_scale = true\nclip_high = 0.3\n', encoding="utf-8")
+    cfg = load_config(earlier, ["credit.mode=share", "loss.clip_high=0.25"], model=GRPOConfig)
+    assert (cfg.credit.mode, cfg.credit.std_scale, cfg.loss.clip_high) == ("share", True, 0.25)
+    assert load_config(earlier, ["clip_high=0.2"], model=GRPOConfig).loss.clip_high == 0.2  # its own spelling too
+    # a file giving one setting in both spellings is refused naming the file and both keys
+    both = tmp_path / "both.toml"
+    both.write_text('data = "x"\nclip_high = 0.3\n[loss]\nclip_high = 0.2\n', encoding="utf-8")
+    with pytest.raises(InputError, match=f"{both}.*clip_high and loss.clip_high are one setting"):
+        load_config(both, ["credit.mode=share"], model=GRPOConfig)
+
+
 def test_a_published_config_takes_overrides_in_its_own_spelling_and_says_so_for_the_other():
     """The v3 study config is written the earlier way (it is the record of what ran): an override
     in that spelling replaces its value; one in the current spelling names both and says which to

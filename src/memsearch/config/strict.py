@@ -179,11 +179,60 @@ def _origin(path: str, flags: list[tuple[list[str], str]], where: str) -> str:
     return (above or below or [where])[-1]
 
 
+_SPELLING_PROBE = "\0--set\0"  # a value no config holds: where upgrade_keys moves it is the key's current path
+
+
+def _current_key(upgrade: Callable[[Any], Any], key: str) -> str:
+    """``key`` (a ``--set`` key path) in the current spelling, as ``upgrade`` (a model's
+    ``upgrade_keys``) would move it; unchanged when it cannot tell."""
+    parts = key.split(".")
+    if not key or not all(parts):
+        return key
+    probe: Any = _SPELLING_PROBE
+    for part in reversed(parts):
+        probe = {part: probe}
+    try:
+        moved = upgrade(probe)
+    except KeyProblems:
+        return key
+
+    def find(node: Any, path: list[str]) -> list[str] | None:
+        if node == _SPELLING_PROBE:
+            return path
+        for name, value in node.items() if isinstance(node, dict) else ():
+            found = find(value, [*path, str(name)])
+            if found is not None:
+                return found
+        return None
+
+    return ".".join(find(moved, []) or parts)
+
+
 def config_from_tables(data: dict[str, Any], overrides: list[str] | None, model: type[BaseModel], where: str) -> Any:
-    """Apply ``--set`` overrides to raw tables and validate them; problems name ``where`` and the field."""
-    data = apply_overrides(data, overrides or [])
+    """Apply ``--set`` overrides to raw tables and validate them; problems name ``where`` and the field.
+
+    A model that reads earlier spellings (its ``upgrade_keys`` classmethod, the trainer configs)
+    has the file's tables put in the current spelling first, so a ``--set`` in the current one
+    applies over a file in the earlier one: a command-line value always wins."""
+    given = list(overrides or [])
+    keys = [item.partition("=")[0].strip() for item in given]
+    upgrade = getattr(model, "upgrade_keys", None)
+    if callable(upgrade):
+        try:
+            data = upgrade(data)
+        except KeyProblems as exc:  # the file gives a field in both spellings
+            raise InputError([Problem(where, None, path, what) for path, what in exc.keyed]) from None
+        current = [_current_key(upgrade, key) for key in keys]
+        for i, (key, now) in enumerate(zip(keys, current, strict=True)):
+            other = next((k for k, n in zip(keys[:i], current[:i], strict=True) if n == now and k != key), None)
+            if other is not None:  # two flags, two spellings, one setting: which was meant is unclear
+                raise InputError(f"--set {key}: {other} and {key} are one setting, in its earlier and its current "
+                                 f"spelling; give it once: {now}")
+        keys = current
+    data = apply_overrides(data, [f"{key}={item.partition('=')[2]}" if "=" in item else item
+                                  for key, item in zip(keys, given, strict=True)])
     # A problem in a field that `--set` wrote is reported against the flag, not the file.
-    flags = [(item.partition("=")[0].strip().split("."), f"--set {item}") for item in overrides or []]
+    flags = [(key.split("."), f"--set {item}") for key, item in zip(keys, given, strict=True)]
     try:
         return model.model_validate(data)
     except ValidationError as exc:
