@@ -173,6 +173,9 @@ def test_bad_records_are_named_by_row_never_a_silent_share():
     # an old loop (no record on a row)
     with pytest.raises(CreditRecordError, match="row u_1_0: no extra_fields\\['memsearch_credit'\\]"):
         row_advantages(keys, [*good[:2], None, good[3]], scores, pad, group_size=2, std_scale=False)
+    # a record of no known mode
+    with pytest.raises(CreditRecordError, match="row u_0_0: credit mode 'shared'; expected one of share, split, state"):
+        row_advantages(keys, _records("shared") + _records(), scores, pad, group_size=2, std_scale=False)
     # a row lost between the loop and the update
     with pytest.raises(CreditRecordError, match="session u_1: rows \\[0\\] in the batch, its records say \\[2\\]"):
         row_advantages(keys[:3], good[:3], scores[:3], pad[:3], group_size=2, std_scale=False)

@@ -42,6 +42,7 @@ from memsearch.train.grpo.state_credit import state_group_advantages
 
 CREDIT_FIELD = "memsearch_credit"  # the extra_fields key of a row's record
 CreditMode = Literal["share", "split", "state"]
+CREDIT_MODES = ("share", "split", "state")
 
 
 class CreditRecordError(InputValueError):
@@ -76,6 +77,9 @@ class CreditRecord:
             record = cls(**value)
         except TypeError as exc:
             raise CreditRecordError(f"row {key}: extra_fields[{CREDIT_FIELD!r}] = {value!r}: {exc}") from None
+        if record.mode not in CREDIT_MODES:
+            expected = ", ".join(CREDIT_MODES)
+            raise CreditRecordError(f"row {key}: credit mode {record.mode!r}; expected one of {expected}")
         if record.mode == "state" and (record.call is None or record.continued is None or record.call_reward is None):
             raise CreditRecordError(f"row {key}: a state-mode record without call, continued or call_reward: "
                                     f"{value!r}; expected one row per branch of each memory call")
