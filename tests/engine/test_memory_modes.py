@@ -60,13 +60,13 @@ def test_hidden_sources_observation_and_prompt():
     assert memory.store.apply([Add("Paris is in France.", ("d3:0",))], {"d3:0"}).applied
     obs = memory.observation()
     # Rule-based backends get the items (the oracle teacher needs their sources) and the flag.
-    assert obs["sources_shown"] is False and obs["memory_items"][0].sources == ("d3:0",)
+    assert obs.sources_shown is False and obs.memory_items[0].sources == ("d3:0",)
     assert memory.render() == "[m1] (fact) Paris is in France."
     assert (
         "Memory (id, kind, text):\n[m1] (fact) Paris is in France." in memory.messages("Q?", "[d4:0] x")[1]["content"]
     )
     shown = make_memory("decision", LexicalTokenizer(), 100)
-    assert shown.observation()["sources_shown"] is True
+    assert shown.observation().sources_shown is True
     assert "Memory (id, kind, sources, text):" in shown.messages("Q?", "[d4:0] x")[1]["content"]
 
 

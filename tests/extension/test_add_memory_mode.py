@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -31,6 +30,8 @@ from memsearch.engine.parsing import evidence_ids_in
 from memsearch.errors import InputError
 from memsearch.eval.runner import run_eval
 from memsearch.records.causes import InvalidCause
+from memsearch.records.events import MemoryEvent
+from memsearch.records.observation import MemoryView
 from memsearch.tokenizer import LexicalTokenizer, load_tokenizer
 
 RULES = Path(__file__).resolve().parents[2] / "configs" / "rules.toml"
@@ -48,26 +49,26 @@ class FifoNotes:
     def render(self) -> str:
         return "\n".join(self.lines) or "(empty)"
 
-    def observation(self) -> dict[str, Any]:
+    def observation(self) -> MemoryView:
         text = "\n".join(self.lines)
-        return {"memory_text": text, "budget_left": self.budget - self.tokenizer.count(text)}
+        return MemoryView(budget_left=self.budget - self.tokenizer.count(text), memory_text=text)
 
     def messages(self, question: str, evidence: str) -> tuple[dict[str, str], ...]:
         return prompts.memory_summary(question, self.render(), evidence, self.budget)
 
-    def update(self, text: str, shown: set[str], texts: Mapping[str, str] | None = None) -> dict[str, Any]:
+    def update(self, text: str, shown: set[str], texts: Mapping[str, str] | None = None, *,
+               step: int) -> MemoryEvent:
         before = self.render()
         new = [line.strip() for line in text.splitlines() if line.strip()]
         if not new:
-            return {"valid": False, "reason": "empty output; memory unchanged", "cause": InvalidCause.EMPTY_TEXT,
-                    "executed": {}, "before": before, "after": before, "truncated": False}
+            return MemoryEvent(step=step, valid=False, reason="empty output; memory unchanged",
+                               cause=InvalidCause.EMPTY_TEXT, before=before, after=before)
         lines = list(dict.fromkeys(self.lines + new))
         kept = len(lines)
         while lines and self.tokenizer.count("\n".join(lines)) > self.budget:
             lines.pop(0)
         self.lines = lines
-        return {"valid": True, "reason": None, "cause": None, "executed": {}, "before": before,
-                "after": self.render(), "truncated": len(lines) < kept}
+        return MemoryEvent(step=step, valid=True, before=before, after=self.render(), truncated=len(lines) < kept)
 
     def cited(self) -> list[str]:
         return list(dict.fromkeys(eid for line in self.lines for eid in evidence_ids_in(line)))

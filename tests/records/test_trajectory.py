@@ -39,13 +39,13 @@ def test_every_cause_has_its_bucket_and_the_enum_order_is_the_precedence():
 def test_a_decision_memory_records_the_cause_of_its_rejection():
     memory = make_memory("decision", LexicalTokenizer(), 24)
     long_text = " ".join(["word"] * 30)
-    record = memory.update(json.dumps({"ops": [{"op": "ADD", "text": long_text, "sources": ["d9:0"]}]}), SHOWN)
+    record = memory.update(json.dumps({"ops": [{"op": "ADD", "text": long_text, "sources": ["d9:0"]}]}), SHOWN, step=3)
     # Two rules broken (an unshown source, the budget): the code is the overflow, the reason says both.
-    assert record["valid"] is False and record["cause"] == InvalidCause.OVER_BUDGET
-    assert "was not shown" in record["reason"] and "over the budget" in record["reason"]
-    assert memory.update("not json at all", SHOWN)["cause"] == InvalidCause.PARSE
-    assert memory.update('{"ops": [{"op": "NOOP"}]}', SHOWN)["cause"] is None
-    assert make_memory("summary", LexicalTokenizer(), 24).update("   ", SHOWN)["cause"] == InvalidCause.EMPTY_TEXT
+    assert record.step == 3 and record.valid is False and record.cause == InvalidCause.OVER_BUDGET
+    assert "was not shown" in record.reason and "over the budget" in record.reason
+    assert memory.update("not json at all", SHOWN, step=4).cause == InvalidCause.PARSE
+    assert memory.update('{"ops": [{"op": "NOOP"}]}', SHOWN, step=5).cause is None
+    assert make_memory("summary", LexicalTokenizer(), 24).update("   ", SHOWN, step=0).cause == InvalidCause.EMPTY_TEXT
 
 
 def _engine5_trajectory() -> dict:

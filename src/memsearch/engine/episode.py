@@ -225,8 +225,8 @@ class _Run:
         # Extractive: the item each id would become (rule-based backends count it).
         item_texts = ({eid: written_text([eid], ep.texts) for eid, _ in evidence_items if eid}
                       if memory.extractive else {})
-        obs = Observation(question=task.question, mode=memory.mode, evidence=tuple(evidence_items),
-                          item_texts=item_texts, **memory.observation())
+        obs = memory.observation().observation(task.question, mode=memory.mode, evidence=tuple(evidence_items),
+                                               item_texts=item_texts)
         messages = memory.messages(task.question, evidence_text)
         constraint = self.ops_constraint(evidence_items)
         if ep.env.branches > 1 and self.operations:
@@ -235,7 +235,7 @@ class _Run:
         else:
             result = await ep.call("memory", step, messages, obs, self.budgets.policy_tokens, constraint)
         outcome = (
-            MemoryEvent.from_json({"step": step, **memory.update(result.text, set(ep.shown), ep.texts)})
+            memory.update(result.text, set(ep.shown), ep.texts, step=step)
             if result.ok
             else MemoryEvent(step=step, valid=False, reason=f"request failed: {result.error}",
                              cause=InvalidCause.REQUEST_FAILED)
@@ -250,8 +250,8 @@ class _Run:
         if self.cfg.agent.controller != "policy":
             return self.task.question
         ep, left = self.ep, self.budgets.max_searches - step
-        obs = Observation(question=self.task.question, searches_left=left, past_queries=tuple(queries),
-                          **self.memory.observation())
+        obs = self.memory.observation().observation(self.task.question, searches_left=left,
+                                                    past_queries=tuple(queries))
         messages = prompts.controller(self.task.question, self.memory.render(), left, queries)
         result = await ep.call("controller", step, messages, obs, self.budgets.policy_tokens)
         action = parse_controller(result.text) if result.ok else None
@@ -317,8 +317,8 @@ class _Run:
         """The reader's answer from the final memory, and the trajectory (``records.trajectory``)."""
         ep, memory, task = self.ep, self.memory, self.task
         boxed = memory.answer_format == "boxed"  # the mode's registered reader format (engine.memory_modes)
-        obs = Observation(question=task.question, mode=memory.mode, answer_format="boxed" if boxed else "free",
-                          **memory.observation())
+        obs = memory.observation().observation(task.question, mode=memory.mode,
+                                               answer_format="boxed" if boxed else "free")
         wording = self.cfg.prompts.overwrite_final
         messages = prompts.reader(task.question, memory.render(), boxed=boxed, template=wording)
         result = await ep.call("reader", 0, messages, obs, self.budgets.answer_tokens)

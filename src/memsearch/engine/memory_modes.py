@@ -29,7 +29,8 @@ from memsearch.engine.parsing import evidence_ids_in
 from memsearch.memory import EMPTY_RENDER, Memory
 from memsearch.memory.faithfulness import faithful_sources
 from memsearch.records.causes import InvalidCause
-from memsearch.records.observation import MemoryItemView
+from memsearch.records.events import MemoryEvent
+from memsearch.records.observation import MemoryItemView, MemoryView
 from memsearch.registry import MEMORY_MODES, MemoryMode, load_factory, memory_mode, register_memory_mode
 from memsearch.tokenizer import Tokenizer
 
@@ -60,9 +61,10 @@ class MemoryStrategy(Protocol):
     extractive: bool
 
     def render(self) -> str: ...
-    def observation(self) -> dict[str, Any]: ...
+    def observation(self) -> MemoryView: ...
     def messages(self, question: str, evidence: str) -> tuple[dict[str, str], ...]: ...
-    def update(self, text: str, shown: set[str], texts: Mapping[str, str] | None = None) -> dict[str, Any]: ...
+    def update(self, text: str, shown: set[str], texts: Mapping[str, str] | None = None, *,
+               step: int) -> MemoryEvent: ...
     def cited(self) -> list[str]: ...
     def faithful_cited(self, texts: Mapping[str, str]) -> list[str]: ...
 
@@ -83,11 +85,11 @@ class DecisionMemory:
     def render(self) -> str:
         return self.store.render()
 
-    def observation(self) -> dict[str, Any]:
-        """This memory's fields of a policy call's ``records.observation.Observation``."""
+    def observation(self) -> MemoryView:
+        """This memory's part of a policy call's ``records.observation.Observation``."""
         items = tuple(MemoryItemView(item.id, item.text, tuple(item.sources), item.kind) for item in self.store.items)
-        return {"memory_items": items, "budget_left": self.store.remaining_tokens(), "extractive": self.extractive,
-                "sources_shown": self.store.show_sources}
+        return MemoryView(budget_left=self.store.remaining_tokens(), memory_items=items, extractive=self.extractive,
+                          sources_shown=self.store.show_sources)
 
     def messages(self, question: str, evidence: str) -> tuple[dict[str, str], ...]:
         prompt = prompts.memory_extractive if self.extractive else prompts.memory_decision
@@ -98,22 +100,17 @@ class DecisionMemory:
         memory's format; ``texts``: what each shown id stands for (``title\nsentence``)."""
         return store.apply_text(text, shown, texts if self.extractive else None)
 
-    def update(self, text: str, shown: set[str], texts: Mapping[str, str] | None = None) -> dict[str, Any]:
+    def update(self, text: str, shown: set[str], texts: Mapping[str, str] | None = None, *,
+               step: int) -> MemoryEvent:
+        """Apply memory call ``step``'s output; what it did, as the step's ``MemoryEvent``."""
         before = self.render()
         # The evidence ids the store held when the call was made, whatever the rendering showed:
         # with hidden sources the prompt does not carry them, and row selection needs them.
-        sources_before = self.cited()
+        sources_before = tuple(self.cited())
         result = self.apply_text(self.store, text, shown, texts or {})
-        return {
-            "valid": result.valid,
-            "reason": result.reason,
-            "cause": result.cause,
-            "executed": result.executed,
-            "before": before,
-            "after": self.render(),
-            "truncated": False,
-            "sources_before": sources_before,
-        }
+        return MemoryEvent(step=step, valid=result.valid, reason=result.reason, cause=result.cause,
+                           executed=dict(result.executed), before=before, after=self.render(), truncated=False,
+                           sources_before=sources_before)
 
     def cited(self) -> list[str]:
         return list(dict.fromkeys(s for item in self.store.items for s in item.sources))
@@ -137,37 +134,24 @@ class RewriteMemory:
     def render(self) -> str:
         return self.text or self.initial
 
-    def observation(self) -> dict[str, Any]:
-        """This memory's fields of a policy call's ``records.observation.Observation``."""
-        return {"memory_text": self.text, "budget_left": self.budget - self.tokenizer.count(self.text)}
+    def observation(self) -> MemoryView:
+        """This memory's part of a policy call's ``records.observation.Observation``."""
+        return MemoryView(budget_left=self.budget - self.tokenizer.count(self.text), memory_text=self.text)
 
     def messages(self, question: str, evidence: str) -> tuple[dict[str, str], ...]:
         return self.prompt(question, self.render(), evidence)
 
-    def update(self, text: str, shown: set[str], texts: Mapping[str, str] | None = None) -> dict[str, Any]:
+    def update(self, text: str, shown: set[str], texts: Mapping[str, str] | None = None, *,
+               step: int) -> MemoryEvent:
+        """Replace the memory with memory call ``step``'s output, cut to the budget; what it did."""
         before = self.render()
         new = text.strip()
         if not new:
-            return {
-                "valid": False,
-                "reason": "empty output; memory unchanged",
-                "cause": InvalidCause.EMPTY_TEXT,
-                "executed": {},
-                "before": before,
-                "after": before,
-                "truncated": False,
-            }
+            return MemoryEvent(step=step, valid=False, reason="empty output; memory unchanged",
+                               cause=InvalidCause.EMPTY_TEXT, before=before, after=before)
         cut = self.tokenizer.truncate(new, self.budget)
         self.text = cut
-        return {
-            "valid": True,
-            "reason": None,
-            "cause": None,
-            "executed": {},
-            "before": before,
-            "after": self.render(),
-            "truncated": cut != new,
-        }
+        return MemoryEvent(step=step, valid=True, before=before, after=self.render(), truncated=cut != new)
 
     def cited(self) -> list[str]:
         return list(evidence_ids_in(self.text))

@@ -33,6 +33,25 @@ class MemoryItemView:
 
 
 @dataclass(frozen=True)
+class MemoryView:
+    """A memory's part of an ``Observation``: what a memory mode's ``observation()`` returns
+    (``engine.memory_modes.MemoryStrategy``)."""
+
+    budget_left: int  # memory tokens left
+    memory_items: tuple[MemoryItemView, ...] | None = None  # decision memory's items
+    memory_text: str | None = None  # a rewritten memory's text (summary, overwrite)
+    extractive: bool = False  # decision memory's extractive format
+    sources_shown: bool = True  # whether items show their evidence ids
+
+    def observation(self, question: str, **call: Any) -> Observation:
+        """The ``Observation`` of one call on this memory; ``call``: that call's own fields
+        (``mode``, ``evidence``, ``searches_left``, ...)."""
+        return Observation(question=question, memory_items=self.memory_items, memory_text=self.memory_text,
+                           budget_left=self.budget_left, extractive=self.extractive,
+                           sources_shown=self.sources_shown, **call)
+
+
+@dataclass(frozen=True)
 class Observation:
     """The state of the episode at one policy call (module doc)."""
 
