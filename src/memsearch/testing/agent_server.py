@@ -62,17 +62,26 @@ TRANSIENT_FAULT_KINDS = ("500", "429", "stall", "bad_json", "empty_choices", "sh
 FAULT_KINDS = (*TRANSIENT_FAULT_KINDS, "400")
 
 
+def evidence_lines(prompt: str) -> list[tuple[str, str]]:
+    """``(evidence id, sentence)`` of each line of a memory prompt's new evidence, in order."""
+    return re.findall(r"^\[([^\]]+:\d+)\] (.+)$", prompt.split("New evidence", 1)[-1], re.MULTILINE)
+
+
+def add_op(source: str, sentence: str) -> str:
+    """A decision-memory batch adding the first 12 words of ``sentence``, citing ``source``."""
+    text = " ".join(sentence.split()[:12])
+    return json.dumps({"ops": [{"op": "ADD", "text": text, "sources": [source], "kind": "fact"}]})
+
+
 def answer_for(prompt: str) -> str:
     """The scripted completion for one memsearch prompt."""
     if "Reply with one JSON object only" in prompt:
-        evidence = prompt.split("New evidence", 1)[-1]
-        match = re.search(r"^\[([^\]]+:\d+)\] (.+)$", evidence, re.MULTILINE)
+        lines = evidence_lines(prompt)
         left = re.search(r"Memory budget left: (-?\d+) tokens", prompt)
-        if match and left and int(left.group(1)) > 60:
+        if lines and left and int(left.group(1)) > 60:
             if "You do not write facts" in prompt:  # the extractive format: name the sentence only
-                return json.dumps({"ops": [{"op": "ADD", "sources": [match.group(1)]}]})
-            text = " ".join(match.group(2).split()[:12])
-            return json.dumps({"ops": [{"op": "ADD", "text": text, "sources": [match.group(1)], "kind": "fact"}]})
+                return json.dumps({"ops": [{"op": "ADD", "sources": [lines[0][0]]}]})
+            return add_op(*lines[0])
         return '{"ops": [{"op": "NOOP"}]}'
     if "Rewrite the notes" in prompt:
         evidence = prompt.split("New evidence", 1)[-1]

@@ -13,12 +13,10 @@ one per id. It is not a model: it exists so the loop's plumbing is tested on rea
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from memsearch.testing.agent_server import answer_for
+from memsearch.testing.agent_server import add_op, answer_for, evidence_lines
 
 MEMORY_PROMPT = "Reply with one JSON object only"  # the decision-memory prompt (answer_for's test)
 
@@ -28,12 +26,8 @@ def memory_variant(prompt: str, variant: int) -> str:
     last evidence sentence (another id: gold or not, it decides differently)."""
     if variant == 1:
         return '{"ops": [{"op": "NOOP"}]}'
-    lines = re.findall(r"^\[([^\]]+:\d+)\] (.+)$", prompt.split("New evidence", 1)[-1], re.MULTILINE)
-    if variant == 0 or not lines:
-        return answer_for(prompt)
-    source, text = lines[-1]
-    return json.dumps({"ops": [{"op": "ADD", "text": " ".join(text.split()[:12]), "sources": [source],
-                                "kind": "fact"}]})
+    lines = evidence_lines(prompt)
+    return answer_for(prompt) if variant == 0 or not lines else add_op(*lines[-1])
 
 
 @dataclass

@@ -68,7 +68,10 @@ class CreditRecord:
 
     @classmethod
     def from_row(cls, key: str, value: Any) -> CreditRecord:
-        """The record stored on the row ``key`` (``CreditRecordError`` naming it when absent or malformed)."""
+        """The record stored on the row ``key`` (``CreditRecordError`` naming it when absent or
+        malformed); a ``CreditRecord`` already read is returned as it is."""
+        if isinstance(value, CreditRecord):
+            return value
         if not isinstance(value, dict):
             raise CreditRecordError(
                 f"row {key}: no extra_fields[{CREDIT_FIELD!r}]; the memsearch trainer needs the records memsearch's "
@@ -144,14 +147,15 @@ def row_advantages(keys: Sequence[str], records: Sequence[Any], rewards: Sequenc
     row); ``padding``: verl's ``is_padding`` tags; ``group_size``: ``rollout.n``; ``std_scale``:
     verl's ``algorithm.norm_adv_by_std_in_grpo``, which must equal the records' own.
     """
-    mode = batch_mode(keys, records, padding)
+    parsed = [None if pad else CreditRecord.from_row(key, value)  # each read once
+              for key, value, pad in zip(keys, records, padding, strict=True)]
+    mode = batch_mode(keys, parsed, padding)
     sessions: dict[str, dict[int, tuple[int, CreditRecord]]] = defaultdict(dict)  # session -> index -> (row, record)
     tasks: dict[str, list[str]] = defaultdict(list)  # uid -> its sessions, in order of first row
-    for i, (key, value, pad) in enumerate(zip(keys, records, padding, strict=True)):
-        if pad:
+    for i, (key, record, pad) in enumerate(zip(keys, parsed, padding, strict=True)):
+        if pad or record is None:
             continue
         uid, session, index = session_of(key)
-        record = CreditRecord.from_row(key, value)
         if record.row != index or (record.session is not None and record.session != session):
             raise CreditRecordError(f"row {key}: its record names row {record.row} of session {record.session}; the "
                                     "record and the row were separated")

@@ -29,7 +29,13 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from memsearch.integrations.verl import TRAINER_NAME
-from memsearch.integrations.verl.credit import CREDIT_FIELD, CreditRecordError, batch_mode, row_advantages
+from memsearch.integrations.verl.credit import (
+    CREDIT_FIELD,
+    CreditRecord,
+    CreditRecordError,
+    batch_mode,
+    row_advantages,
+)
 
 
 @register_trainer(TRAINER_NAME)
@@ -52,8 +58,9 @@ class MemsearchTrainer(PPOTrainerSync):
         """Replace the advantages of ``batch`` (a ``KVBatchMeta``) by memsearch's credit (module doc)."""
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                select_fields=["extra_fields", "rm_scores", "response_mask"])
-        records = [(extra or {}).get(CREDIT_FIELD) for extra in list(data["extra_fields"])]
         padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
+        records = [None if pad else CreditRecord.from_row(key, (extra or {}).get(CREDIT_FIELD))  # read once
+                   for key, extra, pad in zip(batch.keys, list(data["extra_fields"]), padding, strict=True)]
         mode = batch_mode(batch.keys, records, padding)
         if mode == "share":
             return batch
