@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 
 from memsearch.cli.app import app
 from memsearch.config import MAX_BOOTSTRAP_RESAMPLES, BackendConfig, RunConfig, load_config
+from memsearch.errors import InputError
 from memsearch.registry import BACKEND_KINDS, backend_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,10 +205,12 @@ def test_a_model_setting_of_a_backend_that_runs_no_model_is_refused(hotpot_dev_d
             in stderr
 
 
-def test_the_model_a_pipeline_fills_into_a_rules_role_is_let_be(tmp_path):
-    # pipelines.config.episode_table gives every role the pipeline's model: 'embedded' or its folder.
+def test_a_rules_role_lets_the_unset_model_be_and_refuses_a_folder_there_or_not(tmp_path):
+    # 'embedded' is what the flat form wrote unset; a folder is refused whatever is on disk
+    # (tests/config/test_no_model_kinds.py: where an earlier version's record reads it).
+    cfg = load_config(RULES, ['backends.reader.model="embedded"'])
+    assert list(cfg.model_dump(mode="json")["backends"]["reader"]) == ["kind", "sampling", "schema_mode"]
     (tmp_path / "model").mkdir()
-    for model in ("embedded", str(tmp_path / "model")):
-        cfg = load_config(RULES, [f"backends.reader.model={json.dumps(model)}"])
-        assert cfg.model_dump(mode="json")["backends"]["reader"]["kind"] == "rules"
-        assert "model" not in cfg.model_dump(mode="json")["backends"]["reader"]  # dropped: rules reads none
+    for folder in (tmp_path / "model", tmp_path / "missing"):
+        with pytest.raises(InputError, match="kind 'rules' runs no model, so model is never read"):
+            load_config(RULES, [f"backends.reader.model={json.dumps(str(folder))}"])

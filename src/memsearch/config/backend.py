@@ -8,14 +8,15 @@ which re-exports these names.
 
 A key of another kind is refused naming it, its kind and the configured kind. A config.json of
 an earlier version holds every kind's keys (the flat form, ``legacy_backend_dump``): a key of
-another kind at the value that form wrote when it was unset is dropped on read, so those run
-folders still read.
+another kind at the value that form wrote when it was unset is dropped on read, and so is the
+``model`` such a table gives a kind that runs none (a pipeline filled it in), so those run
+folders still read. Both are decided by the table alone, never by what exists on disk: a config
+validates alike on every machine.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import (
@@ -88,15 +89,29 @@ def _legacy_default(kind: str, key: str) -> Any:
 
 def _unset_in_flat_form(key: str, value: Any) -> bool:
     """Whether ``value`` of ``key``, held by a kind that does not read it, is what the flat form
-    wrote for an unset key. ``model`` also: a local folder, which pipelines filled into every
-    role whatever its kind."""
-    if key == "model" and isinstance(value, str) and (value == "embedded" or Path(value).is_dir()):
-        return True
+    wrote for an unset key (``model``: 'embedded'). Decided by the value alone, never by what
+    exists on disk."""
     if key in _LATER_UNSET:
         return value == _LATER_UNSET[key]
-    if key not in dict(_LEGACY_FIELDS) or key == "model":
+    if key not in dict(_LEGACY_FIELDS):
         return False
     return value == dict(_LEGACY_FIELDS)[key] or value in _EARLIER_UNSET.get(key, ())
+
+
+# The keys of the first flat form, which every later one kept: a backend table holding them all
+# was dumped by an earlier version (no kind's settings hold them all now).
+_FIRST_FLAT_KEYS = frozenset(("kind", "model", "adapter", "base_url", "max_concurrency", "timeout_s", "max_retries",
+                              "sampling"))
+# The keys that name what a kind runs: a kind that runs no model reads none of them.
+_MODEL_KEYS = ("model", "adapter", "base_url")
+
+
+def _filled_model(key: str, value: Any, table: dict[str, Any]) -> bool:
+    """Whether ``value`` of ``key``, held by a kind that does not read it, is the ``model`` of a
+    table an earlier version dumped (``_FIRST_FLAT_KEYS``): a pipeline filled its model into a
+    rules or oracle role of its runs (``legacy_pipeline_run_form``), which read none, so in such
+    a record it is dropped whatever it names. In a table of this version's form it is refused."""
+    return key == "model" and isinstance(value, str) and _FIRST_FLAT_KEYS <= table.keys()
 
 
 def legacy_backend_dump(dump: dict[str, Any]) -> dict[str, Any]:
@@ -193,7 +208,7 @@ class BackendConfig(StrictConfig):
             if key in model.model_fields:
                 kept[key] = value
             elif owners := [k for k in BACKEND_KINDS if key in backend_settings(k).model_fields]:
-                if not _unset_in_flat_form(key, value):
+                if not (_unset_in_flat_form(key, value) or _filled_model(key, value, data)):
                     problems.append((key, _not_read(key, kind, owners)))
             elif not (key in dict(_LEGACY_FIELDS) and _unset_in_flat_form(key, value)):
                 kept[key] = value  # no kind's key: refused as an unknown field
@@ -209,10 +224,14 @@ class BackendConfig(StrictConfig):
         """These settings with ``update`` (validated values) applied. A copy, not validated again,
         where the kind stays and has every updated key (a trainer does this per rollout); else the
         settings of the kind ``update`` names, validated from these (a key that kind lacks is
-        dropped at its unset value and refused otherwise, as in a file)."""
-        if update.get("kind", self.kind) == self.kind and set(update) <= set(type(self).model_fields):
+        dropped at its unset value and refused otherwise, as in a file). A kind that runs no model
+        takes none of ``_MODEL_KEYS`` from these: they name what the kind replaced ran."""
+        kind = update.get("kind", self.kind)
+        if kind == self.kind and set(update) <= set(type(self).model_fields):
             return self.model_copy(update=update)
-        return BackendConfig.model_validate({**dict(self), **update})
+        runs_none = kind != self.kind and BACKEND_KINDS.problem(kind) is None and not BACKEND_KINDS.get(kind).runs_model
+        kept = {key: value for key, value in self if not (runs_none and key in _MODEL_KEYS)}
+        return BackendConfig.model_validate({**kept, **update})
 
     def recorded_identity(self) -> dict[str, Any]:
         """``model``, ``adapter`` and ``base_url`` as a summary records which backend wrote the
@@ -222,7 +241,7 @@ class BackendConfig(StrictConfig):
 
 
 def _not_read(key: str, kind: str, owners: list[str]) -> str:
-    if key in ("model", "adapter", "base_url") and not BACKEND_KINDS.get(kind).runs_model:
+    if key in _MODEL_KEYS and not BACKEND_KINDS.get(kind).runs_model:
         return f"kind {kind!r} runs no model, so {key} is never read; remove it, or set kind = {either(owners)}"
     described = backend_settings(owners[0]).described if len(owners) == 1 else ""
     return f"read by kind {either(owners)} only{f' ({described})' if described else ''}; kind is {kind!r}: remove it"

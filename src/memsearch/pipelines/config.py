@@ -19,6 +19,7 @@ from memsearch.config import (
     KeyProblems,
     RunConfig,
     StrictConfig,
+    apply_overrides,
     config_from_tables,
     merge_tables,
     read_config_file,
@@ -32,13 +33,16 @@ from memsearch.train.config_keys import merge_disjoint
 M = TypeVar("M", bound=BaseModel)
 
 
-def episode_table(data: dict[str, Any]) -> dict[str, Any]:
+def episode_table(data: dict[str, Any], overrides: list[str] | None = None) -> dict[str, Any]:
     """The ``[episode]`` table of a pipeline config (raw TOML data) as a run config: its
     tokenizer and memory/reader backends come from ``model`` unless the table sets them (a
-    role the table gives a kind without a model, rules or oracle, gets no model)."""
+    role the table gives a kind without a model, rules or oracle, gets no model). ``overrides``:
+    the ``--set`` flags that will be applied to the result (``load_run_config``); a role's kind
+    set there decides as the table's would."""
     model = data.get("model", "embedded")
     episode = data.get("episode") or {}
-    tables = episode.get("backends") if isinstance(episode.get("backends"), dict) else {}
+    kinds = apply_overrides(episode, overrides) if overrides and isinstance(episode, dict) else episode
+    tables = kinds.get("backends") if isinstance(kinds.get("backends"), dict) else {}
     backends = {}
     for role in ("memory", "reader"):
         table = tables.get(role)
@@ -107,13 +111,14 @@ def load_run_config(path: str | Path, overrides: list[str] | None = None) -> Run
     itself (``budgets.max_chunks=3``), so ``memsearch eval run --config configs/memagent.toml`` runs
     the recipe's agent. It lives here, not in ``memsearch.config``, so that the bottom layer never
     has to know the pipelines above it (docs/design.md §11)."""
-    return config_from_tables(run_config_tables(path), overrides, RunConfig, str(path))
+    return config_from_tables(run_config_tables(path, overrides), overrides, RunConfig, str(path))
 
 
-def run_config_tables(path: str | Path) -> dict[str, Any]:
-    """The raw run-config tables of a run config or pipeline config file (before validation)."""
+def run_config_tables(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The raw run-config tables of a run config or pipeline config file (before validation;
+    ``overrides``: see ``episode_table``)."""
     data = read_config_file(path)
-    return episode_table(data) if "pipeline" in data else data
+    return episode_table(data, overrides) if "pipeline" in data else data
 
 
 def every_problem(data: Any, validate: Any, tables: tuple[str, ...]) -> Any:
