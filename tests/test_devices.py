@@ -108,7 +108,7 @@ def test_the_pipeline_gives_every_stage_its_layout_and_refuses_a_launched_server
 
 
 def test_placement_changes_neither_a_resume_nor_a_stage_fingerprint(tmp_path):
-    from memsearch.pipelines.stages import _trainer_record
+    from memsearch.pipelines.trainer_stages import _trainer_record
 
     plain = GRPOConfig(data="train")
     placed = plain.model_copy(update={"devices": DeviceLayout(train=[0, 1]), "gradient_checkpointing": True})

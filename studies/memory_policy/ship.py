@@ -36,7 +36,7 @@ from typing import Any
 from memsearch.assets.adapter import FINGERPRINT, shipped_adapter_dir, write_fingerprint
 from memsearch.errors import InputError
 from memsearch.io import iter_jsonl
-from memsearch.pipelines.stages import folder_sha256
+from memsearch.pipelines.stage_record import folder_sha256
 
 CAST_DTYPES = ("bfloat16", "float16")
 HELDOUT_METRICS = ("memory_support_recall", "memory_support_precision", "retrieval_support_recall", "f1", "em",

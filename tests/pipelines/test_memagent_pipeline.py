@@ -318,7 +318,7 @@ def test_train_questions_that_are_also_dev_questions_are_refused(tiny_model_dir,
 
 def test_the_merge_stage_refuses_a_merged_model_changed_after_it_finished(tiny_model_dir, tmp_path):
     from memsearch.pipelines.memagent.pipeline import merge_stage
-    from memsearch.pipelines.stages import folder_sha256
+    from memsearch.pipelines.stage_record import folder_sha256
     from memsearch.train.config import LoraSettings
     from memsearch.train.policy import load_policy, save_adapter
 

@@ -134,7 +134,7 @@ def test_stage2_memory_calls_go_to_the_launched_transformers_serve_and_it_stops(
     # The stage record names the server; the stage-1 fingerprint is an input as in process.
     inputs = http_run["record"]["inputs"]
     assert http_run["record"]["complete"] is True
-    # (paths under the run folder are recorded as $OUT: pipelines/stages.py; where the server
+    # (paths under the run folder are recorded as $OUT: pipelines/stage_record.py; where the server
     # answered is no input: config.backend.ADDRESS_KEYS)
     assert inputs["memory_server"] == {"serving": "transformers serve", "model": "$OUT/seed-7/merged1", "args": []}
     assert inputs["stage1"] == _record(seed / "merged1.stage.json")["fingerprint"]

@@ -54,7 +54,7 @@ def test_every_stage_runs_with_stage2_and_the_report_equals_the_metrics_files(wi
     assert (out / "teacher" / "sft.jsonl").read_text().count("\n") > 0
     # Stage 2 starts from the controller's SFT on every controller call of the teacher run on train
     # (oracle controller: SEARCH a gold title the memory lacks, then FINISH).
-    from memsearch.pipelines.stages import folder_sha256
+    from memsearch.pipelines.stage_record import folder_sha256
     from memsearch.text.actions import parse_controller
 
     teacher2 = record(out / "teacher2" / "run" / "config.json")

@@ -20,16 +20,10 @@ import pytest
 from memsearch.config import RunConfig
 from memsearch.config.backend import without_addresses
 from memsearch.errors import IncompleteResult, InputError
-from memsearch.pipelines.stages import (
-    RECORD_VERSION,
-    Stage,
-    check_stage_records,
-    eval_run,
-    fingerprint,
-    raise_if_unfinished,
-    run_folder,
-    unfinished_stages,
-)
+from memsearch.pipelines.eval_stage import eval_run
+from memsearch.pipelines.stage_record import Stage, check_stage_records, run_folder
+from memsearch.pipelines.stage_versions import RECORD_VERSION, fingerprint
+from memsearch.pipelines.unfinished import raise_if_unfinished, unfinished_stages
 
 ROOT = Path(__file__).resolve().parents[2]
 

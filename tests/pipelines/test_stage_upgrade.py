@@ -17,11 +17,11 @@ import pytest
 
 from memsearch.config import config_from_tables, load_config
 from memsearch.errors import InputError
-from memsearch.pipelines import stage_versions, stages
+from memsearch.pipelines import stage_versions
 from memsearch.pipelines.memagent.config import MemAgentPipeline
 from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
-from memsearch.pipelines.stage_versions import version2_dump
-from memsearch.pipelines.stages import RECORD_VERSION, _trainer_record
+from memsearch.pipelines.stage_versions import RECORD_VERSION, fingerprint, version2_dump
+from memsearch.pipelines.trainer_stages import _trainer_record
 from memsearch.train.distributed import Dist
 from memsearch.train.run_folder import check_run_folder
 
@@ -112,7 +112,7 @@ def test_every_stage_of_a_version2_pipeline_folder_is_recognised(name):
     one of the ways it may have dumped the current inputs: flat GRPO configs, flat backend tables,
     a pipeline's model in the rules and oracle roles it filled (teacher runs: none filled)."""
     recorded, current = PIPELINE[name]["recorded"], PIPELINE[name]["current"]
-    assert stages.fingerprint(recorded) in {stages.fingerprint(d) for d in stage_versions.version2_dumps(current)}
+    assert fingerprint(recorded) in {fingerprint(d) for d in stage_versions.version2_dumps(current)}
     # ... and not inputs with one more setting: no candidate matches
     changed = {**current, "a_setting": 1}
-    assert stages.fingerprint(recorded) not in {stages.fingerprint(d) for d in stage_versions.version2_dumps(changed)}
+    assert fingerprint(recorded) not in {fingerprint(d) for d in stage_versions.version2_dumps(changed)}

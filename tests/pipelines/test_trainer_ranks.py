@@ -20,7 +20,8 @@ from memsearch.config import load_config
 from memsearch.data.dataset import save_dataset
 from memsearch.data.hotpot import convert_hotpot
 from memsearch.errors import InputError
-from memsearch.pipelines.stages import folder_sha256, grpo_stage
+from memsearch.pipelines.stage_record import folder_sha256
+from memsearch.pipelines.trainer_stages import grpo_stage
 from memsearch.serving.ownership import child_processes, kill_groups
 from memsearch.train.config import GRPOConfig
 
@@ -93,7 +94,7 @@ def test_a_failed_child_is_an_error_naming_the_stage_status_and_command(tiny_mod
 # The stage in a process of its own: a SIGINT to this one would reach pytest (and xdist's workers).
 INTERRUPTED = """import sys
 from pathlib import Path
-from memsearch.pipelines.stages import grpo_stage
+from memsearch.pipelines.trainer_stages import grpo_stage
 from memsearch.train.config import GRPOConfig
 cfg = GRPOConfig.model_validate_json(Path(sys.argv[1]).read_text())
 try:

@@ -12,7 +12,7 @@ from studies.memory_policy import ship
 from memsearch.assets.adapter import FINGERPRINT, verify_adapter
 from memsearch.errors import InputError
 from memsearch.io import sha256_file, write_json
-from memsearch.pipelines.stages import Stage, folder_sha256
+from memsearch.pipelines.stage_record import Stage, folder_sha256
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ import pytest
 SAVE = """
 import sys
 from pathlib import Path
-from memsearch.pipelines.stages import folder_sha256
+from memsearch.pipelines.stage_record import folder_sha256
 from memsearch.train.config import LoraSettings
 from memsearch.train.merge import merge_adapter
 from memsearch.train.policy import load_policy, save_adapter
@@ -50,7 +50,7 @@ def test_the_same_adapter_merged_from_two_folders_gives_the_same_merged_folder(t
 
     from memsearch.config import load_config
     from memsearch.config.run import group_config
-    from memsearch.pipelines.stages import folder_sha256
+    from memsearch.pipelines.stage_record import folder_sha256
     from memsearch.train.merge import merge_adapter
 
     merged = []

@@ -193,7 +193,7 @@ class ExperimentConfig(StrictConfig):
     @config_check
     def _layout(self, context: dict[str, Any]) -> None:
         # Several training GPUs are fine: each trainer stage then runs under torchrun, one rank a GPU
-        # (memsearch.pipelines.stages); a service must still not share the trainer's GPUs.
+        # (memsearch.pipelines.trainer_stages); a service must still not share the trainer's GPUs.
         problems = []
         if unknown := sorted(set(self.devices.services) - set(SERVICES)):
             problems.append(("devices.services", f"{unknown}: expected the experiment's services {list(SERVICES)}"))

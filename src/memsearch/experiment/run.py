@@ -96,7 +96,7 @@ class RunRecord:
 
     def end(self, out: Path, status: str, error: str | None = None) -> None:
         """This invocation's outcome, and every stage record under ``out`` with whether it finished."""
-        from memsearch.pipelines.stages import stage_states
+        from memsearch.pipelines.unfinished import stage_states
 
         self.data["attempts"][-1].update(ended=_stamp(), status=status, **({"error": error} if error else {}))
         self.update(status=status, stages=stage_states(out), **({"error": error} if error else {"error": None}))
@@ -151,7 +151,8 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, echo=print, profile: 
     are stopped however it ends; ``run.json`` records the outcome (finished, incomplete, failed,
     interrupted). A stage left with failed or missing tasks ends it with ``IncompleteResult``
     (exit status 3) after every other stage ran: the same command retries those tasks."""
-    from memsearch.pipelines.stages import check_stage_records, raise_if_unfinished, unfinished_stages
+    from memsearch.pipelines.stage_record import check_stage_records
+    from memsearch.pipelines.unfinished import raise_if_unfinished, unfinished_stages
     from memsearch.serving import check_ports_free, stop_on_signals
 
     out = Path(out)
@@ -235,7 +236,7 @@ def device_check(layout, echo=print, timeout_s: float = 600) -> dict[str, Any]:
 
 def _stages(cfg: ExperimentConfig, out: Path, record: RunRecord, echo) -> dict[str, Any]:
     from memsearch.pipelines.memory_policy.pipeline import prepare_stage, run_stages, write_report
-    from memsearch.pipelines.stages import run_folder
+    from memsearch.pipelines.stage_record import run_folder
     from memsearch.serving import running_services
 
     gpus = dict(cfg.devices.services) or None

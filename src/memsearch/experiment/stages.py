@@ -1,6 +1,6 @@
 """The stages ``memsearch experiment run`` adds around the memory-policy pipeline's: the data
 download, the models, the pipeline config it generates, the services' specs and the untrained
-baseline matrix. Each stage is fingerprinted and resumable (``pipelines.stages.Stage``)."""
+baseline matrix. Each stage is fingerprinted and resumable (``pipelines.stage_record.Stage``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from memsearch.errors import InputError
 from memsearch.experiment.config import ExperimentConfig
 from memsearch.io import sha256_file, write_json
 from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
-from memsearch.pipelines.stages import Stage, folder_sha256
+from memsearch.pipelines.stage_record import Stage, folder_sha256
 from memsearch.serving import ServiceSpec
 
 # A hub id: "org/name" (letters, digits, . _ -), never a path that exists here.
@@ -123,7 +123,7 @@ def _adopt_same_bytes(stage: Stage, sources: dict[str, dict[str, Any]], folder: 
     source names the bytes the stage recorded (``Stage.adopt``: the new sources recorded, the
     files kept where they are); ``InputError`` naming the split when one names other bytes. Any
     other record is left to ``Stage.done`` (resumed, skipped or refused as ever)."""
-    from memsearch.pipelines.stages import RECORD_VERSION
+    from memsearch.pipelines.stage_versions import RECORD_VERSION
 
     record = stage.record()
     if (not record or not record.get("complete") or record.get("fingerprint") == stage.fingerprint

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from memsearch.errors import InputError
 from memsearch.eval.run_folder import claim_folder, hold_folder_lock
 from memsearch.io import dumps_line, iter_jsonl, sha256_file
-from memsearch.pipelines.stages import check_stage_records
+from memsearch.pipelines.stage_record import check_stage_records
 
 
 def source_sha256(path: str) -> str:
@@ -31,7 +31,7 @@ def record_invocation(out: str | Path, cfg: BaseModel) -> Path:
     marker, or ``_earlier_pipeline_folder``), else ``InputError`` and nothing is written. The
     folder is then locked for the rest of the process (``eval.run_folder.hold_folder_lock``): a
     second process on it is refused, naming the holder's pid; a damaged stage record in it is
-    refused by name (``pipelines.stages.check_stage_records``)."""
+    refused by name (``pipelines.stage_record.check_stage_records``)."""
     out = Path(out)
     # A pipeline config names its pipeline; any other config (a caller's own) goes by its class.
     name = getattr(cfg, "pipeline", None) or type(cfg).__name__
@@ -66,7 +66,7 @@ def _earlier_pipeline_folder(out: Path, name: str) -> bool:
 
 
 def _is_stage_record(path: Path) -> bool:
-    """Whether ``path`` holds a record that ``pipelines.stages.Stage`` wrote."""
+    """Whether ``path`` holds a record that ``pipelines.stage_record.Stage`` wrote."""
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

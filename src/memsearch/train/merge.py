@@ -22,7 +22,7 @@ MERGE_RECORD = "memsearch_merge.json"
 
 def adapter_sha256(folder: Path) -> str:
     """One SHA-256 over every file of the adapter ``folder`` (relative names and contents,
-    sorted): what ``pipelines.stages.folder_sha256`` gives for an adapter folder (it holds no stage
+    sorted): what ``pipelines.stage_record.folder_sha256`` gives for an adapter folder (it holds no stage
     record), computed here because training sits below the pipelines (docs/design.md §11)."""
     digest = hashlib.sha256()
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):

@@ -128,7 +128,8 @@ def test_a_grpo_stage_the_collapse_guard_stopped_stops_or_is_scored_at_its_newes
     from tests.train.grpo.test_grpo import grpo_config
 
     from memsearch.pipelines.memory_policy.report import render_stage_times, stage_times
-    from memsearch.pipelines.stages import folder_sha256, grpo_stage
+    from memsearch.pipelines.stage_record import folder_sha256
+    from memsearch.pipelines.trainer_stages import grpo_stage
 
     cfg = grpo_config(tmp_path, tiny_model_dir, tiny_adapter_dir, hotpot_train_dir,
                       **{"collapse_guard.enabled": True, "collapse_guard.patience": 2, "collapse_guard.min_ops": 1})

@@ -30,10 +30,13 @@ from typing import Any
 
 from memsearch.errors import InputError
 from memsearch.pipelines.bookkeeping import record_invocation, source_sha256
+from memsearch.pipelines.eval_stage import eval_run
 from memsearch.pipelines.memagent.config import MemAgentPipeline
 from memsearch.pipelines.memagent.report import HOTPOT_SET
-from memsearch.pipelines.stages import Stage, eval_run, grpo_stage, raise_if_unfinished, run_folder
-from memsearch.pipelines.stages import merge_stage as merge_stages
+from memsearch.pipelines.merge_stage import merge_stage as merge_stages
+from memsearch.pipelines.stage_record import Stage, run_folder
+from memsearch.pipelines.trainer_stages import grpo_stage
+from memsearch.pipelines.unfinished import raise_if_unfinished
 
 CHECKPOINTS = ("base", "trained")
 
@@ -162,7 +165,7 @@ def eval_stage(
     limit: int | None = None,
 ) -> dict[str, Any]:
     """One evaluation: ``checkpoint`` (base or trained) on one set (``docs{N}`` or ``hotpotqa``),
-    its first ``limit`` questions when given (``pipelines.stages.eval_run``). Returns its summary."""
+    its first ``limit`` questions when given (``pipelines.eval_stage.eval_run``). Returns its summary."""
     folder = out / "eval" / checkpoint / set_name
     return eval_run(folder, folder.parent / f"{set_name}.stage.json", cfg.eval_config(model, limit=limit), data,
                     {"model": model_fingerprint}, echo, label=f"eval {checkpoint} {set_name}",

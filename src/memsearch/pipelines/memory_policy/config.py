@@ -24,7 +24,7 @@ from memsearch.pipelines.config import (
     trainer_config,
     updated,
 )
-from memsearch.pipelines.stages import OnCollapse
+from memsearch.pipelines.trainer_stages import OnCollapse
 from memsearch.train.config import EvalSettings, GRPOConfig, SFTConfig, as_written, trainer_table
 
 # Trainer fields the pipeline sets itself besides the model, data, role, episode and devices

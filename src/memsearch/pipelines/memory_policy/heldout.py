@@ -37,7 +37,7 @@ from typing import Any
 
 from memsearch.eval.run_diff import paired_difference, per_task_metrics
 from memsearch.io import iter_jsonl, write_json
-from memsearch.pipelines.stages import eval_run
+from memsearch.pipelines.eval_stage import eval_run
 from memsearch.records.causes import InvalidCause
 from memsearch.records.events import MemoryEvent, PolicyCall
 from memsearch.records.trajectory import read_trajectories

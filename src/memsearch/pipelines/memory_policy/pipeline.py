@@ -38,18 +38,12 @@ from typing import Any
 from memsearch.errors import IncompleteResult, InputError
 from memsearch.io import sha256_file
 from memsearch.pipelines.bookkeeping import record_invocation, source_sha256
+from memsearch.pipelines.eval_stage import eval_run
 from memsearch.pipelines.memory_policy.config import MemoryPolicyPipeline
-from memsearch.pipelines.stages import (
-    Stage,
-    eval_run,
-    folder_sha256,
-    grpo_stage,
-    leave_open,
-    merge_stage,
-    raise_if_unfinished,
-    run_folder,
-    sft_stage,
-)
+from memsearch.pipelines.merge_stage import merge_stage
+from memsearch.pipelines.stage_record import Stage, folder_sha256, run_folder
+from memsearch.pipelines.trainer_stages import grpo_stage, sft_stage
+from memsearch.pipelines.unfinished import leave_open, raise_if_unfinished
 
 # ``serve_stage1(seed, merged1)``: a context manager that serves a seed's stage-1 folder and yields
 # (API root, served name) while the held-out grpo row, stage 2 and the matrix run against it.
@@ -422,7 +416,7 @@ def matrix_stage(folder: Path, record: Path, matrix_cfg, paths: dict[str, Any], 
                  label: str, echo=print) -> dict[str, Any]:
     """A fingerprinted A-D matrix (``matrix_cfg``) on the held-out dev questions into ``folder``
     (resumed after a crash); returns its ``matrix.json``. A group with failed or missing tasks
-    leaves the stage unfinished: the next run resumes it (``pipelines.stages.eval_run``)."""
+    leaves the stage unfinished: the next run resumes it (``pipelines.eval_stage.eval_run``)."""
     from memsearch.eval.matrix import run_matrix
 
     stage = Stage(

@@ -354,7 +354,7 @@ def write_mp_report(
     plot_curves(panels, out / "curves.png")
     times = stage_times(out)
     table = render(cfg, sections, comparison) + render_stage_times(times)
-    from memsearch.pipelines.stages import unfinished_stages
+    from memsearch.pipelines.unfinished import unfinished_stages
 
     if unfinished := unfinished_stages(out):  # said first: no number below is a result
         table = table.replace("# Memory-policy pipeline\n", "# Memory-policy pipeline\n\n**INCOMPLETE**: stage(s) "
