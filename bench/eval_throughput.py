@@ -66,10 +66,10 @@ def run(concurrency: int, data: Path, work: Path, url: str) -> tuple[float, list
         overrides += [f'backends.{role}.base_url="{url}"', f"backends.{role}.max_concurrency={concurrency}"]
     out = work / f"c{concurrency}"
     summary = run_eval(load_config(config_path("api.toml"), overrides), data, out, group="D", show_progress=False)
-    assert summary["complete"] and summary["request_errors"] == 0, summary["note"]
+    assert summary.complete and summary.request_errors == 0, summary.note
     by_id = {t["task_id"]: t["counts"]["policy_calls"] for _, t in iter_jsonl(out / "trajectories.jsonl")}
     chains = [by_id[t["id"]] for _, t in iter_jsonl(data / "tasks.jsonl")][:TASKS]
-    return summary["timing"]["episodes_wall_s"], chains
+    return summary.timing["episodes_wall_s"], chains
 
 
 def main() -> None:

@@ -153,7 +153,7 @@ def eval_timing(cfg, questions: int, work: Path) -> dict:
     summary = run_eval(run_config, dev, work / "eval", show_progress=False)
     calls = sum(1 for _, tr in iter_jsonl(work / "eval" / "trajectories.jsonl") for e in tr["events"]
                 if e.get("type") == "policy_call" and e.get("role") == "memory")
-    wall = summary["timing"]["episodes_wall_s"]
+    wall = summary.timing["episodes_wall_s"]
     return {"eval_s": wall, "eval_memory_calls": calls, "eval_s_per_call": wall / calls}
 
 

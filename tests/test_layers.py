@@ -289,3 +289,60 @@ def test_no_module_reads_a_trajectory_or_an_observation_by_key():
             if (match := RECORD_KEY_READ.search(line)) and not line.lstrip().startswith("#"):
                 found.append(f"{rel}:{lineno}: {match.group(0)}")
     assert not found, "read these records by attribute (memsearch.records):\n" + "\n".join(found)
+
+
+# Keys only an eval run's summary has: code reads a summary through records.run_summary.RunSummary.
+SUMMARY_KEYS = ("metric_counts", "evaluator_version", "prompt_version", "denominators", "data_build", "backend_stats",
+                "entailment_evaluated", "truncation", "context_truncated", "usable_for_comparison", "memory_backend")
+SUMMARY_KEY_READ = re.compile(r"""(?:\[|\.get\(|\.pop\(|\bin\s+)["'](%s)["']""" % "|".join(SUMMARY_KEYS))
+# Modules that read JSON of these names that is not a summary, with the reason.
+SUMMARY_KEY_READERS: dict[str, str] = {
+    "memsearch/records": "the records' own to_json / from_json",
+    "memsearch/backends/openai.py": "its own request counters (context_truncated calls)",
+    "memsearch/pipelines/memory_policy/report.py": "the report's own rows and held-out rows (report.json)",
+    "memsearch/pipelines/memory_policy/heldout.py": "the held-out comparison's own rows (heldout/summary.json)",
+    "memsearch/pipelines/memagent/report.py": "the report's own rows (report.json)",
+    "memsearch/pipelines/demo.py": "the matrix result (matrix.json), not a run summary",
+    "memsearch/cli/eval.py": "the matrix result (matrix.json), not a run summary",
+    "memsearch/experiment/run.py": "the baseline matrix result (matrix.json), not a run summary",
+    "studies/memory_policy/published.py": "the held-out comparison's rows (heldout/summary.json)",
+}
+# Reading a train log line by line as JSON; every module reads it as TrainStep records instead.
+TRAIN_LOG_READ = re.compile(r"\bread_log\(|iter_jsonl\([^)]*train_log")
+TRAIN_LOG_READERS: dict[str, str] = {
+    "memsearch/train/log.py": "read_log itself",
+    "memsearch/report/training.py": "curves of every numeric key, where an absent key is no point (its module doc)",
+    "memsearch/pipelines/memory_policy/report.py": "plot_curves: a panel per key name, through report.training",
+}
+
+
+def _key_reads(pattern: re.Pattern[str], allowed: dict[str, str]) -> list[str]:
+    found = []
+    for path in [*sorted(PACKAGE.rglob("*.py")), *sorted((ROOT / "studies").rglob("*.py"))]:
+        rel = path.relative_to(PACKAGE.parent if path.is_relative_to(PACKAGE) else ROOT).as_posix()
+        if any(rel.startswith(prefix) for prefix in allowed):
+            continue
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if (match := pattern.search(line)) and not line.lstrip().startswith("#"):
+                found.append(f"{rel}:{lineno}: {match.group(0)}")
+    return found
+
+
+def test_no_module_reads_an_eval_summary_by_key():
+    found = _key_reads(SUMMARY_KEY_READ, SUMMARY_KEY_READERS)
+    assert not found, "read eval summaries by attribute (records.run_summary.RunSummary):\n" + "\n".join(found)
+
+
+def test_no_module_reads_a_train_log_as_raw_json():
+    found = _key_reads(TRAIN_LOG_READ, TRAIN_LOG_READERS)
+    assert not found, "read train logs through records.train_step.read_train_log:\n" + "\n".join(found)
+
+
+def test_the_key_checks_see_a_raw_read():
+    # The checks themselves: a summary key read and a raw train-log read are found.
+    assert SUMMARY_KEY_READ.search('if not s["usable_for_comparison"]:')
+    assert SUMMARY_KEY_READ.search("summary.get('evaluator_version')")
+    assert not SUMMARY_KEY_READ.search("summary.usable_for_comparison")
+    assert TRAIN_LOG_READ.search('rows = [r for _, r in iter_jsonl(run / "train_log.jsonl")]')
+    assert TRAIN_LOG_READ.search("steps = read_log(path)")
+    assert not TRAIN_LOG_READ.search("steps = read_train_log(path)")

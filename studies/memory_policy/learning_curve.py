@@ -40,27 +40,29 @@ from pathlib import Path
 from typing import Any
 
 from memsearch.errors import InputError
+from memsearch.records.run_summary import RunSummary
+from memsearch.records.train_step import TrainStep
 
 
-def _rows(log: Path) -> list[dict[str, Any]]:
-    from memsearch.io import iter_jsonl
+def _steps_of(log: Path) -> list[TrainStep]:
+    from memsearch.records.train_step import read_train_log
 
     if not Path(log).is_file():
         raise InputError(f"{log}: no such train log (a GRPO stage's train_log.jsonl)")
-    return [row for _, row in iter_jsonl(log)]
+    return read_train_log(log)
 
 
 def log_curves(log: Path, metric: str) -> dict[str, Any]:
     """One GRPO train log's validation curve of ``metric`` (step -> value), its training-reward
     curve (step -> mean sampled reward) and its seconds per training step."""
-    rows = _rows(log)
-    key = f"eval_{metric}"
-    validation = {int(r["step"]): float(r[key]) for r in rows if r.get(key) is not None}
-    training = [r for r in rows if "reward_mean" in r]
+    steps = _steps_of(log)
+    validation = {s.step: float(s.evaluation[metric]) for s in steps if s.evaluation.get(metric) is not None}
+    training = [s for s in steps if s.trained]
     if len(validation) < 2:
-        raise InputError(f"{log}: {len(validation)} validation evaluation(s) with {key!r}; a curve needs 2 or more")
-    return {"validation": validation, "reward": {int(r["step"]): float(r["reward_mean"]) for r in training},
-            "step_s": [float(r["step_s"]) for r in training if r.get("step_s") is not None]}
+        raise InputError(f"{log}: {len(validation)} validation evaluation(s) with 'eval_{metric}'; a curve needs 2 "
+                         "or more")
+    return {"validation": validation, "reward": {s.step: float(s.reward_mean) for s in training},
+            "step_s": [float(s.step_s) for s in training if s.step_s is not None]}
 
 
 def fit_slope(series: dict[str, dict[int, float]]) -> dict[str, Any]:
@@ -167,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         summary_path = args.baseline / "summary.json"
         if not summary_path.is_file():
             raise InputError(f"{summary_path}: missing (--baseline takes a finished evaluation run folder)")
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-        baseline = (summary.get("metrics") or {}).get(args.metric)
+        summary = RunSummary.read(summary_path)
+        baseline = summary.metrics.get(args.metric)
         if baseline is None:
             raise InputError(f"{summary_path}: no metrics.{args.metric}")
         if args.out is not None and args.out.exists():
@@ -181,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    result["baseline_run"] = {"tasks": summary.get("tasks"), "data_manifest_sha256": summary["data"]["manifest_sha256"]}
-    print(f"baseline: {args.metric} {float(baseline):.4f} on {summary['tasks']['scored']} questions")
+    result["baseline_run"] = {"tasks": summary.tasks.to_json(), "data_manifest_sha256": summary.data["manifest_sha256"]}
+    print(f"baseline: {args.metric} {float(baseline):.4f} on {summary.tasks.scored} questions")
     for line in describe(result):
         print(line)
     if args.out is not None:

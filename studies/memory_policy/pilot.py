@@ -24,6 +24,7 @@ from typing import Any
 
 from memsearch.errors import InputError
 from memsearch.pipelines.memory_policy.heldout import METRICS, decision_rates, gold_facts, memory_calls
+from memsearch.records.run_summary import RunSummary
 
 
 def run_record(run: Path, gold: dict[str, set[str]]) -> dict[str, Any]:
@@ -31,11 +32,11 @@ def run_record(run: Path, gold: dict[str, set[str]]) -> dict[str, Any]:
     summary_path = Path(run) / "summary.json"
     if not summary_path.is_file():
         raise InputError(f"{run}: no summary.json (an evaluation that has not finished)")
-    summary = json.loads(summary_path.read_text())
-    if not summary.get("complete", False):
-        raise InputError(f"{summary_path}: the evaluation is incomplete ({summary['tasks']})")
-    return {"data_manifest_sha256": summary["data"]["manifest_sha256"], "tasks": summary["tasks"]["expected"],
-            "metrics": {m: summary["metrics"].get(m) for m in METRICS},
+    summary = RunSummary.read(summary_path)
+    if not summary.complete:
+        raise InputError(f"{summary_path}: the evaluation is incomplete ({summary.tasks.to_json()})")
+    return {"data_manifest_sha256": summary.data["manifest_sha256"], "tasks": summary.tasks.expected,
+            "metrics": {m: summary.metrics.get(m) for m in METRICS},
             "memory_calls": memory_calls(Path(run)), "decisions": decision_rates(Path(run), gold)}
 
 

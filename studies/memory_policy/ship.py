@@ -37,6 +37,7 @@ from memsearch.assets.adapter import FINGERPRINT, shipped_adapter_dir, write_fin
 from memsearch.errors import InputError
 from memsearch.io import iter_jsonl
 from memsearch.pipelines.stage_record import folder_sha256
+from memsearch.records.run_summary import RunSummary
 
 CAST_DTYPES = ("bfloat16", "float16")
 HELDOUT_METRICS = ("memory_support_recall", "memory_support_precision", "retrieval_support_recall", "f1", "em",
@@ -52,9 +53,9 @@ def _json(path: Path) -> dict[str, Any]:
 def _heldout_row(run: Path) -> dict[str, Any] | None:
     if not (run / "summary.json").is_file():
         return None
-    s = _json(run / "summary.json")
-    return {"metrics": {m: s["metrics"].get(m) for m in HELDOUT_METRICS}, "questions": s["tasks"]["scored"],
-            "usable_for_comparison": s["usable_for_comparison"]}
+    s = RunSummary.read(run / "summary.json")
+    return {"metrics": {m: s.metrics.get(m) for m in HELDOUT_METRICS}, "questions": s.tasks.scored,
+            "usable_for_comparison": s.usable_for_comparison}
 
 
 def run_provenance(run: str | Path, seed: int, source: str | Path) -> dict[str, Any]:

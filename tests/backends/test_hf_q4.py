@@ -140,10 +140,13 @@ def test_weights_are_recorded_only_off_their_default():
 
 def test_a_matrix_names_q4_weights_beside_the_model():
     from memsearch.config.backend import HFSettings
-    from memsearch.eval.matrix import memory_label
+    from memsearch.records.run_summary import MemoryBackendIdentity
 
-    assert memory_label(HFSettings(weights="q4").recorded_identity() | {"kind": "hf"}) == "hf:embedded/q4"
-    assert memory_label(HFSettings().recorded_identity() | {"kind": "hf"}) == "hf:embedded"
+    def label(settings: HFSettings) -> str:
+        return MemoryBackendIdentity.from_json(settings.recorded_identity() | {"kind": "hf"}).label
+
+    assert label(HFSettings(weights="q4")) == "hf:embedded/q4"
+    assert label(HFSettings()) == "hf:embedded"
 
 
 def test_a_run_records_q4_weights_in_its_model_identity():

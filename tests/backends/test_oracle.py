@@ -23,6 +23,7 @@ from memsearch.io import iter_jsonl
 from memsearch.memory import Memory
 from memsearch.memory.ops import format_ops, parse_ops
 from memsearch.records.observation import Observation
+from memsearch.records.run_summary import RunSummary
 from memsearch.retrieval import BM25Retriever
 from memsearch.tokenizer import load_tokenizer
 
@@ -50,7 +51,7 @@ def musique_train(tmp_path_factory) -> Path:
     return out
 
 
-def _run(data: Path, out: Path, *overrides: str) -> tuple[list[dict], list[dict], dict]:
+def _run(data: Path, out: Path, *overrides: str) -> tuple[list[dict], list[dict], RunSummary]:
     summary = run_eval(load_config(RULES, [*ORACLE, *overrides]), data, out, show_progress=False)
     return _lines(out / "trajectories.jsonl"), _lines(out / "metrics.jsonl"), summary
 
@@ -59,12 +60,12 @@ def _calls(traj: dict, role: str) -> list[dict]:
     return [e for e in traj["events"] if e["type"] == "policy_call" and e["role"] == role]
 
 
-def _check_teacher_run(data: Path, trajectories: list[dict], rows: list[dict], summary: dict) -> tuple[int, int]:
+def _check_teacher_run(data: Path, trajectories: list[dict], rows: list[dict], summary: RunSummary) -> tuple[int, int]:
     """Checks every teacher call; returns (facts added, facts that got a title prefix)."""
     dataset = load_dataset(data)
     labels, docs = dataset.labels_by_id(), dataset.documents_by_id()
-    assert summary["complete"] and summary["request_errors"] == 0
-    assert summary["backends"]["memory"] == "oracle"
+    assert summary.complete and summary.request_errors == 0
+    assert summary.backends["memory"] == "oracle"
     prefixed = 0
     for traj in trajectories:
         gold = set(labels[traj["task_id"]].supporting_facts)
@@ -92,7 +93,7 @@ def _check_teacher_run(data: Path, trajectories: list[dict], rows: list[dict], s
         assert row["memory_support_recall"] == row["retrieval_support_recall"], row["task_id"]
         assert row["invalid_action_rate"] == 0
     assert sum(r["f1"] for r in rows) / len(rows) >= 0.95
-    assert summary["metrics"]["invalid_action_rate"] == 0
+    assert summary.metrics["invalid_action_rate"] == 0
     return sum(len(t["memory_sources"]) for t in trajectories), prefixed
 
 
@@ -132,7 +133,7 @@ def test_oracle_controller_searches_gold_titles(musique_train, tmp_path):
 def test_tiny_memory_budget_drops_what_does_not_fit(hotpot_train, tmp_path):
     tok = load_tokenizer("lexical")
     trajectories, rows, summary = _run(hotpot_train, tmp_path / "run", "budgets.memory_tokens=40")
-    assert summary["metrics"]["invalid_action_rate"] == 0
+    assert summary.metrics["invalid_action_rate"] == 0
     for traj in trajectories:
         assert all(c["valid"] for c in _calls(traj, "memory"))
         assert tok.count(traj["memory_final"]) <= 40
@@ -234,7 +235,7 @@ def test_duplicate_question_is_resolved_by_candidate_documents(hotpot_train, tmp
     tasks[j]["question"] = tasks[0]["question"]
     rewrite_data_file(data, "tasks.jsonl", tasks)
     _, rows, summary = _run(data, tmp_path / "run", *ROOMY, f"limit={j + 1}")
-    assert summary["complete"] and summary["metrics"]["invalid_action_rate"] == 0
+    assert summary.complete and summary.metrics["invalid_action_rate"] == 0
     by_id = {r["task_id"]: r for r in rows}
     for k in (0, j):
         assert by_id[tasks[k]["id"]]["f1"] == 1.0, "each twin gets its own gold answer"
@@ -270,7 +271,7 @@ def test_open_items_on_hotpot_train_name_the_bridge_paragraph_and_steer_the_rule
     labels, docs, tasks = dataset.labels_by_id(), dataset.documents_by_id(), {t.id: t for t in dataset.tasks}
     by_title = {d.title: d for d in docs.values()}
     trajectories, rows, summary = _run(hotpot_train, tmp_path / "open", *ROOMY, *OPEN, *RULES_CONTROLLER)
-    assert summary["complete"] and summary["metrics"]["invalid_action_rate"] == 0
+    assert summary.complete and summary.metrics["invalid_action_rate"] == 0
     written = deleted = queried = 0
     for traj in trajectories:
         label, question = labels[traj["task_id"]], tasks[traj["task_id"]].question
@@ -307,9 +308,9 @@ def test_open_items_on_hotpot_train_name_the_bridge_paragraph_and_steer_the_rule
     # 18 of the 60 questions get one: each is the controller's next query and is resolved by it.
     assert written == queried == deleted == 18
     without = _run(hotpot_train, tmp_path / "closed", *ROOMY, *RULES_CONTROLLER)[2]["metrics"]
-    assert summary["metrics"]["retrieval_support_recall"] == pytest.approx(0.8986, abs=1e-4)
+    assert summary.metrics["retrieval_support_recall"] == pytest.approx(0.8986, abs=1e-4)
     assert without["retrieval_support_recall"] == pytest.approx(0.8597, abs=1e-4)
-    assert summary["metrics"]["memory_support_recall"] == summary["metrics"]["retrieval_support_recall"]
+    assert summary.metrics["memory_support_recall"] == summary.metrics["retrieval_support_recall"]
 
 
 def test_open_items_leave_the_facts_of_a_fixed_plan_unchanged(hotpot_train, tmp_path):
@@ -332,7 +333,7 @@ def test_open_items_on_musique_train_are_the_next_decomposition_subquestions(mus
     dataset = load_dataset(musique_train)
     labels, docs = dataset.labels_by_id(), dataset.documents_by_id()
     trajectories, _, summary = _run(musique_train, tmp_path / "open", *ROOMY, *OPEN, *RULES_CONTROLLER)
-    assert summary["complete"] and summary["metrics"]["invalid_action_rate"] == 0
+    assert summary.complete and summary.metrics["invalid_action_rate"] == 0
     written = 0
     for traj in trajectories:
         steps = labels[traj["task_id"]].decomposition

@@ -106,9 +106,9 @@ def test_openai_backend_on_transformers_serve_matches_hf_records(served_model, h
     served = run_eval(load_config(demo, SMALL + api), hotpot_dev_dir, tmp_path / "served", show_progress=False)
     local = run_eval(load_config(demo, SMALL), hotpot_dev_dir, tmp_path / "local", show_progress=False)
     for summary in (served, local):
-        assert summary["complete"] and summary["request_errors"] == 0
-        assert summary["tokenizer"] == "hf:embedded:SmolLM2-135M-Instruct"
-    assert served["backends"]["reader"] == "openai" and local["backends"]["reader"] == "hf"
+        assert summary.complete and summary.request_errors == 0
+        assert summary.tokenizer == "hf:embedded:SmolLM2-135M-Instruct"
+    assert served.backends["reader"] == "openai" and local.backends["reader"] == "hf"
     served_calls, local_calls = _calls(tmp_path / "served"), _calls(tmp_path / "local")
     # Same episodes, same roles in the same order, same record fields.
     assert [(c["role"], c["step"]) for c in served_calls] == [(c["role"], c["step"]) for c in local_calls]

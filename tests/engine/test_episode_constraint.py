@@ -53,7 +53,7 @@ def test_sampled_memory_calls_end_within_the_budget(hotpot_dev_dir, tmp_path):
     summary = run_eval(load_config(RULES, overrides), hotpot_dev_dir, tmp_path / "hf", show_progress=False)
     trajs = [traj for _, traj in read_trajectories(tmp_path / "hf" / "trajectories.jsonl")]
     calls = [call for traj in trajs for call in traj.policy_calls(["memory"])]
-    assert summary["complete"] and len(calls) >= 6
+    assert summary.complete and len(calls) >= 6
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir()))
     for call in calls:
         assert call.constraint_id == bounded_ops_constraint(256, 3).id

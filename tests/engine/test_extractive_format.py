@@ -15,6 +15,7 @@ from memsearch.data.dataset import load_dataset, save_dataset
 from memsearch.data.hotpot import convert_hotpot
 from memsearch.eval.runner import run_eval
 from memsearch.memory.extractive import parse_extractive
+from memsearch.records.run_summary import RunSummary
 from memsearch.records.trajectory import Trajectory, read_trajectories
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +23,7 @@ RULES = ROOT / "configs" / "rules.toml"
 EXTRACTIVE = 'agent.memory_format="extractive"'
 
 
-def _run(data: Path, out: Path, *overrides: str) -> tuple[dict, list[Trajectory]]:
+def _run(data: Path, out: Path, *overrides: str) -> tuple[RunSummary, list[Trajectory]]:
     summary = run_eval(load_config(RULES, ["limit=20", *overrides]), data, out, show_progress=False)
     return summary, [traj for _, traj in read_trajectories(out / "trajectories.jsonl")]
 
@@ -51,11 +52,11 @@ def _check_items_are_written_from_their_sentences(traj: Trajectory, documents) -
 def test_rules_write_the_extractive_format_and_keep_what_the_text_format_keeps(hotpot_dev_dir, tmp_path):
     text_summary, text_trajs = _run(hotpot_dev_dir, tmp_path / "text")
     ex_summary, ex_trajs = _run(hotpot_dev_dir, tmp_path / "extractive", EXTRACTIVE)
-    assert text_summary["config"]["agent"]["memory_format"] == "text"  # recorded at its default too
-    assert ex_summary["config"]["agent"]["memory_format"] == "extractive"
+    assert text_summary.config["agent"]["memory_format"] == "text"  # recorded at its default too
+    assert ex_summary.config["agent"]["memory_format"] == "extractive"
     documents = load_dataset(hotpot_dev_dir).documents_by_id()
     facts = sum(_check_items_are_written_from_their_sentences(t, documents) for t in ex_trajs)
-    assert facts >= 20 and ex_summary["metrics"]["invalid_actions"] == 0
+    assert facts >= 20 and ex_summary.metrics["invalid_actions"] == 0
     for traj in ex_trajs:
         user = traj.policy_calls(["memory"])[0].messages[1]["content"]
         assert "You do not write facts" in user
@@ -63,7 +64,7 @@ def test_rules_write_the_extractive_format_and_keep_what_the_text_format_keeps(h
     text_cited = {t.task_id: t.memory_cited for t in text_trajs}
     same = sum(t.memory_cited == text_cited[t.task_id] for t in ex_trajs)
     assert len(ex_trajs) == 20 and same >= 15, same
-    assert ex_summary["metrics"]["memory_support_recall"] >= text_summary["metrics"]["memory_support_recall"] - 0.1
+    assert ex_summary.metrics["memory_support_recall"] >= text_summary.metrics["memory_support_recall"] - 0.1
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_the_oracle_teaches_one_extractive_op_per_call(hotpot_train, tmp_path):
         gold = set(labels[traj.task_id].supporting_facts)
         assert set(traj.memory_cited) <= gold  # the teacher keeps gold sentences only
         kept += len(traj.memory_cited)
-    assert summary["metrics"]["invalid_actions"] == 0 and kept >= 20
+    assert summary.metrics["invalid_actions"] == 0 and kept >= 20
 
 
 def test_the_oracle_counts_the_op_it_writes_against_the_output_budget(hotpot_train, tmp_path):
@@ -124,7 +125,7 @@ def test_constrained_extractive_sampling_cannot_write_an_invalid_or_over_budget_
     summary = run_eval(load_config(RULES, overrides), hotpot_dev_dir, tmp_path / "hf", show_progress=False)
     trajs = [traj for _, traj in read_trajectories(tmp_path / "hf" / "trajectories.jsonl")]
     calls = [c for t in trajs for c in t.policy_calls(["memory"])]
-    assert summary["complete"] and len(calls) >= 10
+    assert summary.complete and len(calls) >= 10
     assert [c.invalid_reason for c in calls if not c.valid] == []
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir()))
     ops = set()

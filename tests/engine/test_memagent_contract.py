@@ -283,10 +283,10 @@ def test_failed_reader_request_scores_zero_and_stays_in_the_denominator(ruler, r
     assert all(rows[1][k] == 0.0 for k in ("em", "f1", "sub_em", "boxed_em"))
     run_info = {"data": data_fingerprint(ruler_dir, ruler), "software": software_versions()}
     summary = summarize(config, run_info, rows, len(rows), {})
-    assert summary["metric_counts"]["sub_em"] == summary["metric_counts"]["boxed_em"] == 3
-    assert summary["metrics"]["sub_em"] == pytest.approx((rows[0]["sub_em"] + rows[2]["sub_em"]) / 3)
-    assert summary["request_errors"] == 1 and summary["tasks"]["failed_ids"] == [failed.task_id]
-    assert summary["usable_for_comparison"] is False and summary["note"].startswith("INCOMPLETE")
+    assert summary.metric_counts["sub_em"] == summary.metric_counts["boxed_em"] == 3
+    assert summary.metrics["sub_em"] == pytest.approx((rows[0]["sub_em"] + rows[2]["sub_em"]) / 3)
+    assert summary.request_errors == 1 and summary.tasks.failed_ids == (failed.task_id,)
+    assert summary.usable_for_comparison is False and summary.note.startswith("INCOMPLETE")
 
 
 # --------------------------------------------------------------------------- prompts from the config

@@ -12,12 +12,13 @@ from memsearch.engine.memory_modes import make_memory
 from memsearch.engine.parsing import evidence_ids_in
 from memsearch.eval.runner import run_eval
 from memsearch.memory import Add
+from memsearch.records.run_summary import RunSummary
 from memsearch.tokenizer import LexicalTokenizer
 
 RULES = Path(__file__).resolve().parents[2] / "configs" / "rules.toml"
 
 
-def _run(data: Path, out: Path, sources: str) -> tuple[dict, list[dict]]:
+def _run(data: Path, out: Path, sources: str) -> tuple[RunSummary, list[dict]]:
     cfg = load_config(RULES, [f'agent.memory_sources="{sources}"', "limit=20"])
     summary = run_eval(cfg, data, out, show_progress=False)
     return summary, [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
@@ -28,8 +29,8 @@ def test_hidden_sources_hide_ids_from_every_role_and_keep_provenance_for_scoring
     hidden, hidden_trajs = _run(hotpot_dev_dir, tmp_path / "hidden", "hidden")
     # Recorded, like every field, at its default too.
     assert (
-        shown["config"]["agent"]["memory_sources"] == "shown"
-        and hidden["config"]["agent"]["memory_sources"] == "hidden"
+        shown.config["agent"]["memory_sources"] == "shown"
+        and hidden.config["agent"]["memory_sources"] == "hidden"
     )
     kept = 0
     for traj in hidden_trajs:
@@ -50,9 +51,9 @@ def test_hidden_sources_hide_ids_from_every_role_and_keep_provenance_for_scoring
     assert all(hidden_src[k][: len(v)] == v for k, v in shown_src.items())
     assert sum(len(hidden_src[k]) > len(v) for k, v in shown_src.items()) == 2
     for metric in ("memory_support_recall", "retrieval_support_recall", "f1", "em"):
-        assert hidden["metrics"][metric] >= shown["metrics"][metric], metric
-    assert shown["metrics"]["memory_support_recall"] > 0.5
-    assert shown["metrics"]["citation_precision"] > 0.5 and hidden["metrics"]["citation_precision"] == 0.0
+        assert hidden.metrics[metric] >= shown.metrics[metric], metric
+    assert shown.metrics["memory_support_recall"] > 0.5
+    assert shown.metrics["citation_precision"] > 0.5 and hidden.metrics["citation_precision"] == 0.0
 
 
 def test_hidden_sources_observation_and_prompt():

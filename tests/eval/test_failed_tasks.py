@@ -47,8 +47,8 @@ def test_a_failed_task_scores_zero_even_when_its_reader_answered_right(hotpot_de
     assert answered_right, "the case this test is about did not occur"
     assert all(r[key] in (0.0, None) for r in failed for key in answer_keys())
     ok_em = sum(r["em"] for r in rows if r["status"] == "ok")
-    assert summary["metrics"]["em"] == pytest.approx(ok_em / len(rows)) and summary["metric_counts"]["em"] == 40
-    assert summary["evaluator_version"] == "eval-5"
+    assert summary.metrics["em"] == pytest.approx(ok_em / len(rows)) and summary.metric_counts["em"] == 40
+    assert summary.evaluator_version == "eval-5"
 
 
 def test_resume_runs_again_the_tasks_a_server_outage_failed(hotpot_dev_dir, tmp_path):
@@ -63,16 +63,16 @@ def test_resume_runs_again_the_tasks_a_server_outage_failed(hotpot_dev_dir, tmp_
     failed = {json.loads(line)["task_id"]: line for line in lines if json.loads(line)["status"] != "ok"}
     kept = [line for line in lines if json.loads(line)["task_id"] not in failed]
     assert failed and kept, "expected both failed and finished tasks"
-    assert first["complete"] is False and first["tasks"]["failed"] == len(failed)
+    assert first.complete is False and first.tasks.failed == len(failed)
 
     with AgentServer(port=port, delay_s=0.0) as back:  # the same server address, answering again
         again = run_eval(_config(back.base_url, f"limit={n}"), hotpot_dev_dir, out, resume=True, show_progress=False)
     with AgentServer(delay_s=0.0) as clean:
         ref = run_eval(_config(clean.base_url, f"limit={n}"), hotpot_dev_dir, tmp_path / "ref", show_progress=False)
 
-    assert again["complete"] is True and again["usable_for_comparison"] is True
-    assert again["timing"]["episodes_run"] == len(failed) and again["timing"]["resumed_tasks"] == len(kept)
-    assert again["tasks"] | {"failed_ids": None} == {"expected": n, "scored": n, "failed": 0, "failed_ids": None,
+    assert again.complete is True and again.usable_for_comparison is True
+    assert again.timing["episodes_run"] == len(failed) and again.timing["resumed_tasks"] == len(kept)
+    assert again.tasks.to_json() | {"failed_ids": None} == {"expected": n, "scored": n, "failed": 0, "failed_ids": None,
                                                      "retried": len(failed), "failed_attempts": len(failed)}
     now = (out / "trajectories.jsonl").read_text().splitlines(keepends=True)
     assert now[: len(kept)] == kept  # finished tasks untouched, in place
@@ -86,8 +86,8 @@ def test_resume_runs_again_the_tasks_a_server_outage_failed(hotpot_dev_dir, tmp_
                       key=lambda r: r["task_id"])
 
     assert strip(_lines(out / "metrics.jsonl")) == strip(_lines(tmp_path / "ref" / "metrics.jsonl"))
-    assert {k: v for k, v in again["metrics"].items() if k != "latency_s"} == \
-        {k: v for k, v in ref["metrics"].items() if k != "latency_s"}
+    assert {k: v for k, v in again.metrics.items() if k != "latency_s"} == \
+        {k: v for k, v in ref.metrics.items() if k != "latency_s"}
 
 
 def test_a_kill_between_the_two_writes_of_a_supersede_records_each_attempt_once(hotpot_dev_dir, tmp_path):
@@ -114,7 +114,7 @@ def test_calls_cut_by_the_server_context_make_a_run_unusable(hotpot_dev_dir, tmp
     cfg = load_config(RULES, ["limit=3"])
     out = tmp_path / "run"
     clean = run_eval(cfg, hotpot_dev_dir, out, show_progress=False)
-    assert clean["usable_for_comparison"] and clean["context_truncated"] == {"calls": 0, "tasks": 0, "by_role": {}}
+    assert clean.usable_for_comparison and clean.context_truncated == {"calls": 0, "tasks": 0, "by_role": {}}
     labels = load_dataset(hotpot_dev_dir).labels_by_id()
     trajs = _lines(out / "trajectories.jsonl")
     for traj, roles in zip(trajs, (("memory", "reader"), ("memory",)), strict=False):
@@ -125,13 +125,13 @@ def test_calls_cut_by_the_server_context_make_a_run_unusable(hotpot_dev_dir, tmp
     rows = [score_trajectory(Trajectory.from_json(t), labels[t["task_id"]]) for t in trajs]
     run_info = json.loads((out / "run.json").read_text())
     summary = summarize(cfg, run_info, rows, 3, {})
-    assert summary["complete"] is True and summary["usable_for_comparison"] is False
-    assert summary["context_truncated"] == {"calls": 3, "tasks": 2, "by_role": {"memory": 2, "reader": 1}}
-    assert summary["note"].startswith("CONTEXT-TRUNCATED: 3 call(s) in 2 task(s) (by role: memory 2, reader 1)")
+    assert summary.complete is True and summary.usable_for_comparison is False
+    assert summary.context_truncated == {"calls": 3, "tasks": 2, "by_role": {"memory": 2, "reader": 1}}
+    assert summary.note.startswith("CONTEXT-TRUNCATED: 3 call(s) in 2 task(s) (by role: memory 2, reader 1)")
     # A completion cut at its own max_tokens (finish_reason length alone) is the budget working: usable.
     budget_cut = _lines(out / "trajectories.jsonl")
     for traj in budget_cut:
         for event in traj["events"]:
             event["finish_reason"] = "length" if event["type"] == "policy_call" else event.get("finish_reason")
     rows = [score_trajectory(Trajectory.from_json(t), labels[t["task_id"]]) for t in budget_cut]
-    assert summarize(cfg, run_info, rows, 3, {})["usable_for_comparison"] is True
+    assert summarize(cfg, run_info, rows, 3, {}).usable_for_comparison is True

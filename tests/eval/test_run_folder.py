@@ -55,7 +55,7 @@ def test_a_bad_setting_leaves_no_folder_and_the_corrected_command_runs(overrides
     with pytest.raises((InputError, ValueError), match=message):
         run_eval(load_config(RULES, ["limit=2", *overrides]), hotpot_dev_dir, out, show_progress=False)
     assert not out.exists()
-    assert run_eval(load_config(RULES, ["limit=2"]), hotpot_dev_dir, out, show_progress=False)["complete"]
+    assert run_eval(load_config(RULES, ["limit=2"]), hotpot_dev_dir, out, show_progress=False).complete
 
 
 def test_matrix_with_bad_data_or_nothing_to_resume_leaves_no_folder(tmp_path):
@@ -100,8 +100,8 @@ def test_a_folder_killed_before_its_records_were_written_is_started_afresh_by_re
         for record in leftovers:
             shutil.copy(tmp_path / "straight" / record, out / record)
         summary = run_eval(cfg, hotpot_dev_dir, out, resume=True, show_progress=False)
-        assert summary["complete"] and summary["metrics"]["f1"] == straight["metrics"]["f1"]
-        assert summary["tasks"] == straight["tasks"]
+        assert summary.complete and summary.metrics["f1"] == straight.metrics["f1"]
+        assert summary.tasks == straight.tasks
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
@@ -169,7 +169,7 @@ def test_folders_of_earlier_versions_without_a_marker_still_resume(hotpot_dev_di
     for marker in [*run.rglob(MARKER), *matrix.rglob(MARKER)]:
         marker.unlink()
     (run / "trajectories.jsonl").write_text((run / "trajectories.jsonl").read_text().splitlines(True)[0])
-    assert run_eval(cfg, hotpot_dev_dir, run, resume=True, show_progress=False)["tasks"]["scored"] == 2
+    assert run_eval(cfg, hotpot_dev_dir, run, resume=True, show_progress=False).tasks.scored == 2
     assert run_matrix(cfg, hotpot_dev_dir, matrix, resume=True, show_progress=False)["groups"]["B"]["complete"]
     assert all((folder / MARKER).is_file() for folder in (run, matrix, matrix / "A", matrix / "B"))
 
@@ -212,7 +212,7 @@ def test_a_folder_in_use_is_refused_and_a_racing_create_loses_cleanly(hotpot_dev
             run_eval(cfg, hotpot_dev_dir, out, resume=True, show_progress=False)
     finally:
         held.release()
-    assert run_eval(cfg, hotpot_dev_dir, out, resume=True, show_progress=False)["complete"]
+    assert run_eval(cfg, hotpot_dev_dir, out, resume=True, show_progress=False).complete
     # Created by someone else between the check and the mkdir: a message, not a FileExistsError.
     with pytest.raises(InputError, match="another process just created it"):
         claim_run_folder(out, False, {}, {})
@@ -257,7 +257,7 @@ def test_backend_retry_statistics_reach_the_summary(hotpot_dev_dir, tmp_path):
             ),
         )
         summary = run_eval(cfg, hotpot_dev_dir, tmp_path / "run", show_progress=False)
-    (entry,) = summary["backend_stats"]  # the three roles share one backend
+    (entry,) = summary.backend_stats  # the three roles share one backend
     assert entry["roles"] == ["memory", "controller", "reader"] and entry["name"] == "openai"
     stats = entry["stats"]
     calls = sum(r["policy_calls"] for r in _lines(tmp_path / "run" / "metrics.jsonl"))

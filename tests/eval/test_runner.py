@@ -116,9 +116,9 @@ def test_openai_backend_run_records_usage_and_never_writes_the_key(hotpot_dev_di
     assert set(server.auth_headers) == {f"Bearer {secret}"}
     for path in (tmp_path / "run").iterdir():
         assert secret not in path.read_text(), path.name
-    assert summary["complete"] and summary["request_errors"] == 0
-    assert summary["tokens"]["reader_prompt_tokens"] > 0 and "estimated_reader_prompt_tokens" not in summary["tokens"]
-    assert summary["backends"] == {"memory": "openai", "controller": "openai", "reader": "openai"}
+    assert summary.complete and summary.request_errors == 0
+    assert summary.tokens["reader_prompt_tokens"] > 0 and "estimated_reader_prompt_tokens" not in summary.tokens
+    assert summary.backends == {"memory": "openai", "controller": "openai", "reader": "openai"}
 
 
 def test_server_faults_are_reported_not_fatal(hotpot_dev_dir, tmp_path):
@@ -137,15 +137,15 @@ def test_server_faults_are_reported_not_fatal(hotpot_dev_dir, tmp_path):
         summary = run_eval(cfg, hotpot_dev_dir, tmp_path / "run", show_progress=False)
     rows = _lines(tmp_path / "run" / "metrics.jsonl")
     assert len(rows) == 10, "no task may be lost"
-    assert summary["request_errors"] == sum(r["request_errors"] for r in rows) > 0
-    assert summary["complete"] is False and summary["usable_for_comparison"] is False
-    assert summary["note"].startswith("INCOMPLETE")
+    assert summary.request_errors == sum(r["request_errors"] for r in rows) > 0
+    assert summary.complete is False and summary.usable_for_comparison is False
+    assert summary.note.startswith("INCOMPLETE")
     calls = [
         e for t in _lines(tmp_path / "run" / "trajectories.jsonl") for e in t["events"] if e["type"] == "policy_call"
     ]
     # A failed request is a request error, never the policy's invalid action (issue 11 item 4).
     failed = [e for e in calls if e["error"] is not None]
-    assert len(failed) == summary["request_errors"] and all(e["valid"] is None for e in failed)
+    assert len(failed) == summary.request_errors and all(e["valid"] is None for e in failed)
     assert all(e["invalid_cause"] == "request_failed" for e in failed)
     judged_invalid = sum(1 for e in calls if e["valid"] is False)
     assert sum(r["invalid_actions"] for r in rows) == judged_invalid
@@ -212,6 +212,6 @@ def test_a_server_that_never_answers_is_not_an_invalid_policy(hotpot_dev_dir, tm
             ),
         )
         summary = run_eval(cfg, hotpot_dev_dir, tmp_path / "run", show_progress=False)
-    assert summary["request_errors"] > 0 and summary["tasks"]["failed"] == 3
-    assert summary["metrics"]["invalid_action_rate"] is None and summary["metrics"]["invalid_actions"] == 0
-    assert summary["metrics"]["f1"] == 0.0 and summary["metric_counts"]["f1"] == 3  # failed tasks stay in
+    assert summary.request_errors > 0 and summary.tasks.failed == 3
+    assert summary.metrics["invalid_action_rate"] is None and summary.metrics["invalid_actions"] == 0
+    assert summary.metrics["f1"] == 0.0 and summary.metric_counts["f1"] == 3  # failed tasks stay in

@@ -77,20 +77,20 @@ def test_a_registered_backend_runs_a_real_eval(abstain, hotpot_dev_dir, tmp_path
     assert isinstance(make_backend(_abstaining().backends.reader, LexicalTokenizer()), AbstainBackend)
     summary = run_eval(_abstaining(), hotpot_dev_dir, tmp_path / "abstain", show_progress=False)
     rules = run_eval(load_config(RULES, ["limit=6"]), hotpot_dev_dir, tmp_path / "rules", show_progress=False)
-    metrics = summary["metrics"]
-    assert summary["tasks"]["scored"] == 6 and summary["complete"]
-    assert summary["config"]["backends"]["memory"] == {
+    metrics = summary.metrics
+    assert summary.tasks.scored == 6 and summary.complete
+    assert summary.config["backends"]["memory"] == {
         "kind": "abstain", "sampling": {"temperature": 0.0, "top_p": 1.0, "seed": 0}, "schema_mode": False,
         "answer": "unknown"}
-    assert summary["memory_backend"] | {"served_identity": None} == {
+    assert summary.memory_backend.to_json() | {"served_identity": None} == {
         "kind": "abstain", "model": "embedded", "adapter": None, "base_url": None, "name": "abstain",
         "served_identity": None}
     # 3 searches, a NOOP after each, then the reader: 4 valid calls per task, nothing kept.
     assert metrics["policy_calls"] == 4.0 and metrics["invalid_actions"] == 0.0
-    assert summary["memory_ops"] == {"ops_ADD": 0, "ops_DELETE": 0, "ops_NOOP": 18, "ops_UPDATE": 0}
+    assert summary.memory_ops == {"ops_ADD": 0, "ops_DELETE": 0, "ops_NOOP": 18, "ops_UPDATE": 0}
     assert metrics["memory_support_recall"] == 0.0
     assert metrics["em"] == metrics["f1"] == metrics["citation_precision"] == 0.0
-    assert metrics["retrieval_support_recall"] == rules["metrics"]["retrieval_support_recall"] > 0.8
+    assert metrics["retrieval_support_recall"] == rules.metrics["retrieval_support_recall"] > 0.8
     trajectories = [json.loads(line) for line in (tmp_path / "abstain" / "trajectories.jsonl").read_text().splitlines()]
     assert {t["prediction"] for t in trajectories} == {"unknown"}
 
@@ -102,7 +102,7 @@ def test_the_kind_reads_its_own_keys_and_refuses_the_others(abstain, tmp_path, h
     summary = run_eval(_abstaining('backends.reader.answer="Paris"', "limit=2"), hotpot_dev_dir, tmp_path / "paris",
                        show_progress=False)
     trajectories = (tmp_path / "paris" / "trajectories.jsonl").read_text().splitlines()
-    assert summary["tasks"]["scored"] == 2 and {json.loads(t)["prediction"] for t in trajectories} == {"Paris"}
+    assert summary.tasks.scored == 2 and {json.loads(t)["prediction"] for t in trajectories} == {"Paris"}
     # Its key is no other kind's, and theirs are not its: each refusal names the key, its kind and this one.
     with pytest.raises(InputError, match=r"backends\.reader\.answer: read by kind 'abstain' only; kind is 'rules'"):
         load_config(RULES, ['backends.reader.answer="Paris"'])

@@ -97,7 +97,7 @@ def test_a_registered_converter_prepares_a_folder_that_validates_and_runs(tinyqa
     assert a.documents == b.documents and a.tasks == b.tasks
     assert [label.supporting_facts for label in a.labels] == [label.supporting_facts for label in b.labels]
     cfg = load_config(RULES)
-    runs = {name: run_eval(cfg, tmp_path / name, tmp_path / f"run-{name}", show_progress=False)["metrics"]
+    runs = {name: run_eval(cfg, tmp_path / name, tmp_path / f"run-{name}", show_progress=False).metrics
             for name in ("tiny", "hotpot")}
     for metrics in runs.values():
         del metrics["latency_s"]  # wall time, the one number two runs need not share

@@ -32,6 +32,7 @@ from memsearch.eval.runner import run_eval
 from memsearch.records.causes import InvalidCause
 from memsearch.records.events import MemoryEvent
 from memsearch.records.observation import MemoryView
+from memsearch.records.run_summary import RunSummary
 from memsearch.tokenizer import LexicalTokenizer, load_tokenizer
 
 RULES = Path(__file__).resolve().parents[2] / "configs" / "rules.toml"
@@ -86,7 +87,7 @@ def fifo():
     unregister_memory_mode("fifo_boxed")
 
 
-def _run(data: Path, out: Path, mode: str) -> tuple[dict, list[dict]]:
+def _run(data: Path, out: Path, mode: str) -> tuple[RunSummary, list[dict]]:
     cfg = load_config(RULES, [f'agent.memory="{mode}"', f"budgets.memory_tokens={BUDGET}", "limit=8"])
     summary = run_eval(cfg, data, out, show_progress=False)
     trajectories = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
@@ -103,9 +104,9 @@ def test_a_registered_mode_runs_through_the_engine(fifo, hotpot_dev_dir, tmp_pat
     assert isinstance(notes, FifoNotes) and (notes.mode, notes.answer_format) == ("fifo", "free")
     fifo_run, fifo_trajs = _run(hotpot_dev_dir, tmp_path / "fifo", "fifo")
     summary_run, summary_trajs = _run(hotpot_dev_dir, tmp_path / "summary", "summary")
-    tokenizer = load_tokenizer(fifo_run["config"]["tokenizer"])
-    assert fifo_run["complete"] and fifo_run["config"]["agent"]["memory"] == "fifo"
-    assert fifo_run["metrics"]["invalid_actions"] == 0.0 and fifo_run["metrics"]["policy_calls"] == 4.0
+    tokenizer = load_tokenizer(fifo_run.config["tokenizer"])
+    assert fifo_run.complete and fifo_run.config["agent"]["memory"] == "fifo"
+    assert fifo_run.metrics["invalid_actions"] == 0.0 and fifo_run.metrics["policy_calls"] == 4.0
     cut = 0
     for mine, theirs in zip(fifo_trajs, summary_trajs, strict=True):
         assert mine["answer_format"] == "free" and tokenizer.count(mine["memory_final"]) <= BUDGET
@@ -115,10 +116,10 @@ def test_a_registered_mode_runs_through_the_engine(fifo, hotpot_dev_dir, tmp_pat
             assert mine["memory_final"].endswith(_memory_texts(mine)[-1].splitlines()[-1])
             assert theirs["memory_final"].startswith(_memory_texts(theirs)[0].splitlines()[0])
             assert mine["memory_final"] != theirs["memory_final"]
-    assert cut == 8 and fifo_run["truncation"]["memory_truncations"] == 16
+    assert cut == 8 and fifo_run.truncation["memory_truncations"] == 16
     # The rules memory writes the best-matching sentences of the first search first: fifo drops them.
-    assert fifo_run["metrics"]["memory_support_recall"] == 0.0
-    assert summary_run["metrics"]["memory_support_recall"] == pytest.approx(0.55)
+    assert fifo_run.metrics["memory_support_recall"] == 0.0
+    assert summary_run.metrics["memory_support_recall"] == pytest.approx(0.55)
 
 
 def test_the_registered_answer_format_reaches_the_reader_and_the_scorer(fifo, hotpot_dev_dir, tmp_path):
@@ -126,7 +127,7 @@ def test_the_registered_answer_format_reaches_the_reader_and_the_scorer(fifo, ho
     assert {t["answer_format"] for t in trajectories} == {"boxed"}
     assert all(t["reader_text"].startswith("\\boxed{") for t in trajectories)
     # The rules reader's box holds its answer, so the protocol's em (the box) is the lenient one.
-    assert run["metrics"]["em"] == run["metrics"]["boxed_em"] == pytest.approx(0.125)
+    assert run.metrics["em"] == run.metrics["boxed_em"] == pytest.approx(0.125)
 
 
 def test_config_checks_read_the_mode_s_properties(fifo):

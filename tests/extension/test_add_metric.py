@@ -48,9 +48,9 @@ def test_a_registered_metric_is_a_column_of_every_row_and_a_mean_of_the_summary(
         columns = list(row)  # after the metrics registered before it, before the episode's counts
         assert columns[columns.index("citation_recall") + 1] == "answer_words"
         assert columns[columns.index("answer_words") + 1] == "invalid_citations"
-    assert summary["metrics"]["answer_words"] == pytest.approx(sum(r["answer_words"] for r in rows) / 10)
-    assert summary["metrics"]["answer_words"] == pytest.approx(1.4)
-    assert summary["metric_counts"]["answer_words"] == 10
+    assert summary.metrics["answer_words"] == pytest.approx(sum(r["answer_words"] for r in rows) / 10)
+    assert summary.metrics["answer_words"] == pytest.approx(1.4)
+    assert summary.metric_counts["answer_words"] == 10
 
 
 def test_a_failed_task_scores_zero_on_an_answer_metric(words, hotpot_dev_dir, tmp_path):
@@ -65,5 +65,5 @@ def test_a_failed_task_scores_zero_on_an_answer_metric(words, hotpot_dev_dir, tm
 def test_without_it_rows_and_summaries_are_as_before(hotpot_dev_dir, tmp_path):
     assert "answer_words" not in [m.name for m in registered_metrics()]  # the fixture's teardown took it away
     summary = run_eval(load_config(RULES, ["limit=2"]), hotpot_dev_dir, tmp_path / "run", show_progress=False)
-    assert "answer_words" not in summary["metrics"]
+    assert "answer_words" not in summary.metrics
     assert all("answer_words" not in row for row in _lines(tmp_path / "run" / "metrics.jsonl"))

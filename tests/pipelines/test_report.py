@@ -8,16 +8,18 @@ import pytest
 from memsearch.eval.bootstrap import paired_bootstrap
 from memsearch.eval.run_diff import paired_difference
 from memsearch.pipelines.memagent.report import verdict
+from memsearch.records.run_summary import RunSummary, TaskCounts
 
 
 def rows(values: list[float | None]) -> dict[str, dict]:
     return {f"t{i}": {"task_id": f"t{i}", "sub_em": v} for i, v in enumerate(values)}
 
 
-def summary(expected: int, scored: int | None = None, failed: int = 0, request_errors: int = 0) -> dict:
+def summary(expected: int, scored: int | None = None, failed: int = 0, request_errors: int = 0) -> RunSummary:
     scored = expected if scored is None else scored
-    return {"usable_for_comparison": scored == expected and not failed and not request_errors,
-            "request_errors": request_errors, "tasks": {"expected": expected, "scored": scored, "failed": failed}}
+    complete = scored == expected and not failed
+    return RunSummary(complete=complete, usable_for_comparison=complete and not request_errors, note=None,
+                      evaluator_version=None, tasks=TaskCounts(expected, scored, failed), request_errors=request_errors)
 
 
 BASE = [0, 0, 1, 0, 1, 0, 0, 1, 0, 0]

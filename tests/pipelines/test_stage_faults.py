@@ -175,7 +175,7 @@ def test_an_eval_with_failed_tasks_stays_open_and_its_rerun_retries_them(tmp_pat
     lines: list[str] = []
     with _agent_server("--fault", "500=1", "--max-faults-per-request", "100") as url, run_folder(out):
         summary = eval_run(folder, record, _reader_at(url), sample_data, {"p": 1}, lines.append)
-    assert summary["complete"] is False and summary["tasks"]["failed"] == 3
+    assert summary.complete is False and summary.tasks.failed == 3
     assert lines[-1] == "base: INCOMPLETE, 3 of 3 tasks failed, 0 missing; the same command retries them"
     assert json.loads(record.read_text())["complete"] is False and unfinished_stages(out) == ["heldout/base"]
     with pytest.raises(IncompleteResult, match=r"1 stage\(s\) have failed or missing tasks.*heldout/base"):
@@ -183,7 +183,7 @@ def test_an_eval_with_failed_tasks_stays_open_and_its_rerun_retries_them(tmp_pat
 
     with _agent_server() as url, run_folder(out):
         again = eval_run(folder, record, _reader_at(url), sample_data, {"p": 1}, lines.append)
-    assert again["complete"] is True and again["tasks"] == {**again["tasks"], "failed": 0, "scored": 3, "retried": 3}
+    assert again.complete is True and (again.tasks.failed, again.tasks.scored, again.tasks.retried) == (0, 3, 3)
     assert json.loads(record.read_text())["complete"] is True and unfinished_stages(out) == []
     raise_if_unfinished(out)  # nothing left: no error
 

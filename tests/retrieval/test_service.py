@@ -209,7 +209,7 @@ def test_eval_through_the_service_equals_the_eval_in_process(hotpot_dev_dir, bm2
     assert [(t["shown_evidence"], t["prediction"]) for t in sorted(rows["local"], key=key)] == [
         (t["shown_evidence"], t["prediction"]) for t in sorted(rows["remote"], key=key)
     ]
-    assert local["metrics"]["f1"] == remote["metrics"]["f1"] and remote["request_errors"] == 0
+    assert local.metrics["f1"] == remote.metrics["f1"] and remote.request_errors == 0
     run_local = json.loads((tmp_path / "local" / "run.json").read_text())
     run_remote = json.loads((tmp_path / "remote" / "run.json").read_text())
     assert run_local["retrieval"]["method"] == "hybrid" and run_local["retrieval"]["index_type"] == "flat"
@@ -225,7 +225,7 @@ def test_a_dead_service_is_a_request_error_in_the_trajectory_not_a_crash(hotpot_
         tmp_path / "run",
         show_progress=False,
     )
-    assert summary["tasks"]["scored"] == 2 and summary["request_errors"] == 2 and not summary["usable_for_comparison"]
+    assert summary.tasks.scored == 2 and summary.request_errors == 2 and not summary.usable_for_comparison
     for _, traj in iter_jsonl(tmp_path / "run" / "trajectories.jsonl"):
         (search,) = [e for e in traj["events"] if e["type"] == "search"]
         assert "connection error" in search["error"] and traj["status"] == "error"

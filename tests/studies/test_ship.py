@@ -25,7 +25,9 @@ def _summary(folder: Path, recall: float, scored: int = 4) -> None:
     folder.mkdir(parents=True)
     write_json(folder / "summary.json", {"metrics": {"memory_support_recall": recall, "retrieval_support_recall": 0.5,
                                                       "f1": 0.25, "em": 0.0, "invalid_action_rate": 0.1},
-                                         "tasks": {"scored": scored}, "usable_for_comparison": True})
+                                         "tasks": {"expected": scored, "scored": scored, "failed": 0},
+                                         "complete": True, "usable_for_comparison": True, "note": None,
+                                         "evaluator_version": "eval-5", "request_errors": 0})
 
 
 def make_run(run: Path, seed: int = 1) -> Path:

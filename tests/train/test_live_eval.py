@@ -65,11 +65,11 @@ def test_grpo_evaluates_the_live_policy_as_memsearch_eval_evaluates_the_checkpoi
                          show_progress=False)
         assert memory_completions(live) == memory_completions(tmp_path / f"again-{step}")
         live_summary = json.loads((live / "summary.json").read_text())
-        assert without_timing(live_summary["metrics"]) == without_timing(again["metrics"])
-        assert live_summary["backends"] == again["backends"]
+        assert without_timing(live_summary["metrics"]) == without_timing(again.metrics)
+        assert live_summary["backends"] == again.backends
         assert json.loads((live / "run.json").read_text())["models"] == json.loads(
             (tmp_path / f"again-{step}" / "run.json").read_text())["models"]
-        assert log[step]["eval_f1"] == again["metrics"]["f1"]
+        assert log[step]["eval_f1"] == again.metrics["f1"]
     # The step-0 evaluation comes before any rollout has copied the adapter into the merged sampler:
     # it saw the adapter's weights (the base model decodes other completions), not a stale copy.
     base = json.loads((tmp_path / "run" / "eval" / "step-000000" / "config.json").read_text())

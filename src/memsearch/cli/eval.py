@@ -84,14 +84,14 @@ def run(config: ConfigFile, data: DataDir, out: RunOut, limit: Limit = None, res
     from memsearch.eval.runner import run_eval
 
     summary = run_eval(_run_config(config, set_, limit), data, out, resume=resume)
-    m = summary["metrics"]
-    typer.echo(f"{out}: {summary['tasks']['scored']}/{summary['tasks']['expected']} tasks, "
+    m = summary.metrics
+    typer.echo(f"{out}: {summary.tasks.scored}/{summary.tasks.expected} tasks, "
                f"F1 {m['f1']:.3f}, EM {m['em']:.3f}, invalid-action rate {m['invalid_action_rate'] or 0:.3f}, "
-               f"request errors {summary['request_errors']}")
-    if summary["note"]:
-        typer.echo(summary["note"], err=True)
+               f"request errors {summary.request_errors}")
+    if summary.note:
+        typer.echo(summary.note, err=True)
     typer.echo(report_hint(out, data))
-    if not summary["complete"]:
+    if not summary.complete:
         raise typer.Exit(EXIT_INCOMPLETE)
 
 

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from memsearch.config import RunConfig, group_config
 from memsearch.errors import InputError
 from memsearch.eval.caveats import caveats
 from memsearch.eval.run_folder import MARKER, claim_folder
 from memsearch.io import iter_jsonl, write_json
+from memsearch.records.run_summary import MatrixGroup
 
 MATRIX_COMMAND = "eval matrix"
 
@@ -81,35 +82,22 @@ def compare(out: Path, groups: list[str], resamples: int) -> list[dict[str, Any]
     return pairs
 
 
-def memory_label(backend: dict[str, Any]) -> str:
-    """Short name of the backend that wrote a group's memory: ``rules``, ``hf:<model folder name>``,
-    ``+<adapter folder name>`` when an adapter is loaded, ``@host:port`` of a served model (two
-    servers may serve the same model name), ``/q4`` for the hf kind's 4-bit weights."""
-    if backend["kind"] in ("rules", "oracle"):
-        return backend["kind"]
-    label = f"{backend['kind']}:{Path(backend['model']).name}"
-    if backend.get("base_url"):
-        label += "@" + urlsplit(backend["base_url"]).netloc
-    label += f"/{backend['weights']}" if backend.get("weights") else ""  # recorded only off float32
-    return label + (f"+{Path(backend['adapter']).name}" if backend.get("adapter") else "")
-
-
 def render_table(
-    summaries: dict[str, dict[str, Any]], pairs: list[dict[str, Any]], notes: list[str] | None = None
+    groups: Mapping[str, MatrixGroup], pairs: list[dict[str, Any]], notes: list[str] | None = None
 ) -> str:
     """A Markdown table a person can read: one row per group, the pairwise differences, then
     ``notes`` (the caveats), once."""
     head = "| group | memory | controller | memory backend | " + " | ".join(TABLE_METRICS) + " | complete |"
     lines = [head, "|" + "---|" * (len(TABLE_METRICS) + 5)]
-    for group, s in summaries.items():
+    for group, g in groups.items():
         cells = []
         for key in TABLE_METRICS:
-            value = s["metrics"].get(key)
+            value = g.metrics.get(key)
             cells.append("-" if value is None else f"{value:.3f}")
         lines.append(
-            f"| {group} | {s['agent']['memory']} | {s['agent']['controller']} | {memory_label(s['memory_backend'])} | "
+            f"| {group} | {g.agent['memory']} | {g.agent['controller']} | {g.memory_backend.label} | "
             + " | ".join(cells)
-            + f" | {s['complete']} |"
+            + f" | {g.complete} |"
         )
     lines += ["", "| pair | ΔF1 (a-b) | 95% CI | ΔEM (a-b) | 95% CI | n |", "|---|---|---|---|---|---|"]
     for p in pairs:
@@ -166,25 +154,15 @@ def run_matrix(
         raise
     pairs = compare(out, groups, config.matrix.bootstrap_resamples)
     notes = caveats({g: cfg.model_dump(mode="json") for g, cfg in configs.items()})
-    table = render_table(summaries, pairs, notes)
+    entries = {g: s.group_entry() for g, s in summaries.items()}
+    table = render_table(entries, pairs, notes)
     result = {
-        "groups": {
-            g: {
-                "agent": s["agent"],
-                "memory_backend": s["memory_backend"],
-                "metrics": s["metrics"],
-                "complete": s["complete"],
-                "usable_for_comparison": s["usable_for_comparison"],
-                "request_errors": s["request_errors"],
-                "note": s["note"],
-            }
-            for g, s in summaries.items()
-        },
+        "groups": {g: entry.to_json() for g, entry in entries.items()},
         "pairs": pairs,
         "budgets": configs[groups[0]].budgets.model_dump(),
-        "tokenizer": summaries[groups[0]]["tokenizer"],
-        "complete": all(s["complete"] for s in summaries.values()),
-        "usable_for_comparison": all(s["usable_for_comparison"] for s in summaries.values()),
+        "tokenizer": summaries[groups[0]].tokenizer,
+        "complete": all(s.complete for s in summaries.values()),
+        "usable_for_comparison": all(s.usable_for_comparison for s in summaries.values()),
         "caveats": notes,
     }
     write_json(out / "matrix.json", result)

@@ -34,6 +34,7 @@ from memsearch.eval.attempts import cut_torn_tail, failed_attempt_counts, supers
 from memsearch.eval.provenance import source_identity
 from memsearch.eval.run_folder import check_run_folder, claim_run_folder, model_identity, storage_error, write_record
 from memsearch.io import NonFiniteNumberError, dumps_line, first_non_finite, iter_jsonl, sha256_file, write_jsonl
+from memsearch.records.run_summary import RunSummary
 from memsearch.records.trajectory import CALL_ROLES, Trajectory
 
 # Version of what turns trajectories into numbers (``eval.score`` + ``eval.metrics``: answer
@@ -236,7 +237,7 @@ def _context_truncation(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def summarize(
     config: RunConfig, run_info: dict[str, Any], rows: list[dict[str, Any]], expected: int, env_info: dict[str, Any]
-) -> dict[str, Any]:
+) -> RunSummary:
     from memsearch.eval.caveats import run_caveats
     from memsearch.eval.metrics import aggregate
     from memsearch.eval.score import registered_metrics  # through eval.score, which registers the built-in ones
@@ -262,7 +263,7 @@ def summarize(
     if context["note"]:
         notes.append(context["note"])
     retried = [r for r in rows if r.get("attempt", 1) > 1]
-    return {
+    return RunSummary.from_json({
         "complete": complete,
         "usable_for_comparison": complete and request_errors == 0 and context["calls"] == 0,
         "note": "; ".join(notes) or None,
@@ -291,7 +292,7 @@ def summarize(
         **env_info,
         "data": run_info["data"],
         "software": run_info["software"],
-    }
+    })
 
 
 def run_eval(
@@ -302,7 +303,7 @@ def run_eval(
     group: str = "",
     show_progress: bool = True,
     answered_by: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Run (or resume) an evaluation; returns the summary (also written to ``summary.json``).
 
     ``answered_by``: backends already built for some call roles, used instead of building the ones
@@ -370,14 +371,14 @@ def run_eval(
         rows = [score_trajectory(finished[t.id], labels[t.id]) for t in tasks if t.id in finished]
         write_jsonl(out / "metrics.jsonl", rows)
         summary = _summary(config, run_info, rows, tasks, dataset, env, group)
-        summary["timing"] = {
+        summary = summary.with_timing({
             "wall_s_this_invocation": round(time.perf_counter() - started, 2),
             "episodes_wall_s": round(episodes_s, 3),
             "episodes_cpu_s": round(episodes_cpu_s, 3),
             "episodes_run": len(todo),
             "resumed_tasks": len(done),
-        }
-        write_record(out / "summary.json", summary)
+        })
+        write_record(out / "summary.json", summary.to_json())
         return summary
     except OSError as exc:
         error = storage_error(exc, traj_path, len(done) + len(written), len(tasks))
@@ -407,7 +408,7 @@ def _backend_stats(env) -> list[dict[str, Any]]:
 
 def _summary(
     config: RunConfig, run_info: dict[str, Any], rows, tasks, dataset: Dataset, env, group: str
-) -> dict[str, Any]:
+) -> RunSummary:
     from memsearch.engine.episode import ENGINE_VERSION
     from memsearch.engine.prompts import prompt_version
 

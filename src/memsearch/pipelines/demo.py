@@ -82,19 +82,19 @@ def _add_b_rows(config, result: dict, data_dir: Path, matrix_dir: Path, adapter:
     from memsearch.eval.matrix import check_comparable, compare, render_table
     from memsearch.eval.runner import run_eval
     from memsearch.io import write_json
+    from memsearch.records.run_summary import MatrixGroup
 
     rows = {RULES_GROUP: rules_group_config(config, memory_format),
             TRAINED_GROUP: trained_group_config(config, adapter, memory_format)}
     check_comparable({"B": config, **rows})
-    groups = dict(result["groups"])
+    groups = {name: MatrixGroup.from_json(entry) for name, entry in result["groups"].items()}
     for name, row_config in rows.items():
-        s = run_eval(row_config, data_dir, matrix_dir / name, group=name, show_progress=show_progress)
-        groups[name] = {"agent": s["agent"], "memory_backend": s["memory_backend"], "metrics": s["metrics"],
-                        "complete": s["complete"], "usable_for_comparison": s["usable_for_comparison"],
-                        "request_errors": s["request_errors"]}
+        groups[name] = run_eval(row_config, data_dir, matrix_dir / name, group=name,
+                                show_progress=show_progress).group_entry()
     pairs = compare(matrix_dir, list(groups), config.matrix.bootstrap_resamples)
-    result = {**{k: v for k, v in result.items() if k != "table"}, "groups": groups, "pairs": pairs,
-              "usable_for_comparison": all(g["usable_for_comparison"] for g in groups.values()),
+    result = {**{k: v for k, v in result.items() if k != "table"},
+              "groups": {name: g.to_json() for name, g in groups.items()}, "pairs": pairs,
+              "usable_for_comparison": all(g.usable_for_comparison for g in groups.values()),
               "trained_adapter": {"path": str(Path(adapter).resolve()), "files": fingerprint["files"],
                                   "base_model": fingerprint.get("base_model")}}
     table = render_table(groups, pairs)

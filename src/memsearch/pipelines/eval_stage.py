@@ -4,23 +4,23 @@ missing tasks leaves its stage open (``pipelines.unfinished``), so the same comm
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from memsearch.io import sha256_file
 from memsearch.pipelines.stage_record import Stage
 from memsearch.pipelines.unfinished import leave_open
+from memsearch.records.run_summary import RunSummary
 
 
 def eval_run(
     folder: Path, record: Path, run_config, data: Path, upstream: dict[str, Any], echo=print,
     label: str | None = None, group: str | None = None, show_progress: bool = False,
-) -> dict[str, Any]:
+) -> RunSummary:
     """One fingerprinted ``run_eval`` (resumed after a crash); returns its summary. A run with
     failed or missing tasks is not finished: its record stays open, so the next run of the same
     command resumes it and retries exactly those tasks (``eval --resume``); the caller reads
-    ``summary["complete"]``, and the command ends incomplete (``unfinished_stages``). ``label``
+    ``summary.complete``, and the command ends incomplete (``unfinished_stages``). ``label``
     names it in what is echoed (default: the folder's name), ``group`` in its trajectories."""
     from memsearch.eval.runner import run_eval
 
@@ -37,14 +37,14 @@ def eval_run(
     label = label or folder.name
     if stage.done() and (folder / "summary.json").is_file():
         echo(f"{label}: done")
-        return json.loads((folder / "summary.json").read_text())
+        return RunSummary.read(folder / "summary.json")
     resume = stage.started() and folder.exists()
     stage.start()
     if show_progress:
         echo(f"{label}: {'resuming' if resume else 'running'}")
     summary = run_eval(run_config, data, folder, resume=resume, group=group or folder.name,
                        show_progress=show_progress)
-    if summary["complete"]:
+    if summary.complete:
         stage.finish({"summary": "summary.json"})
     else:
         leave_open(stage)
@@ -52,8 +52,7 @@ def eval_run(
     return summary
 
 
-def incomplete_words(summary: dict[str, Any]) -> str:
+def incomplete_words(summary: RunSummary) -> str:
     """How an eval summary is incomplete: ``2 of 3 tasks failed, 0 missing``."""
-    tasks = summary["tasks"]
-    return (f"{tasks['failed']} of {tasks['expected']} tasks failed, {tasks['expected'] - tasks['scored']} "
-            "missing")
+    tasks = summary.tasks
+    return f"{tasks.failed} of {tasks.expected} tasks failed, {tasks.expected - tasks.scored} missing"

@@ -1,4 +1,4 @@
-"""Earlier versions of stage records (``pipelines.stages``), in one place: how each version
+"""Earlier versions of stage records (``pipelines.stage_record``), in one place: how each version
 dumped a stage's inputs, and the upgrade of a record made from today's inputs to the current
 version (``RECORD_VERSION``), so hours of finished training are reused, not refused.
 

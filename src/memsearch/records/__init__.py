@@ -4,5 +4,7 @@
 - ``records.trajectory``: ``Trajectory`` (one episode) and ``records.events`` (its events);
 - ``records.causes``: why an action was invalid, as codes;
 - ``records.observation``: ``Observation``, what a policy backend gets beside its prompt;
-- ``records.train_step``: ``TrainStep``, one line of a GRPO training log.
+- ``records.train_step``: ``TrainStep``, one line of a GRPO training log;
+- ``records.run_summary``: ``RunSummary``, an eval run's ``summary.json``, and ``MatrixGroup``, a
+  group's line of ``matrix.json``.
 """

@@ -71,6 +71,16 @@ class TrainStep:
         """Whether the line holds a training step (the step-0 line holds an evaluation only)."""
         return self.reward_mean is not None
 
+    @property
+    def evaluated(self) -> bool:
+        """Whether the line holds an evaluation of the step's checkpoint."""
+        return bool(self.evaluation) or self.eval_ops is not None
+
+    def evaluation_json(self) -> dict[str, Any]:
+        """The step and its evaluation as the line writes them (``step``, ``eval_<metric>``, ``eval_ops``)."""
+        out: dict[str, Any] = {"step": self.step, **{EVAL_PREFIX + k: v for k, v in self.evaluation.items()}}
+        return out if self.eval_ops is None else {**out, "eval_ops": dict(self.eval_ops)}
+
     def with_evaluation(self, evaluation: Mapping[str, float], eval_ops: Mapping[str, int] | None) -> TrainStep:
         """The record with the evaluation of its checkpoint."""
         return replace(self, evaluation=dict(evaluation), eval_ops=None if eval_ops is None else dict(eval_ops))

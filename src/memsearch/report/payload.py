@@ -24,6 +24,7 @@ from typing import Any
 from memsearch.errors import InputError
 from memsearch.io import iter_jsonl
 from memsearch.records.events import PolicyCall
+from memsearch.records.run_summary import RunSummary
 from memsearch.records.trajectory import Trajectory, read_trajectories
 
 SCHEMA = "memsearch-report/1"
@@ -82,33 +83,34 @@ def _tokens(row: dict[str, Any]) -> int:
     return reported or sum(v for k, v in row.items() if k.startswith("estimated_") and k.endswith("_tokens"))
 
 
-def run_caveats_of(summary: dict[str, Any]) -> list[str]:
+def run_caveats_of(summary: RunSummary) -> list[str]:
     """What the run's numbers are not (``eval.caveats``): as its summary recorded them, or, for a
     summary written before they were recorded, derived from its config."""
     from memsearch.eval.caveats import run_caveats
 
-    if "caveats" in summary:
-        return summary["caveats"]
-    return run_caveats(summary["config"], summary.get("group") or "") if "config" in summary else []
+    if summary.caveats is not None:
+        return list(summary.caveats)
+    return run_caveats(summary.config, summary.group) if summary.config is not None else []
 
 
-def _header(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _header(run_dir: Path, summary: RunSummary, rows: list[dict[str, Any]]) -> dict[str, Any]:
     run_info = _read_json(run_dir / "run.json")
     ci = {k: bootstrap_ci([r[k] for r in rows if r.get(k) is not None]) for k in CI_METRICS}
-    tokens = summary.get("tokens", {})
+    tokens = summary.tokens
     return {
-        "group": summary.get("group"), "agent": summary.get("agent"), "budgets": summary.get("budgets"),
-        "backends": summary.get("backends"), "models": run_info.get("models"), "tokenizer": summary.get("tokenizer"),
-        "data": summary.get("data"), "evaluator_version": summary.get("evaluator_version"),
-        "engine_version": summary.get("engine_version"), "prompt_version": summary.get("prompt_version"),
-        "complete": summary.get("complete"), "usable_for_comparison": summary.get("usable_for_comparison"),
-        "note": summary.get("note"), "tasks": summary.get("tasks"), "request_errors": summary.get("request_errors"),
-        "metrics": summary.get("metrics"), "ci": ci,
+        "group": summary.group, "agent": summary.agent, "budgets": summary.budgets, "backends": summary.backends,
+        "models": run_info.get("models"), "tokenizer": summary.tokenizer, "data": summary.data,
+        "evaluator_version": summary.evaluator_version, "engine_version": summary.engine_version,
+        "prompt_version": summary.prompt_version, "complete": summary.complete,
+        "usable_for_comparison": summary.usable_for_comparison, "note": summary.note,
+        "tasks": summary.tasks.to_json(), "request_errors": summary.request_errors, "metrics": dict(summary.metrics),
+        "ci": ci,
         "tokens_reported": {k: v for k, v in tokens.items() if not k.startswith("estimated_")},
         "tokens_estimated": {k: v for k, v in tokens.items() if k.startswith("estimated_")},
         "software": run_info.get("software"),
-        "memsearch_source": run_info.get("memsearch_source"), "memory_backend": summary.get("memory_backend"),
-        "context_truncated": summary.get("context_truncated"), "caveats": run_caveats_of(summary),
+        "memsearch_source": run_info.get("memsearch_source"),
+        "memory_backend": None if summary.memory_backend is None else summary.memory_backend.to_json(),
+        "context_truncated": summary.context_truncated, "caveats": run_caveats_of(summary),
     }
 
 
@@ -160,7 +162,7 @@ def load_run(run_dir: Path, labels: dict[str, dict[str, Any]],
              episodes: dict[str, Trajectory] | None = None) -> dict[str, Any]:
     """One run's header, task rows (metrics.jsonl order) and full trajectories by task id;
     ``episodes``: the run's trajectories when already read (``read_episodes``)."""
-    summary = _read_json(run_dir / "summary.json")
+    summary = RunSummary.read(run_dir / "summary.json")
     rows = [row for _, row in iter_jsonl(run_dir / "metrics.jsonl")]
     trajs = read_episodes(run_dir) if episodes is None else episodes
     missing = [r["task_id"] for r in rows if r["task_id"] not in labels]

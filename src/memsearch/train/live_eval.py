@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from memsearch.config import RunConfig
+from memsearch.records.run_summary import RunSummary
 
 
 def live_backends(config: RunConfig, roles: Collection[str], model, tokenizer) -> dict[str, Any]:
@@ -52,7 +53,7 @@ def live_backends(config: RunConfig, roles: Collection[str], model, tokenizer) -
 
 
 def evaluate_live(config: RunConfig, roles: Collection[str], model, tokenizer, data: str | Path,
-                  out: Path) -> dict[str, Any]:
+                  out: Path) -> RunSummary:
     """``run_eval(config, data, out)`` with ``roles`` answered by ``model`` (module doc); returns
     the summary. The device's cached blocks are released afterwards."""
     import asyncio

@@ -106,10 +106,10 @@ def train_stage(cfg: MemAgentPipeline, out: Path, train_data: Path, upstream: st
 
 def reward_summary(train_dir: Path, out: Path) -> dict[str, Any]:
     """``rewards.md`` (one row per step) and ``reward_curve.png`` from the training log."""
-    from memsearch.train.log import read_log
+    from memsearch.records.train_step import read_train_log
     from memsearch.train.plot import plot_rewards
 
-    steps = [r for r in read_log(train_dir / "train_log.jsonl") if "reward_mean" in r]
+    steps = [step for step in read_train_log(train_dir / "train_log.jsonl") if step.trained]
     cols = (
         "step",
         "reward_mean",
@@ -131,19 +131,19 @@ def reward_summary(train_dir: Path, out: Path) -> dict[str, Any]:
         "| " + " | ".join(cols) + " |",
         "|" + "---|" * len(cols),
     ]
-    for r in steps:
-        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+    for step in steps:
+        lines.append("| " + " | ".join(_fmt(getattr(step, c)) for c in cols) + " |")
     (out / "rewards.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     if steps:
         plot_rewards(train_dir / "train_log.jsonl", out / "reward_curve.png", title="MemAgent GRPO reward")
     return {
         "steps": len(steps),
-        "first": steps[0]["reward_mean"] if steps else None,
-        "last": steps[-1]["reward_mean"] if steps else None,
-        "curve": [round(r["reward_mean"], 4) for r in steps],
+        "first": steps[0].reward_mean if steps else None,
+        "last": steps[-1].reward_mean if steps else None,
+        "curve": [round(step.reward_mean, 4) for step in steps],
         # steps where every group had one reward for all its rollouts: advantage 0, no policy gradient
-        "no_signal_steps": sum(1 for r in steps if r["zero_variance_groups"] == r["groups"]),
-        "grad_norm_max": max((r["grad_norm"] for r in steps), default=None),
+        "no_signal_steps": sum(1 for step in steps if step.zero_variance_groups == step.groups),
+        "grad_norm_max": max((step.grad_norm for step in steps), default=None),
     }
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from memsearch.eval.run_diff import paired_difference, per_task_metrics
 from memsearch.io import write_json
+from memsearch.records.run_summary import RunSummary
 
 METRICS = ("sub_em", "em", "f1", "boxed_em")
 HOTPOT_SET = "hotpotqa"
@@ -39,7 +40,7 @@ def set_label(name: str) -> str:
     return "HotpotQA" if name == HOTPOT_SET else f"N={name.removeprefix('docs')}"
 
 
-def comparison_rows(summaries: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+def comparison_rows(summaries: dict[str, dict[str, RunSummary]]) -> list[dict[str, Any]]:
     """One row per (set, checkpoint): RULER-HQA sets in N order, then HotpotQA; base first."""
     rows = []
     for set_name in sorted({name for by_set in summaries.values() for name in by_set}, key=_set_order):
@@ -47,45 +48,45 @@ def comparison_rows(summaries: dict[str, dict[str, dict[str, Any]]]) -> list[dic
             if set_name not in by_set:
                 continue
             s = by_set[set_name]
-            trunc = s.get("truncation") or {}
-            tokens = (s.get("data_build") or {}).get("context_tokens") or {}
+            trunc = s.truncation
+            tokens = (s.data_build or {}).get("context_tokens") or {}
             rows.append(
                 {
                     "set": set_name,
                     "docs": None if set_name == HOTPOT_SET else int(set_name.removeprefix("docs")),
                     "checkpoint": checkpoint,
-                    **{m: s["metrics"].get(m) for m in METRICS},
-                    "sub_em_lenient": s["metrics"].get("sub_em_lenient"),
-                    "questions": s["tasks"]["scored"],
-                    "expected": s["tasks"]["expected"],
-                    "failed": s["tasks"]["failed"],
-                    "request_errors": s["request_errors"],
+                    **{m: s.metrics.get(m) for m in METRICS},
+                    "sub_em_lenient": s.metrics.get("sub_em_lenient"),
+                    "questions": s.tasks.scored,
+                    "expected": s.tasks.expected,
+                    "failed": s.tasks.failed,
+                    "request_errors": s.request_errors,
                     "context_tokens_mean": tokens.get("mean"),
-                    "chunks_mean": s["metrics"].get("chunks"),
+                    "chunks_mean": s.metrics.get("chunks"),
                     "tasks_cut_by_chunk_limit": trunc.get("tasks_cut_by_chunk_limit"),
                     "chunks_cut": trunc.get("chunks_cut"),
                     "read_whole_context": trunc.get("read_whole_context"),
                     "memory_truncations": trunc.get("memory_truncations"),
-                    "usable_for_comparison": s["usable_for_comparison"],
-                    "episodes_cpu_s": (s.get("timing") or {}).get("episodes_cpu_s"),
+                    "usable_for_comparison": s.usable_for_comparison,
+                    "episodes_cpu_s": (s.timing or {}).get("episodes_cpu_s"),
                 }
             )
     return rows
 
 
 def verdict(
-    criterion: str, base: dict[str, Any], trained: dict[str, Any], delta: dict[str, Any] | None
+    criterion: str, base: RunSummary, trained: RunSummary, delta: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The verdict on one criterion ("trained > base") from the two runs' summaries and their
     paired difference: PASS, NOT SIGNIFICANT, FAIL or NOT USABLE (see the module docstring)."""
     problems = []
     for name, s in (("base", base), ("trained", trained)):
-        if not s["usable_for_comparison"]:
+        if not s.usable_for_comparison:
             problems.append(
-                f"{name} run unusable ({s['request_errors']} request errors, {s['tasks']['failed']} failed, "
-                f"{s['tasks']['expected'] - s['tasks']['scored']} missing)"
+                f"{name} run unusable ({s.request_errors} request errors, {s.tasks.failed} failed, "
+                f"{s.tasks.expected - s.tasks.scored} missing)"
             )
-    if delta is None or delta["n"] != base["tasks"]["expected"] or delta["n"] != trained["tasks"]["expected"]:
+    if delta is None or delta["n"] != base.tasks.expected or delta["n"] != trained.tasks.expected:
         problems.append("the runs did not score the same questions")
     if problems:
         status = "NOT USABLE"
@@ -179,7 +180,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 
 def write_report(
-    cfg, out: Path, summaries: dict[str, dict[str, dict[str, Any]]], rewards: dict[str, Any]
+    cfg, out: Path, summaries: dict[str, dict[str, RunSummary]], rewards: dict[str, Any]
 ) -> dict[str, Any]:
     """``OUT/report.md`` and ``OUT/report.json``; returns the report (with its ``table``,
     ``deltas`` and ``verdicts``). ``summaries[checkpoint][set]``, sets named as their eval folders."""
@@ -226,7 +227,7 @@ def write_report(
                 f"- {set_label(r['set'])} {r['checkpoint']}: NOT USABLE for comparison ({r['request_errors']} request "
                 f"errors, {r['failed']} failed, {r['expected'] - r['questions']} missing)."
             )
-    sampling = any_summary["sampling"]["reader"]
+    sampling = any_summary.sampling["reader"]
     lines = [
         "# MemAgent pipeline: base vs trained",
         "",
@@ -240,8 +241,8 @@ def write_report(
         "tokens "
         f"(hard limit after every update), memory update at most {budgets.policy_tokens} tokens, answer "
         f"{budgets.answer_tokens} "
-        f"tokens; tokenizer `{any_summary['tokenizer']}`; prompt version `{any_summary['prompt_version']}`; evaluator "
-        f"`{any_summary['evaluator_version']}`; reader sampling temperature {sampling['temperature']}, top_p "
+        f"tokens; tokenizer `{any_summary.tokenizer}`; prompt version `{any_summary.prompt_version}`; evaluator "
+        f"`{any_summary.evaluator_version}`; reader sampling temperature {sampling['temperature']}, top_p "
         f"{sampling['top_p']}.",
         "",
         table,
@@ -297,7 +298,7 @@ def write_report(
         "overall": overall,
         "rewards": rewards,
         "notes": notes,
-        "data": {f"{c}/{name}": s["data"] for c, by_set in summaries.items() for name, s in by_set.items()},
+        "data": {f"{c}/{name}": s.data for c, by_set in summaries.items() for name, s in by_set.items()},
     }
     (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
     write_json(out / "report.json", report)

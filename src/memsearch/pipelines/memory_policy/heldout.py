@@ -40,6 +40,7 @@ from memsearch.io import iter_jsonl, write_json
 from memsearch.pipelines.eval_stage import eval_run
 from memsearch.records.causes import InvalidCause
 from memsearch.records.events import MemoryEvent, PolicyCall
+from memsearch.records.run_summary import RunSummary
 from memsearch.records.trajectory import read_trajectories
 
 POLICIES = ("base", "rules", "sft", "grpo")
@@ -170,10 +171,10 @@ def gold_facts(data: Path) -> dict[str, set[str]]:
     return {r["id"]: set(r["supporting_facts"]) for _, r in iter_jsonl(Path(data) / "labels.jsonl")}
 
 
-def _row(run: Path, summary: dict[str, Any], data: Path) -> dict[str, Any]:
-    return {"run": str(run), **{m: summary["metrics"].get(m) for m in METRICS},
-            "questions": summary["tasks"]["scored"], "request_errors": summary["request_errors"],
-            "complete": summary["complete"], "usable_for_comparison": summary["usable_for_comparison"],
+def _row(run: Path, summary: RunSummary, data: Path) -> dict[str, Any]:
+    return {"run": str(run), **{m: summary.metrics.get(m) for m in METRICS},
+            "questions": summary.tasks.scored, "request_errors": summary.request_errors,
+            "complete": summary.complete, "usable_for_comparison": summary.usable_for_comparison,
             "memory_calls": memory_calls(run), "decisions": decision_rates(run, gold_facts(data))}
 
 

@@ -44,6 +44,8 @@ from memsearch.pipelines.merge_stage import merge_stage
 from memsearch.pipelines.stage_record import Stage, folder_sha256, run_folder
 from memsearch.pipelines.trainer_stages import grpo_stage, sft_stage
 from memsearch.pipelines.unfinished import leave_open, raise_if_unfinished
+from memsearch.records.run_summary import RunSummary
+from memsearch.records.train_step import read_train_log
 
 # ``serve_stage1(seed, merged1)``: a context manager that serves a seed's stage-1 folder and yields
 # (API root, served name) while the held-out grpo row, stage 2 and the matrix run against it.
@@ -221,12 +223,12 @@ def _teacher_rows(out: Path, folder: Path, run_config, role: str, paths: dict[st
     summary = eval_run(
         run, folder / "run.stage.json", run_config, paths["train"], {"prepare": paths["fingerprint"]}, echo
     )
-    if not summary["complete"]:
-        raise IncompleteResult(f"{run}: the teacher run has failed or missing tasks ({summary.get('note')}); not "
+    if not summary.complete:
+        raise IncompleteResult(f"{run}: the teacher run has failed or missing tasks ({summary.note}); not "
                                "training on it\nrun the same command again: it retries only those tasks")
-    if not summary["usable_for_comparison"]:
+    if not summary.usable_for_comparison:
         raise InputError(f"{run}: the teacher run had request errors or calls cut by the server's context "
-                         f"({summary.get('note')}); not training on it")
+                         f"({summary.note}); not training on it")
     rows = folder / "sft.jsonl"
     stage = Stage(
         folder / "export",
@@ -514,8 +516,6 @@ def run_validation_only(cfg: MemoryPolicyPipeline, out: str | Path, echo=print) 
     report is run, so a recipe can be chosen on validation and pre-registered before any held-out
     figure of it exists; the same ``OUT`` later continues into the full pipeline, skipping these
     stages when the recipe is unchanged. Returns, per seed, the stage-1 validation evaluations."""
-    from memsearch.io import iter_jsonl
-
     if not cfg.data.val_questions or not cfg.grpo.eval.every:
         raise InputError(
             "a validation-only run reads GRPO's periodic evaluation: set data.val_questions > 0 and grpo.eval.every"
@@ -529,13 +529,12 @@ def run_validation_only(cfg: MemoryPolicyPipeline, out: str | Path, echo=print) 
             _, adapter, _ = train_stage1(cfg, out, seed, paths, rows, rows_fp, echo)
             stage1 = adapter.parent  # the run folder: train_log.jsonl and eval/ beside the adapter
             log = stage1 / "train_log.jsonl"
-            records = [r for _, r in iter_jsonl(log)] if log.exists() else []
-            evals[seed] = [{k: v for k, v in r.items() if k == "step" or k.startswith("eval_")}
-                           for r in records if any(k.startswith("eval_") for k in r)]
+            steps = read_train_log(log) if log.exists() else []
+            evals[seed] = [step.evaluation_json() for step in steps if step.evaluated]
             for r in evals[seed]:
                 summary = stage1 / "eval" / f"step-{r['step']:06d}" / "summary.json"
                 if summary.exists():  # the op counts of the validation rows (collapse shows here first)
-                    r["memory_ops"] = json.loads(summary.read_text())["memory_ops"]
+                    r["memory_ops"] = dict(RunSummary.read(summary).memory_ops)
                 echo(f"seed {seed} grpo1 validation at step {r['step']}: "
                      + " ".join(f"{k[5:]}={'n/a' if v is None else f'{v:.4f}'}"  # None: no memory kept
                                 for k, v in sorted(r.items()) if k.startswith("eval_") and k != "eval_ops")

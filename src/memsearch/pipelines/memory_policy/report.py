@@ -20,6 +20,8 @@ from typing import Any
 from memsearch.eval.caveats import caveats
 from memsearch.eval.run_diff import paired_difference, per_task_metrics
 from memsearch.io import write_json
+from memsearch.records.run_summary import RunSummary
+from memsearch.records.train_step import read_train_log
 
 GROUPS = ("A", "B", "C", "D")
 PAIRS = (("B", "A"), ("D", "C"), ("C", "A"), ("D", "B"))
@@ -28,25 +30,25 @@ DIFF_METRICS = ("memory_support_recall", "f1", "em")
 
 
 def _group_row(folder: Path, group: str) -> dict[str, Any]:
-    s = json.loads((folder / group / "summary.json").read_text())
+    s = RunSummary.read(folder / group / "summary.json")
     run = json.loads((folder / group / "run.json").read_text())
     # The backend that wrote the memory as the summary records it, and its weights by content (run.json).
     return {
         "group": group,
-        "memory_backend": s["memory_backend"],
+        "memory_backend": s.memory_backend.to_json(),
         "memory_identity": run["models"]["memory"],
         # Only a policy controller consults its backend; fixed-plan groups (A/B) show "fixed".
-        "controller_backend": s["config"]["backends"]["controller"]
-        if s["agent"]["controller"] == "policy"
+        "controller_backend": s.config["backends"]["controller"]
+        if s.agent["controller"] == "policy"
         else {"kind": "fixed"},
-        **{m: s["metrics"].get(m) for m in METRICS},
-        "questions": s["tasks"]["scored"],
-        "expected": s["tasks"]["expected"],
-        "request_errors": s["request_errors"],
-        "memory_truncations": s["truncation"]["memory_truncations"],
-        "complete": s["complete"],
-        "usable_for_comparison": s["usable_for_comparison"],
-        "note": s.get("note"),
+        **{m: s.metrics.get(m) for m in METRICS},
+        "questions": s.tasks.scored,
+        "expected": s.tasks.expected,
+        "request_errors": s.request_errors,
+        "memory_truncations": s.memory_truncations,
+        "complete": s.complete,
+        "usable_for_comparison": s.usable_for_comparison,
+        "note": s.note,
     }
 
 
@@ -63,7 +65,7 @@ def seed_section(cfg, seed: dict[str, Any]) -> dict[str, Any]:
                 per_task[b], per_task[a], metric, cfg.report.bootstrap_resamples, cfg.report.confidence, cfg.report.seed
             )
             diffs.append({"pair": f"{a}-{b}", "metric": metric, "usable": usable[a] and usable[b], **(d or {})})
-    configs = {g: json.loads((folder / g / "summary.json").read_text())["config"] for g in GROUPS}
+    configs = {g: RunSummary.read(folder / g / "summary.json").config for g in GROUPS}
     return {"seed": seed["seed"], "rows": rows, "diffs": diffs, "stage2": seed["stage2"], "caveats": caveats(configs)}
 
 
@@ -345,10 +347,9 @@ def write_mp_report(
             for key in ("eval_memory_support_recall", "eval_f1"):
                 panels[f"{n}:{key}"] = panels[n]
     # The decision view of the memory stage (train.grpo.decisions), where its logs have it.
-    from memsearch.train.log import read_log
-
     for n in [n for n in panels if n == "grpo1"]:
-        if any(p.is_file() and any("decision_entropy" in r for r in read_log(p)) for p in panels[n]):
+        if any(p.is_file() and any(step.decision_entropy is not None for step in read_train_log(p))
+               for p in panels[n]):
             for key in ("decision_entropy", "op_share/ADD", "op_share/NOOP"):
                 panels[f"{n}:{key}"] = panels[n]
     plot_curves(panels, out / "curves.png")
@@ -403,8 +404,6 @@ def stage_times(out: Path) -> list[dict[str, Any]]:
     ``step_s`` (the steps' own time: an interruption adds nothing to it). Ordered by start."""
     from datetime import datetime
 
-    from memsearch.io import iter_jsonl
-
     rows = []
     for path in out.rglob("*.stage.json"):
         record = json.loads(path.read_text(encoding="utf-8"))
@@ -412,7 +411,7 @@ def stage_times(out: Path) -> list[dict[str, Any]]:
             continue
         start, end = (datetime.strptime(record[k], "%Y-%m-%dT%H:%M:%S%z") for k in ("started", "finished"))
         log = path.parent / path.name.removesuffix(".stage.json") / "train_log.jsonl"
-        steps = sum(r.get("step_s") or 0.0 for _, r in iter_jsonl(log)) if log.is_file() else None
+        steps = sum(step.step_s or 0.0 for step in read_train_log(log)) if log.is_file() else None
         rows.append({"stage": str(path.relative_to(out)).removesuffix(".stage.json"), "started": record["started"],
                      "span_s": (end - start).total_seconds(), "step_s": steps,
                      "collapse": (record.get("outputs") or {}).get("collapse")})

@@ -217,12 +217,12 @@ def _evaluate(cfg: GRPOConfig, adapter: Path, out: Path, rollouts: Rollouts
                             cfg.eval.data, out)
     metrics = {
         k: v
-        for k, v in summary["metrics"].items()
+        for k, v in summary.metrics.items()
         if k in ("f1", "em", "sub_em", "boxed_em", "invalid_action_rate", "memory_support_recall",
                  "memory_support_precision")
     }
     # greedy decoding's ops: what the collapse guard's eval check reads
-    ops = {k.removeprefix("ops_"): v for k, v in summary["memory_ops"].items()} if summary.get("memory_ops") else None
+    ops = {k.removeprefix("ops_"): v for k, v in summary.memory_ops.items()} if summary.memory_ops else None
     return metrics, ops
 
 

@@ -134,7 +134,7 @@ def evaluate_adapter(
         summary = evaluate_live(cfg, [role], *loaded, data, out)
     else:
         summary = run_eval(cfg, data, out, show_progress=False)
-    return {"eval_" + k: v for k, v in summary["metrics"].items() if k in ("f1", "em", "invalid_action_rate")}
+    return {"eval_" + k: v for k, v in summary.metrics.items() if k in ("f1", "em", "invalid_action_rate")}
 
 
 def train_sft(cfg: SFTConfig, out: str | Path, resume: bool = False, echo=print) -> dict[str, Any]:
