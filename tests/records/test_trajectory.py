@@ -154,3 +154,12 @@ def test_engine_trajectories_survive_their_json(hotpot_dev_dir, variant):
             sum(e.executed.values()) for e in traj.memory_events)
         kinds = {type(e) for e in traj.events}
         assert PolicyCall in kinds and (SearchEvent in kinds) == (variant != "stream")
+
+
+def test_the_run_label_is_the_lines_group_key_and_no_grpo_group():
+    line = {"task_id": "t1", "group": "B", "question": "q?", "status": "error", "error": "crash", "counts": {},
+            "events": [], "prediction": None}
+    traj = Trajectory.from_json(line)
+    assert traj.run_label == "B" and "group" not in traj.extra and not hasattr(traj, "group")
+    assert traj.to_json() == line
+    assert Trajectory.failed("t1", "q?", "B", "crash").to_json() == line

@@ -329,7 +329,7 @@ class _Run:
                  None if readable else InvalidCause.PARSE)
         citations = tuple(answer.citations) if answer else ()
         return Trajectory(
-            task_id=task.id, engine_version=ENGINE_VERSION, group=ep.env.group, question=task.question,
+            task_id=task.id, engine_version=ENGINE_VERSION, run_label=ep.env.group, question=task.question,
             prediction=answer.answer if answer else None, reader_text=result.text,
             # The reader was asked for a \boxed{} answer: scoring then reads the box only (eval.score).
             answer_format="boxed" if boxed else "free",

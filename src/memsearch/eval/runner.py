@@ -183,7 +183,7 @@ def _trajectory_line(traj: Trajectory) -> str:
     except (UnicodeEncodeError, NonFiniteNumberError) as exc:
         why = (f"not writable as UTF-8 ({exc.reason} at character {exc.start})" if isinstance(exc, UnicodeEncodeError)
                else f"not writable as strict JSON ({exc.where} is {first_non_finite(data)[1]!r})")
-        failed = Trajectory.failed(traj.task_id, traj.question, traj.group, f"trajectory {why}; task marked failed",
+        failed = Trajectory.failed(traj.task_id, traj.question, traj.run_label, f"trajectory {why}; task marked failed",
                                    traj.attempt)
         line = dumps_line(failed.to_json()) + "\n"
     return line

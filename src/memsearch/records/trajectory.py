@@ -87,7 +87,7 @@ class Trajectory:
 
     task_id: str  # the task (labels are joined by it after the episode; the engine never sees them)
     question: str | None = None  # the question asked
-    group: str = ""  # the matrix group or run name that ran it
+    run_label: str = ""  # the matrix group or run name that ran it (written as "group"; no GRPO group)
     engine_version: str | None = None  # the record format (None: before engine-6, or a failed task)
     prediction: str | None = None  # the reader's answer (None: none readable)
     reader_text: str | None = None  # the reader's whole completion
@@ -107,10 +107,11 @@ class Trajectory:
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys this version does not know
 
     @classmethod
-    def failed(cls, task_id: str, question: str | None, group: str, error: str,
+    def failed(cls, task_id: str, question: str | None, run_label: str, error: str,
                attempt: int | None = None) -> Trajectory:
         """A task that failed without an episode (a crash, an unwritable trajectory): scored 0."""
-        return cls(task_id=task_id, question=question, group=group, status="error", error=error, attempt=attempt)
+        return cls(task_id=task_id, question=question, run_label=run_label, status="error", error=error,
+                   attempt=attempt)
 
     # ------------------------------------------------------------------------------- reading
     def policy_calls(self, roles: Iterable[str] | None = None) -> list[PolicyCall]:
@@ -167,14 +168,14 @@ class Trajectory:
         """The trajectory as a ``trajectories.jsonl`` line holds it."""
         attempt = {} if self.attempt is None else {"attempt": self.attempt}
         if self.error is not None and not self.events:
-            return {"task_id": self.task_id, "group": self.group, "question": self.question,
+            return {"task_id": self.task_id, "group": self.run_label, "question": self.question,
                     "prediction": self.prediction, "status": self.status, "error": self.error, "counts": {},
                     "events": [], **attempt, **self.extra}
         version = {} if self.engine_version is None else {"engine_version": self.engine_version}
         events = [e.to_json(self.memory_outcome(e)) if isinstance(e, PolicyCall) else e.to_json()
                   for e in self.events]
         return {
-            "task_id": self.task_id, **version, "group": self.group, "question": self.question,
+            "task_id": self.task_id, **version, "group": self.run_label, "question": self.question,
             "prediction": self.prediction, "reader_text": self.reader_text, "answer_format": self.answer_format,
             "citations": list(self.citations), "invalid_citations": list(self.invalid_citations),
             "shown_evidence": list(self.shown_evidence), "memory_final": self.memory_final,
@@ -190,6 +191,7 @@ class Trajectory:
         if not isinstance(data, Mapping) or not isinstance(data.get("task_id"), str):
             raise ValueError("not a trajectory: expected a JSON object with a string 'task_id'")
         data = upgrade(dict(data))
+        data = {("run_label" if k == "group" else k): v for k, v in data.items()}  # the file's name of it
         names = set(cls.__dataclass_fields__) - {"extra"}
         known = {k: v for k, v in data.items() if k in names}
         known.setdefault("status", "error")  # a line without a status is no finished episode (as eval reads it)

@@ -49,7 +49,7 @@ class Row:
     rollout_logprobs: list[float]
     loss_mask: list[int]
     trajectory: int  # index of the trajectory in this step's batch (on this rank)
-    group_index: int  # index of its group (one task's rollouts) in this step; not the run label Trajectory.group
+    group_index: int  # index of its group (one task's rollouts) in this step; not Trajectory.run_label
     role: str
     step: int  # the call's step inside the episode
     constraint_id: str | None = None

@@ -337,7 +337,7 @@ def export_sft(
                     "step": call.step,
                     "source": {
                         "run": str(run_dir),
-                        "group": traj.group,
+                        "group": traj.run_label,
                         "backend": backend,
                         "memory_mode": mode,
                         "split": split,
