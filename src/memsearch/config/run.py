@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from memsearch.config.backend import BackendConfig, HFSettings, OpenAISettings, RulesSettings
 from memsearch.config.backend import Sampling as Sampling
+from memsearch.config.compose import with_values
 
 # The machinery every config model imports from here (apply_overrides only re-exported).
 from memsearch.config.strict import (
@@ -24,7 +25,6 @@ from memsearch.config.strict import (
     StrictConfig,
     config_check,
     config_from_tables,
-    merge_tables,
     read_config_file,
     validation_problems,
 )
@@ -163,18 +163,6 @@ def _dotted_keys(table: dict[str, Any], group: str) -> dict[str, Any]:
         if above := next((other for other in flat if key.startswith(f"{other}.")), None):
             raise KeyProblems((f"{group}.{key}", f"set below {group}.{above}, which is also set; keep one"))
     return flat
-
-
-def _nested(dotted: dict[str, Any]) -> dict[str, Any]:
-    """Dotted keys (none below another: ``_dotted_keys``) as nested tables."""
-    nested: dict[str, Any] = {}
-    for key, value in dotted.items():
-        *tables, last = key.split(".")
-        node = nested
-        for part in tables:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return nested
 
 
 class Matrix(StrictConfig):
@@ -404,8 +392,8 @@ def _merged_base(model: str) -> str:
     )
 
 
-def baseline_memory_backend(backends: Backends) -> dict[str, Any]:
-    """The memory backend of the summary groups A/C (docs/design.md §3), as a JSON dict.
+def baseline_memory_backend(backends: Backends) -> BackendConfig:
+    """The memory backend of the summary groups A/C (docs/design.md §3).
 
     ``backends.baseline_memory`` when set. Otherwise the run's original memory model: the
     run's ``backends.memory`` (every field as written: kind, sampling, limits), for ``kind = "hf"``
@@ -414,10 +402,10 @@ def baseline_memory_backend(backends: Backends) -> dict[str, Any]:
     checkpoint records. A served model (``kind = "openai"``) cannot be traced to its base, so
     without ``baseline_memory`` it is refused (``InputError``): A/C would otherwise summarise with
     the served, perhaps trained, model without a word. Which backend was used is recorded in every
-    summary (``memory_backend``).
+    summary (``memory_backend``). The settings are validated where they are set (``group_config``).
     """
     if backends.baseline_memory is not None:
-        return backends.baseline_memory.model_dump(mode="json")
+        return backends.baseline_memory
     memory = backends.memory
     if isinstance(memory, OpenAISettings):
         raise InputError(
@@ -428,24 +416,24 @@ def baseline_memory_backend(backends: Backends) -> dict[str, Any]:
         )
     if isinstance(memory, HFSettings):
         memory = memory.model_copy(update={"adapter": None, "model": _merged_base(memory.model)})
-    return memory.model_dump(mode="json")
+    return memory
 
 
 def group_config(base: RunConfig, group: str) -> RunConfig:
     """The config of one matrix group: the base with the group's memory and controller, the
     summary groups' memory backend (``baseline_memory_backend``), then the group's overrides
-    (applied last, so an explicit per-group setting wins)."""
+    (applied last, so an explicit per-group setting wins), composed as values and validated once
+    (``config.compose.with_values``)."""
     memory, controller = GROUP_DESIGNS[group]
-    data = base.model_dump(mode="json")
-    data["agent"].update(memory=memory, controller=controller)
+    values: dict[str, Any] = {"agent.memory": memory, "agent.controller": controller}
     if memory == "summary":
         # A/C are the untrained-summary baselines: a trained memory policy must not write their memory.
-        data["backends"]["memory"] = baseline_memory_backend(base.backends)
-        data["agent"]["memory_format"] = "text"  # a format of decision memory (B/D's); summary notes have none
+        values["backends.memory"] = baseline_memory_backend(base.backends)
+        values["agent.memory_format"] = "text"  # a format of decision memory (B/D's); summary notes have none
     # Values are set as they were read, not round-tripped through `--set` text (a table would
-    # come back a string).
-    data = merge_tables(data, _nested(base.matrix.overrides.get(group, {})))
-    return RunConfig.model_validate(data, context={_AS_GROUP: True})
+    # come back a string). In order: a group's empty table (``backends.memory = {}``) changes nothing.
+    overrides = base.matrix.overrides.get(group, {})
+    return with_values(base, [*values.items(), *overrides.items()], context={_AS_GROUP: True})
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None, model: type[BaseModel] = RunConfig) -> Any:

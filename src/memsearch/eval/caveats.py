@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from memsearch.config import config_json
 from memsearch.registry import BACKEND_KINDS, MEMORY_MODES
 
 # Where a config's agent calls a policy: role -> whether the agent (a config as JSON) calls one
@@ -88,5 +89,5 @@ def caveats(runs: Mapping[str, Mapping[str, Any]], groups: Mapping[str, str] | N
 
 def run_caveats(config: Any, group: str = "") -> list[str]:
     """``caveats`` of one run (``config``: a ``RunConfig`` or its JSON dict)."""
-    data = config if isinstance(config, Mapping) else config.model_dump(mode="json")
+    data = config if isinstance(config, Mapping) else config_json(config)
     return caveats({group: data})

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from memsearch.config import RunConfig, group_config
+from memsearch.config import RunConfig, config_json, group_config
 from memsearch.errors import InputError
 from memsearch.eval.caveats import caveats
 from memsearch.eval.run_folder import MARKER, claim_folder
@@ -153,7 +153,7 @@ def run_matrix(
             out.rmdir()
         raise
     pairs = compare(out, groups, config.matrix.bootstrap_resamples)
-    notes = caveats({g: cfg.model_dump(mode="json") for g, cfg in configs.items()})
+    notes = caveats({g: config_json(cfg) for g, cfg in configs.items()})
     entries = {g: s.group_entry() for g, s in summaries.items()}
     table = render_table(entries, pairs, notes)
     result = {

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from memsearch.config import BackendConfig, HFSettings, OpenAISettings, tokenizer_problem
+from memsearch.config import BackendConfig, HFSettings, OpenAISettings, config_json, tokenizer_problem
 from memsearch.config.backend import without_addresses
 from memsearch.errors import InputError, StorageError
 from memsearch.io import dumps_pretty, sha256_file
@@ -222,7 +222,7 @@ def _as_read(config: Any) -> Any:
     read = {}
     for role, table in backends.items():
         try:
-            read[role] = BackendConfig.model_validate(table).model_dump(mode="json") if table is not None else None
+            read[role] = config_json(BackendConfig.model_validate(table)) if table is not None else None
         except ValidationError:
             read[role] = table
     return {**config, "backends": read}

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from memsearch import DISTRIBUTION
 from memsearch.backends import check_served_models
-from memsearch.config import RunConfig
+from memsearch.config import RunConfig, config_json
 from memsearch.data.dataset import Dataset, load_dataset
 from memsearch.errors import InputError, Problem
 from memsearch.eval.attempts import cut_torn_tail, failed_attempt_counts, supersede_failed
@@ -288,7 +288,7 @@ def summarize(
         "memory_ops": ops,
         "tokens": tokens,
         "entailment_evaluated": False,
-        "config": config.model_dump(mode="json"),
+        "config": config_json(config),
         **env_info,
         "data": run_info["data"],
         "software": run_info["software"],
@@ -322,7 +322,7 @@ def run_eval(
     dataset = load_dataset(data_dir)
     tasks = dataset.tasks[: config.limit]
     labels = dataset.labels_by_id()
-    resolved = config.model_dump(mode="json")
+    resolved = config_json(config)
     run_info = {
         "data": data_fingerprint(data_dir, dataset),
         "models": model_identity(config),

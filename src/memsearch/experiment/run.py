@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from memsearch.config import config_json
 from memsearch.errors import IncompleteResult, InputError
 from memsearch.eval.provenance import source_identity
 from memsearch.experiment.config import ExperimentConfig
@@ -140,7 +141,7 @@ def _lock(out: Path) -> None:
 
 def _record_invocation(cfg: ExperimentConfig, out: Path, profile: str | None) -> None:
     """Append the invocation to ``invocations.jsonl`` and save the resolved config as ``config.json``."""
-    resolved = cfg.model_dump(mode="json")
+    resolved = config_json(cfg)
     with open(out / "invocations.jsonl", "a", encoding="utf-8") as fh:
         fh.write(dumps_line({"time": _stamp(), "profile": profile, "config": resolved}) + "\n")
     write_json(out / "config.json", resolved)
@@ -245,7 +246,7 @@ def _stages(cfg: ExperimentConfig, out: Path, record: RunRecord, echo) -> dict[s
         models = models_stage(cfg, out, echo)
         record.update(models=models)
         pcfg = pipeline_config(cfg, record.data["data"], models)
-        write_json(out / "pipeline.json", pcfg.model_dump(mode="json"))  # what the pipeline's stages ran
+        write_json(out / "pipeline.json", config_json(pcfg))  # what the pipeline's stages ran
         paths = prepare_stage(pcfg, out, echo)
         record.update(devices=device_check(cfg.devices, echo))
         with running_services({"reader": reader_spec(cfg, models)}, out / "services", gpus, echo) as running:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from memsearch.config import config_json
 from memsearch.errors import InputError
 from memsearch.eval.run_folder import claim_folder, hold_folder_lock
 from memsearch.io import dumps_line, iter_jsonl, sha256_file
@@ -42,7 +43,7 @@ def record_invocation(out: str | Path, cfg: BaseModel) -> Path:
     check_stage_records(out)  # a damaged record is named before this invocation writes anything
     with open(out / "invocations.jsonl", "a", encoding="utf-8") as fh:
         fh.write(
-            dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.model_dump(mode="json")}) + "\n"
+            dumps_line({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": config_json(cfg)}) + "\n"
         )
     return out
 

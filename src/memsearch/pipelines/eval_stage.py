@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from memsearch.config import config_json
 from memsearch.io import sha256_file
 from memsearch.pipelines.stage_record import Stage
 from memsearch.pipelines.unfinished import leave_open
@@ -28,7 +29,7 @@ def eval_run(
         folder,
         folder.name,
         {
-            "run_config": run_config.model_dump(mode="json"),
+            "run_config": config_json(run_config),
             "data_manifest_sha256": sha256_file(data / "manifest.json"),
             **upstream,
         },

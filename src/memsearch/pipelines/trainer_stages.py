@@ -15,6 +15,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
+from memsearch.config import config_json
 from memsearch.errors import InputError
 from memsearch.io import write_json
 from memsearch.pipelines.stage_record import Stage, folder_sha256
@@ -83,7 +84,7 @@ def _trainer_record(folder: Path, record: Path, key: str, cfg: Any, upstream: di
     from memsearch.train.config import without_placement
 
     # Placement (GPUs, checkpointing) changes no number: a stage re-run on another node still matches.
-    return Stage(folder, folder.name, {key: without_placement(cfg.model_dump(mode="json")), **upstream}, record)
+    return Stage(folder, folder.name, {key: without_placement(config_json(cfg)), **upstream}, record)
 
 
 def _trainer_stage(

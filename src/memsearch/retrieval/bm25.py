@@ -32,6 +32,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from memsearch.config import config_json
 from memsearch.data.records import Document
 from memsearch.errors import InputError, Problem
 from memsearch.io import atomic_output_dir, dumps_line, iter_jsonl, sha256_file, write_json
@@ -299,7 +300,7 @@ class BM25Retriever:
                 {
                     "format": FORMAT,
                     "format_version": FORMAT_VERSION,
-                    "settings": self.settings.model_dump(mode="json"),
+                    "settings": config_json(self.settings),
                     "stopwords": self._stopwords,
                     "bm25s_version": bm25s.__version__,
                     "pystemmer_version": _pystemmer_version(),

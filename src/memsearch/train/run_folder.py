@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from memsearch.config import config_json
 from memsearch.errors import InputError
 from memsearch.io import write_json
 from memsearch.train.distributed import Dist
@@ -26,7 +27,7 @@ def check_run_folder(cfg, out: Path, resume: bool, dist: Dist) -> None:
     activation checkpointing), which change no number of the run."""
     from memsearch.train.config import without_placement
 
-    resolved = without_placement(cfg.model_dump(mode="json"))
+    resolved = without_placement(config_json(cfg))
     if dist.main:
         if out.exists() and not resume:
             raise InputError(
@@ -53,7 +54,7 @@ def saved_config(model: type, saved: Any) -> Any:
         config = model.model_validate({**saved, "episode_config": None} if "episode_config" in saved else saved)
     except ValueError:  # pydantic's ValidationError, KeyProblems
         return saved
-    dump = config.model_dump(mode="json")
+    dump = config_json(config)
     return {**dump, "episode_config": saved["episode_config"]} if "episode_config" in saved else dump
 
 
@@ -62,7 +63,7 @@ def prepare_run_folder(cfg, out: Path, resume: bool, dist: Dist) -> None:
     check_run_folder(cfg, out, resume, dist)
     if dist.main and not resume:
         out.mkdir(parents=True)
-        write_json(out / "config.json", cfg.model_dump(mode="json"))
+        write_json(out / "config.json", config_json(cfg))
     dist.barrier()
 
 

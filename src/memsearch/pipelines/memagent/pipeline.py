@@ -28,6 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from memsearch.config import config_json
 from memsearch.errors import InputError
 from memsearch.pipelines.bookkeeping import record_invocation, source_sha256
 from memsearch.pipelines.eval_stage import eval_run
@@ -50,7 +51,7 @@ def prepare_stage(cfg: MemAgentPipeline, out: Path, echo=print) -> dict[str, Any
 
     folder = out / "prepare"
     tokenizer = load_tokenizer(cfg.episode.tokenizer)
-    inputs = {"data": cfg.data.model_dump(mode="json"), "dev_sha256": source_sha256(cfg.data.dev),
+    inputs = {"data": config_json(cfg.data), "dev_sha256": source_sha256(cfg.data.dev),
               "train_sha256": source_sha256(cfg.data.train), "builder": BUILDER_VERSION, "tokenizer": tokenizer.name}
     stage = Stage(folder, "prepare", inputs, out / "prepare.stage.json")
     paths = {"dev": folder / "dev", "train": folder / "train",

@@ -35,6 +35,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
+from memsearch.config import config_json
 from memsearch.errors import IncompleteResult, InputError
 from memsearch.io import sha256_file
 from memsearch.pipelines.bookkeeping import record_invocation, source_sha256
@@ -77,7 +78,7 @@ def prepare_stage(cfg: MemoryPolicyPipeline, out: Path, echo=print) -> dict[str,
         folder,
         "prepare",
         {
-            "data": cfg.data.model_dump(mode="json"),
+            "data": config_json(cfg.data),
             "train_sha256": source_sha256(cfg.data.train),
             "dev_sha256": source_sha256(cfg.data.dev),
         },
@@ -260,7 +261,7 @@ def select_stage(
     stage = Stage(
         folder / "select",
         "select-rows",
-        {"rows": rows_fp, **cfg.teacher_rows.model_dump(mode="json")},
+        {"rows": rows_fp, **config_json(cfg.teacher_rows)},
         folder / "select.stage.json",
     )
     if not stage.done():
@@ -424,7 +425,7 @@ def matrix_stage(folder: Path, record: Path, matrix_cfg, paths: dict[str, Any], 
     stage = Stage(
         folder,
         "matrix",
-        {"run_config": matrix_cfg.model_dump(mode="json"), "prepare": paths["fingerprint"], **upstream},
+        {"run_config": config_json(matrix_cfg), "prepare": paths["fingerprint"], **upstream},
         record,
     )
     if stage.done():
