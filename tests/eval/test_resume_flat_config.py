@@ -35,9 +35,9 @@ def test_a_folder_with_a_flat_config_json_resumes(hotpot_dev_dir, tmp_path):
     cfg = load_config(RULES, ["limit=3"])
     straight = _interrupted(tmp_path / "run", cfg, hotpot_dev_dir, FLAT_RULES)
     resumed = run_eval(cfg, hotpot_dev_dir, tmp_path / "run", resume=True, show_progress=False)
-    assert resumed.complete and resumed.tasks == straight["tasks"]
+    assert resumed.complete and resumed.tasks == straight.tasks
     for metric in ("em", "f1", "memory_support_recall", "retrieval_support_recall"):
-        assert resumed.metrics[metric] == straight["metrics"][metric]
+        assert resumed.metrics[metric] == straight.metrics[metric]
     assert len((tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()) == 3
 
 
