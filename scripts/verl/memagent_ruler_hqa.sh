@@ -43,8 +43,8 @@ paths = prepare_stage(load_config(config, overrides, model=MemAgentPipeline), Pa
 Path(out, "train_data.txt").write_text(str(paths["train_data"]))
 PY
 TRAIN=$(cat "$OUT/train_data.txt")
-memsearch verl export-data --data "$TRAIN" --out "$OUT/train.parquet" --role overwrite
-memsearch verl export-data --data "$OUT/prepare/ruler/docs50" --out "$OUT/dev.parquet" --role overwrite
+memsearch verl export-data --data "$TRAIN" --out "$OUT/train.parquet" --role memagent
+memsearch verl export-data --data "$OUT/prepare/ruler/docs50" --out "$OUT/dev.parquet" --role memagent
 
 # The mini-batch is sized from the chunks of the training contexts (counted with MODEL's
 # tokenizer): the notes on stderr state the optimizer steps a training step makes.
