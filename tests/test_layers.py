@@ -333,6 +333,16 @@ def test_no_module_reads_an_eval_summary_by_key():
     assert not found, "read eval summaries by attribute (records.run_summary.RunSummary):\n" + "\n".join(found)
 
 
+# Keys only a metrics row has: code reads a metrics.jsonl line through records.metrics_row.MetricsRow.
+METRICS_ROW_KEY_READ = re.compile(
+    r"""(?:\[|\.get\(|\.pop\(|\bin\s+)["'](truncated_by_chunk_limit|context_truncated_by_role|context_truncated_calls)["']""")
+
+
+def test_no_module_reads_a_metrics_row_by_key():
+    found = _key_reads(METRICS_ROW_KEY_READ, {"memsearch/records": "the record's own to_json / from_json"})
+    assert not found, "read metrics rows by attribute (records.metrics_row.MetricsRow):\n" + "\n".join(found)
+
+
 def test_no_module_reads_a_train_log_as_raw_json():
     found = _key_reads(TRAIN_LOG_READ, TRAIN_LOG_READERS)
     assert not found, "read train logs through records.train_step.read_train_log:\n" + "\n".join(found)
@@ -346,3 +356,5 @@ def test_the_key_checks_see_a_raw_read():
     assert TRAIN_LOG_READ.search('rows = [r for _, r in iter_jsonl(run / "train_log.jsonl")]')
     assert TRAIN_LOG_READ.search("steps = read_log(path)")
     assert not TRAIN_LOG_READ.search("steps = read_train_log(path)")
+    assert METRICS_ROW_KEY_READ.search('cut = sum(1 for r in rows if r["truncated_by_chunk_limit"])')
+    assert not METRICS_ROW_KEY_READ.search("cut = sum(1 for r in rows if r.truncated_by_chunk_limit)")

@@ -85,7 +85,7 @@ def _means(run: Path) -> dict[str, float | None]:
     rows = per_task_metrics(run / "metrics.jsonl").values()
     out = {}
     for metric in ROW_METRICS:
-        values = [r[metric] for r in rows if r.get(metric) is not None]
+        values = [r.column(metric) for r in rows if r.column(metric) is not None]
         out[metric] = sum(values) / len(values) if values else None
     return out
 

@@ -148,7 +148,7 @@ def test_episode_counts_the_chunks_cut_off_by_max_chunks(ruler):
     assert traj.counts.chunks == 3 and traj.counts.chunks_cut == total - 3
     assert len(traj.chunks) == len(calls(traj, "memory")) == 3
     row = score_trajectory(traj, ruler.labels_by_id()[task.id])
-    assert row["truncated_by_chunk_limit"] is True and row["chunks_cut"] == total - 3
+    assert row.truncated_by_chunk_limit is True and row.chunks_cut == total - 3
 
 
 # --------------------------------------------------------------------------- memory limit
@@ -233,7 +233,8 @@ def test_boxed_em_takes_the_last_box_against_every_gold(ruler):
     text = r"Maybe \boxed{Ambassador}. Final: \boxed{\text{Chief of Protocol}}"
     traj = Trajectory(task_id=label.id, prediction=parse_reader(text).answer, reader_text=text)
     row = score_trajectory(traj, label)
-    assert (row["prediction"], row["boxed_em"], row["em"], row["sub_em"]) == ("Chief of Protocol", 1.0, 1.0, 1.0)
+    scores = row.scores
+    assert (row.prediction, scores["boxed_em"], scores["em"], scores["sub_em"]) == ("Chief of Protocol", 1.0, 1.0, 1.0)
 
 
 def test_a_reader_asked_for_a_box_scores_the_box_only(ruler):
@@ -256,13 +257,13 @@ def test_a_reader_asked_for_a_box_scores_the_box_only(ruler):
         traj = run(ruler.tasks[1], env)
         assert traj.answer_format == "boxed", name
         row = score_trajectory(traj, label)
-        got = tuple(row[k] for k in ("em", "f1", "sub_em", "boxed_em", "sub_em_lenient"))
+        got = tuple(row.column(k) for k in ("em", "f1", "sub_em", "boxed_em", "sub_em_lenient"))
         assert got == pytest.approx(expected), name
     # The same hedge from a reader that was not asked for a box keeps the tolerant parse.
     free = Trajectory(task_id=label.id, answer_format="free", reader_text=replies["hedge"][0],
                       prediction=parse_reader(replies["hedge"][0]).answer)
     row = score_trajectory(free, label)
-    assert (row["sub_em"], row["sub_em_lenient"], row["em"]) == (1.0, 1.0, 0.0)
+    assert (row.scores["sub_em"], row.scores["sub_em_lenient"], row.scores["em"]) == (1.0, 1.0, 0.0)
 
 
 # --------------------------------------------------------------------------- failures
@@ -280,11 +281,11 @@ def test_failed_reader_request_scores_zero_and_stays_in_the_denominator(ruler, r
     assert reader.invalid_reason.startswith("request failed")
     assert failed.prediction is None and failed.status == "error" and failed.counts.request_errors == 1
     rows = [score_trajectory(t, labels[t.task_id]) for t in trajs]
-    assert all(rows[1][k] == 0.0 for k in ("em", "f1", "sub_em", "boxed_em"))
+    assert all(rows[1].column(k) == 0.0 for k in ("em", "f1", "sub_em", "boxed_em"))
     run_info = {"data": data_fingerprint(ruler_dir, ruler), "software": software_versions()}
     summary = summarize(config, run_info, rows, len(rows), {})
     assert summary.metric_counts["sub_em"] == summary.metric_counts["boxed_em"] == 3
-    assert summary.metrics["sub_em"] == pytest.approx((rows[0]["sub_em"] + rows[2]["sub_em"]) / 3)
+    assert summary.metrics["sub_em"] == pytest.approx((rows[0].scores["sub_em"] + rows[2].scores["sub_em"]) / 3)
     assert summary.request_errors == 1 and summary.tasks.failed_ids == (failed.task_id,)
     assert summary.usable_for_comparison is False and summary.note.startswith("INCOMPLETE")
 

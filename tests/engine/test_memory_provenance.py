@@ -86,10 +86,10 @@ def test_citing_every_shown_id_from_unsupported_text_scores_no_memory_recall(dev
         assert traj.counts.invalid_actions == 0  # every batch was valid and applied
         assert set(traj.memory_cited) == set(traj.shown_evidence)  # the memory cites everything shown ...
         assert traj.memory_sources == ()  # ... from items no cited sentence supports
-        assert row["memory_support_recall"] == 0.0 and row["memory_support_precision"] == 0.0
+        assert row.scores["memory_support_recall"] == 0.0 and row.scores["memory_support_precision"] == 0.0
         # What the old definition (every cited id) gave: the retrieval ceiling.
         before.append(support_recall(traj.memory_cited, label.supporting_facts))
-        assert before[-1] == row["retrieval_support_recall"]
+        assert before[-1] == row.scores["retrieval_support_recall"]
     assert sum(before) / len(before) == pytest.approx(31 / 36)  # 0.861 on these 12 questions
 
 
@@ -98,10 +98,10 @@ def test_items_that_copy_their_sentences_keep_their_recall(dev):
     for traj, row, label in episodes(dev, copy_each):
         assert traj.memory_sources == traj.memory_cited
         assert set(traj.memory_cited) == set(traj.shown_evidence)
-        assert row["memory_support_recall"] == row["retrieval_support_recall"]
+        assert row.scores["memory_support_recall"] == row.scores["retrieval_support_recall"]
         gold = set(label.supporting_facts) & set(traj.shown_evidence)
-        assert row["memory_support_precision"] == pytest.approx(len(gold) / len(traj.shown_evidence))
-        recalls.append(row["memory_support_recall"])
+        assert row.scores["memory_support_precision"] == pytest.approx(len(gold) / len(traj.shown_evidence))
+        recalls.append(row.scores["memory_support_recall"])
     assert sum(recalls) / len(recalls) == pytest.approx(31 / 36)  # the retrieval ceiling, as cited
 
 
@@ -119,8 +119,8 @@ def test_one_faithful_gold_copy_counts_and_the_unfaithful_padding_does_not(dev):
     kept = traj.memory_sources
     assert kept and set(kept) <= set(gold)  # only the copied gold sentences count
     assert set(traj.memory_cited) == set(traj.shown_evidence)
-    assert row["memory_support_recall"] == len(set(kept)) / len(set(gold)) > 0
-    assert row["memory_support_precision"] == len(set(kept)) / len(traj.memory_cited)
+    assert row.scores["memory_support_recall"] == len(set(kept)) / len(set(gold)) > 0
+    assert row.scores["memory_support_precision"] == len(set(kept)) / len(traj.memory_cited)
 
 
 def test_an_item_over_the_sources_cap_is_an_invalid_action(dev):
@@ -131,7 +131,7 @@ def test_an_item_over_the_sources_cap_is_an_invalid_action(dev):
         assert traj.counts.invalid_actions == len(over)
         # Steps that showed at most 3 sentences were within the cap (and still score nothing).
         assert all(e.valid for e in memory if e not in over)
-        assert row["memory_support_recall"] == 0.0 and traj.memory_sources == ()
+        assert row.scores["memory_support_recall"] == 0.0 and traj.memory_sources == ()
 
 
 def test_summary_notes_are_judged_line_by_line():

@@ -23,6 +23,7 @@ from memsearch.engine.prompts import PROMPT_VERSION, prompt_version
 from memsearch.eval.runner import EVALUATOR_VERSION, run_eval, summarize
 from memsearch.io import iter_jsonl, sha256_file
 from memsearch.pipelines.config import load_run_config
+from memsearch.records.metrics_row import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 MEMAGENT = ROOT / "configs" / "memagent.toml"
@@ -127,7 +128,7 @@ def test_a_run_cut_by_max_chunks_says_it_did_not_read_the_whole_context(docs50, 
 def test_missing_samples_make_the_run_unusable(docs50, tmp_path):
     config = memagent()
     full = run_eval(config, docs50, tmp_path / "run", show_progress=False)
-    rows = [row for _, row in iter_jsonl(tmp_path / "run" / "metrics.jsonl")]
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     run_info = json.loads((tmp_path / "run" / "run.json").read_text())
     summary = summarize(config, run_info, rows[:-1], N_TASKS, {})
     assert full.usable_for_comparison and not summary.usable_for_comparison and not summary.complete

@@ -59,7 +59,7 @@ def test_a_failed_task_scores_zero_on_an_answer_metric(words, hotpot_dev_dir, tm
     data = next(t for t in _lines(tmp_path / "run" / "trajectories.jsonl") if t["prediction"] != "yes")
     ok = score_trajectory(Trajectory.from_json(data), labels[data["task_id"]])
     failed = score_trajectory(Trajectory.from_json({**data, "status": "error"}), labels[data["task_id"]])
-    assert ok["answer_words"] == len(data["prediction"].split()) > 1 and failed["answer_words"] == 0.0
+    assert ok.scores["answer_words"] == len(data["prediction"].split()) > 1 and failed.scores["answer_words"] == 0.0
 
 
 def test_without_it_rows_and_summaries_are_as_before(hotpot_dev_dir, tmp_path):

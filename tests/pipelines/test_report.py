@@ -8,11 +8,12 @@ import pytest
 from memsearch.eval.bootstrap import paired_bootstrap
 from memsearch.eval.run_diff import paired_difference
 from memsearch.pipelines.memagent.report import verdict
+from memsearch.records.metrics_row import MetricsRow
 from memsearch.records.run_summary import RunSummary, TaskCounts
 
 
-def rows(values: list[float | None]) -> dict[str, dict]:
-    return {f"t{i}": {"task_id": f"t{i}", "sub_em": v} for i, v in enumerate(values)}
+def rows(values: list[float | None]) -> dict[str, MetricsRow]:
+    return {f"t{i}": MetricsRow(task_id=f"t{i}", status="ok", scores={"sub_em": v}) for i, v in enumerate(values)}
 
 
 def summary(expected: int, scored: int | None = None, failed: int = 0, request_errors: int = 0) -> RunSummary:
@@ -33,7 +34,7 @@ def test_paired_difference_is_trained_minus_base_over_shared_questions():
     assert (d["ci_low"], d["ci_high"]) == (ref["ci_low"], ref["ci_high"])
     assert 0.0 < d["ci_low"] < 0.4 < d["ci_high"] <= 0.8
     # a question scored by one run only, or None in one run, is left out of both
-    base = {**rows(BASE), "extra": {"task_id": "extra", "sub_em": 1.0}}
+    base = {**rows(BASE), "extra": MetricsRow(task_id="extra", status="ok", scores={"sub_em": 1.0})}
     trained = rows([None, *TRAINED[1:]])
     d = paired_difference(base, trained, "sub_em", resamples=2000, confidence=0.95, seed=0)
     assert d["n"] == 9 and d["diff"] == pytest.approx((6 - 3) / 9)

@@ -22,7 +22,8 @@ from memsearch.config import RunConfig, config_json, group_config
 from memsearch.errors import InputError
 from memsearch.eval.caveats import caveats
 from memsearch.eval.run_folder import MARKER, claim_folder
-from memsearch.io import iter_jsonl, write_json
+from memsearch.io import write_json
+from memsearch.records.metrics_row import read_metrics
 from memsearch.records.run_summary import MatrixGroup
 
 MATRIX_COMMAND = "eval matrix"
@@ -64,7 +65,7 @@ def _earlier_matrix_folder(out: Path, groups: list[str]) -> bool:
 
 
 def _per_task(out: Path, group: str, key: str) -> dict[str, float]:
-    return {row["task_id"]: row[key] for _, row in iter_jsonl(out / group / "metrics.jsonl")}
+    return {row.task_id: row.column(key) for row in read_metrics(out / group / "metrics.jsonl")}
 
 
 def compare(out: Path, groups: list[str], resamples: int) -> list[dict[str, Any]]:

@@ -17,24 +17,25 @@ from pathlib import Path
 from typing import Any
 
 from memsearch.errors import InputError
-from memsearch.io import file_kind_problem, iter_jsonl
+from memsearch.io import file_kind_problem
+from memsearch.records.metrics_row import MetricsRow, read_metrics
 
 DIFF_METRICS = ("searches", "memory_support_recall", "retrieval_support_recall", "f1", "em")
 
 
-def per_task_metrics(path: str | Path) -> dict[str, dict[str, Any]]:
+def per_task_metrics(path: str | Path) -> dict[str, MetricsRow]:
     """A run's per-question metrics by task id, from its ``metrics.jsonl`` (``.gz`` as published)."""
     path = Path(path)
     if not path.is_file() and path.with_name(path.name + ".gz").is_file():
         path = path.with_name(path.name + ".gz")
     if (problem := file_kind_problem(path, "a run's metrics.jsonl")) is not None:
         raise InputError(f"{path}: {problem}; expected a run's per-question metrics")
-    return {row["task_id"]: row for _, row in iter_jsonl(path)}
+    return {row.task_id: row for row in read_metrics(path)}
 
 
 def paired_difference(
-    base_rows: dict[str, dict[str, Any]],
-    trained_rows: dict[str, dict[str, Any]],
+    base_rows: dict[str, MetricsRow],
+    trained_rows: dict[str, MetricsRow],
     metric: str,
     resamples: int,
     confidence: float,
@@ -48,13 +49,13 @@ def paired_difference(
     common = [
         t
         for t in base_rows
-        if t in trained_rows and base_rows[t].get(metric) is not None and trained_rows[t].get(metric) is not None
+        if t in trained_rows and base_rows[t].column(metric) is not None and trained_rows[t].column(metric) is not None
     ]
     if not common:
         return None
     result = paired_bootstrap(
-        [trained_rows[t][metric] for t in common],
-        [base_rows[t][metric] for t in common],
+        [trained_rows[t].column(metric) for t in common],
+        [base_rows[t].column(metric) for t in common],
         n_resamples=resamples,
         seed=seed,
         confidence=confidence,
@@ -62,7 +63,7 @@ def paired_difference(
     return {k: result[k] for k in ("mean_a", "mean_b", "diff", "ci_low", "ci_high", "p_value", "n", "confidence")}
 
 
-def _rows(folder: Path) -> dict[str, dict[str, Any]]:
+def _rows(folder: Path) -> dict[str, MetricsRow]:
     return per_task_metrics(folder / "metrics.jsonl")
 
 
@@ -84,9 +85,9 @@ def matrix_minus_control(run: str | Path, control: str | Path, groups: list[str]
                              f"{only_b} only in {control}); a paired comparison needs the same ones")
         out[group] = {}
         for metric in metrics:
-            ids = [t for t in sorted(a) if a[t].get(metric) is not None and b[t].get(metric) is not None]
+            ids = [t for t in sorted(a) if a[t].column(metric) is not None and b[t].column(metric) is not None]
             if not ids:
                 raise InputError(f"group {group}: no question has {metric!r} in both runs")
-            out[group][metric] = paired_bootstrap([a[t][metric] for t in ids], [b[t][metric] for t in ids],
-                                                  n_resamples=resamples, seed=seed)
+            out[group][metric] = paired_bootstrap([a[t].column(metric) for t in ids],
+                                                  [b[t].column(metric) for t in ids], n_resamples=resamples, seed=seed)
     return out

@@ -34,6 +34,7 @@ from memsearch.eval.attempts import cut_torn_tail, failed_attempt_counts, supers
 from memsearch.eval.provenance import source_identity
 from memsearch.eval.run_folder import check_run_folder, claim_run_folder, model_identity, storage_error, write_record
 from memsearch.io import NonFiniteNumberError, dumps_line, first_non_finite, iter_jsonl, sha256_file, write_jsonl
+from memsearch.records.metrics_row import MetricsRow
 from memsearch.records.run_summary import RunSummary
 from memsearch.records.trajectory import CALL_ROLES, Trajectory
 
@@ -162,7 +163,7 @@ async def _run_all(env, tasks, traj_path: Path, labels, show_progress: bool, des
                 fh.flush()
                 written.append(traj.task_id)
                 n += 1
-                f1_sum += score_trajectory(traj, labels[traj.task_id])["f1"]  # as the summary scores it (boxed or not)
+                f1_sum += score_trajectory(traj, labels[traj.task_id]).scores["f1"]  # as the summary scores it
                 bar.set_postfix(f1=f"{f1_sum / n:.3f}")
                 bar.update(1)
     finally:
@@ -189,15 +190,15 @@ def _trajectory_line(traj: Trajectory) -> str:
     return line
 
 
-def _chunk_truncation(config: RunConfig, rows: list[dict[str, Any]], complete: bool) -> dict[str, Any]:
+def _chunk_truncation(config: RunConfig, rows: list[MetricsRow], complete: bool) -> dict[str, Any]:
     """What ``max_chunks`` cut off, stated so a truncated run cannot pass for a full read.
 
     ``read_whole_context`` is ``None`` outside stream mode (there is no long context), and
     ``True`` only when every expected task finished and none lost a chunk to the limit: a
     missing or crashed task is not known to have read its context.
     """
-    cut_tasks = sum(1 for r in rows if r["truncated_by_chunk_limit"])
-    cut_chunks = sum(r["chunks_cut"] for r in rows)
+    cut_tasks = sum(1 for r in rows if r.truncated_by_chunk_limit)
+    cut_chunks = sum(r.chunks_cut for r in rows)
     stream = config.agent.evidence == "stream"
     max_chunks = config.budgets.max_chunks if stream else None
     disclosure = None
@@ -215,17 +216,17 @@ def _chunk_truncation(config: RunConfig, rows: list[dict[str, Any]], complete: b
     }
 
 
-def _context_truncation(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _context_truncation(rows: list[MetricsRow]) -> dict[str, Any]:
     """Calls the server's context cut short (``context_truncated``: ``finish_reason`` "length" with
     fewer completion tokens than asked), by role, and the note that makes such a run unusable for
     comparison: its answers may differ from what the budgets allow. A completion cut at its own
     ``max_tokens`` is the budget working, counted apart (``finish_reason`` only)."""
     roles: dict[str, int] = {}
     for row in rows:
-        for role, n in row.get("context_truncated_by_role", {}).items():
+        for role, n in row.context_truncated_by_role.items():
             roles[role] = roles.get(role, 0) + n
-    calls = sum(r.get("context_truncated_calls", 0) for r in rows)
-    tasks = sum(1 for r in rows if r.get("context_truncated_calls", 0))
+    calls = sum(r.context_truncated_calls for r in rows)
+    tasks = sum(1 for r in rows if r.context_truncated_calls)
     note = None
     if calls:
         by_role = ", ".join(f"{role} {n}" for role, n in sorted(roles.items()))
@@ -236,18 +237,18 @@ def _context_truncation(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summarize(
-    config: RunConfig, run_info: dict[str, Any], rows: list[dict[str, Any]], expected: int, env_info: dict[str, Any]
+    config: RunConfig, run_info: dict[str, Any], rows: list[MetricsRow], expected: int, env_info: dict[str, Any]
 ) -> RunSummary:
     from memsearch.eval.caveats import run_caveats
     from memsearch.eval.metrics import aggregate
     from memsearch.eval.score import registered_metrics  # through eval.score, which registers the built-in ones
 
-    agg = aggregate(rows, [*(metric.name for metric in registered_metrics()), *SUMMARY_COUNTS])
-    failed = [r["task_id"] for r in rows if r["status"] != "ok"]
-    request_errors = sum(r["request_errors"] for r in rows)
+    agg = aggregate([r.to_json() for r in rows], [*(metric.name for metric in registered_metrics()), *SUMMARY_COUNTS])
+    failed = [r.task_id for r in rows if not r.ok]
+    request_errors = sum(r.request_errors for r in rows)
     complete = len(rows) == expected and not failed
-    ops = {k: sum(r.get(k, 0) for r in rows) for k in sorted({k for r in rows for k in r if k.startswith("ops_")})}
-    tokens = {k: sum(r.get(k, 0) for r in rows) for k in sorted({k for r in rows for k in r if k.endswith("_tokens")})}
+    ops = {f"ops_{op}": sum(r.ops.get(op, 0) for r in rows) for op in sorted({op for r in rows for op in r.ops})}
+    tokens = {k: sum(r.tokens.get(k, 0) for r in rows) for k in sorted({k for r in rows for k in r.tokens})}
     truncation = _chunk_truncation(config, rows, complete)
     notes = (
         []
@@ -262,7 +263,7 @@ def summarize(
     context = _context_truncation(rows)
     if context["note"]:
         notes.append(context["note"])
-    retried = [r for r in rows if r.get("attempt", 1) > 1]
+    retried = [r for r in rows if r.attempt > 1]
     return RunSummary.from_json({
         "complete": complete,
         "usable_for_comparison": complete and request_errors == 0 and context["calls"] == 0,
@@ -270,9 +271,9 @@ def summarize(
         "evaluator_version": EVALUATOR_VERSION,
         # retried: tasks whose scored attempt followed failed ones (kept in failed_attempts.jsonl).
         "tasks": {"expected": expected, "scored": len(rows), "failed": len(failed), "failed_ids": failed[:50],
-                  "retried": len(retried), "failed_attempts": sum(r["attempt"] - 1 for r in retried)},
+                  "retried": len(retried), "failed_attempts": sum(r.attempt - 1 for r in retried)},
         "request_errors": request_errors,
-        "truncation": {**truncation, "memory_truncations": sum(r["memory_truncations"] for r in rows)},
+        "truncation": {**truncation, "memory_truncations": sum(r.memory_truncations for r in rows)},
         # Completions the server's context cut short (a budget cut is finish_reason "length" alone).
         "context_truncated": {k: context[k] for k in ("calls", "tasks", "by_role")},
         # What this run's numbers are not (eval.caveats): say it where the numbers are read.
@@ -369,7 +370,7 @@ def run_eval(
         episodes_cpu_s = time.process_time() - episodes_cpu_started
         finished = read_finished(traj_path, [t.id for t in tasks])
         rows = [score_trajectory(finished[t.id], labels[t.id]) for t in tasks if t.id in finished]
-        write_jsonl(out / "metrics.jsonl", rows)
+        write_jsonl(out / "metrics.jsonl", [row.to_json() for row in rows])
         summary = _summary(config, run_info, rows, tasks, dataset, env, group)
         summary = summary.with_timing({
             "wall_s_this_invocation": round(time.perf_counter() - started, 2),

@@ -29,8 +29,6 @@ before it existed) that is gold and counted.
 
 from __future__ import annotations
 
-from typing import Any
-
 from memsearch.data.records import Label
 from memsearch.eval.metrics import (
     boxed_em,
@@ -43,6 +41,7 @@ from memsearch.eval.metrics import (
     sub_em,
     support_recall,
 )
+from memsearch.records.metrics_row import MetricsRow
 from memsearch.records.trajectory import Trajectory
 from memsearch.text.answers import boxed_prediction
 
@@ -114,45 +113,43 @@ def context_truncations(trajectory: Trajectory) -> dict[str, int]:
     return out
 
 
-def score_trajectory(traj: Trajectory, label: Label) -> dict[str, Any]:
+def score_trajectory(traj: Trajectory, label: Label) -> MetricsRow:
     """One metrics row: the registered metrics (``eval.metrics.register_metric``) and the
     episode's counts. A failed episode keeps its row and scores 0 on every answer metric
     (``answer_keys``, module doc)."""
-    pred = traj.prediction
     counts = traj.counts
     calls = counts.policy_calls
     cut = context_truncations(traj)
-    row: dict[str, Any] = {
-        "task_id": traj.task_id,
-        "status": traj.status,
-        "prediction": pred,
-        "answers": label.answers,
-        "answer_format": traj.answer_format,
-        **{metric.name: metric.score(traj, label) for metric in registered_metrics()},
-        "invalid_citations": len(traj.invalid_citations),
-        "searches": counts.searches,
-        "chunks": counts.chunks,
-        "chunks_cut": counts.chunks_cut,
-        "truncated_by_chunk_limit": counts.chunks_cut > 0,
-        "memory_truncations": counts.memory_truncations,
-        "policy_calls": calls,
-        "invalid_actions": counts.invalid_actions,
+    scores = {metric.name: metric.score(traj, label) for metric in registered_metrics()}
+    if not traj.ok:
+        scores.update({key: None if scores[key] is None else 0.0 for key in answer_keys()})
+    return MetricsRow(
+        task_id=traj.task_id,
+        status=traj.status,
+        prediction=traj.prediction,
+        answers=tuple(label.answers),
+        answer_format=traj.answer_format,
+        scores=scores,
+        invalid_citations=len(traj.invalid_citations),
+        searches=counts.searches,
+        chunks=counts.chunks,
+        chunks_cut=counts.chunks_cut,
+        truncated_by_chunk_limit=counts.chunks_cut > 0,
+        memory_truncations=counts.memory_truncations,
+        policy_calls=calls,
+        invalid_actions=counts.invalid_actions,
         # Over the calls that returned a completion: transport failures are request_errors, not
         # the policy's invalid actions (the task itself stays in every answer metric's denominator).
-        "invalid_action_rate": (
+        invalid_action_rate=(
             counts.invalid_actions / answered if (answered := calls - counts.request_errors) > 0 else None
         ),
-        "request_errors": counts.request_errors,
+        request_errors=counts.request_errors,
         # Trajectories before engine-7 have no count (read as 0): their events are counted instead.
-        "context_truncated_calls": counts.context_truncated_calls or sum(cut.values()),
-        "context_truncated_by_role": cut,
-        "attempt": 1 if traj.attempt is None else traj.attempt,
+        context_truncated_calls=counts.context_truncated_calls or sum(cut.values()),
+        context_truncated_by_role=cut,
+        attempt=1 if traj.attempt is None else traj.attempt,
         # A task that failed without an episode has no latency on file (None, left out of the mean).
-        "latency_s": traj.latency_s if traj.ran else None,
-    }
-    if not traj.ok:
-        row.update({key: None if row[key] is None else 0.0 for key in answer_keys()})
-    for op, n in traj.memory_ops.items():
-        row[f"ops_{op}"] = n
-    row.update(token_costs(traj))
-    return row
+        latency_s=traj.latency_s if traj.ran else None,
+        ops=dict(traj.memory_ops),
+        tokens=token_costs(traj),
+    )

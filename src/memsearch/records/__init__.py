@@ -7,4 +7,6 @@
 - ``records.train_step``: ``TrainStep``, one line of a GRPO training log;
 - ``records.run_summary``: ``RunSummary``, an eval run's ``summary.json``, and ``MatrixGroup``, a
   group's line of ``matrix.json``.
+- ``records.metrics_row``: ``MetricsRow``, one line of an eval run's ``metrics.jsonl``;
+- ``records.lines``: ``read_lines``, a JSON-lines file of one record type, a bad line named.
 """

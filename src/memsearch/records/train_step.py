@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from memsearch.io import iter_jsonl
+from memsearch.records.lines import read_lines
 
 EVAL_PREFIX = "eval_"
 
@@ -112,12 +112,6 @@ _STEP_FIELDS = tuple(f.name for f in fields(TrainStep) if f.name not in ("step",
 
 
 def read_train_log(path: str | Path) -> list[TrainStep]:
-    """Every line of a ``train_log.jsonl`` (``io.iter_jsonl`` names a bad line by file and line;
-    a line that is not a step record raises ``ValueError`` naming both)."""
-    steps = []
-    for lineno, data in iter_jsonl(path):
-        try:
-            steps.append(TrainStep.from_json(data))
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"{path}:{lineno}: {exc}") from None
-    return steps
+    """Every line of a ``train_log.jsonl``; a bad line is named by file and line (``records.lines``:
+    an ``InputValueError``, so a caller catching ``ValueError`` still does)."""
+    return read_lines(path, TrainStep.from_json)

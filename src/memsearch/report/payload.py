@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from memsearch.errors import InputError
-from memsearch.io import iter_jsonl
 from memsearch.records.events import PolicyCall
+from memsearch.records.metrics_row import MetricsRow, read_metrics
 from memsearch.records.run_summary import RunSummary
 from memsearch.records.trajectory import Trajectory, read_trajectories
 
@@ -77,10 +77,10 @@ def bootstrap_ci(values: list[float], resamples: int = 2000, seed: int = 0) -> l
     return [round(float(np.percentile(means, 2.5)), 6), round(float(np.percentile(means, 97.5)), 6)]
 
 
-def _tokens(row: dict[str, Any]) -> int:
+def _tokens(row: MetricsRow) -> int:
     # Reported and estimated counts are never added together; the table shows whichever the run has.
-    reported = sum(v for k, v in row.items() if k.endswith("_tokens") and not k.startswith("estimated_"))
-    return reported or sum(v for k, v in row.items() if k.startswith("estimated_") and k.endswith("_tokens"))
+    reported = sum(v for k, v in row.tokens.items() if not k.startswith("estimated_"))
+    return reported or sum(v for k, v in row.tokens.items() if k.startswith("estimated_"))
 
 
 def run_caveats_of(summary: RunSummary) -> list[str]:
@@ -93,9 +93,9 @@ def run_caveats_of(summary: RunSummary) -> list[str]:
     return run_caveats(summary.config, summary.group) if summary.config is not None else []
 
 
-def _header(run_dir: Path, summary: RunSummary, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _header(run_dir: Path, summary: RunSummary, rows: list[MetricsRow]) -> dict[str, Any]:
     run_info = _read_json(run_dir / "run.json")
-    ci = {k: bootstrap_ci([r[k] for r in rows if r.get(k) is not None]) for k in CI_METRICS}
+    ci = {k: bootstrap_ci([r.column(k) for r in rows if r.column(k) is not None]) for k in CI_METRICS}
     tokens = summary.tokens
     return {
         "group": summary.group, "agent": summary.agent, "budgets": summary.budgets, "backends": summary.backends,
@@ -114,9 +114,9 @@ def _header(run_dir: Path, summary: RunSummary, rows: list[dict[str, Any]]) -> d
     }
 
 
-def _task_row(row: dict[str, Any], traj: Trajectory | None, label: dict[str, Any] | None) -> dict[str, Any]:
+def _task_row(row: MetricsRow, traj: Trajectory | None, label: dict[str, Any] | None) -> dict[str, Any]:
     calls = traj.policy_calls() if traj is not None else []
-    out = {k: row.get(k) for k in ("task_id", "status", "prediction", "em", "f1", "sub_em", "searches", "chunks",
+    out = {k: row.column(k) for k in ("task_id", "status", "prediction", "em", "f1", "sub_em", "searches", "chunks",
                                    "chunks_cut", "invalid_actions", "request_errors", "memory_truncations", "latency_s",
                                    "retrieval_support_recall", "memory_support_recall", "memory_support_precision",
                                    "citation_precision", "citation_recall", "invalid_citations",
@@ -163,14 +163,14 @@ def load_run(run_dir: Path, labels: dict[str, dict[str, Any]],
     """One run's header, task rows (metrics.jsonl order) and full trajectories by task id;
     ``episodes``: the run's trajectories when already read (``read_episodes``)."""
     summary = RunSummary.read(run_dir / "summary.json")
-    rows = [row for _, row in iter_jsonl(run_dir / "metrics.jsonl")]
+    rows = read_metrics(run_dir / "metrics.jsonl")
     trajs = read_episodes(run_dir) if episodes is None else episodes
-    missing = [r["task_id"] for r in rows if r["task_id"] not in labels]
+    missing = [r.task_id for r in rows if r.task_id not in labels]
     if missing:
         raise InputError(f"{run_dir}: {len(missing)} task(s) have no label in the data folder, e.g. {missing[0]!r}")
     return {"header": _header(run_dir, summary, rows),
-            "tasks": [_task_row(r, trajs.get(r["task_id"]), labels.get(r["task_id"])) for r in rows],
-            "episodes": {r["task_id"]: _readable(trajs.get(r["task_id"])) for r in rows}}
+            "tasks": [_task_row(r, trajs.get(r.task_id), labels.get(r.task_id)) for r in rows],
+            "episodes": {r.task_id: _readable(trajs.get(r.task_id)) for r in rows}}
 
 
 def _shown_sentences(episodes: list[Trajectory | None], documents: dict[str, Any]) -> dict[str, str]:

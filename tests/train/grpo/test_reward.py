@@ -148,5 +148,6 @@ def test_a_reader_asked_for_a_box_is_rewarded_on_the_box_only(rules_run, labels)
     boxed = replace(hedge, reader_text=f"So the answer is \\boxed{{{gold}}}.")
     for metric in ("f1", "em", "sub_em"):
         settings = NO_PENALTY.model_copy(update={"metric": metric})
-        assert trajectory_reward(hedge, label, settings, "memagent") == score_trajectory(hedge, label)[metric] == 0.0
-        assert trajectory_reward(boxed, label, settings, "memagent") == score_trajectory(boxed, label)[metric] == 1.0
+        for traj, expected in ((hedge, 0.0), (boxed, 1.0)):
+            assert trajectory_reward(traj, label, settings, "memagent") == score_trajectory(traj, label).scores[metric]
+            assert score_trajectory(traj, label).scores[metric] == expected

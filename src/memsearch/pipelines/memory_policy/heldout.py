@@ -40,6 +40,7 @@ from memsearch.io import iter_jsonl, write_json
 from memsearch.pipelines.eval_stage import eval_run
 from memsearch.records.causes import InvalidCause
 from memsearch.records.events import MemoryEvent, PolicyCall
+from memsearch.records.metrics_row import MetricsRow
 from memsearch.records.run_summary import RunSummary
 from memsearch.records.trajectory import read_trajectories
 
@@ -209,16 +210,17 @@ def run_seed(cfg, root: Path, paths: dict[str, Any], sft: Path | None, stage1: P
     return rows
 
 
-def _mean_rows(runs: list[Path]) -> dict[str, dict[str, Any]]:
+def _mean_rows(runs: list[Path]) -> dict[str, MetricsRow]:
     """Per question, each metric's mean over the runs (questions every run scored)."""
     per_run = [per_task_metrics(r / "metrics.jsonl") for r in runs]
     common = set.intersection(*(set(p) for p in per_run))
     out = {}
     for task in (t for t in per_run[0] if t in common):  # the first run's order: the bootstrap is reproducible
-        out[task] = {}
+        means = {}
         for m in DIFF_METRICS:
-            values = [p[task].get(m) for p in per_run]
-            out[task][m] = None if None in values else sum(values) / len(values)
+            values = [p[task].column(m) for p in per_run]
+            means[m] = None if None in values else sum(values) / len(values)
+        out[task] = MetricsRow(task_id=task, status="ok", scores=means)
     return out
 
 
