@@ -195,7 +195,7 @@ def _run(args) -> list[FitPoint]:
         print(f"| {p.update} | {p.row_pos:+.3f} / {p.row_neg:+.3f} | {p.decision_pos:+.3f} / {p.decision_neg:+.3f} | "
               f"{p.corr:+.3f} | {p.surrogate:+.3f} | {p.grad_norm:.3f} | {p.kl:.4f} |", flush=True)
 
-    mask_fn = schema_mask_fn(tokenizer) if cfg.rollout.schema_mode else None
+    mask_fn = schema_mask_fn(tokenizer) if cfg.schema_mode else None
     return fit_batch(policy, optimizer, batch, cfg, pad, mask_fn, args.updates, echo=echo)
 
 

@@ -90,7 +90,7 @@ def test_ablation_differs_from_the_cpu_recipe_only_in_its_fields(name):
 def test_cold_start_trains_stage1_from_the_base_in_schema_mode():
     cfg = ablation("cold_start")
     grpo = cfg.grpo_config("<train>", 1, None)
-    assert cfg.grpo_start == "base" and grpo.adapter is None and grpo.rollout.schema_mode is True
+    assert cfg.grpo_start == "base" and grpo.adapter is None and grpo.schema_mode is True
     with pytest.raises(Exception, match="grpo_start = 'base' needs schema_mode = true"):
         load_config(ABLATIONS / "cold_start.toml", ["schema_mode=false"], model=MemoryPolicyPipeline)
 

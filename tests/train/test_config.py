@@ -37,7 +37,7 @@ def test_schema_mode_of_an_untrained_memory_backend_is_its_own():
     """Stage 2 trains the controller; a frozen memory model may sample under the schema."""
     cfg = GRPOConfig(data="x", role="controller", episode={"agent": {"controller": "policy"},
                                                            "backends": {"memory": {"kind": "hf", "schema_mode": True}}})
-    assert cfg.rollout.schema_mode is False and cfg.episode.backends.memory.schema_mode is True
+    assert cfg.schema_mode is False and cfg.episode.backends.memory.schema_mode is True
 
 
 def test_dual_clip_bound_is_above_one_or_off():

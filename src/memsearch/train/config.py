@@ -13,7 +13,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Field, PlainSerializer, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    SerializerFunctionWrapHandler,
+    create_model,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from memsearch.config import KeyProblems, RunConfig, StrictConfig, merge_tables, read_config_file
 from memsearch.devices import DeviceLayout
@@ -201,11 +212,12 @@ class RolloutSettings(TrainSettings):
     top_p: float = Field(
         1.0, gt=0, le=1.0, description="Nucleus of the trained role; < 1 makes recomputed log-probs differ"
     )
-    schema_mode: bool = Field(
-        False,
-        description="Memory role: sample under the ops JSON schema; the mask is replayed in the loss. The one "
-        "source of truth for rollouts and periodic evaluation: episode.backends.memory.schema_mode follows it when "
-        "unset, and a config where the two disagree is refused",
+    schema_mode: bool | None = Field(
+        None,
+        description="Memory role: sample under the ops JSON schema; the mask is replayed in the loss. A spelling of "
+        "episode.backends.memory.schema_mode, where the config keeps it for rollouts and periodic evaluation "
+        "(GRPOConfig.schema_mode): moved there at load (kind = 'hf' when true); a config where the two disagree is "
+        "refused. Dumped here as that value",
     )
     max_batch_size: int = Field(16, ge=1, description="Rollout decoder: most rows decoded together")
 
@@ -400,7 +412,22 @@ class GRPOConfig(TrainerConfig):
         # Raw [episode] tables are completed before they are validated, in this order: the run
         # config file `episode_config` under them, then the trained memory role's schema mode;
         # earlier spellings of the fields are read first, so both work on the current ones.
-        return _memory_follows_schema_mode(_with_episode_config(upgrade_grpo_keys(data)))
+        return _schema_mode_on_episode(_with_episode_config(upgrade_grpo_keys(data)))
+
+    @property
+    def schema_mode(self) -> bool:
+        """Whether the trained memory role samples under the ops JSON schema (rollouts, periodic
+        evaluation, the loss's replayed mask): the episode memory backend's ``schema_mode``, the
+        one place the config keeps it (``rollout.schema_mode`` is read into it)."""
+        return self.role == "memory" and self.episode.backends.memory.schema_mode
+
+    @model_serializer(mode="wrap")
+    def _dump_schema_mode(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Recorded configs and stage fingerprints keep it where it always was: rollout.schema_mode
+        data = handler(self)
+        if isinstance(data, dict) and isinstance(data.get("rollout"), dict) and "schema_mode" in data["rollout"]:
+            data["rollout"]["schema_mode"] = self.schema_mode
+        return data
 
     @model_validator(mode="after")
     def _role_fits_episode(self) -> GRPOConfig:
@@ -418,16 +445,16 @@ class GRPOConfig(TrainerConfig):
                 raise KeyProblems(("dynamic_sampling.enabled", "dynamic_sampling filters trajectory groups; with "
                                    "credit.mode = 'state' the groups are the state groups of each call: set it to "
                                    "false"))
-        schema_mode = self.rollout.schema_mode
-        if schema_mode and self.role != "memory":
+        left = self.rollout.schema_mode  # not moved onto the episode: _schema_mode_on_episode
+        if left and self.role != "memory":
             raise KeyProblems(("rollout.schema_mode", "applies to the memory role (decision mode) only"))
         episode_mode = self.episode.backends.memory.schema_mode
-        if self.role in ("memory", "memagent") and episode_mode != schema_mode:
+        if (left is not None or self.role == "memagent") and bool(left) != episode_mode:
             # Rollouts would sample the trained memory calls one way and periodic evaluation (and
             # `memsearch eval` of this episode) the other: the evaluated policy would not be the trained one.
             raise KeyProblems((
                 "rollout.schema_mode",
-                f"rollout.schema_mode = {str(schema_mode).lower()} and episode.backends.memory.schema_mode = "
+                f"rollout.schema_mode = {str(bool(left)).lower()} and episode.backends.memory.schema_mode = "
                 f"{str(episode_mode).lower()} disagree: training and evaluation must sample the memory role "
                 "the same way; set rollout.schema_mode (the episode follows it) and leave the episode's unset",
             ))
@@ -449,36 +476,45 @@ def _with_episode_config(data: Any) -> Any:
     return {**data, "episode": merge_tables(base, episode) if isinstance(episode, dict) else episode}
 
 
-def _memory_follows_schema_mode(data: Any) -> Any:
-    """Raw GRPO fields whose ``[episode]`` memory backend samples as the trainer samples it: a
-    ``rollout.schema_mode`` that is given fills ``episode.backends.memory.schema_mode`` where the
-    episode leaves it unset and the trained role writes the memory (memory, memagent), with
-    ``kind = "hf"`` when true (the trainer answers those calls with its hf policy,
-    ``grpo.trainer.trained_role_backends``, and a run config samples in schema mode only in a
-    local model). A controller run keeps its frozen memory backend's own mode, and a validated
-    ``RunConfig`` is taken as it is (a pipeline sets its memory backend from the same field).
-    Whether the two then agree is checked after validation (``GRPOConfig._role_fits_episode``)."""
-    given = _given_schema_mode(data.get("rollout")) if isinstance(data, dict) else None
-    if given is None or data.get("role", "memory") not in ("memory", "memagent"):
+def _schema_mode_on_episode(data: Any) -> Any:
+    """Raw GRPO fields with ``rollout.schema_mode`` moved onto the episode's memory backend, which
+    keeps the value: into a memory table that leaves it unset, with ``kind = "hf"`` when true (the
+    trainer answers those calls with its hf policy, ``grpo.trainer.trained_role_backends``, and a
+    run config samples in schema mode only in a local model), or dropped where the episode holds
+    the same. Left for ``GRPOConfig._role_fits_episode`` to refuse: true for another role than
+    memory, a value the episode contradicts; a memory table (not a validated backend) that sets
+    true beside no rollout value gets the default, false, beside it. A controller run's frozen
+    memory backend keeps its own mode; a wrong type is refused at ``rollout.schema_mode``."""
+    if not isinstance(data, dict):
         return data
+    rollout, role = data.get("rollout"), data.get("role", "memory")
+    given = _at(rollout, "schema_mode")
     episode = data.get("episode") or {}
-    backends = episode.get("backends") or {} if isinstance(episode, dict) else None
-    memory = backends.get("memory") or {} if isinstance(backends, dict) else None
-    if not isinstance(memory, dict):
-        return data  # not tables (a RunConfig, or a value of the wrong type that validation names)
-    memory = {"schema_mode": given, **memory}
-    if memory["schema_mode"] is True:
-        memory["kind"] = "hf"
-    return {**data, "episode": {**episode, "backends": {**backends, "memory": memory}}}
+    backends = _at(episode, "backends") or {}
+    memory = _at(backends, "memory") or {}
+    held = _at(memory, "schema_mode")
+    tables = all(isinstance(part, dict) for part in (episode, backends, memory))
+    if given is None and held is True and tables and isinstance(rollout, dict | None) and role != "controller":
+        return {**data, "rollout": {**(rollout or {}), "schema_mode": False}}
+    if not isinstance(given, bool) or (given and role != "memory"):
+        return data
+    rest = (rollout.model_copy(update={"schema_mode": None}) if isinstance(rollout, RolloutSettings)
+            else {k: v for k, v in rollout.items() if k != "schema_mode"})
+    if role not in ("memory", "memagent"):
+        return {**data, "rollout": rest}
+    if held not in (None, given):
+        return data
+    if not tables:
+        return {**data, "rollout": rest}
+    memory = {**memory, "schema_mode": given, **({"kind": "hf"} if given else {})}
+    return {**data, "rollout": rest, "episode": {**episode, "backends": {**backends, "memory": memory}}}
 
 
-def _given_schema_mode(rollout: Any) -> bool | None:
-    """The ``schema_mode`` a raw ``rollout`` table (or a validated ``RolloutSettings``, as a
-    pipeline composes it) sets; None when it sets none."""
-    if isinstance(rollout, RolloutSettings):
-        return rollout.schema_mode if "schema_mode" in rollout.model_fields_set else None
-    value = rollout.get("schema_mode") if isinstance(rollout, dict) else None
-    return value if isinstance(value, bool) else None
+def _at(node: Any, key: str) -> Any:
+    """``node[key]`` of a raw table, ``node.key`` of a validated model, else None."""
+    if isinstance(node, dict):
+        return node.get(key)
+    return getattr(node, key, None) if isinstance(node, BaseModel) else None
 
 
 class SFTConfig(TrainerConfig):

@@ -361,7 +361,7 @@ def _parts(shape: ModelShape, cfg: GRPOConfig | SFTConfig, ckpt: bool,
                       f"{shape.layers} layers x {kept / 1024:.1f} KiB x {tokens} tokens"
                       + (" (layer inputs)" if ckpt else "")))
     working = tokens * ((per_layer if ckpt else 0) + (a + 3 * b) * shape.intermediate)
-    logits = tokens * shape.vocab * 4 * 3 + (tokens * shape.vocab if grpo and cfg.rollout.schema_mode else 0)
+    logits = tokens * shape.vocab * 4 * 3 + (tokens * shape.vocab if grpo and cfg.schema_mode else 0)
     # the logits are freed before the layers' backward begins: the larger of the two is the peak
     logits_detail = f"{tokens} scored tokens x {shape.vocab} x 4 bytes x 3"
     working_detail = "one recomputed layer + its backward" if ckpt else "one layer's backward"

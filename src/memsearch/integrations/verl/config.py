@@ -82,7 +82,7 @@ def refusals(cfg: GRPOConfig) -> list[str]:
         out.append(f"loss.aggregation = {cfg.loss.aggregation!r}: verl aggregates per token (token-mean) or per row "
                    "(seq-mean-token-mean), and its seq-mean-token-sum-norm divides by no count of trajectories; "
                    "set loss.aggregation = 'token' or 'sequence'")
-    if cfg.rollout.schema_mode:
+    if cfg.schema_mode:
         out.append("rollout.schema_mode = true: vLLM/SGLang rollouts do not record memsearch's constraint masks, and "
                    "verl's loss cannot replay them")
     if cfg.model == "embedded":

@@ -470,8 +470,8 @@ class MemoryPolicyPipeline(PipelineConfig):
         model, ``grpo_start = 'base'``); periodic evaluation on ``val``."""
         return trainer_config(
             GRPOConfig, "grpo", self.grpo, role="memory", model=self.model, data=train, seed=seed,
-            rollout=updated(self.grpo.rollout, "grpo.rollout", schema_mode=self.schema_mode), adapter=adapter,
-            episode=self._episode(memory=self.base_backend()),
+            adapter=adapter, episode=self._episode(memory=self.base_backend()),  # in the pipeline's schema_mode
+            rollout=updated(self.grpo.rollout, "grpo.rollout", schema_mode=None),  # [grpo]'s own is refused
             eval=self._eval(self.grpo, val), devices=self.devices,
         )
 

@@ -85,7 +85,7 @@ def step_task_positions(step: int, tasks_per_step: int, n_tasks: int, seed: int,
 
 def schema_mask_fn(tokenizer):
     """The schema-mode masks of a row, replayed from its constraint id and completion ids (the
-    ``mask_fn`` the update scores rows with under ``rollout.schema_mode``)."""
+    ``mask_fn`` the update scores rows with under ``GRPOConfig.schema_mode``)."""
     from memsearch.backends.hf.constraint import compile_constraint
     from memsearch.memory.action_format import constraint_by_id
 
@@ -187,7 +187,7 @@ def trained_role_backends(cfg: GRPOConfig, adapter: Path | None = None, sampling
                           **fields: Any) -> RunConfig:
     """``cfg.episode`` with the trained roles on the hf policy, sampled the way training samples
     them: the one place rollouts, periodic evaluation and the verl lane take it from, so the
-    evaluated policy is the trained one. Their schema mode is ``cfg.rollout.schema_mode`` (memory role
+    evaluated policy is the trained one. Their schema mode is ``cfg.schema_mode`` (memory role
     only); ``sampling`` (rollouts: temperature, top_p, a seed per rollout) replaces their own
     (evaluation: the episode's, greedy by default); ``adapter``: they load it on ``cfg.model``;
     ``fields``: other run-config fields (``limit``). Copies of the validated episode's parts
@@ -195,7 +195,7 @@ def trained_role_backends(cfg: GRPOConfig, adapter: Path | None = None, sampling
     backends = cfg.episode.backends
     roles = {}
     for role in TRAINED_CALL_ROLES[cfg.role]:
-        update = {"kind": "hf", "schema_mode": cfg.rollout.schema_mode and role == "memory"}
+        update = {"kind": "hf", "schema_mode": cfg.schema_mode and role == "memory"}
         if adapter is not None:
             update.update(model=cfg.model, adapter=str(adapter))
         if sampling is not None:
@@ -294,7 +294,7 @@ def train_grpo(cfg: GRPOConfig, out: str | Path, resume: bool = False, echo=prin
             start, _ = resume_checkpoint(out / "checkpoints", policy, optimizer, scheduler, dist, echo)
             drop_lost_steps(out, start, dist)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        mask_fn = schema_mask_fn(tokenizer) if cfg.rollout.schema_mode else None
+        mask_fn = schema_mask_fn(tokenizer) if cfg.schema_mode else None
         rollouts = Rollouts(cfg, dataset, policy, tokenizer, fast=fast_rollouts)
         log = TrainLog(out, enabled=dist.main, resume_step=start if resume else None)
         guard = guard_for_run(cfg.collapse_guard, out, start, dist)
