@@ -8,6 +8,7 @@ import json
 import pytest
 
 from memsearch.errors import InputError
+from memsearch.pipelines import stage_versions
 from memsearch.pipelines.stage_record import Stage, folder_sha256, run_folder
 from memsearch.pipelines.stage_versions import RECORD_VERSION, fingerprint
 
@@ -41,6 +42,29 @@ def test_other_inputs_are_refused_naming_the_changed_fields(tmp_path):
     with pytest.raises(InputError) as info:
         Stage(tmp_path / "s", "train", {"grpo": {"steps": 5, "lr": 1e-6}, "prepare": "q"}).done()
     assert "changed: grpo.steps, prepare" in str(info.value) and "delete" in str(info.value)
+
+
+def _renamed_lr(table: dict) -> dict:
+    """The inverse of a rename of a trainer table's ``lr`` to ``learning_rate`` (a table that has
+    ``steps``), as a rename adds it to ``RENAMES_SINCE_VERSION4``."""
+    return {("lr" if k == "learning_rate" else k): v for k, v in table.items()} if "steps" in table else table
+
+
+def test_a_renamed_config_field_leaves_a_finished_stage_finished(tmp_path, monkeypatch):
+    before = {"grpo": {"steps": 4, "lr": 1e-6}, "prepare": "p"}
+    stage = Stage(tmp_path / "s", "train", before)
+    stage.start()
+    stage.finish({"adapter": "adapter"})
+    recorded = (tmp_path / "s" / "stage.json").read_text()
+    renamed = {"grpo": {"steps": 4, "learning_rate": 1e-6}, "prepare": "p"}
+    with pytest.raises(InputError, match=r"changed: grpo\.learning_rate, grpo\.lr"):
+        Stage(tmp_path / "s", "train", renamed).done()  # without its inverse, a rename looks like a change
+    monkeypatch.setattr(stage_versions, "RENAMES_SINCE_VERSION4", [_renamed_lr])
+    after = Stage(tmp_path / "s", "train", renamed)
+    assert after.fingerprint == stage.fingerprint and after.done()
+    assert (tmp_path / "s" / "stage.json").read_text() == recorded  # reused as it is: no upgrade, no new version
+    with pytest.raises(InputError, match=r"changed: grpo\.lr"):  # a changed value is still a change
+        Stage(tmp_path / "s", "train", {"grpo": {"steps": 4, "learning_rate": 2e-6}, "prepare": "p"}).done()
 
 
 def test_outputs_without_a_record_are_refused(tmp_path):

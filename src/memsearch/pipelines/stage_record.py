@@ -19,8 +19,10 @@ its servers on other ports reuses its finished stages.
 
 Every record carries ``version`` (``RECORD_VERSION``). A record of an earlier version (none:
 version 1) is upgraded when it was made from the same inputs, dumped as that version dumped
-them, else refused (``pipelines.stage_versions``: every earlier form in one place). A damaged record (not JSON) is
-refused, naming it, before any stage of the run starts (``check_stage_records``).
+them, else refused (``pipelines.stage_versions``: every earlier form in one place). Inputs are
+recorded and fingerprinted in the fingerprint form, so a renamed config field leaves them alone.
+A damaged record (not JSON) is refused, naming it, before any stage of the run starts
+(``check_stage_records``).
 
 Which stages a run left unfinished is ``pipelines.unfinished``; the stages themselves are
 ``pipelines.trainer_stages``, ``pipelines.merge_stage`` and ``pipelines.eval_stage``.
@@ -42,7 +44,13 @@ from typing import Any
 from memsearch.config.backend import without_addresses
 from memsearch.errors import InputError
 from memsearch.io import sha256_file, write_json
-from memsearch.pipelines.stage_versions import EARLIER_DUMPS, RECORD_VERSION, fingerprint, upgrade_record
+from memsearch.pipelines.stage_versions import (
+    EARLIER_DUMPS,
+    RECORD_VERSION,
+    fingerprint,
+    fingerprint_form,
+    upgrade_record,
+)
 
 RECORD = "stage.json"
 OUT_TOKEN = "$OUT"
@@ -107,11 +115,12 @@ class Stage:
         self.folder, self.name = Path(outputs), name
         self.record_path = Path(record) if record else self.folder / RECORD
         out = _RUN_FOLDER.get()
-        portable = portable_inputs(inputs, out) if out is not None else inputs
+        # In the fingerprint form (stage_versions.fingerprint_form): a renamed field changes no fingerprint.
+        portable = fingerprint_form(portable_inputs(inputs, out) if out is not None else inputs)
         self.inputs = without_addresses(portable)
         self.fingerprint = fingerprint(self.inputs)
         self.addressed_inputs = portable  # what records before version 4 fingerprinted (with base_url)
-        self.given_inputs = inputs  # as given, before $OUT: what a version-1 record may have fingerprinted
+        self.given_inputs = fingerprint_form(inputs)  # before $OUT: what a version-1 record may have fingerprinted
 
     def record(self) -> dict[str, Any] | None:
         return read_stage_record(self.record_path, self.folder)

@@ -9,6 +9,10 @@ Earlier versions differ in ways that change a fingerprint, not what a stage made
 - version 2's dumps spell some configs in an earlier form (``VERSION2_FORMS``);
 - versions 1-3 fingerprinted where served models answered (``base_url``, and the stage-2 memory
   server's address as ``url``): version 4 leaves addresses out (``config.backend.ADDRESS_KEYS``).
+
+Since version 4 a rename needs no new version: stage inputs are fingerprinted, and recorded, in
+the fingerprint form (``fingerprint_form``), version 4's spelling, and a renamed config field adds
+its inverse to ``RENAMES_SINCE_VERSION4``. A finished stage then stays finished across the rename.
 """
 
 from __future__ import annotations
@@ -30,6 +34,18 @@ RECORD_VERSION = 4
 def fingerprint(inputs: dict[str, Any]) -> str:
     """SHA-256 of the canonical JSON of ``inputs``."""
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# Renames of fields a stage's inputs hold (config dumps), made after record version 4, in the order
+# they were made: each a function of one dict of the inputs that returns it as version 4 spelled it
+# (any other dict as it is). Empty: no field has been renamed since.
+RENAMES_SINCE_VERSION4: list[Callable[[dict[str, Any]], dict[str, Any]]] = []
+
+
+def fingerprint_form(inputs: Any) -> Any:
+    """``inputs`` (or any part of them) in the fingerprint form: version 4's spelling, whatever the
+    fields are called today (``RENAMES_SINCE_VERSION4``), so a rename changes no fingerprint."""
+    return _walk(inputs, list(RENAMES_SINCE_VERSION4)) if RENAMES_SINCE_VERSION4 else inputs
 
 # Config fields that version 1 left out of every dump while at their default (values of
 # memsearch.config's Agent.memory_sources and BackendConfig.open_items): a version-1
