@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from memsearch.config import config_from_tables, merge_tables, read_config_file
+from memsearch.config import config_from_tables, config_json, merge_tables, read_config_file
 from memsearch.errors import InputError
 from memsearch.experiment.config import ExperimentConfig
 from memsearch.io import sha256_file, write_json
@@ -250,7 +250,7 @@ def pipeline_config(cfg: ExperimentConfig, data: dict[str, Any] | None = None,
     tables["model"] = policy
     tables["data"] = {**(tables.get("data") or {}), **limits,
                       **{n: data[n]["path"] if data else getattr(cfg.data, n) for n in SPLITS}}
-    tables["devices"] = cfg.devices.model_dump(mode="json")
+    tables["devices"] = config_json(cfg.devices)  # the tables are JSON: the pipeline's config records them
     reader = reader_spec(cfg, models, ranked=False)  # its name and URL; the rank comes from this config
     episode = tables.setdefault("episode", {})
     backends = episode.setdefault("backends", {})
