@@ -11,9 +11,9 @@ from memsearch.config.backend import (
     OracleSettings,
     RulesSettings,
     Sampling,
-    legacy_backend_dump,
 )
 from memsearch.config.compose import config_json, with_values
+from memsearch.config.flat_form import legacy_backend_dump
 from memsearch.config.run import (
     GROUP_DESIGNS,
     MAX_BOOTSTRAP_RESAMPLES,

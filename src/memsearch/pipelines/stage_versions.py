@@ -24,7 +24,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from memsearch.config.backend import legacy_backend_form, legacy_pipeline_run_form, without_addresses
+from memsearch.config.backend import without_addresses
+from memsearch.config.flat_form import legacy_backend_form, legacy_pipeline_run_form
 from memsearch.io import write_json
 from memsearch.train.config_keys import flat_grpo_dump
 
@@ -79,7 +80,7 @@ def _walk(value: Any, forms: list[Callable[[dict[str, Any]], dict[str, Any]]]) -
 # each (a dict of a dump -> that dict as version 2 dumped it; any other dict as it is): the GRPO
 # config's fields flat, its two invalid-output penalties both ``invalid_penalty``, the MemAgent
 # role ``overwrite`` (``train.config_keys.flat_grpo_dump``); every backend table flat, with every
-# kind's keys (``config.backend.legacy_backend_form``).
+# kind's keys (``config.flat_form.legacy_backend_form``).
 VERSION2_FORMS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [flat_grpo_dump, legacy_backend_form]
 
 # Which roles of a run config a pipeline had filled its model into, whatever their kind: the
