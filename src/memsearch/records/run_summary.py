@@ -53,16 +53,18 @@ class MemoryBackendIdentity:
     name: str | None = None  # the backend's own name of itself
     served_identity: Mapping[str, Any] | None = None  # the server's /models entry
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys this version does not know (``weights``)
+    # Fields the summary it was read from lacked (written before they were recorded): left out again.
+    absent: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        out = {name: getattr(self, name) for name in _IDENTITY_FIELDS if name not in self.absent}
         return {**out, **self.extra}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> MemoryBackendIdentity:
-        known = {f.name for f in fields(cls)} - {"extra"}
-        return cls(**{k: v for k, v in data.items() if k in known},
-                   extra={k: v for k, v in data.items() if k not in known})
+        return cls(**{k: v for k, v in data.items() if k in _IDENTITY_FIELDS},
+                   extra={k: v for k, v in data.items() if k not in _IDENTITY_FIELDS},
+                   absent=frozenset(_IDENTITY_FIELDS) - data.keys())
 
     @property
     def label(self) -> str:
@@ -78,6 +80,9 @@ class MemoryBackendIdentity:
             label += "@" + urlsplit(self.base_url).netloc
         label += f"/{self.extra['weights']}" if self.extra.get("weights") else ""  # recorded only off float32
         return label + (f"+{Path(self.adapter).name}" if self.adapter else "")
+
+
+_IDENTITY_FIELDS = ("kind", "model", "adapter", "base_url", "name", "served_identity")
 
 
 @dataclass(frozen=True)
@@ -110,10 +115,10 @@ class RunSummary:
 
     complete: bool  # every task scored and none failed
     usable_for_comparison: bool  # complete, no request error, no completion cut by the server's context
-    note: str | None  # why a run is not a result, or what it did not read ("INCOMPLETE: ...", ...)
-    evaluator_version: str | None  # the scoring code's version
     tasks: TaskCounts
     request_errors: int  # failed requests over every task
+    note: str | None = None  # why a run is not a result, or what it did not read ("INCOMPLETE: ...", ...)
+    evaluator_version: str | None = None  # the scoring code's version
     truncation: Mapping[str, Any] = field(default_factory=dict)  # chunk-limit cuts and memory truncations
     context_truncated: Mapping[str, Any] | None = None  # calls the server's context cut short, by role
     caveats: tuple[str, ...] | None = None  # what the numbers are not (eval.caveats); None: older summaries
