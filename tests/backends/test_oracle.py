@@ -307,7 +307,7 @@ def test_open_items_on_hotpot_train_name_the_bridge_paragraph_and_steer_the_rule
                 next_id += op.name == "ADD"
     # 18 of the 60 questions get one: each is the controller's next query and is resolved by it.
     assert written == queried == deleted == 18
-    without = _run(hotpot_train, tmp_path / "closed", *ROOMY, *RULES_CONTROLLER)[2]["metrics"]
+    without = _run(hotpot_train, tmp_path / "closed", *ROOMY, *RULES_CONTROLLER)[2].metrics
     assert summary.metrics["retrieval_support_recall"] == pytest.approx(0.8986, abs=1e-4)
     assert without["retrieval_support_recall"] == pytest.approx(0.8597, abs=1e-4)
     assert summary.metrics["memory_support_recall"] == summary.metrics["retrieval_support_recall"]
