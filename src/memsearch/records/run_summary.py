@@ -148,10 +148,6 @@ class RunSummary:
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys this version does not know
 
     @property
-    def scored_questions(self) -> int:
-        return self.tasks.scored
-
-    @property
     def memory_truncations(self) -> int | None:
         """Memory items cut to fit the budget over every task (``None``: not recorded)."""
         return self.truncation.get("memory_truncations")
